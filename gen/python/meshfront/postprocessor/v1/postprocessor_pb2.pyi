@@ -1,0 +1,54 @@
+from meshfront.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request", "options", "worker_address")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    request: _common_pb2.PreprocessedRequest
+    options: _common_pb2.PostprocessOptions
+    worker_address: str
+    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., options: _Optional[_Union[_common_pb2.PostprocessOptions, _Mapping]] = ..., worker_address: _Optional[str] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("text", "completion_tokens", "logprobs", "finish_reason", "stop_reason", "cached_tokens", "prompt_tokens")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    completion_tokens: int
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenText]
+    finish_reason: _common_pb2.FinishReason
+    stop_reason: str
+    cached_tokens: int
+    prompt_tokens: int
+    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenText, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class TokenText(_message.Message):
+    __slots__ = ("token", "logprob", "top")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    logprob: float
+    top: _containers.RepeatedCompositeFieldContainer[TopTokenText]
+    def __init__(self, token: _Optional[str] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopTokenText, _Mapping]]] = ...) -> None: ...
+
+class TopTokenText(_message.Message):
+    __slots__ = ("token", "logprob")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    logprob: float
+    def __init__(self, token: _Optional[str] = ..., logprob: _Optional[float] = ...) -> None: ...

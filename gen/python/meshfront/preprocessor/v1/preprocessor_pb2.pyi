@@ -1,0 +1,42 @@
+from meshfront.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PreprocessRequest(_message.Message):
+    __slots__ = ("request", "messages_json", "text", "tokens", "tools_json", "tool_choice_json", "chat_template_kwargs_json")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    request: _common_pb2.PreprocessedRequest
+    messages_json: str
+    text: str
+    tokens: TokenIds
+    tools_json: str
+    tool_choice_json: str
+    chat_template_kwargs_json: str
+    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., messages_json: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., tools_json: _Optional[str] = ..., tool_choice_json: _Optional[str] = ..., chat_template_kwargs_json: _Optional[str] = ...) -> None: ...
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PreprocessResponse(_message.Message):
+    __slots__ = ("request", "block_hashes", "postprocess")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    POSTPROCESS_FIELD_NUMBER: _ClassVar[int]
+    request: _common_pb2.PreprocessedRequest
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    postprocess: _common_pb2.PostprocessOptions
+    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., postprocess: _Optional[_Union[_common_pb2.PostprocessOptions, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""What every Meshfront service shares: config flags, gRPC bootstrap, discovery, hashing."""

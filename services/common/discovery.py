@@ -1,0 +1,241 @@
+"""Worker discovery over a NATS JetStream KV bucket with per-key TTL.
+
+A worker writes its card under its id with a message TTL and refreshes it on
+a heartbeat; if the process dies the key expires and every watcher sees a
+PURGE, like an etcd lease. Services that need the set of workers (gateway,
+preprocessor, router) keep a ``WorkerRegistry`` that mirrors the bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable
+
+import nats
+import orjson
+from nats.errors import NoServersError
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KV_DEL, KV_PURGE
+
+log = logging.getLogger(__name__)
+
+BUCKET = "meshfront_workers"
+DEFAULT_TTL_S = 6.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCard:
+    """What a worker serves and what the mesh needs to serve it."""
+
+    name: str
+    model_dir: str
+    context_length: int = 0
+    block_size: int = 16
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
+    # "chat" and/or "completions"
+    endpoints: tuple[str, ...] = ("chat", "completions")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerCard:
+    """One worker instance as registered in the bucket."""
+
+    worker_id: str
+    address: str
+    model: ModelCard
+    kind: str = "mocker"
+    total_kv_blocks: int = 0
+    max_num_batched_tokens: int = 0
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> WorkerCard:
+        d = orjson.loads(raw)
+        m = d.pop("model")
+        m["endpoints"] = tuple(m.get("endpoints", ("chat", "completions")))
+        return cls(model=ModelCard(**m), **d)
+
+
+async def connect(url: str, name: str) -> nats.NATS:
+    """Connects with unlimited reconnects so a NATS outage never kills a service."""
+
+    async def on_error(e: Exception) -> None:
+        log.warning("nats: %s", e)
+
+    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                              connect_timeout=2, allow_reconnect=True, error_cb=on_error)
+
+
+async def connect_retrying(url: str, name: str, stop: asyncio.Event | None = None) -> nats.NATS:
+    """Keeps trying until NATS answers; services may start before it."""
+    delay = 0.2
+    while True:
+        try:
+            return await connect(url, name)
+        except (NoServersError, OSError, asyncio.TimeoutError) as e:
+            if stop is not None and stop.is_set():
+                raise
+            log.info("waiting for NATS at %s (%s)", url, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+async def open_bucket(nc: nats.NATS, ttl_s: float = DEFAULT_TTL_S):
+    js = nc.jetstream()
+    try:
+        return await js.key_value(BUCKET)
+    except BucketNotFoundError:
+        cfg = KeyValueConfig(bucket=BUCKET, history=1, limit_marker_ttl=ttl_s)
+        with contextlib.suppress(Exception):
+            return await js.create_key_value(cfg)
+        return await js.key_value(BUCKET)
+
+
+class Registrar:
+    """Keeps one worker's card alive in the bucket until ``close``."""
+
+    def __init__(self, nats_url: str, card: WorkerCard, ttl_s: float = DEFAULT_TTL_S):
+        self.nats_url = nats_url
+        self.card = card
+        self.ttl_s = ttl_s
+        self._task: asyncio.Task | None = None
+        self._nc: nats.NATS | None = None
+        self.registered = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="registrar")
+
+    async def _run(self) -> None:
+        self._nc = await connect_retrying(self.nats_url, f"worker-{self.card.worker_id}")
+        js = self._nc.jetstream()
+        payload = self.card.to_json()
+        subject = f"$KV.{BUCKET}.{self.card.worker_id}"
+        ready = False
+        while True:
+            try:
+                if not ready:
+                    await open_bucket(self._nc, self.ttl_s)
+                    ready = True
+                # Each put replaces the previous value (history 1) and restarts its TTL.
+                await js.publish(subject, payload, msg_ttl=self.ttl_s)
+                self.registered.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # NATS down or restarting: keep serving, retry soon
+                log.warning("registration heartbeat failed: %s", e)
+                ready = False
+            await asyncio.sleep(self.ttl_s / 3)
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._nc is not None and self._nc.is_connected:
+            with contextlib.suppress(Exception):
+                kv = await open_bucket(self._nc, self.ttl_s)
+                await kv.purge(self.card.worker_id)
+            await self._nc.drain()
+
+
+Listener = Callable[[str, WorkerCard | None], None]
+
+
+class WorkerRegistry:
+    """A live mirror of the worker bucket.
+
+    ``workers`` maps worker id to card. Listeners are called with
+    ``(worker_id, card)`` on add or change and ``(worker_id, None)`` on removal.
+    The mirror keeps its last state while NATS is down, so routing to known
+    workers goes on, and resynchronises when NATS returns.
+    """
+
+    def __init__(self, nats_url: str, name: str):
+        self.nats_url = nats_url
+        self.name = name
+        self.workers: dict[str, WorkerCard] = {}
+        self._listeners: list[Listener] = []
+        self._task: asyncio.Task | None = None
+        self._nc: nats.NATS | None = None
+        self.synced = asyncio.Event()
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def models(self) -> dict[str, list[WorkerCard]]:
+        out: dict[str, list[WorkerCard]] = {}
+        for card in self.workers.values():
+            out.setdefault(card.model.name, []).append(card)
+        return out
+
+    def model(self, name: str) -> ModelCard | None:
+        for card in self.workers.values():
+            if card.model.name == name:
+                return card.model
+        return None
+
+    def workers_for(self, model: str) -> list[WorkerCard]:
+        return [c for c in self.workers.values() if c.model.name == model]
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"registry-{self.name}")
+
+    def _set(self, worker_id: str, card: WorkerCard | None) -> None:
+        if card is None:
+            if self.workers.pop(worker_id, None) is None:
+                return
+            log.info("worker %s left", worker_id)
+        else:
+            if self.workers.get(worker_id) == card:
+                return
+            self.workers[worker_id] = card
+            log.info("worker %s serves %s at %s", worker_id, card.model.name, card.address)
+        for listener in self._listeners:
+            listener(worker_id, card)
+
+    async def _run(self) -> None:
+        self._nc = await connect_retrying(self.nats_url, self.name)
+        while True:
+            try:
+                kv = await open_bucket(self._nc)
+                watcher = await kv.watchall()
+                seen: set[str] = set()
+                initial = True
+                while True:
+                    entry = await watcher.updates(timeout=None)
+                    if entry is None:  # end of the initial values
+                        if initial:
+                            for wid in set(self.workers) - seen:
+                                self._set(wid, None)
+                            initial = False
+                            self.synced.set()
+                        continue
+                    seen.add(entry.key)
+                    if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+                        self._set(entry.key, None)
+                    else:
+                        try:
+                            self._set(entry.key, WorkerCard.from_json(entry.value))
+                        except (TypeError, ValueError, KeyError) as e:
+                            log.error("bad worker card under %s: %s", entry.key, e)
+            except asyncio.CancelledError:
+                raise
+            except (NotFoundError, Exception) as e:  # NATS outage: keep the last view, retry
+                log.warning("worker watch interrupted (%s); keeping %d known workers", e, len(self.workers))
+                await asyncio.sleep(1.0)
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()

@@ -1,0 +1,131 @@
+"""Domain errors and the one table that maps them to gRPC statuses and HTTP codes.
+
+Cores raise these; server glue turns them into a gRPC status carrying a
+``google.rpc.ErrorInfo`` (reason, domain, param), and clients of a service
+turn such a status back into the same exception, so an error keeps its
+meaning across hops. The gateway renders them as OpenAI error bodies.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+DOMAIN = "meshfront"
+
+
+class MeshError(Exception):
+    """Base class: a message for the client, a machine-readable reason, an optional param."""
+
+    grpc_code = grpc.StatusCode.INTERNAL
+    http_status = 500
+    openai_type = "internal_server_error"
+    reason = "INTERNAL"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class InvalidRequest(MeshError):
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    http_status = 400
+    openai_type = "invalid_request_error"
+    reason = "INVALID_REQUEST"
+
+
+class ModelNotFound(MeshError):
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    http_status = 404
+    openai_type = "not_found_error"
+    reason = "MODEL_NOT_FOUND"
+
+
+class NotFound(MeshError):
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    http_status = 404
+    openai_type = "not_found_error"
+    reason = "NOT_FOUND"
+
+
+class NoWorkers(MeshError):
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    openai_type = "service_unavailable"
+    reason = "NO_WORKERS"
+
+
+class Overloaded(MeshError):
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = 503
+    openai_type = "service_unavailable"
+    reason = "OVERLOADED"
+
+
+class WorkerFailed(MeshError):
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    openai_type = "service_unavailable"
+    reason = "WORKER_FAILED"
+
+
+class Cancelled(MeshError):
+    grpc_code = grpc.StatusCode.CANCELLED
+    http_status = 499
+    openai_type = "client_closed_request"
+    reason = "CANCELLED"
+
+
+class Internal(MeshError):
+    pass
+
+
+_BY_REASON: dict[str, type[MeshError]] = {
+    cls.reason: cls
+    for cls in (InvalidRequest, ModelNotFound, NotFound, NoWorkers, Overloaded, WorkerFailed, Cancelled, Internal)
+}
+
+# Statuses that arrive without our ErrorInfo (a peer that died, a deadline, a transport error).
+_BY_CODE: dict[grpc.StatusCode, type[MeshError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.UNAVAILABLE: WorkerFailed,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded,
+    grpc.StatusCode.CANCELLED: Cancelled,
+    grpc.StatusCode.DEADLINE_EXCEEDED: WorkerFailed,
+}
+
+
+def to_status(err: MeshError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
+    """(code, message, trailing metadata with grpc-status-details-bin) for ``context.abort``."""
+    info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN)
+    if err.param:
+        info.metadata["param"] = err.param
+    if err.code:
+        info.metadata["code"] = err.code
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=err.grpc_code.value[0], message=err.message, details=[detail])
+    return err.grpc_code, err.message, (("grpc-status-details-bin", status.SerializeToString()),)
+
+
+async def abort(context: grpc.aio.ServicerContext, err: MeshError) -> None:
+    code, message, trailers = to_status(err)
+    await context.abort(code, message, trailing_metadata=trailers)
+
+
+def from_rpc_error(e: grpc.aio.AioRpcError) -> MeshError:
+    """Rebuilds the domain error a peer raised (or the closest one for transport failures)."""
+    for key, value in e.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info) and info.domain == DOMAIN and info.reason in _BY_REASON:
+                    return _BY_REASON[info.reason](status.message, param=info.metadata.get("param") or None,
+                                                   code=info.metadata.get("code") or None)
+    cls = _BY_CODE.get(e.code(), Internal)
+    return cls(e.details() or e.code().name)
