@@ -1,0 +1,5 @@
+"""python -m services.gateway: serve GatewayService (behind Envoy)."""
+
+from services.gateway.main import main
+
+main()

@@ -1,0 +1,121 @@
+"""How the gateway reaches the preprocessor, router and postprocessor.
+
+Each has one small interface with two implementations: a gRPC stub (the split
+mesh, one Deployment per service) and a direct in-process call on the same
+service object the remote server wraps (the all-in-one shape). The seam passes
+proto messages, which are plain Python objects in-process, so the two shapes
+run the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import grpc
+
+from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
+from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
+from meshfront.router.v1 import router_pb2, router_pb2_grpc
+from services.common.errors import from_rpc_error
+from services.common.grpc_server import CHANNEL_OPTIONS
+
+# A target may list several replicas ("ipv4:10.0.0.1:9200,10.0.0.2:9200") or be a DNS name
+# resolving to many (a headless Kubernetes Service); spread calls over all of them.
+_LB_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
+
+
+class PreprocessorClient(Protocol):
+    async def preprocess(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse: ...
+
+
+class RouterClient(Protocol):
+    async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse: ...
+
+    async def release(self, req: router_pb2.ReleaseRequest) -> None: ...
+
+
+class PostprocessorClient(Protocol):
+    def generate(self, req: postprocessor_pb2.GenerateRequest) -> AsyncIterator[postprocessor_pb2.GenerateResponse]: ...
+
+
+def channel(target: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(target, options=_LB_OPTIONS)
+
+
+class GrpcPreprocessor:
+    def __init__(self, target: str):
+        self._stub = preprocessor_pb2_grpc.PreprocessorServiceStub(channel(target))
+
+    async def preprocess(self, req):
+        try:
+            return await self._stub.Preprocess(req)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+
+
+class GrpcRouter:
+    def __init__(self, target: str):
+        self._stub = router_pb2_grpc.RouterServiceStub(channel(target))
+
+    async def route(self, req):
+        try:
+            return await self._stub.Route(req)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def release(self, req):
+        try:
+            await self._stub.Release(req, timeout=5)
+        except grpc.aio.AioRpcError:
+            pass  # the router forgets bookings of workers that leave; a lost release only skews load briefly
+
+
+class GrpcPostprocessor:
+    def __init__(self, target: str):
+        self._stub = postprocessor_pb2_grpc.PostprocessorServiceStub(channel(target))
+
+    async def generate(self, req):
+        call = self._stub.Generate(req)
+        try:
+            async for resp in call:
+                yield resp
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+        finally:
+            call.cancel()  # no-op when finished; stops the chain when the consumer went away
+
+
+class InProcessPreprocessor:
+    def __init__(self, service):
+        self._service = service
+
+    async def preprocess(self, req):
+        return await self._service.preprocess(req)
+
+
+class InProcessRouter:
+    def __init__(self, service):
+        self._service = service
+
+    async def route(self, req):
+        return await self._service.route(req)
+
+    async def release(self, req):
+        await self._service.release(req)
+
+
+class InProcessPostprocessor:
+    def __init__(self, service):
+        self._service = service
+
+    async def generate(self, req):
+        gen = self._service.generate(req)
+        try:
+            async for resp in gen:
+                yield resp
+        finally:
+            with contextlib.suppress(RuntimeError, asyncio.CancelledError):
+                await gen.aclose()

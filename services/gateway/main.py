@@ -1,0 +1,60 @@
+"""Wires the gateway: discovery mirror, the three stage clients, the gRPC server."""
+
+from __future__ import annotations
+
+import sys
+
+from meshfront.gateway.v1 import gateway_pb2_grpc
+from services.common.discovery import WorkerRegistry
+from services.common.grpc_server import GrpcServer, run, setup_logging
+from services.gateway import clients
+from services.gateway.config import INPROC, GatewayConfig, parse_config
+from services.gateway.pipeline import Pipeline
+from services.gateway.server import GatewayServicer
+
+
+def build_pipeline(cfg: GatewayConfig, registry: WorkerRegistry) -> Pipeline:
+    if cfg.preprocessor == INPROC:
+        from services.preprocessor.service import Preprocessor
+
+        pre = clients.InProcessPreprocessor(Preprocessor(registry.model))
+    else:
+        pre = clients.GrpcPreprocessor(cfg.preprocessor)
+    if cfg.router == INPROC:
+        from services.router.service import Router
+
+        router_service = Router(registry.workers_for, cfg.router_mode)
+        registry.subscribe(router_service.on_worker_change)
+        router = clients.InProcessRouter(router_service)
+    else:
+        router = clients.GrpcRouter(cfg.router)
+    if cfg.postprocessor == INPROC:
+        from services.postprocessor.service import Postprocessor
+
+        post = clients.InProcessPostprocessor(Postprocessor())
+    else:
+        post = clients.GrpcPostprocessor(cfg.postprocessor)
+    return Pipeline(pre, router, post)
+
+
+async def serve(argv: list[str]) -> None:
+    cfg = parse_config(argv)
+    setup_logging(cfg.log_level)
+    registry = WorkerRegistry(cfg.nats_url, "gateway")
+    await registry.start()
+    server = GrpcServer("gateway", cfg.host, cfg.port)
+    draining = False
+
+    async def start_drain() -> None:
+        nonlocal draining
+        draining = True
+
+    servicer = GatewayServicer(build_pipeline(cfg, registry), registry.models, lambda: draining)
+    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server.server)
+    server.on_drain(start_drain)
+    server.on_drain(registry.close)
+    await server.serve_until_signal()
+
+
+def main() -> None:
+    run(lambda: serve(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""OpenAI protocol core: request validation, proto conversion, response shapes. No grpc."""

@@ -1,0 +1,255 @@
+"""Parses and validates OpenAI chat and completions bodies into plain dataclasses.
+
+Every field a client may send is either carried to the mesh or refused with a
+400 that names it; nothing is silently dropped. Ranges follow the OpenAI API
+(and Dynamo's validate.rs where OpenAI is silent).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+
+from services.common.errors import InvalidRequest
+from services.gateway.openai.fields import Fields
+
+MAX_N = 128
+MAX_STOP = 32
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+# Accepted because they change nothing about generation (bookkeeping fields).
+_NO_OP_FIELDS = ("user", "metadata", "store", "service_tier")
+
+
+@dataclasses.dataclass
+class Sampling:
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool = False
+    stop: list[str] = dataclasses.field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = False
+    logprobs: int | None = None  # number of alternatives; None = no logprobs
+
+
+@dataclasses.dataclass
+class GenerationRequest:
+    """What both endpoints share once parsed."""
+
+    model: str
+    stream: bool
+    include_usage: bool
+    n: int
+    sampling: Sampling
+    worker_id: str = ""
+
+
+@dataclasses.dataclass
+class ChatRequest(GenerationRequest):
+    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class CompletionRequest(GenerationRequest):
+    # Each prompt is a string or a list of token ids.
+    prompts: list[str | list[int]] = dataclasses.field(default_factory=list)
+    echo: bool = False
+
+
+def load_json(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise InvalidRequest("The request body is empty; expected a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise InvalidRequest(f"The request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object")
+    return body
+
+
+def _stop(f: Fields) -> list[str]:
+    v = f.raw("stop")
+    if v is None:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise InvalidRequest("'stop' must be a string or an array of strings", param="stop")
+    if len(stops) > MAX_STOP:
+        raise InvalidRequest(f"'stop' may hold at most {MAX_STOP} strings; got {len(stops)}", param="stop")
+    if any(s == "" for s in stops):
+        raise InvalidRequest("'stop' strings must not be empty", param="stop")
+    return stops
+
+
+def _common(f: Fields, headers: dict[str, str], *, max_tokens_key: str) -> GenerationRequest:
+    model = f.str("model", required=True)
+    stream = f.bool("stream")
+    stream_options = f.obj("stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not stream:
+            raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        so = Fields(stream_options, "stream_options.")
+        include_usage = so.bool("include_usage")
+        so.reject_unknown()
+    n = f.int("n", 1, MAX_N) or 1
+    s = Sampling(
+        temperature=f.float("temperature", 0.0, 2.0),
+        top_p=f.float("top_p", 0.0, 1.0),
+        top_k=f.int("top_k", -1),
+        min_p=f.float("min_p", 0.0, 1.0),
+        seed=f.int("seed"),
+        frequency_penalty=f.float("frequency_penalty", -2.0, 2.0),
+        presence_penalty=f.float("presence_penalty", -2.0, 2.0),
+        repetition_penalty=f.float("repetition_penalty", 0.0, 2.0),
+        min_tokens=f.int("min_tokens", 0),
+        ignore_eos=f.bool("ignore_eos"),
+        stop=_stop(f),
+        include_stop_str_in_output=f.bool("include_stop_str_in_output"),
+        skip_special_tokens=f.bool("skip_special_tokens"),
+    )
+    if s.top_k == 0:
+        raise InvalidRequest("'top_k' must be -1 (disabled) or >= 1; got 0", param="top_k")
+    if s.repetition_penalty is not None and s.repetition_penalty <= 0:
+        raise InvalidRequest("'repetition_penalty' must be in (0, 2]", param="repetition_penalty")
+    if s.seed is not None and not (-(2**63) <= s.seed < 2**64):
+        raise InvalidRequest("'seed' is out of range", param="seed")
+    if s.seed is not None and s.seed < 0:
+        s.seed &= 2**64 - 1
+    max_tokens = f.int("max_tokens")
+    if max_tokens_key == "max_completion_tokens":
+        mct = f.int("max_completion_tokens")
+        max_tokens = mct if mct is not None else max_tokens
+        key = "max_completion_tokens" if mct is not None else "max_tokens"
+    else:
+        key = "max_tokens"
+    if max_tokens is not None and max_tokens <= 0:
+        raise InvalidRequest(f"'{key}' must be at least 1; got {max_tokens}", param=key)
+    s.max_tokens = max_tokens
+    if s.min_tokens and s.max_tokens is not None and s.min_tokens > s.max_tokens:
+        raise InvalidRequest("'min_tokens' must not exceed the maximum number of tokens", param="min_tokens")
+    if n > 1 and s.temperature == 0.0:
+        raise InvalidRequest("'n' > 1 needs a temperature above 0 (greedy choices would all be the same)", param="n")
+    logit_bias = f.obj("logit_bias")
+    if logit_bias:
+        raise InvalidRequest("'logit_bias' is not supported by this server", param="logit_bias")
+    for key in _NO_OP_FIELDS:
+        f.raw(key)
+    nvext = f.obj("nvext") or {}
+    ext = Fields(nvext, "nvext.")
+    worker = ext.raw("backend_instance_id")
+    ext.reject_unknown()
+    worker_id = headers.get("x-worker-instance-id") or ("" if worker is None else str(worker))
+    return GenerationRequest(model=model, stream=stream, include_usage=include_usage, n=n, sampling=s,
+                             worker_id=worker_id)
+
+
+def _message(i: int, m: Any) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise InvalidRequest(f"'{where}' must be an object", param=where)
+    role = m.get("role")
+    if role not in CHAT_ROLES:
+        raise InvalidRequest(f"'{where}.role' must be one of {', '.join(CHAT_ROLES)}; got {role!r}",
+                             param=f"{where}.role")
+    content = m.get("content")
+    if content is None:
+        if not (role == "assistant" and m.get("tool_calls")):
+            raise InvalidRequest(f"'{where}.content' is required for role {role!r}", param=f"{where}.content")
+    elif isinstance(content, list):
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise InvalidRequest(f"'{where}.content[{j}]': only text parts are supported; got {kind!r}",
+                                     param=f"{where}.content")
+    elif not isinstance(content, str):
+        raise InvalidRequest(f"'{where}.content' must be a string or an array of parts", param=f"{where}.content")
+    if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+        raise InvalidRequest(f"'{where}.tool_call_id' is required for tool messages", param=f"{where}.tool_call_id")
+    return m
+
+
+def parse_chat(raw: bytes, headers: dict[str, str] | None = None) -> ChatRequest:
+    body = load_json(raw)
+    f = Fields(body)
+    if "functions" in body or "function_call" in body:
+        raise InvalidRequest("'functions' and 'function_call' are deprecated; use 'tools' and 'tool_choice'",
+                             param="functions")
+    messages = f.list("messages")
+    if not messages:
+        raise InvalidRequest("'messages' must be a non-empty array", param="messages")
+    messages = [_message(i, m) for i, m in enumerate(messages)]
+    base = _common(f, headers or {}, max_tokens_key="max_completion_tokens")
+    logprobs = f.bool("logprobs")
+    top = f.int("top_logprobs", 0, 20)
+    if top is not None and not logprobs:
+        raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
+    base.sampling.logprobs = (top or 0) if logprobs else None
+    tools = f.list("tools")
+    tool_choice = f.raw("tool_choice")
+    f.bool("parallel_tool_calls", True)
+    kwargs = dict(f.obj("chat_template_kwargs") or {})
+    kwargs.update(f.obj("chat_template_args") or {})
+    effort = f.str("reasoning_effort", allowed=("minimal", "low", "medium", "high"))
+    if effort is not None:
+        kwargs.setdefault("reasoning_effort", effort)
+    response_format = f.obj("response_format")
+    if response_format is not None and response_format.get("type") != "text":
+        raise InvalidRequest("'response_format' other than 'text' is not supported yet", param="response_format")
+    f.reject_unknown()
+    return ChatRequest(**dataclasses.asdict(base) | {"sampling": base.sampling}, messages=messages, tools=tools,
+                       tool_choice=tool_choice, chat_template_kwargs=kwargs)
+
+
+def _prompts(v: Any) -> list[str | list[int]]:
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list) and v:
+        if all(isinstance(x, str) for x in v):
+            return list(v)
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            return [list(v)]
+        if all(isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x) for x in v):
+            return [list(x) for x in v]
+    raise InvalidRequest("'prompt' must be a non-empty string, array of strings, array of token ids, "
+                         "or array of token-id arrays", param="prompt")
+
+
+def parse_completion(raw: bytes, headers: dict[str, str] | None = None) -> CompletionRequest:
+    body = load_json(raw)
+    f = Fields(body)
+    if f.raw("prompt") is None:
+        raise InvalidRequest("'prompt' is required", param="prompt")
+    prompts = _prompts(body["prompt"])
+    if any(p == "" for p in prompts):
+        raise InvalidRequest("'prompt' must not be empty", param="prompt")
+    base = _common(f, headers or {}, max_tokens_key="max_tokens")
+    if base.sampling.max_tokens is None:
+        base.sampling.max_tokens = 16  # the OpenAI default for completions
+    logprobs = f.int("logprobs", 0, 5)
+    base.sampling.logprobs = logprobs
+    echo = f.bool("echo")
+    if echo and any(not isinstance(p, str) for p in prompts):
+        raise InvalidRequest("'echo' is only supported with text prompts", param="echo")
+    best_of = f.int("best_of", 1, 20)
+    if best_of is not None and best_of != base.n:
+        raise InvalidRequest("'best_of' other than 'n' is not supported", param="best_of")
+    if f.str("suffix"):
+        raise InvalidRequest("'suffix' is not supported", param="suffix")
+    if len(prompts) * base.n > MAX_N:
+        raise InvalidRequest(f"batch size times 'n' must be at most {MAX_N}", param="n")
+    f.reject_unknown()
+    return CompletionRequest(**dataclasses.asdict(base) | {"sampling": base.sampling}, prompts=prompts, echo=echo)

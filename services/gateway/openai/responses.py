@@ -1,0 +1,171 @@
+"""OpenAI response shapes: streamed chunks, folded non-stream bodies, usage, logprobs.
+
+Inputs are ``Delta`` records (one choice's new output); the renderer keeps the
+per-request state (first chunk carries the role, usage totals, folded text).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import orjson
+
+from meshfront.common.v1 import common_pb2
+
+FINISH = {
+    common_pb2.FINISH_REASON_EOS: "stop",
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_CANCELLED: "stop",
+}
+
+
+@dataclasses.dataclass
+class Delta:
+    """New output of one choice."""
+
+    index: int
+    text: str = ""
+    logprobs: list[Any] = dataclasses.field(default_factory=list)  # postprocessor TokenText messages
+    finish_reason: str | None = None
+    stop_reason: str = ""
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    # Set on a choice's first delta: its prompt counts once per prompt, not per choice.
+    counts_prompt: bool = False
+
+
+@dataclasses.dataclass
+class _Choice:
+    text: list[str] = dataclasses.field(default_factory=list)
+    logprobs: list[Any] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str = ""
+    started: bool = False
+
+
+def _chat_logprobs(items: list[Any]) -> dict[str, Any]:
+    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
+                         "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.token.encode())}
+                                          for a in t.top]} for t in items]}
+
+
+def _completion_logprobs(items: list[Any], offset: int) -> dict[str, Any]:
+    offsets, pos = [], offset
+    for t in items:
+        offsets.append(pos)
+        pos += len(t.token)
+    return {"tokens": [t.token for t in items], "token_logprobs": [t.logprob for t in items],
+            "top_logprobs": [{a.token: a.logprob for a in t.top} for t in items], "text_offset": offsets}
+
+
+class ResponseRenderer:
+    """Turns deltas into SSE frames or one folded body, for chat or completions."""
+
+    def __init__(self, *, chat: bool, request_id: str, model: str, n_choices: int, want_logprobs: bool,
+                 include_usage: bool, echo_prompts: list[str] | None = None, n_per_prompt: int = 1):
+        self.chat = chat
+        self.id = request_id
+        self.model = model
+        self.created = int(time.time())
+        self.want_logprobs = want_logprobs
+        self.include_usage = include_usage
+        self.choices = [_Choice() for _ in range(n_choices)]
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self._echo = echo_prompts
+        self._n_per_prompt = n_per_prompt
+        self._text_len = [0] * n_choices
+        self._object = "chat.completion.chunk" if chat else "text_completion"
+
+    def _account(self, d: Delta) -> None:
+        self.completion_tokens += d.completion_tokens
+        if d.counts_prompt:
+            self.prompt_tokens += d.prompt_tokens
+            self.cached_tokens += d.cached_tokens
+
+    def _chunk_choice(self, d: Delta) -> dict[str, Any]:
+        choice = self.choices[d.index]
+        text = d.text
+        if not choice.started and self._echo is not None:
+            text = self._echo[d.index // self._n_per_prompt] + text
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if not choice.started:
+                delta["role"] = "assistant"
+            if text or not choice.started:
+                delta["content"] = text
+            out: dict[str, Any] = {"index": d.index, "delta": delta}
+            lp = _chat_logprobs(d.logprobs) if self.want_logprobs and d.logprobs else None
+        else:
+            out = {"index": d.index, "text": text}
+            lp = _completion_logprobs(d.logprobs, self._text_len[d.index]) if self.want_logprobs and d.logprobs else None
+        choice.started = True
+        self._text_len[d.index] += len(text)
+        out["logprobs"] = lp
+        out["finish_reason"] = d.finish_reason
+        if d.finish_reason and d.stop_reason:
+            out["stop_reason"] = d.stop_reason
+        return out
+
+    def sse(self, deltas: list[Delta]) -> bytes:
+        """All ready deltas in one buffer: one SSE frame each, to be sent as one HttpBody."""
+        frames = []
+        for d in deltas:
+            self._account(d)
+            if not d.text and not d.finish_reason and not d.logprobs and self.choices[d.index].started:
+                continue
+            chunk = {"id": self.id, "object": self._object, "created": self.created, "model": self.model,
+                     "choices": [self._chunk_choice(d)]}
+            if self.include_usage:
+                chunk["usage"] = None
+            frames.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        return b"".join(frames)
+
+    def usage(self) -> dict[str, Any]:
+        u: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                             "total_tokens": self.prompt_tokens + self.completion_tokens}
+        u["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return u
+
+    def sse_end(self) -> bytes:
+        tail = b""
+        if self.include_usage:
+            chunk = {"id": self.id, "object": self._object, "created": self.created, "model": self.model,
+                     "choices": [], "usage": self.usage()}
+            tail = b"data: " + orjson.dumps(chunk) + b"\n\n"
+        return tail + b"data: [DONE]\n\n"
+
+    def fold(self, deltas: list[Delta]) -> None:
+        for d in deltas:
+            self._account(d)
+            c = self.choices[d.index]
+            if not c.started and self._echo is not None:
+                c.text.append(self._echo[d.index // self._n_per_prompt])
+            c.started = True
+            c.text.append(d.text)
+            c.logprobs.extend(d.logprobs)
+            if d.finish_reason:
+                c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
+
+    def body(self) -> bytes:
+        choices = []
+        for i, c in enumerate(self.choices):
+            text = "".join(c.text)
+            if self.chat:
+                out: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text},
+                                       "logprobs": _chat_logprobs(c.logprobs) if self.want_logprobs else None}
+            else:
+                out = {"index": i, "text": text,
+                       "logprobs": _completion_logprobs(c.logprobs, 0) if self.want_logprobs else None}
+            out["finish_reason"] = c.finish_reason
+            if c.stop_reason:
+                out["stop_reason"] = c.stop_reason
+            choices.append(out)
+        return orjson.dumps({"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                             "created": self.created, "model": self.model, "choices": choices,
+                             "usage": self.usage()})

@@ -1,0 +1,52 @@
+"""OpenAI requests (parsed dataclasses) to the mesh's protos. The only place both meet."""
+
+from __future__ import annotations
+
+import orjson
+
+from meshfront.common.v1 import common_pb2
+from meshfront.preprocessor.v1 import preprocessor_pb2
+from services.gateway.openai.requests import ChatRequest, CompletionRequest, GenerationRequest
+
+
+def _base(req: GenerationRequest, request_id: str) -> common_pb2.PreprocessedRequest:
+    s = req.sampling
+    sampling = common_pb2.SamplingOptions()
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty", "presence_penalty",
+                 "repetition_penalty"):
+        value = getattr(s, name)
+        if value is not None:
+            setattr(sampling, name, value)
+    stop = common_pb2.StopConditions(stop=s.stop, ignore_eos=s.ignore_eos,
+                                      include_stop_str_in_output=s.include_stop_str_in_output)
+    if s.max_tokens is not None:
+        stop.max_tokens = s.max_tokens
+    if s.min_tokens:
+        stop.min_tokens = s.min_tokens
+    output = common_pb2.OutputOptions(skip_special_tokens=s.skip_special_tokens)
+    if s.logprobs is not None:
+        output.logprobs = s.logprobs
+    return common_pb2.PreprocessedRequest(request_id=request_id, model=req.model, sampling=sampling, stop=stop,
+                                          output=output)
+
+
+def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.PreprocessRequest:
+    out = preprocessor_pb2.PreprocessRequest(request=_base(req, request_id),
+                                             messages_json=orjson.dumps(req.messages).decode())
+    if req.tools:
+        out.tools_json = orjson.dumps(req.tools).decode()
+    if req.tool_choice is not None:
+        out.tool_choice_json = orjson.dumps(req.tool_choice).decode()
+    if req.chat_template_kwargs:
+        out.chat_template_kwargs_json = orjson.dumps(req.chat_template_kwargs).decode()
+    return out
+
+
+def completion_to_preprocess(req: CompletionRequest, prompt: str | list[int],
+                             request_id: str) -> preprocessor_pb2.PreprocessRequest:
+    out = preprocessor_pb2.PreprocessRequest(request=_base(req, request_id))
+    if isinstance(prompt, str):
+        out.text = prompt
+    else:
+        out.tokens.ids.extend(prompt)
+    return out

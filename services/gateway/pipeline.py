@@ -1,0 +1,118 @@
+"""One OpenAI request through the mesh: preprocess, route, generate, release.
+
+Yields lists of ``Delta``: everything that was ready when the consumer asked,
+so that the server can pack it into one HttpBody. Errors raised before the
+first yield become HTTP statuses; later ones travel in-band.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+from meshfront.common.v1 import common_pb2
+from meshfront.postprocessor.v1 import postprocessor_pb2
+from meshfront.preprocessor.v1 import preprocessor_pb2
+from meshfront.router.v1 import router_pb2
+from services.common.errors import WorkerFailed
+from services.gateway.clients import PostprocessorClient, PreprocessorClient, RouterClient
+from services.gateway.openai.responses import FINISH, Delta
+
+_DONE = object()
+
+
+class Pipeline:
+    def __init__(self, pre: PreprocessorClient, router: RouterClient, post: PostprocessorClient):
+        self.pre = pre
+        self.router = router
+        self.post = post
+        self._background: set[asyncio.Task] = set()
+
+    def _release(self, request_id: str) -> None:
+        task = asyncio.create_task(self.router.release(router_pb2.ReleaseRequest(request_id=request_id)))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, request_id: str, choice: int,
+                     worker_id: str) -> tuple[str, postprocessor_pb2.GenerateRequest]:
+        req = common_pb2.PreprocessedRequest()
+        req.CopyFrom(prepared.request)
+        req.request_id = request_id
+        if choice and req.sampling.HasField("seed"):
+            req.sampling.seed = (req.sampling.seed + choice) % 2**64  # distinct but reproducible choices
+        route = await self.router.route(router_pb2.RouteRequest(
+            request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
+            prompt_tokens=len(req.token_ids), worker_id=worker_id))
+        return request_id, postprocessor_pb2.GenerateRequest(request=req, options=prepared.postprocess,
+                                                             worker_address=route.address)
+
+    async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
+                  worker_id: str = "") -> AsyncIterator[list[Delta]]:
+        prepared = await asyncio.gather(*(self.pre.preprocess(r) for r in requests))
+        base_id = requests[0].request.request_id
+        total = len(requests) * n
+        jobs = []
+        try:
+            for p, prep in enumerate(prepared):
+                for j in range(n):
+                    index = p * n + j
+                    rid = base_id if total == 1 else f"{base_id}-{index}"
+                    jobs.append((index, j == 0, len(prep.request.token_ids), await self._start(prep, rid, j, worker_id)))
+            if total == 1:
+                index, counts, prompt_len, (_, gen) = jobs[0]
+                async for resp in self.post.generate(gen):
+                    yield [self._delta(index, counts, prompt_len, resp)]
+            else:
+                async for batch in self._merge(jobs):
+                    yield batch
+        finally:
+            for _, _, _, (rid, _) in jobs:
+                self._release(rid)
+
+    @staticmethod
+    def _delta(index: int, counts_prompt: bool, prompt_len: int, resp: postprocessor_pb2.GenerateResponse) -> Delta:
+        if resp.finish_reason == common_pb2.FINISH_REASON_ERROR:
+            raise WorkerFailed("The worker failed while generating this response")
+        first = resp.prompt_tokens > 0
+        return Delta(index=index, text=resp.text, logprobs=list(resp.logprobs),
+                     finish_reason=FINISH.get(resp.finish_reason), stop_reason=resp.stop_reason,
+                     completion_tokens=resp.completion_tokens,
+                     prompt_tokens=(resp.prompt_tokens or prompt_len) if first else 0,
+                     cached_tokens=resp.cached_tokens if first else 0, counts_prompt=counts_prompt and first)
+
+    async def _merge(self, jobs) -> AsyncIterator[list[Delta]]:
+        """Runs every choice's stream at once and yields whatever is ready, across choices."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, counts: bool, prompt_len: int, gen) -> None:
+            try:
+                async for resp in self.post.generate(gen):
+                    queue.put_nowait(self._delta(index, counts, prompt_len, resp))
+                queue.put_nowait(_DONE)
+            except Exception as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+                queue.put_nowait(e)
+
+        tasks = [asyncio.create_task(pump(i, c, pl, g)) for i, c, pl, (_, g) in jobs]
+        live = len(tasks)
+        try:
+            while live:
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                batch = []
+                for item in items:
+                    if item is _DONE:
+                        live -= 1
+                    elif isinstance(item, Exception):
+                        raise item
+                    else:
+                        batch.append(item)
+                if batch:
+                    yield batch
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t

@@ -1,0 +1,142 @@
+"""gRPC glue for the gateway: HttpBody in, OpenAI bytes out, statuses at the edge.
+
+Errors before the first byte abort the call with a gRPC status plus two
+trailers that Envoy's Lua filter turns into the HTTP status and body
+(``x-meshfront-status``, ``x-meshfront-body``); native gRPC callers get the
+status with ErrorInfo details. Errors after the first byte become an SSE
+error frame, because the HTTP status is already sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+import grpc
+import orjson
+from google.api import httpbody_pb2
+
+from meshfront.gateway.v1 import gateway_pb2_grpc
+from services.common.discovery import WorkerCard
+from services.common.errors import MeshError, NotFound, Overloaded, to_status
+from services.gateway import models_api
+from services.gateway.openai.errors import error_body, sse_error_frame
+from services.gateway.openai.requests import parse_chat, parse_completion
+from services.gateway.openai.responses import ResponseRenderer
+from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess
+from services.gateway.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+JSON = "application/json"
+SSE = "text/event-stream"
+
+
+async def abort_http(context: grpc.aio.ServicerContext, err: MeshError) -> None:
+    code, message, trailers = to_status(err)
+    extra = [("x-meshfront-status", str(err.http_status)), ("x-meshfront-body", error_body(err).decode())]
+    if isinstance(err, Overloaded):
+        extra.append(("x-meshfront-retry-after", "1"))
+    await context.abort(code, message, trailing_metadata=trailers + tuple(extra))
+
+
+def _headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    return {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
+    def __init__(self, pipeline: Pipeline, models: Callable[[], dict[str, list[WorkerCard]]],
+                 draining: Callable[[], bool] = lambda: False):
+        self._pipeline = pipeline
+        self._models = models
+        self._draining = draining
+
+    def _check_model(self, name: str) -> None:
+        if name not in self._models():
+            raise NotFound(f"The model `{name}` does not exist.", param="model", code="model_not_found")
+
+    async def ChatCompletions(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
+        async for body in self._generate(request, context, chat=True):
+            yield body
+
+    async def Completions(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
+        async for body in self._generate(request, context, chat=False):
+            yield body
+
+    async def _generate(self, request, context, *, chat: bool):
+        rid = uuid.uuid4().hex
+        try:
+            headers = _headers(context)
+            if chat:
+                req = parse_chat(request.data, headers)
+                self._check_model(req.model)
+                prep = [chat_to_preprocess(req, rid)]
+                echo = None
+            else:
+                req = parse_completion(request.data, headers)
+                self._check_model(req.model)
+                prep = [completion_to_preprocess(req, p, rid) for p in req.prompts]
+                echo = [p for p in req.prompts] if req.echo else None
+            renderer = ResponseRenderer(chat=chat, request_id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
+                                        model=req.model, n_choices=len(prep) * req.n,
+                                        want_logprobs=req.sampling.logprobs is not None,
+                                        include_usage=req.include_usage, echo_prompts=echo, n_per_prompt=req.n)
+            stream = self._pipeline.run(prep, req.n, req.worker_id)
+            if not req.stream:
+                async for batch in stream:
+                    renderer.fold(batch)
+                yield httpbody_pb2.HttpBody(content_type=JSON, data=renderer.body())
+                return
+            first = await anext(stream, None)
+        except MeshError as e:
+            await abort_http(context, e)
+            return
+        # Streaming: headers go out with the first tokens, so early failures above kept a real status.
+        try:
+            if first is not None:
+                yield httpbody_pb2.HttpBody(content_type=SSE, data=renderer.sse(first))
+            async for batch in stream:
+                data = renderer.sse(batch)
+                if data:
+                    yield httpbody_pb2.HttpBody(content_type=SSE, data=data)
+            yield httpbody_pb2.HttpBody(content_type=SSE, data=renderer.sse_end())
+        except MeshError as e:
+            log.warning("request %s failed mid-stream: %s", rid, e.message)
+            yield httpbody_pb2.HttpBody(content_type=SSE, data=sse_error_frame(e))
+
+    async def _json(self, context, build: Callable[[], Awaitable[tuple[int, dict]]]):
+        status, body = await build()
+        if status != 200:
+            await context.abort(grpc.StatusCode.UNAVAILABLE if status >= 500 else grpc.StatusCode.NOT_FOUND,
+                                body.get("status", "error") if "error" not in body else body["error"]["message"],
+                                trailing_metadata=(("x-meshfront-status", str(status)),
+                                                   ("x-meshfront-body", orjson.dumps(body).decode())))
+        return httpbody_pb2.HttpBody(content_type=JSON, data=orjson.dumps(body))
+
+    async def ListModels(self, request, context):
+        async def build():
+            return 200, models_api.list_models(self._models())
+        return await self._json(context, build)
+
+    async def GetModel(self, request, context):
+        async def build():
+            entry = models_api.get_model(self._models(), request.model_id)
+            if entry is None:
+                err = NotFound(f"The model `{request.model_id}` does not exist.", param="model",
+                               code="model_not_found")
+                return 404, orjson.loads(error_body(err))
+            return 200, entry
+        return await self._json(context, build)
+
+    async def Health(self, request, context):
+        async def build():
+            ready, body = models_api.health(self._models())
+            return (200 if ready else 503), body
+        return await self._json(context, build)
+
+    async def Live(self, request, context):
+        async def build():
+            if self._draining():
+                return 503, {"status": "shutting_down", "message": "Service is draining"}
+            return 200, {"status": "live", "message": "Service is live"}
+        return await self._json(context, build)

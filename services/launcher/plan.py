@@ -1,0 +1,112 @@
+"""What the local mesh consists of: one process spec per service, ports decided up front.
+
+``meshfront run`` hands these specs to honcho; the mesh tests start the very
+same specs, so what a newcomer runs is what the tests exercise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import socket
+import sys
+
+from services.launcher import envoy_config
+
+ROOT = envoy_config.ROOT
+VENV_BIN = pathlib.Path(sys.executable).parent
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSpec:
+    name: str
+    argv: list[str]
+    # Port that answers once the process is ready (TCP connect).
+    ready_port: int
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    model_dir: str
+    model_name: str
+    kind: str = "mocker"  # mocker | hf
+    extra: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class MeshPlan:
+    http_port: int = 8000
+    admin_port: int = 9901
+    nats_port: int = 4222
+    gateway_ports: list[int] = dataclasses.field(default_factory=lambda: [9100])
+    preprocessor_port: int = 9200
+    router_port: int = 9300
+    postprocessor_port: int = 9400
+    worker_ports: list[int] = dataclasses.field(default_factory=list)
+    workers: list[WorkerSpec] = dataclasses.field(default_factory=list)
+    router_mode: str = "round-robin"
+    inproc: bool = False  # preprocessor, router and postprocessor inside each gateway
+    run_dir: pathlib.Path = ROOT / ".run"
+    log_level: str = "INFO"
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://127.0.0.1:{self.nats_port}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ephemeral_plan(workers: list[WorkerSpec], gateways: int = 1, **kw) -> MeshPlan:
+    """A plan on free ports, for tests and benchmarks that must not clash with a running mesh."""
+    return MeshPlan(http_port=free_port(), admin_port=free_port(), nats_port=free_port(),
+                    gateway_ports=[free_port() for _ in range(gateways)], preprocessor_port=free_port(),
+                    router_port=free_port(), postprocessor_port=free_port(),
+                    worker_ports=[free_port() for _ in workers], workers=workers, **kw)
+
+
+def _py(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def specs(plan: MeshPlan) -> list[ProcessSpec]:
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    nats_dir = plan.run_dir / f"nats-{plan.nats_port}"
+    common = ["--nats-url", plan.nats_url, "--log-level", plan.log_level]
+    env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    out = [ProcessSpec("nats", [str(VENV_BIN / "nats-server"), "-js", "-a", "127.0.0.1", "-p", str(plan.nats_port),
+                                "-sd", str(nats_dir)], plan.nats_port)]
+    for i, (w, port) in enumerate(zip(plan.workers, plan.worker_ports, strict=True)):
+        module = "services.workers.hf" if w.kind == "hf" else "services.workers.mocker"
+        out.append(ProcessSpec(f"{w.kind}-{i}", _py(module, "--port", str(port), "--model-dir", w.model_dir,
+                                                     "--model-name", w.model_name, *common, *w.extra), port, env))
+    stage = ["--router-mode", plan.router_mode]
+    if plan.inproc:
+        stage += ["--preprocessor", "inproc", "--router", "inproc", "--postprocessor", "inproc"]
+    else:
+        out += [
+            ProcessSpec("preprocessor", _py("services.preprocessor", "--port", str(plan.preprocessor_port), *common),
+                        plan.preprocessor_port, env),
+            ProcessSpec("router", _py("services.router", "--port", str(plan.router_port), "--router-mode",
+                                      plan.router_mode, *common), plan.router_port, env),
+            ProcessSpec("postprocessor", _py("services.postprocessor", "--port", str(plan.postprocessor_port),
+                                             *common), plan.postprocessor_port, env),
+        ]
+        stage = ["--preprocessor", f"127.0.0.1:{plan.preprocessor_port}", "--router",
+                 f"127.0.0.1:{plan.router_port}", "--postprocessor", f"127.0.0.1:{plan.postprocessor_port}"]
+    for i, port in enumerate(plan.gateway_ports):
+        out.append(ProcessSpec(f"gateway-{i}", _py("services.gateway", "--port", str(port), *common, *stage),
+                               port, env))
+    envoy_yaml = plan.run_dir / f"envoy-{plan.http_port}.yaml"
+    envoy_yaml.write_text(envoy_config.render(listen_host="127.0.0.1", listen_port=plan.http_port,
+                                              admin_port=plan.admin_port,
+                                              gateways=[("127.0.0.1", p) for p in plan.gateway_ports]))
+    out.append(ProcessSpec("envoy", [str(VENV_BIN / "envoy"), "-c", str(envoy_yaml), "--concurrency", "1",
+                                     "--log-level", "warn", "--base-id", str(plan.http_port)], plan.http_port,
+                           {"PATH": os.environ.get("PATH", "")}))
+    return out

@@ -1,0 +1,77 @@
+"""``meshfront run``: the whole mesh on this machine, supervised by honcho.
+
+Builds the demo model directory from packaged tokenizer files, starts NATS,
+the workers, the stage services, the gateway(s) and Envoy with prefixed logs,
+prints the URL once /health answers 200, and stops everything on Ctrl-C (or
+when any one process dies, as a supervisor should).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import threading
+import time
+import urllib.request
+
+from honcho.manager import Manager
+
+from services.launcher.plan import MeshPlan, WorkerSpec, specs
+from services.router.core.policies import POLICY_NAMES
+
+DEMO_MODEL_NAME = "meshfront/demo-qwen"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="meshfront run", description=__doc__)
+    p.add_argument("--http-port", type=int, default=8000, help="Envoy's HTTP and gRPC port")
+    p.add_argument("--workers", type=int, default=2, help="mocker workers serving the demo model")
+    p.add_argument("--worker-kind", choices=("mocker", "hf"), default="mocker")
+    p.add_argument("--gateways", type=int, default=1, help="gateway replicas behind Envoy")
+    p.add_argument("--router-mode", choices=POLICY_NAMES, default="round-robin")
+    p.add_argument("--inproc", action="store_true", help="run preprocessor, router, postprocessor in the gateway")
+    p.add_argument("--speedup-ratio", type=float, default=10.0, help="mocker speed-up (0 = instant)")
+    p.add_argument("--model-dir", default="", help="model directory (default: build the demo model)")
+    p.add_argument("--model-name", default=DEMO_MODEL_NAME)
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def _announce_when_ready(url: str, stop: threading.Event) -> None:
+    deadline = time.monotonic() + 120
+    while not stop.is_set() and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+                if r.status == 200:
+                    print(f"\n  Meshfront is up: {url}/v1  (OpenAI API and KServe gRPC on this port)\n"
+                          f"  try: curl {url}/v1/models\n  Ctrl-C stops everything.\n", flush=True)
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    model_dir = args.model_dir
+    if not model_dir:
+        from services.models.build import build_demo_model
+
+        print("building the demo model directory from packaged tokenizer files ...", flush=True)
+        model_dir = str(build_demo_model(MeshPlan().run_dir.parent / "build" / "models" / "demo-qwen",
+                                         with_weights=args.worker_kind == "hf"))
+    extra = ("--speedup-ratio", str(args.speedup_ratio)) if args.worker_kind == "mocker" else ()
+    plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
+                    gateway_ports=[9100 + i for i in range(args.gateways)],
+                    workers=[WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)] * args.workers,
+                    worker_ports=[9500 + i for i in range(args.workers)], log_level=args.log_level)
+    shutil.rmtree(plan.run_dir / f"nats-{plan.nats_port}", ignore_errors=True)
+    manager = Manager()
+    for spec in specs(plan):
+        manager.add_process(spec.name, spec.argv, env=spec.env or None)
+    stop = threading.Event()
+    threading.Thread(target=_announce_when_ready, args=(f"http://127.0.0.1:{args.http_port}", stop),
+                     daemon=True).start()
+    manager.loop()
+    stop.set()
+    return manager.returncode or 0

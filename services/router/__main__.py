@@ -1,0 +1,5 @@
+"""python -m services.router: serve RouterService."""
+
+from services.router.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""Pure routing logic: candidate workers, bookings, and one file per policy."""

@@ -1,0 +1,34 @@
+"""Plain types the routing policies see; no protobuf, no grpc."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A live worker that serves the requested model, with the load this router booked on it."""
+
+    worker_id: str
+    address: str
+    in_flight: int = 0
+    booked_prompt_tokens: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteQuery:
+    """What a policy may look at to choose."""
+
+    request_id: str
+    model: str
+    block_hashes: tuple[int, ...] = ()
+    prompt_tokens: int = 0
+    pinned_worker_id: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The chosen worker and how many prompt blocks it is expected to hold already."""
+
+    worker_id: str
+    overlap_blocks: int = 0

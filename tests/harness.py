@@ -1,0 +1,103 @@
+"""Starts the mesh's real processes for tests and benchmarks, and stops them cleanly.
+
+It runs the launcher's own process specs (services/launcher/plan.py), so the
+tests exercise exactly what ``meshfront run`` starts. Teardown SIGTERMs every
+process and fails loudly if one had to be killed or had already crashed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+from services.launcher.plan import MeshPlan, ProcessSpec, specs
+
+
+def wait_port(port: int, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class Mesh:
+    def __init__(self, plan: MeshPlan, log_dir: pathlib.Path):
+        self.plan = plan
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.specs: dict[str, ProcessSpec] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.plan.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.plan.http_port}"
+
+    def start_process(self, spec: ProcessSpec) -> subprocess.Popen:
+        log = open(self.log_dir / f"{spec.name}.log", "ab")  # noqa: SIM115 - closed with the process
+        env = {**os.environ, **spec.env}
+        proc = subprocess.Popen(spec.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        self.procs[spec.name] = proc
+        self.specs[spec.name] = spec
+        return proc
+
+    def start(self, timeout: float = 60.0) -> Mesh:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout
+        for spec in specs(self.plan):
+            self.start_process(spec)
+        for name, spec in self.specs.items():
+            if not wait_port(spec.ready_port, deadline):
+                raise RuntimeError(f"{name} did not open port {spec.ready_port}:\n{self.logs(name)}")
+        self.wait_models(len({w.model_name for w in self.plan.workers}), deadline)
+        return self
+
+    def wait_models(self, count: int, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=1) as r:
+                    import json
+
+                    if len(json.loads(r.read())["data"]) >= count:
+                        return
+            time.sleep(0.1)
+        raise RuntimeError(f"models did not register in time\n{self.all_logs()}")
+
+    def logs(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def all_logs(self) -> str:
+        return "\n".join(f"--- {n}\n{self.logs(n)}" for n in self.procs)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        self.procs[name].send_signal(sig)
+
+    def stop(self, grace: float = 15.0) -> list[str]:
+        """SIGTERMs everything (Envoy and gateways first); returns the names that misbehaved."""
+        problems = []
+        order = sorted(self.procs, key=lambda n: (n != "envoy", not n.startswith("gateway"), n == "nats"))
+        for name in order:
+            proc = self.procs[name]
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for name in order:
+            proc = self.procs[name]
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                problems.append(f"{name} ignored SIGTERM")
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return problems

@@ -1,0 +1,62 @@
+import random
+
+import pytest
+
+from services.common.errors import InvalidRequest, NoWorkers
+from services.router.core.bookings import Bookings
+from services.router.core.policies import make_policy
+from services.router.core.types import Candidate, RouteQuery
+
+pytestmark = pytest.mark.unit
+
+Q = RouteQuery("r1", "m")
+
+
+def cands(*loads):
+    return [Candidate(f"w{i}", f"127.0.0.1:{9000 + i}", in_flight=load) for i, load in enumerate(loads)]
+
+
+def test_round_robin_cycles_in_id_order_regardless_of_input_order():
+    policy = make_policy("round-robin")
+    cs = cands(0, 0, 0)
+    picks = [policy.choose(list(reversed(cs)), Q).worker_id for _ in range(6)]
+    assert picks == ["w0", "w1", "w2", "w0", "w1", "w2"]
+
+
+def test_random_uses_injected_rng_and_covers_all():
+    policy = make_policy("random", rng=random.Random(7))
+    picks = {policy.choose(cands(0, 0, 0), Q).worker_id for _ in range(100)}
+    assert picks == {"w0", "w1", "w2"}
+
+
+def test_least_loaded_picks_min_and_rotates_ties():
+    policy = make_policy("least-loaded")
+    assert policy.choose(cands(3, 1, 2), Q).worker_id == "w1"
+    picks = [policy.choose(cands(1, 0, 0), Q).worker_id for _ in range(4)]
+    assert sorted(set(picks)) == ["w1", "w2"]
+
+
+def test_direct_needs_a_pin_and_a_known_worker():
+    policy = make_policy("direct")
+    with pytest.raises(InvalidRequest):
+        policy.choose(cands(0, 0), Q)
+    with pytest.raises(NoWorkers):
+        policy.choose(cands(0, 0), RouteQuery("r", "m", pinned_worker_id="w9"))
+    assert policy.choose(cands(0, 0), RouteQuery("r", "m", pinned_worker_id="w1")).worker_id == "w1"
+
+
+def test_unknown_policy_name_lists_choices():
+    with pytest.raises(ValueError, match="round-robin"):
+        make_policy("fastest")
+
+
+def test_bookings_count_release_idempotent_and_drop_worker():
+    b = Bookings()
+    b.book("a", "w0", 100)
+    b.book("b", "w0", 50)
+    b.book("c", "w1", 10)
+    assert (b.in_flight("w0"), b.prompt_tokens("w0")) == (2, 150)
+    assert b.release("a") and not b.release("a")
+    assert (b.in_flight("w0"), b.prompt_tokens("w0")) == (1, 50)
+    b.drop_worker("w0")
+    assert b.in_flight("w0") == 0 and len(b) == 1
