@@ -1,4 +1,4 @@
-"""Starts the mesh's real processes for tests and benchmarks, and stops them cleanly.
+"""Starts the mesh's real processes (for tests and benchmarks) and stops them cleanly.
 
 It runs the launcher's own process specs (services/launcher/plan.py), so the
 tests exercise exactly what ``meshfront run`` starts. Teardown SIGTERMs every

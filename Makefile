@@ -1,0 +1,40 @@
+# Meshfront: `make run` starts the whole mesh on this machine; `make test` runs every test.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test venv gen lint unit service mesh deploy bench clean
+
+$(STAMP): requirements/lock.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# torch first, pinned: the CPU wheel must win over the CUDA build (see docs/architecture.md).
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -r requirements/lock.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/meshfront run $(ARGS)
+
+gen: $(STAMP)
+	$(BIN)/python tools/codegen.py
+
+lint: $(STAMP)
+	$(BIN)/buf lint
+	$(BIN)/python tools/codegen.py --check
+
+test: lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit service mesh deploy: $(STAMP)
+	$(BIN)/pytest -m $@ $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench $(ARGS)
+
+clean:
+	rm -rf .run build

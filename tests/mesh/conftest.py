@@ -1,0 +1,50 @@
+"""A whole mesh (NATS, Envoy, every service, mocker workers) for the mesh tier."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.launcher.plan import WorkerSpec, ephemeral_plan
+from tests.conftest import MOCKER_SCRIPT, ROOT
+from services.launcher.processes import Mesh
+
+pytestmark = pytest.mark.mesh
+
+DEMO = "meshfront/demo-qwen"
+SECOND = "demo-second"
+
+
+def mocker(model_dir, name: str, speedup: str = "200", *extra: str) -> WorkerSpec:
+    return WorkerSpec(str(model_dir), name, "mocker", ("--script", str(MOCKER_SCRIPT), "--speedup-ratio", speedup,
+                                                       *extra))
+
+
+def start_mesh(tmp_path_factory, workers, **kw) -> Mesh:
+    plan = ephemeral_plan(workers, run_dir=ROOT / ".run" / "tests", **kw)
+    mesh = Mesh(plan, tmp_path_factory.mktemp("mesh-logs"))
+    try:
+        mesh.start()
+    except BaseException:
+        print(mesh.all_logs())
+        mesh.stop()
+        raise
+    return mesh
+
+
+@pytest.fixture(scope="session")
+def mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
+    """Split mesh: two workers for the demo model, one for a second model."""
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO), mocker(demo_model_dir, DEMO),
+                                      mocker(demo_model_dir, SECOND)])
+    yield m
+    problems = m.stop()
+    assert not problems, problems
+
+
+@pytest.fixture
+def client(mesh):
+    import openai
+
+    c = openai.OpenAI(base_url=f"{mesh.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    yield c
+    c.close()
