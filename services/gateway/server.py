@@ -10,6 +10,7 @@ error frame, because the HTTP status is already sent.
 from __future__ import annotations
 
 import logging
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -120,9 +121,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def GetModel(self, request, context):
         async def build():
-            entry = models_api.get_model(self._models(), request.model_id)
+            # Clients escape the slash in ids like org/model; the transcoder leaves %2F as is.
+            model_id = urllib.parse.unquote(request.model_id)
+            entry = models_api.get_model(self._models(), model_id)
             if entry is None:
-                err = NotFound(f"The model `{request.model_id}` does not exist.", param="model",
+                err = NotFound(f"The model `{model_id}` does not exist.", param="model",
                                code="model_not_found")
                 return 404, orjson.loads(error_body(err))
             return 200, entry

@@ -1,0 +1,151 @@
+"""Command line: ``python -m bench mesh [options]`` or ``python -m bench load --url URL [options]``.
+
+``mesh`` starts a fresh mesh per shape and tears it down; ``load`` drives a mesh that is already
+running (e.g. ``make run``) and accounts CPU for the pids given with ``--pid name=PID``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+from bench import mesh
+from bench.report import LEGEND, Row, markdown_table, text_table
+
+PACED_SPEEDUP = 1.0  # the mocker's real-time pace: a decode step of ~6 ms (empty cache) to ~12 ms (c=128)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _speedup(text: str) -> float:
+    return 0.0 if text == "instant" else float(text)
+
+
+def _add_load_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--concurrency", type=_ints, default=(1, 8, 32, 128), help="comma list (default 1,8,32,128)")
+    p.add_argument("--requests", type=int, default=0, help="requests per level (default max(200, 8*concurrency))")
+    p.add_argument("--prompt-tokens", type=int, default=200)
+    p.add_argument("--shared-prefix-tokens", type=int, default=0, help="leading prompt tokens every request shares")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=32, help="warm-up requests before the first level")
+    p.add_argument("--level-timeout", type=float, default=120.0, help="seconds one level may take at most")
+    p.add_argument("--model", default="meshfront/demo-qwen")
+    p.add_argument("--idle-seconds", type=float, default=3.0, help="idle-CPU baseline window (0 = skip)")
+    p.add_argument("--seed", type=int, default=None, help="prompt PRNG seed (default random)")
+    p.add_argument("--markdown", default="", help="append a markdown section with the table to this file")
+    p.add_argument("--json", default="", help="write every level's figures to this JSON file")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="scenario", required=True)
+    m = sub.add_parser("mesh", help="start a mesh per shape and measure it")
+    m.add_argument("--shape", default="split,inproc", help="comma list of split, inproc")
+    m.add_argument("--speedup", type=_speedup, default=100.0, help="mocker --speedup-ratio; 'instant' = 0")
+    m.add_argument("--paced", action="store_true", help=f"mocker at real pace (speed-up {PACED_SPEEDUP:g})")
+    m.add_argument("--workers", type=int, default=2)
+    m.add_argument("--router-mode", default="round-robin")
+    m.add_argument("--worker-flag", action="append", default=[], help="extra mocker flag (repeatable), e.g. "
+                   "--worker-flag=--num-gpu-blocks=4096")
+    m.add_argument("--log-level", default="WARNING", help="log level of the mesh services")
+    _add_load_flags(m)
+    ld = sub.add_parser("load", help="drive a running mesh")
+    ld.add_argument("--url", required=True, help="Envoy's base URL, e.g. http://127.0.0.1:8000")
+    ld.add_argument("--pid", action="append", default=[], help="NAME=PID to account CPU for (repeatable)")
+    _add_load_flags(ld)
+    args = p.parse_args(argv)
+    if args.scenario == "mesh":
+        args.shape = tuple(s.strip() for s in args.shape.split(",") if s.strip())
+        bad = [s for s in args.shape if s not in mesh.SHAPES]
+        if bad:
+            p.error(f"unknown shape(s) {bad}; choose from {mesh.SHAPES}")
+        if args.paced:
+            args.speedup = PACED_SPEEDUP
+    return args
+
+
+def _config(args: argparse.Namespace, shapes: tuple[str, ...]) -> mesh.MeshBenchConfig:
+    return mesh.MeshBenchConfig(
+        shapes=shapes, concurrency=args.concurrency, requests=args.requests or None,
+        prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, speedup=getattr(args, "speedup", 0.0),
+        workers=getattr(args, "workers", 0), warmup=args.warmup, shared_prefix_tokens=args.shared_prefix_tokens,
+        level_timeout_s=args.level_timeout, router_mode=getattr(args, "router_mode", "round-robin"),
+        model_name=args.model, worker_flags=tuple(getattr(args, "worker_flag", ())),
+        log_level=getattr(args, "log_level", "WARNING"), seed=args.seed,
+        idle_s=args.idle_seconds)
+
+
+def _emit(line: str) -> None:
+    print(line, flush=True)
+
+
+def _setting_line(args: argparse.Namespace, cfg: mesh.MeshBenchConfig) -> str:
+    engine = ""
+    if args.scenario == "mesh":
+        pace = "instant" if cfg.speedup == 0 else f"speed-up {cfg.speedup:g}"
+        engine = f"{cfg.workers} mocker workers ({pace}), router {cfg.router_mode}; "
+    return (f"{engine}prompts ~{cfg.prompt_tokens} words (+ chat template), {cfg.max_tokens} tokens out "
+            f"(ignore_eos), requests/level {cfg.requests or 'max(200, 8*c)'}, warm-up {cfg.warmup}")
+
+
+def _machine_line() -> str:
+    return f"{os.cpu_count()} cores (shared with other work: figures are noisy), {platform.python_implementation()} " \
+           f"{platform.python_version()}, load avg {os.getloadavg()[0]:.1f} at start"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    command = "python -m bench " + shlex.join(argv)
+    started = datetime.datetime.now().astimezone()
+    _emit(f"$ {command}")
+    cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
+    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
+    _emit(f"# {_setting_line(args, cfg)}")
+    records: list[mesh.LevelRecord] = []
+    if args.scenario == "mesh":
+        for shape in cfg.shapes:
+            records += mesh.run_shape(cfg, shape, _emit)
+    else:
+        records = _run_external(args, cfg)
+    rows = [r.row for r in records]
+    _emit("\n" + text_table(rows) + "\n\n" + LEGEND)
+    if args.markdown:
+        _append_markdown(Path(args.markdown), command, started, args, cfg, records)
+    if args.json:
+        Path(args.json).write_text(json.dumps([_record_json(r) for r in records], indent=1, default=str))
+    return 0
+
+
+def _run_external(args: argparse.Namespace, cfg: mesh.MeshBenchConfig) -> list[mesh.LevelRecord]:
+    pids = {name: int(pid) for name, pid in (item.split("=", 1) for item in args.pid)}
+    return mesh.run_async(mesh.drive(args.url, pids, cfg, "external", _emit))
+
+
+def _record_json(r: mesh.LevelRecord) -> dict:
+    row: Row = r.row
+    return {"shape": row.shape, "stats": row.stats.as_dict(), "cpu_ms_per_request": row.cpu_per_request,
+            "client_cpu_ms_per_request": row.client_cpu_per_request, "window_cpu_ms": row.window_cpu_ms,
+            "bg_cores": r.bg_cores, "loadavg": r.loadavg, "idle_ms_per_s": r.idle_ms_per_s}
+
+
+def _append_markdown(path: Path, command: str, started: datetime.datetime, args: argparse.Namespace,
+                     cfg: mesh.MeshBenchConfig, records: list[mesh.LevelRecord]) -> None:
+    bg = ", ".join(f"{r.row.shape} c{r.row.stats.concurrency}: {r.bg_cores:.2f}" for r in records)
+    idle = {r.row.shape: r.idle_ms_per_s for r in records if r.idle_ms_per_s}
+    idle_text = "".join(f" Idle CPU of the {shape} mesh, ms per second: {mesh.fmt_groups(v)}."
+                        for shape, v in idle.items())
+    section = (f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
+               f"Setting: {_setting_line(args, cfg)}.\n\n{markdown_table([r.row for r in records])}\n\n"
+               f"{LEGEND} CPU used by other tenants during each level, in cores: {bg}.{idle_text}\n")
+    with path.open("a") as f:
+        f.write(section)

@@ -1,0 +1,181 @@
+"""The ``mesh`` scenario: a fresh mesh per shape, warm-up, then one closed-loop level per concurrency.
+
+Each level opens its connections first, then samples every server process's CPU, the load
+generator's own and the machine's, runs the load, and samples again; the row reports latency
+percentiles and CPU-ms per completed request. The machine's busy time minus the mesh and the client
+gives the CPU other tenants used in the window (``bg cores``), which says how noisy a row is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench import cpu
+from bench.loadgen import LoadSpec, open_connections, run_load
+from bench.prompts import PromptFactory
+from bench.report import Row
+from bench.stats import summarize
+from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan
+from services.launcher.processes import Mesh
+
+SHAPES = ("split", "inproc")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshBenchConfig:
+    shapes: tuple[str, ...] = SHAPES
+    concurrency: tuple[int, ...] = (1, 8, 32, 128)
+    requests: int | None = None  # per level; None = max(200, 8 * concurrency)
+    prompt_tokens: int = 200
+    max_tokens: int = 64
+    speedup: float = 100.0  # mocker --speedup-ratio; 0 = instant
+    workers: int = 2
+    warmup: int = 32
+    shared_prefix_tokens: int = 0
+    level_timeout_s: float = 120.0
+    router_mode: str = "round-robin"
+    model_name: str = "meshfront/demo-qwen"
+    worker_flags: tuple[str, ...] = ()
+    log_level: str = "WARNING"
+    seed: int | None = None
+    idle_s: float = 3.0  # idle-CPU baseline measured after warm-up; 0 skips it
+
+    def requests_for(self, concurrency: int) -> int:
+        return self.requests if self.requests else max(200, 8 * concurrency)
+
+
+@dataclasses.dataclass
+class LevelRecord:
+    row: Row
+    bg_cores: float  # CPU other tenants used during the window, in cores
+    loadavg: float
+    idle_ms_per_s: dict[str, float] = dataclasses.field(default_factory=dict)  # the shape's idle baseline
+
+
+Printer = Callable[[str], None]
+
+
+def start_mesh(cfg: MeshBenchConfig, shape: str, log_dir: Path) -> Mesh:
+    from services.models.build import build_demo_model
+
+    model_dir = str(build_demo_model(ROOT / "build" / "models" / "demo-qwen"))
+    extra = ("--speedup-ratio", f"{cfg.speedup:g}", *cfg.worker_flags)
+    workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", extra) for _ in range(cfg.workers)]
+    plan = ephemeral_plan(workers, inproc=shape == "inproc", router_mode=cfg.router_mode,
+                          run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level)
+    mesh = Mesh(plan, log_dir)
+    try:
+        mesh.start(timeout=90)
+    except BaseException:
+        mesh.stop()
+        raise
+    return mesh
+
+
+def _check_alive(mesh: Mesh) -> None:
+    dead = {n: p.returncode for n, p in mesh.procs.items() if p.poll() is not None}
+    if dead:
+        raise RuntimeError(f"mesh processes exited: {dead}\n" + "\n".join(
+            f"--- {n}\n{mesh.logs(n)}" for n in dead))
+
+
+async def measure_level(url: str, pids: dict[str, int], cfg: MeshBenchConfig, shape: str, concurrency: int,
+                        prompts: PromptFactory, emit: Printer) -> LevelRecord:
+    spec = LoadSpec(url=url, model=cfg.model_name, concurrency=concurrency,
+                    requests=cfg.requests_for(concurrency), max_tokens=cfg.max_tokens,
+                    duration_s=cfg.level_timeout_s, request_timeout_s=min(60.0, cfg.level_timeout_s))
+    conns = await open_connections(url, concurrency)
+    me = os.getpid()
+    before, client0, machine0 = cpu.sample(pids), cpu.read_threads_cpu_ms(me), cpu.read_machine_busy_ms()
+    load = await run_load(spec, prompts, conns)
+    after, client1, machine1 = cpu.sample(pids), cpu.read_threads_cpu_ms(me), cpu.read_machine_busy_ms()
+    for c in conns:
+        c.close()
+    usage = cpu.usage_between(before, after)
+    if usage.missing or usage.disagreements():
+        emit(f"[{shape}] c={concurrency}: CPU accounting caveat: gone {usage.missing}, "
+             f"schedstat vs ticks {usage.disagreements()}")
+    stats = summarize(load)
+    client_ms = client1 - client0
+    bg_ms = max(0.0, (machine1 - machine0) - usage.total_ms - client_ms)
+    row = Row(shape=shape, stats=stats, cpu_per_request=usage.per_request(stats.ok),
+              client_cpu_per_request=client_ms / max(1, stats.ok), window_cpu_ms=usage.total_ms)
+    return LevelRecord(row, bg_cores=bg_ms / 1000.0 / max(load.wall_s, 1e-9), loadavg=os.getloadavg()[0])
+
+
+async def drive(url: str, pids: dict[str, int], cfg: MeshBenchConfig, shape: str, emit: Printer,
+                check: Callable[[], None] = lambda: None) -> list[LevelRecord]:
+    """Warm-up, then one measured level per concurrency; ``check`` raises if the mesh broke."""
+    prompts = PromptFactory(cfg.prompt_tokens, shared_prefix_tokens=cfg.shared_prefix_tokens, seed=cfg.seed)
+    if cfg.warmup:
+        warm = LoadSpec(url=url, model=cfg.model_name, concurrency=min(8, cfg.warmup), requests=cfg.warmup,
+                        max_tokens=cfg.max_tokens, duration_s=cfg.level_timeout_s)
+        stats = summarize(await run_load(warm, prompts))
+        emit(f"[{shape}] warm-up: {stats.ok}/{stats.sent} ok"
+             + (f"; errors: {stats.first_errors}" if stats.errors else ""))
+        if not stats.ok:
+            check()
+            raise RuntimeError(f"warm-up failed: {stats.first_errors}")
+    idle = await idle_cpu_per_s(pids, cfg.idle_s) if cfg.idle_s > 0 else {}
+    if idle:
+        emit(f"[{shape}] idle CPU, ms per second: " + fmt_groups(idle))
+    records = []
+    for c in cfg.concurrency:
+        check()
+        rec = await measure_level(url, pids, cfg, shape, c, prompts, emit)
+        rec.idle_ms_per_s = idle
+        s = rec.row.stats
+        emit(f"[{shape}] c={c}: {s.ok}/{s.sent} ok in {s.wall_s:.1f}s, {s.req_per_s:.1f} req/s, "
+             f"CPU {rec.row.cpu_per_request['total']:.2f} ms/req (window {rec.row.window_cpu_ms:.0f} ms), "
+             f"bg {rec.bg_cores:.2f} cores, prompt {s.mean_prompt_tokens:.0f} tok, cached {s.mean_cached_tokens:.0f}"
+             + (f"; errors: {s.first_errors}" if s.errors else ""))
+        records.append(rec)
+    check()
+    return records
+
+
+async def idle_cpu_per_s(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """CPU the mesh burns with no requests (heartbeats, polling), per group, in ms per second."""
+    before = cpu.sample(pids)
+    await asyncio.sleep(seconds)
+    usage = cpu.usage_between(before, cpu.sample(pids))
+    out = {g: ms / seconds for g, ms in usage.by_group().items()}
+    out["total"] = usage.total_ms / seconds
+    return out
+
+
+def fmt_groups(values: dict[str, float]) -> str:
+    return ", ".join(f"{g} {v:.1f}" for g, v in values.items() if v or g == "total")
+
+
+def run_shape(cfg: MeshBenchConfig, shape: str, emit: Printer) -> list[LevelRecord]:
+    """Starts a mesh of ``shape``, measures every level and stops it; raises with logs if it breaks."""
+    log_dir = ROOT / ".run" / "bench" / f"logs-{shape}-{time.strftime('%Y%m%d-%H%M%S')}"
+    emit(f"[{shape}] starting mesh (logs in {log_dir})")
+    mesh = start_mesh(cfg, shape, log_dir)
+    emit(f"[{shape}] mesh up at {mesh.url}: {', '.join(sorted(mesh.procs))}")
+    try:
+        pids = {name: p.pid for name, p in mesh.procs.items()}
+        return run_async(drive(mesh.url, pids, cfg, shape, emit, check=lambda: _check_alive(mesh)))
+    except BaseException:
+        emit(f"[{shape}] failed; last log lines:\n{mesh.all_logs()}")
+        raise
+    finally:
+        problems = mesh.stop()
+        if problems:
+            emit(f"[{shape}] teardown problems: {problems}")
+
+
+def run_async(coro):
+    """Runs on uvloop when installed: the client's own CPU is part of the noise on two cores."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)

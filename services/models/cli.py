@@ -1,0 +1,28 @@
+"""``python -m services.models``: build a demo model directory."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Sequence
+
+from services.models.build import DEFAULT_CONTEXT_LENGTH, DEFAULT_NAME, build_demo_model, remove_build
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m services.models", description=__doc__)
+    p.add_argument("--out", required=True, help="directory to build into")
+    p.add_argument("--name", default=DEFAULT_NAME, help="model name recorded in config.json")
+    p.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
+    p.add_argument("--with-weights", action="store_true", help="also save tiny random Qwen2 weights (torch)")
+    p.add_argument("--clean", action="store_true", help="delete the directory first")
+    args = p.parse_args(argv)
+    logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
+    if args.clean:
+        remove_build(args.out)
+    start = time.monotonic()
+    out = build_demo_model(args.out, name=args.name, with_weights=args.with_weights,
+                           context_length=args.context_length)
+    print(f"{out} ({time.monotonic() - start:.1f} s)")
+    return 0

@@ -1,0 +1,78 @@
+"""The gRPC ``WorkerClient``: one channel per worker address, shared by all requests to it.
+
+A channel is an HTTP/2 connection that multiplexes every stream to that worker, so a new request
+costs a stream, not a handshake. Channels are created lazily with the mesh-wide
+``CHANNEL_OPTIONS`` (keepalive that notices a dead worker within seconds, no transparent retries)
+and are closed with the client.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
+from services.common.errors import Cancelled, Internal, MeshError, WorkerFailed, from_rpc_error
+from services.common.grpc_server import CHANNEL_OPTIONS
+
+log = logging.getLogger(__name__)
+
+
+class GrpcWorkerCall:
+    """A running ``Generate`` call; failures become ``MeshError``."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall, address: str):
+        self._call = call
+        self._address = address
+        self._cancelled = False
+
+    async def read(self) -> worker_pb2.GenerateResponse | None:
+        try:
+            message = await self._call.read()
+        except grpc.aio.AioRpcError as e:
+            if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                return None  # our own cancel (stop string, client gone), not a worker failure
+            raise worker_error(e, self._address) from None
+        return None if message is grpc.aio.EOF else message
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+
+
+class GrpcWorkerClient:
+    """Opens Generate calls over a pool of channels keyed by worker address."""
+
+    def __init__(self) -> None:
+        self._stubs: dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    def generate(self, address: str, request: worker_pb2.GenerateRequest) -> GrpcWorkerCall:
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels.append(channel)
+            stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
+        return GrpcWorkerCall(stub.Generate(request), address)
+
+    async def close(self) -> None:
+        """Closes every channel (in-flight calls are cancelled)."""
+        channels, self._channels, self._stubs = self._channels, [], {}
+        for channel in channels:
+            await channel.close()
+
+
+def worker_error(e: grpc.aio.AioRpcError, address: str) -> MeshError:
+    """Maps a failed worker call to the error the postprocessor raises.
+
+    A worker that rejects a request with one of our reasons (invalid request, overloaded) keeps
+    that reason. Anything else (a dead or unreachable worker, a crash, a worker-side cancel while we
+    were still reading) is ``WorkerFailed``, which the gateway maps to 503 and a later migration
+    will retry elsewhere. The transport's details name hosts, so they go to the log, not the client.
+    """
+    err = from_rpc_error(e)
+    if isinstance(err, (WorkerFailed, Cancelled, Internal)):
+        log.warning("worker %s failed: %s %s", address, e.code().name, e.details())
+        return WorkerFailed(f"worker failed ({e.code().name})")
+    return err

@@ -1,0 +1,1 @@
+"""Preprocessor: chat template + tokenization + KV block hashes (see README.md)."""

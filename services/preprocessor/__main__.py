@@ -1,0 +1,9 @@
+import sys
+
+from services.common.grpc_server import run, setup_logging
+from services.preprocessor.config import parse_config
+from services.preprocessor.server import serve
+
+cfg = parse_config(sys.argv[1:])
+setup_logging(cfg.log_level)
+run(lambda: serve(cfg))

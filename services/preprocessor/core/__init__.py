@@ -1,0 +1,1 @@
+"""The preprocessor's pure logic: model artifacts, message normalisation, templates, prompts."""

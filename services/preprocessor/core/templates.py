@@ -1,0 +1,62 @@
+"""Chat template rendering, exactly as transformers' ``apply_chat_template`` renders.
+
+We call transformers' own ``render_jinja_template`` (its sandboxed, cached Jinja environment with
+``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, a non-escaping ``tojson``, ``raise_exception``,
+``strftime_now`` and hardened ``dict``/``namespace``), so a prompt here is byte-identical to the one
+``AutoTokenizer.apply_chat_template(..., tokenize=False)`` gives. Templates only ever come from the
+model directory; a request can pass variables (``chat_template_kwargs``) but never a template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jinja2
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from services.common.errors import InvalidRequest
+
+# Names render_jinja_template takes as parameters, and the template itself: a request may not set
+# them through chat_template_kwargs. add_generation_prompt may be overridden (Dynamo merges
+# chat_template_args last), so it is handled separately.
+_RESERVED_KWARGS = frozenset({
+    "messages", "conversations", "tools", "documents", "chat_template", "continue_final_message",
+    "return_assistant_tokens_mask",
+})
+
+
+def template_reads(template: str, name: str) -> bool:
+    """Whether ``template`` mentions variable/attribute ``name`` (Dynamo's reasoning_content probe)."""
+    return name in template
+
+
+def render_chat(template: str, messages: list[dict], tools: list[dict] | None, special_tokens: dict[str, str],
+                kwargs: dict[str, Any] | None) -> str:
+    """Renders one conversation with the generation prompt.
+
+    Args:
+        template: Jinja source from the model directory.
+        messages: normalised messages (see ``messages.normalise_messages``).
+        tools: normalised tools, or None to give the template no tools.
+        special_tokens: bos/eos/unk/pad token strings, visible to the template as transformers exposes them.
+        kwargs: the request's chat_template_kwargs, merged last.
+    """
+    extra = dict(kwargs or {})
+    bad = sorted(_RESERVED_KWARGS & extra.keys())
+    if bad:
+        raise InvalidRequest(f"chat_template_kwargs may not set {', '.join(bad)}", param="chat_template_kwargs")
+    add_generation_prompt = bool(extra.pop("add_generation_prompt", True))
+    context = {**special_tokens, **extra}
+    try:
+        rendered, _ = render_jinja_template(conversations=[messages], tools=tools or None, chat_template=template,
+                                            add_generation_prompt=add_generation_prompt, **context)
+    except jinja2.TemplateError as e:  # raise_exception(), undefined names, sandbox violations
+        raise InvalidRequest(f"chat template error: {e}", param="messages") from e
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        raise InvalidRequest(f"chat template could not render these messages: {e}", param="messages") from e
+    return rendered[0]
+
+
+def prompt_opens_reasoning(prompt: str) -> bool:
+    """The prompt ends inside an opened ``<think>`` block, so output starts as reasoning."""
+    return prompt.rstrip().endswith("<think>")

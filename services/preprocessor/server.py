@@ -1,0 +1,62 @@
+"""gRPC glue for the preprocessor: PreprocessorService over ``Preprocessor``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
+
+from services.common.discovery import WorkerCard, WorkerRegistry
+from services.common.errors import Internal, MeshError, abort
+from services.common.grpc_server import GrpcServer
+from services.preprocessor.config import PreprocessorConfig
+from services.preprocessor.service import Preprocessor
+
+log = logging.getLogger(__name__)
+
+
+class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServiceServicer):
+    def __init__(self, preprocessor: Preprocessor):
+        self.preprocessor = preprocessor
+
+    async def Preprocess(self, request: preprocessor_pb2.PreprocessRequest,
+                         context: grpc.aio.ServicerContext) -> preprocessor_pb2.PreprocessResponse:
+        try:
+            return await self.preprocessor.preprocess(request)
+        except MeshError as e:
+            await abort(context, e)
+        except Exception:
+            log.exception("preprocess failed for request %s", request.request.request_id)
+            await abort(context, Internal("internal error in the preprocessor"))
+        raise AssertionError("unreachable: abort raises")
+
+
+def add_to_server(server: GrpcServer, preprocessor: Preprocessor) -> None:
+    preprocessor_pb2_grpc.add_PreprocessorServiceServicer_to_server(PreprocessorServicer(preprocessor), server.server)
+
+
+async def serve(cfg: PreprocessorConfig) -> None:
+    """Runs until SIGTERM/SIGINT: watches the worker registry and serves Preprocess."""
+    registry = WorkerRegistry(cfg.nats_url, "preprocessor")
+    preprocessor = Preprocessor(registry.model, offload_threshold=cfg.offload_threshold)
+    warming: set[asyncio.Task] = set()
+
+    def warm_on_register(_worker_id: str, card: WorkerCard | None) -> None:
+        # Load a newly served model's tokenizer now rather than on its first request.
+        if card is not None:
+            task = asyncio.get_running_loop().create_task(preprocessor.warm(card.model))
+            warming.add(task)
+            task.add_done_callback(warming.discard)
+
+    registry.subscribe(warm_on_register)
+    await registry.start()
+    server = GrpcServer("preprocessor", cfg.host, cfg.port, grace_s=cfg.grace_s)
+    add_to_server(server, preprocessor)
+    try:
+        await server.serve_until_signal()
+    finally:
+        for task in warming:
+            task.cancel()
+        await registry.close()

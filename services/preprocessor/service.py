@@ -1,0 +1,117 @@
+"""The preprocessor as a transport-free service: ``PreprocessRequest`` in, ``PreprocessResponse`` out.
+
+The gRPC servicer (server.py) and the gateway's in-process client both call ``Preprocessor``.
+Domain errors (``services.common.errors``) are raised, never returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from meshfront.preprocessor.v1 import preprocessor_pb2
+
+from services.common.discovery import ModelCard
+from services.common.errors import Internal, InvalidRequest, ModelNotFound
+from services.common.hashing import block_hashes
+from services.preprocessor.core import prompt as core
+from services.preprocessor.core.artifacts import ArtifactCache, ArtifactError, ModelArtifacts
+
+log = logging.getLogger(__name__)
+
+ModelLookup = Callable[[str], ModelCard | None]
+
+# A thread hop costs more than rendering and encoding a few hundred tokens, so only prompts
+# larger than this (in characters or token ids) are prepared off the event loop.
+DEFAULT_OFFLOAD_THRESHOLD = 16_384
+
+
+class Preprocessor:
+    """Renders, tokenizes, validates and hashes requests for the models ``models`` knows.
+
+    Args:
+        models: model name -> card (from the worker registry), or None when no worker serves it.
+        cache: loaded model artifacts, shared if several preprocessors run in one process.
+        offload_threshold: prompt size above which work moves to a thread.
+    """
+
+    def __init__(self, models: ModelLookup, cache: ArtifactCache | None = None,
+                 offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD):
+        self._models = models
+        self._cache = cache or ArtifactCache()
+        self._offload_threshold = offload_threshold
+
+    async def preprocess(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse:
+        name = req.request.model
+        card = self._models(name)
+        if card is None:
+            raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        core.check_stop_strings(req.request.stop.stop)
+        artifacts = await self._artifacts(card)
+        kind = req.WhichOneof("prompt")
+        if kind == "messages_json":
+            chat = core.ChatInput(req.messages_json, req.tools_json, req.tool_choice_json,
+                                  req.chat_template_kwargs_json)
+            prepared = await self._run(chat.size(), core.prepare_chat, artifacts, chat)
+            param = "messages"
+        elif kind == "text":
+            prepared = await self._run(len(req.text), core.prepare_text, artifacts, req.text)
+            param = "prompt"
+        elif kind == "tokens":
+            prepared = core.prepare_tokens(artifacts, req.tokens.ids)
+            param = "prompt"
+        else:
+            raise InvalidRequest("the request has no prompt", param="messages")
+        stop = req.request.stop
+        core.check_context(len(prepared.token_ids), artifacts.effective_context_length(card.context_length),
+                           stop.max_tokens if stop.HasField("max_tokens") else None, param)
+        hashes = await self._run(len(prepared.token_ids), block_hashes, prepared.token_ids, card.block_size)
+        return self._response(req, card, artifacts, prepared, hashes)
+
+    async def warm(self, card: ModelCard) -> None:
+        """Loads a model's artifacts ahead of its first request; failures are logged, not raised."""
+        try:
+            await self._artifacts(card)
+        except Internal:
+            pass  # already logged by _artifacts; the first request will report it
+
+    async def _artifacts(self, card: ModelCard) -> ModelArtifacts:
+        cached = self._cache.peek(card.model_dir)
+        if cached is not None:
+            return cached
+        try:
+            return await asyncio.to_thread(self._cache.get, card.model_dir)
+        except (ArtifactError, OSError) as e:
+            log.error("cannot load model %s from %s: %s", card.name, card.model_dir, e)
+            raise Internal(f"The model `{card.name}` cannot be loaded by the preprocessor.") from e
+
+    async def _run(self, size: int, fn, *args):
+        if size > self._offload_threshold:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    @staticmethod
+    def _response(req: preprocessor_pb2.PreprocessRequest, card: ModelCard, artifacts: ModelArtifacts,
+                  prepared: core.PreparedPrompt, hashes: list[int]) -> preprocessor_pb2.PreprocessResponse:
+        out = preprocessor_pb2.PreprocessResponse()
+        request = out.request
+        request.CopyFrom(req.request)
+        del request.token_ids[:]
+        request.token_ids.extend(prepared.token_ids)
+        stop = request.stop
+        hidden = core.hidden_stop_ids(stop.stop_token_ids_hidden, artifacts.eos_token_ids, stop.ignore_eos)
+        del stop.stop_token_ids_hidden[:]
+        stop.stop_token_ids_hidden.extend(hidden)
+        del request.eos_token_ids[:]
+        if not stop.ignore_eos:
+            request.eos_token_ids.extend(artifacts.eos_token_ids)
+        out.block_hashes.extend(hashes)
+        post = out.postprocess
+        post.model_dir = card.model_dir
+        post.tool_call_parser = card.tool_call_parser
+        post.reasoning_parser = card.reasoning_parser
+        post.prompt_opens_reasoning = prepared.prompt_opens_reasoning
+        post.tools_json = req.tools_json
+        post.tool_choice_json = req.tool_choice_json
+        return out

@@ -1,0 +1,1 @@
+"""Inference workers: the generic WorkerService glue plus one package per engine (mocker, hf)."""

@@ -1,0 +1,97 @@
+"""Flags every worker kind shares: where it serves, what model it registers, how it registers."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import secrets
+import socket
+from pathlib import Path
+
+from services.common.flags import FlagParser, add_common_flags
+from services.workers.model_dir import read_model_info
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    kind: str
+    model_dir: str
+    model_name: str
+    worker_id: str
+    host: str
+    port: int
+    # Host other services dial; empty means --host (or this machine's name when --host is a wildcard).
+    advertise_host: str
+    nats_url: str
+    register: bool
+    log_level: str
+    context_length: int
+    block_size: int
+    tool_call_parser: str
+    reasoning_parser: str
+
+    def validate(self) -> list[str]:
+        errors = []
+        if not self.model_dir:
+            errors.append("--model-dir is required")
+        elif not Path(self.model_dir).is_dir():
+            errors.append(f"--model-dir {self.model_dir!r} is not a directory")
+        elif self.context_length <= 0:
+            errors.append("--context-length must be positive")
+        if self.block_size <= 0:
+            errors.append("--block-size must be positive")
+        if not 0 <= self.port <= 65535:
+            errors.append("--port must be in 0..65535")
+        return errors
+
+    def advertised_address(self, port: int) -> str:
+        """host:port as registered for other services; ``port`` is the one actually bound."""
+        host = self.advertise_host or self.host
+        if host in ("0.0.0.0", "::", "[::]", ""):
+            host = socket.gethostname()
+        return f"{host}:{port}"
+
+
+def add_worker_flags(p: FlagParser) -> None:
+    """Adds the shared worker flags (plus --host/--port/--nats-url/--log-level)."""
+    add_common_flags(p, port=0)
+    p.add("--model-dir", default="", help="model directory (tokenizer.json, config.json, weights)")
+    p.add("--model-name", default="", help="served model name (default: the directory's name)")
+    p.add("--worker-id", default="", help="id in the worker registry (default: <kind>-<8 hex>)")
+    p.add("--advertise-host", default="", help="host other services dial (default: --host)")
+    p.add("--register", default=True, type=bool, help="register in NATS discovery (--no-register for tests)")
+    p.add("--context-length", default=0, type=int, help="context window (default: config.json's)")
+    p.add("--block-size", default=16, type=int, help="KV block size in tokens (for routing hashes)")
+    p.add("--tool-call-parser", default="", help="tool-call parser name to register (e.g. hermes)")
+    p.add("--reasoning-parser", default="", help="reasoning parser name to register (e.g. qwen3)")
+
+
+def worker_config_from_args(args: argparse.Namespace, kind: str) -> WorkerConfig:
+    model_dir = args.model_dir
+    context = args.context_length
+    if context <= 0 and model_dir and Path(model_dir).is_dir():
+        context = read_model_info(model_dir).context_length
+    return WorkerConfig(
+        kind=kind,
+        model_dir=model_dir,
+        model_name=args.model_name or (Path(model_dir).name if model_dir else ""),
+        worker_id=args.worker_id or f"{kind}-{secrets.token_hex(4)}",
+        host=args.host,
+        port=args.port,
+        advertise_host=args.advertise_host,
+        nats_url=args.nats_url,
+        register=args.register,
+        log_level=args.log_level,
+        context_length=context,
+        block_size=args.block_size,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+    )
+
+
+class ConfigError(ValueError):
+    """Every problem found in a worker's flags, reported together at startup."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__("; ".join(errors))
+        self.errors = errors

@@ -1,0 +1,66 @@
+"""Conversions between the worker protos and the engine's dataclasses, and engine errors to MeshErrors.
+
+The only module of the worker glue that knows both worlds.
+"""
+
+from __future__ import annotations
+
+from meshfront.common.v1 import common_pb2
+from meshfront.worker.v1 import worker_pb2
+
+from services.common.errors import InvalidRequest, MeshError, WorkerFailed
+from services.workers.engine import EngineError, EngineOutput, EngineRequest, RequestRejected, SamplingParams
+
+
+def _opt(message, field: str):
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def sampling_from_proto(s: common_pb2.SamplingOptions) -> SamplingParams:
+    return SamplingParams(
+        temperature=_opt(s, "temperature"),
+        top_p=_opt(s, "top_p"),
+        top_k=_opt(s, "top_k"),
+        seed=_opt(s, "seed"),
+        min_p=_opt(s, "min_p"),
+        frequency_penalty=_opt(s, "frequency_penalty"),
+        presence_penalty=_opt(s, "presence_penalty"),
+        repetition_penalty=_opt(s, "repetition_penalty"),
+    )
+
+
+def request_from_proto(request: worker_pb2.GenerateRequest) -> EngineRequest:
+    r = request.request
+    stop = r.stop
+    # With ignore_eos the preprocessor sends no EOS ids; drop any anyway so engines need one check.
+    eos = () if stop.ignore_eos else tuple(r.eos_token_ids)
+    return EngineRequest(
+        request_id=r.request_id,
+        token_ids=list(r.token_ids),
+        sampling=sampling_from_proto(r.sampling),
+        max_tokens=_opt(stop, "max_tokens"),
+        min_tokens=stop.min_tokens,
+        eos_token_ids=eos,
+        ignore_eos=stop.ignore_eos,
+        logprobs=_opt(r.output, "logprobs"),
+    )
+
+
+def output_to_proto(output: EngineOutput) -> worker_pb2.GenerateResponse:
+    response = worker_pb2.GenerateResponse(token_ids=output.token_ids, finish_reason=int(output.finish_reason))
+    if output.prompt_tokens is not None:
+        response.prompt_tokens = output.prompt_tokens
+        response.cached_tokens = output.cached_tokens or 0
+    if output.logprobs:
+        response.logprobs.extend(
+            common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
+                                    top=[common_pb2.TopLogprob(token_id=t, logprob=p) for t, p in lp.top])
+            for lp in output.logprobs)
+    return response
+
+
+def engine_error(err: EngineError) -> MeshError:
+    """Rejections keep their message (the client's fault); failures do not leak internals."""
+    if isinstance(err, RequestRejected):
+        return InvalidRequest(str(err))
+    return WorkerFailed(f"the engine failed: {err}")

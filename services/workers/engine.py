@@ -1,0 +1,196 @@
+"""The contract between the worker glue and an inference engine (no grpc, no protobuf).
+
+An engine turns one ``EngineRequest`` into an async stream of ``EngineOutput``s:
+
+- each output carries *every* token that was ready when the consumer asked for it, so a slow
+  consumer (one blocked on a gRPC write) gets many tokens per message instead of falling behind;
+- the first output carries ``prompt_tokens`` and ``cached_tokens``; the last one carries a
+  ``finish_reason`` other than ``NONE`` and nothing follows it;
+- closing the stream early (``aclose()``, or cancelling the task iterating it) aborts the sequence
+  at once and frees everything it held (KV blocks, a model lock).
+
+``TokenStream`` is the single-producer, single-consumer buffer engines use to honour the first
+rule; its producer side must be called on the event loop thread (threads use
+``loop.call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+from collections.abc import AsyncGenerator, Sequence
+from typing import Protocol
+
+
+class FinishReason(enum.IntEnum):
+    """Why a sequence ended; the values equal meshfront.common.v1.FinishReason's."""
+
+    NONE = 0
+    EOS = 1
+    LENGTH = 2
+    STOP = 3
+    CANCELLED = 4
+    ERROR = 5
+
+
+class EngineError(Exception):
+    """The engine failed while generating (becomes WORKER_FAILED at the edge)."""
+
+
+class RequestRejected(EngineError):
+    """The request cannot be served as asked (becomes INVALID_REQUEST at the edge)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling knobs; ``None`` means the engine's default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One sequence to generate."""
+
+    request_id: str
+    token_ids: Sequence[int]
+    sampling: SamplingParams = SamplingParams()
+    # None: up to the context window.
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    # Number of top alternatives per token; None: no logprobs.
+    logprobs: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A sampled token's log probability and the best alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclasses.dataclass(slots=True)
+class EngineOutput:
+    """Tokens produced since the previous output."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason = FinishReason.NONE
+    logprobs: list[TokenLogprob] | None = None
+    # Set on the first output only.
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+class Engine(Protocol):
+    """What the worker glue needs from an engine."""
+
+    async def start(self) -> None:
+        """Starts background work (a scheduler loop, a model load); idempotent."""
+
+    async def close(self) -> None:
+        """Aborts every sequence and stops background work."""
+
+    def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
+        """Streams the request's outputs; see the module docstring for the rules."""
+
+
+class TokenStream:
+    """Buffers one sequence's tokens until its consumer takes them, all at once.
+
+    The producer calls ``push`` / ``finish`` / ``fail``; the consumer iterates. Pushing after the
+    consumer has gone (``close``) is a no-op, so an engine never needs to know about aborts.
+    """
+
+    __slots__ = ("_done", "_error", "_finish", "_logprobs", "_prompt_info", "_tokens", "_waiter", "closed")
+
+    def __init__(self, *, logprobs: bool = False) -> None:
+        self._tokens: list[int] = []
+        self._logprobs: list[TokenLogprob] | None = [] if logprobs else None
+        self._finish = FinishReason.NONE
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._prompt_info: tuple[int, int] | None = None
+        self._done = False
+        self.closed = False
+
+    # -- producer side -------------------------------------------------------------------------
+
+    def set_prompt_info(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """Records what the first output reports; call before the first push."""
+        self._prompt_info = (prompt_tokens, cached_tokens)
+
+    def push(self, token_id: int, logprob: TokenLogprob | None = None,
+             finish: FinishReason = FinishReason.NONE) -> None:
+        """Appends one token (and its logprob when the stream collects them)."""
+        if self.closed or self._finish:
+            return
+        self._tokens.append(token_id)
+        if self._logprobs is not None and logprob is not None:
+            self._logprobs.append(logprob)
+        if finish:
+            self._finish = finish
+        self._wake()
+
+    def finish(self, reason: FinishReason) -> None:
+        """Ends the stream without a further token."""
+        if not self.closed and not self._finish:
+            self._finish = reason
+            self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        """Ends the stream with ``error``, raised to the consumer after the pending tokens."""
+        if not self.closed and not self._finish and self._error is None:
+            self._error = error
+            self._wake()
+
+    def close(self) -> None:
+        """The consumer is gone: drop everything pushed from now on."""
+        self.closed = True
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- consumer side -------------------------------------------------------------------------
+
+    def __aiter__(self) -> TokenStream:
+        return self
+
+    async def __anext__(self) -> EngineOutput:
+        if self._done:
+            raise StopAsyncIteration
+        while not self._tokens and not self._finish and self._error is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self._error is not None and not self._tokens:
+            self._done = True
+            raise self._error
+        return self._take()
+
+    def _take(self) -> EngineOutput:
+        out = EngineOutput(self._tokens, self._finish)
+        self._tokens = []
+        if self._logprobs is not None:
+            out.logprobs, self._logprobs = self._logprobs, []
+        if self._prompt_info is not None:
+            out.prompt_tokens, out.cached_tokens = self._prompt_info
+            self._prompt_info = None
+        if self._finish:
+            self._done = True
+        return out

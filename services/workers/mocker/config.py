@@ -1,0 +1,79 @@
+"""Mocker configuration: the shared worker flags plus the simulated engine's knobs.
+
+Every flag has a ``MESHFRONT_MOCKER_*`` env twin. Defaults follow Dynamo's mocker (16384 blocks,
+256 sequences, 8192 batched tokens, chunked prefill on, speed-up 1.0) except the block size,
+which is 16 here as in Dynamo's router.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from services.common.flags import FlagParser
+from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
+
+
+@dataclasses.dataclass(frozen=True)
+class MockerEngineConfig:
+    """Everything the simulated engine needs (no transport concerns)."""
+
+    block_size: int = 16
+    num_gpu_blocks: int = 16384
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    # Divides every simulated duration; 0 disables delays altogether.
+    speedup_ratio: float = 1.0
+    context_length: int = 4096
+    script: str = ""
+    output_text: str | None = None
+
+    def validate(self) -> list[str]:
+        errors = []
+        # block_size and context_length are checked with the shared worker flags.
+        for name in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) <= 0:
+                errors.append(f"--{name.replace('_', '-')} must be positive")
+        if self.speedup_ratio < 0:
+            errors.append("--speedup-ratio must be >= 0 (0 = no delays)")
+        if self.script and not Path(self.script).is_file():
+            errors.append(f"--script {self.script!r} is not a file")
+        return errors
+
+
+@dataclasses.dataclass(frozen=True)
+class MockerConfig:
+    worker: WorkerConfig
+    engine: MockerEngineConfig
+
+
+def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> MockerConfig:
+    """Parses and validates; raises ConfigError listing every problem."""
+    p = FlagParser("mocker", "A simulated inference engine behind the worker API.", env)
+    add_worker_flags(p)
+    p.add("--num-gpu-blocks", default=16384, type=int, help="KV cache size in blocks")
+    p.add("--max-num-seqs", default=256, type=int, help="most sequences running at once")
+    p.add("--max-num-batched-tokens", default=8192, type=int, help="token budget of one engine step")
+    p.add("--enable-chunked-prefill", default=True, type=bool, help="split long prompts over several steps")
+    p.add("--speedup-ratio", default=1.0, type=float, help="divides simulated time; 0 = no delays")
+    p.add("--script", default="", help="JSON file of {match, text} rules and a {default} answer")
+    p.add("--output-text", default=None, help="answer every prompt with this text (one default rule)")
+    args = p.parse(argv)
+    worker = worker_config_from_args(args, "mocker")
+    engine = MockerEngineConfig(
+        block_size=args.block_size,
+        num_gpu_blocks=args.num_gpu_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        speedup_ratio=args.speedup_ratio,
+        context_length=worker.context_length,
+        script=args.script,
+        output_text=args.output_text,
+    )
+    errors = worker.validate() + engine.validate()
+    if errors:
+        raise ConfigError(errors)
+    return MockerConfig(worker=worker, engine=engine)

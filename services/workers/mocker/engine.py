@@ -1,0 +1,161 @@
+"""The mocker engine: the scheduler and KV cache driven by one asyncio task on simulated time.
+
+One loop task runs engine steps while there is work. After each step it waits out the step's
+simulated duration (``TimingModel``, on an injected ``Clock``) and then hands the step's tokens to
+each sequence's ``TokenStream``, so tokens appear at the pace a real engine would produce them.
+At speed-up 0 there is no wait; the loop still yields to the event loop every couple of
+milliseconds so that consumers run, and whatever piled up meanwhile leaves in one message.
+
+A consumer that stops iterating aborts its sequence on the spot (blocks freed synchronously).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, Sequence
+
+from services.workers.engine import EngineError, EngineOutput, EngineRequest, RequestRejected, TokenStream
+from services.workers.mocker.config import MockerEngineConfig
+from services.workers.mocker.kv_cache import KvCache, KvEventListener
+from services.workers.mocker.outputs import OutputPolicy, synthetic_logprob
+from services.workers.mocker.scheduler import Scheduler, SchedulerLimits, StepOutcome
+from services.workers.mocker.sequence import Sequence as Seq
+from services.workers.mocker.sequence import full_blocks
+from services.workers.mocker.timing import Clock, MonotonicClock, TimingModel
+
+log = logging.getLogger(__name__)
+
+# At speed-up 0, how long the loop may run steps before letting consumers in.
+_INSTANT_SLICE_S = 0.002
+# A step that made no progress although work is queued (cannot happen while requests are
+# validated against capacity) backs off instead of spinning.
+_STALL_BACKOFF_S = 0.001
+
+
+class MockerEngine:
+    """Implements ``services.workers.engine.Engine`` with simulated compute."""
+
+    def __init__(self, config: MockerEngineConfig, outputs: OutputPolicy, *, eos_token_ids: Sequence[int] = (),
+                 clock: Clock | None = None, listener: KvEventListener | None = None):
+        self.config = config
+        self.outputs = outputs
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.cache = KvCache(config.num_gpu_blocks, config.block_size, listener)
+        self.scheduler = Scheduler(self.cache, SchedulerLimits(
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_chunked_prefill=config.enable_chunked_prefill))
+        self.timing = TimingModel(speedup_ratio=config.speedup_ratio, total_blocks=config.num_gpu_blocks)
+        self.steps = 0
+        self._clock = clock or MonotonicClock()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="mocker-engine")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._fail_all(EngineError("the worker is shutting down"))
+
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
+        seq = self._new_sequence(request)
+        await self.start()
+        self.scheduler.add(seq)
+        self._wake.set()
+        stream = seq.stream
+        assert stream is not None
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            stream.close()
+            if not seq.finished:
+                self.scheduler.abort(seq)
+
+    # -- request intake ---------------------------------------------------------------------------
+
+    def _new_sequence(self, request: EngineRequest) -> Seq:
+        prompt = list(request.token_ids)
+        cfg = self.config
+        if not prompt:
+            raise RequestRejected("the prompt is empty")
+        room = cfg.context_length - len(prompt)
+        if room <= 0:
+            raise RequestRejected(f"the prompt has {len(prompt)} tokens; the context window is {cfg.context_length}")
+        if request.max_tokens is not None and request.max_tokens <= 0:
+            raise RequestRejected("max_tokens must be at least 1")
+        max_tokens = room if request.max_tokens is None else min(request.max_tokens, room)
+        capacity = cfg.num_gpu_blocks * cfg.block_size
+        if len(prompt) + max_tokens > capacity:
+            raise RequestRejected(f"prompt plus max_tokens ({len(prompt) + max_tokens}) exceeds the KV cache "
+                                  f"({capacity} tokens)")
+        eos_ids = request.eos_token_ids or self.eos_token_ids
+        eos_id = eos_ids[0] if eos_ids and not request.ignore_eos else None
+        plan = self.outputs.plan(prompt, seed=request.sampling.seed, max_tokens=max_tokens,
+                                 min_tokens=request.min_tokens, eos_id=eos_id, ignore_eos=request.ignore_eos)
+        seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size),
+                  stream=TokenStream(logprobs=request.logprobs is not None))
+        seq.top_logprobs = request.logprobs
+        return seq
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        next_at = self._clock.now()
+        slice_start = time.perf_counter()
+        while True:
+            if not self.scheduler.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                next_at = self._clock.now()
+                slice_start = time.perf_counter()
+                continue
+            try:
+                outcome = self.scheduler.step()
+            except Exception:  # a simulator bug must not hang every client: fail them and reset
+                log.exception("mocker step failed; failing all sequences")
+                self._fail_all(EngineError("the mocker engine failed"))
+                self.cache.clear()
+                continue
+            self.steps += 1
+            delay = self.timing.step_seconds(outcome)
+            if delay > 0:
+                now = self._clock.now()
+                next_at = max(next_at, now) + delay
+                await self._clock.sleep(next_at - now)
+                self._deliver(outcome)
+            else:
+                self._deliver(outcome)
+                if outcome.idle and not outcome.emitted:
+                    await asyncio.sleep(_STALL_BACKOFF_S)
+                elif time.perf_counter() - slice_start > _INSTANT_SLICE_S:
+                    await asyncio.sleep(0)
+                    slice_start = time.perf_counter()
+
+    def _deliver(self, outcome: StepOutcome) -> None:
+        vocab = self.outputs.vocab
+        for e in outcome.emitted:
+            seq = e.seq
+            stream = seq.stream
+            if stream is None or stream.closed:
+                continue
+            if e.index == 0:
+                stream.set_prompt_info(len(seq.prompt), seq.cached_tokens or 0)
+            logprob = None
+            if seq.top_logprobs is not None:
+                logprob = synthetic_logprob(e.token_id, e.index, seq.top_logprobs, vocab)
+            stream.push(e.token_id, logprob, e.finish)
+
+    def _fail_all(self, error: EngineError) -> None:
+        for seq in self.scheduler.abort_all():
+            if seq.stream is not None:
+                seq.stream.fail(error)

@@ -1,0 +1,188 @@
+"""What the mocker says: deterministic pseudo-random text tokens, or scripted answers.
+
+Default mode (like Dynamo's mocker): exactly ``max_tokens`` tokens drawn from a PRNG seeded by the
+request's seed (0 when unset) and its prompt ids, so the same request always gets the same tokens
+and another seed gets others; finish LENGTH. Ids come from ordinary text tokens of the vocabulary
+(ids 1000..29999 whose single-token decode is printable ASCII without markup characters), so the
+text is readable and never opens a tool call or a reasoning block by accident.
+
+Script mode (``--script FILE`` or ``--output-text``): a JSON list of ``{"match": s, "text": t}``
+rules and at most one ``{"default": t}``. The rule whose ``match`` occurs latest in the decoded
+prompt wins (ties go to the earlier rule); its text is emitted token by token, then the first EOS
+id with finish EOS. ``min_tokens`` pads with pseudo-random tokens before the EOS; ``ignore_eos``
+continues with pseudo-random tokens up to ``max_tokens``; ``max_tokens`` truncates (finish LENGTH).
+A prompt no rule matches, without a default, gets default-mode output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from services.workers.engine import FinishReason, TokenLogprob
+
+TEXT_TOKEN_RANGE = (1000, 30000)
+_MARKUP = frozenset("<>[]{}`\\|")
+_U64 = (1 << 64) - 1
+
+
+def text_vocab(tokenizer: Any | None, lo: int = TEXT_TOKEN_RANGE[0], hi: int = TEXT_TOKEN_RANGE[1]) -> list[int]:
+    """Token ids in [lo, hi) that decode, alone, to printable ASCII without markup characters.
+
+    ``tokenizer`` is a ``tokenizers.Tokenizer``; without one every id in the range is used.
+    """
+    if tokenizer is None:
+        return list(range(lo, hi))
+    hi = min(hi, tokenizer.get_vocab_size())
+    ids = list(range(lo, hi))
+    texts = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
+    vocab = [i for i, t in zip(ids, texts)
+             if t.strip() and t.isascii() and t.isprintable() and not _MARKUP.intersection(t)]
+    if not vocab:
+        raise ValueError(f"no printable text tokens in ids {lo}..{hi - 1}")
+    return vocab
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptRule:
+    match: str
+    token_ids: tuple[int, ...]
+
+
+def parse_script(raw: Any) -> tuple[list[tuple[str, str]], str | None]:
+    """Validates a script's JSON value; returns ([(match, text)], default text)."""
+    if not isinstance(raw, list):
+        raise ValueError(  # noqa: TRY004 - a bad config value, reported with the other ValueErrors
+            "a mocker script is a JSON list of {match, text} and {default} objects")
+    rules: list[tuple[str, str]] = []
+    default: str | None = None
+    for i, entry in enumerate(raw):
+        if isinstance(entry, dict) and set(entry) == {"default"} and isinstance(entry["default"], str):
+            if default is not None:
+                raise ValueError(f"script entry {i}: a second default")
+            default = entry["default"]
+        elif (isinstance(entry, dict) and set(entry) == {"match", "text"}
+              and isinstance(entry["match"], str) and isinstance(entry["text"], str)):
+            if not entry["match"]:
+                raise ValueError(f"script entry {i}: empty match string (use a default entry)")
+            rules.append((entry["match"], entry["text"]))
+        else:
+            raise ValueError(f"script entry {i}: expected {{match, text}} or {{default}}, got {entry!r}")
+    return rules, default
+
+
+class PseudoRandomTokens:
+    """A lazily extended, reproducible stream of text token ids."""
+
+    __slots__ = ("_buf", "_rng", "_vocab")
+    _CHUNK = 64
+
+    def __init__(self, vocab: Sequence[int], seed: int):
+        self._rng = random.Random(seed)
+        self._vocab = vocab
+        self._buf: list[int] = []
+
+    def at(self, index: int) -> int:
+        while index >= len(self._buf):
+            self._buf.extend(self._rng.choices(self._vocab, k=self._CHUNK))
+        return self._buf[index]
+
+
+class TokenPlan:
+    """The token at every output position of one request (deterministic, so replayable)."""
+
+    __slots__ = ("_eos_at", "_eos_id", "_max_tokens", "_random", "_script")
+
+    def __init__(self, script: Sequence[int] | None, random_tokens: PseudoRandomTokens, *, max_tokens: int,
+                 min_tokens: int = 0, eos_id: int | None = None, ignore_eos: bool = False):
+        self._script = script or ()
+        self._random = random_tokens
+        self._max_tokens = max_tokens
+        self._eos_id = eos_id
+        scripted_eos = script is not None and eos_id is not None and not ignore_eos
+        self._eos_at = max(len(self._script), min_tokens) if scripted_eos else None
+
+    def token_at(self, index: int) -> tuple[int, FinishReason]:
+        if index == self._eos_at:
+            return self._eos_id, FinishReason.EOS  # type: ignore[return-value]
+        token = self._script[index] if index < len(self._script) else self._random.at(index)
+        return token, FinishReason.LENGTH if index >= self._max_tokens - 1 else FinishReason.NONE
+
+
+def synthetic_logprob(token_id: int, index: int, top_k: int, vocab: Sequence[int]) -> TokenLogprob:
+    """Plausible, reproducible logprobs: the sampled token is the most likely one.
+
+    The mocker has no distribution; these numbers only exercise the logprob plumbing.
+    """
+    chosen = -0.05 - (token_id % 97) / 970.0
+    top = [(token_id, chosen)]
+    j = 1
+    while len(top) < top_k:
+        alt = vocab[(token_id * 31 + index * 17 + j) % len(vocab)]
+        if alt != token_id:
+            top.append((alt, chosen - 1.5 - len(top)))
+        j += 1
+    return TokenLogprob(token_id, chosen, tuple(top))
+
+
+class OutputPolicy:
+    """Builds each request's ``TokenPlan`` from the mocker's mode."""
+
+    def __init__(self, vocab: Sequence[int], *, tokenizer: Any | None = None, rules: Sequence[ScriptRule] = (),
+                 default: Sequence[int] | None = None):
+        if rules and tokenizer is None:
+            raise ValueError("script rules need the model's tokenizer to read prompts")
+        self.vocab = vocab
+        self._tokenizer = tokenizer
+        self._rules = list(rules)
+        self._default = tuple(default) if default is not None else None
+
+    @classmethod
+    def build(cls, tokenizer: Any | None, *, script_path: str | Path | None = None,
+              output_text: str | None = None) -> OutputPolicy:
+        """Reads the script (or the one-rule shorthand) and tokenizes every answer once."""
+        rules_text: list[tuple[str, str]] = []
+        default_text = output_text
+        if script_path:
+            rules_text, script_default = parse_script(json.loads(Path(script_path).read_text()))
+            default_text = script_default if script_default is not None else default_text
+        if (rules_text or default_text is not None) and tokenizer is None:
+            raise ValueError("script mode needs tokenizer.json in the model directory")
+
+        def encode(text: str) -> tuple[int, ...]:
+            return tuple(tokenizer.encode(text, add_special_tokens=False).ids)
+
+        rules = [ScriptRule(match, encode(text)) for match, text in rules_text]
+        default = encode(default_text) if default_text is not None else None
+        return cls(text_vocab(tokenizer), tokenizer=tokenizer, rules=rules, default=default)
+
+    @property
+    def scripted(self) -> bool:
+        return bool(self._rules) or self._default is not None
+
+    def select(self, prompt: Sequence[int]) -> tuple[int, ...] | None:
+        """The scripted answer for ``prompt``: latest match wins, ties go to the first rule."""
+        if not self._rules:
+            return self._default
+        text = self._tokenizer.decode(list(prompt), skip_special_tokens=False)
+        best: ScriptRule | None = None
+        best_pos = -1
+        for rule in self._rules:
+            pos = text.rfind(rule.match)
+            if pos > best_pos:
+                best, best_pos = rule, pos
+        return best.token_ids if best is not None else self._default
+
+    def plan(self, prompt: Sequence[int], *, seed: int | None, max_tokens: int, min_tokens: int = 0,
+             eos_id: int | None = None, ignore_eos: bool = False) -> TokenPlan:
+        prompt_bytes = array("I", prompt).tobytes()
+        rng_seed = xxhash.xxh3_64_intdigest(prompt_bytes, seed=(seed or 0) & _U64)
+        return TokenPlan(self.select(prompt), PseudoRandomTokens(self.vocab, rng_seed), max_tokens=max_tokens,
+                         min_tokens=min_tokens, eos_id=eos_id, ignore_eos=ignore_eos)

@@ -1,0 +1,91 @@
+"""One simulated sequence: its tokens, the KV blocks it holds and how far its prefill got."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence as Seq
+from typing import Protocol
+
+from services.common.hashing import block_hashes, sequence_hashes
+from services.workers.engine import FinishReason, TokenStream
+from services.workers.mocker.kv_cache import StoredBlock
+
+
+class OutputPlan(Protocol):
+    """Decides the token at each output position (see outputs.py)."""
+
+    def token_at(self, index: int) -> tuple[int, FinishReason]:
+        """The token at output position ``index`` and whether it ends the sequence."""
+
+
+class SeqState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+def chain_hash(parent: int | None, tokens_hash: int) -> int:
+    """The sequence hash of a block whose predecessor has sequence hash ``parent``."""
+    if parent is None:
+        return tokens_hash
+    # sequence_hashes chains from its first element, so chaining [parent, local] yields exactly
+    # the hash services.common.hashing defines for the block after ``parent``.
+    return sequence_hashes((parent, tokens_hash))[1]
+
+
+def full_blocks(token_ids: Seq[int], block_size: int) -> list[StoredBlock]:
+    """The full blocks of ``token_ids`` with their sequence and local hashes."""
+    local = block_hashes(token_ids, block_size)
+    return [StoredBlock(s, t) for s, t in zip(sequence_hashes(local), local)]
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Sequence:
+    """Scheduler state of one request. Identity equality: two requests are never the same."""
+
+    request_id: str
+    prompt: list[int]
+    plan: OutputPlan
+    # Full blocks of the prompt, hashed once when the request arrives.
+    prompt_blocks: list[StoredBlock]
+    stream: TokenStream | None = None
+    # Alternatives per token when the request wants logprobs; None when it does not.
+    top_logprobs: int | None = None
+    output: list[int] = dataclasses.field(default_factory=list)
+    state: SeqState = SeqState.WAITING
+    # Full blocks this sequence holds a reference on, in order, and whether it holds a tail block.
+    held: list[StoredBlock] = dataclasses.field(default_factory=list)
+    holds_partial: bool = False
+    # Tokens whose KV is computed, and how many must be before decoding starts.
+    num_computed: int = 0
+    prefill_target: int = 0
+    # Prompt tokens found in the cache at first admission; None until admitted.
+    cached_tokens: int | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_computed < self.prefill_target
+
+    @property
+    def finished(self) -> bool:
+        return self.state is SeqState.FINISHED
+
+    def blocks_for_admission(self, block_size: int) -> list[StoredBlock]:
+        """Full blocks of every token so far (prompt plus output, after a preemption)."""
+        if not self.output:
+            return self.prompt_blocks
+        return full_blocks(self.prompt + self.output, block_size)
+
+    def tail_block(self, block_size: int) -> StoredBlock:
+        """The block made of the last ``block_size`` tokens, which just filled up."""
+        start = self.total_tokens - block_size
+        n_prompt = len(self.prompt)
+        tokens = self.prompt[start:] + self.output[max(0, start - n_prompt):]
+        local = block_hashes(tokens, block_size)[0]
+        parent = self.held[-1].block_hash if self.held else None
+        return StoredBlock(chain_hash(parent, local), local)

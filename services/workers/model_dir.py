@@ -1,0 +1,52 @@
+"""What a worker reads from a model directory besides weights: context length, EOS ids, tokenizer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONTEXT_LENGTH = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    context_length: int
+    # generation_config.json's eos ids (what generation stops on), else config.json's.
+    eos_token_ids: tuple[int, ...]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(v for v in value if isinstance(v, int))
+    return ()
+
+
+def read_model_info(model_dir: str | Path) -> ModelInfo:
+    """Reads config.json and generation_config.json; missing files give defaults."""
+    root = Path(model_dir)
+    config = _read_json(root / "config.json")
+    generation = _read_json(root / "generation_config.json")
+    context = config.get("max_position_embeddings") or config.get("max_seq_len") or DEFAULT_CONTEXT_LENGTH
+    eos = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
+    return ModelInfo(context_length=int(context), eos_token_ids=eos)
+
+
+def load_tokenizer(model_dir: str | Path) -> Any | None:
+    """The directory's ``tokenizers.Tokenizer`` (Rust-backed), or None without tokenizer.json."""
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path))

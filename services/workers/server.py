@@ -1,0 +1,83 @@
+"""gRPC glue shared by every worker kind: the WorkerService servicer and the serve/register lifecycle.
+
+``serve_worker`` runs one engine behind a ``GrpcServer``: it starts the engine, registers a
+``WorkerCard`` in NATS discovery (unless ``--no-register``), serves until SIGTERM/SIGINT, and on
+the way down deregisters first (a drain hook, so routers stop sending new work while in-flight
+streams finish), then stops the server and closes the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
+
+from services.common.discovery import ModelCard, Registrar, WorkerCard
+from services.common.errors import Internal, MeshError, abort
+from services.common.grpc_server import GrpcServer
+from services.workers.config import WorkerConfig
+from services.workers.engine import Engine
+from services.workers.service import WorkerService
+
+log = logging.getLogger(__name__)
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(self, service: WorkerService):
+        self._service = service
+
+    async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
+        # Written with context.write rather than yield so that this task owns the stream: when the
+        # client cancels, grpc.aio cancels this task, and the finally below aborts the sequence
+        # at once instead of whenever an abandoned generator is collected.
+        responses = self._service.generate(request)
+        try:
+            async for response in responses:
+                await context.write(response)
+        except MeshError as e:
+            await abort(context, e)
+        except Exception:
+            log.exception("Generate %s failed", request.request.request_id)
+            await abort(context, Internal("internal worker error"))
+        finally:
+            await responses.aclose()
+
+
+def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
+                max_num_batched_tokens: int = 0) -> WorkerCard:
+    model = ModelCard(name=cfg.model_name, model_dir=cfg.model_dir, context_length=cfg.context_length,
+                      block_size=cfg.block_size, tool_call_parser=cfg.tool_call_parser,
+                      reasoning_parser=cfg.reasoning_parser)
+    return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind,
+                      total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens)
+
+
+def build_server(cfg: WorkerConfig, engine: Engine) -> GrpcServer:
+    """A bound (not yet started) server exposing ``engine`` as WorkerService."""
+    server = GrpcServer(f"worker-{cfg.kind}", cfg.host, cfg.port)
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(WorkerService(engine)), server.server)
+    return server
+
+
+async def serve_worker(cfg: WorkerConfig, engine: Engine, *, total_kv_blocks: int = 0,
+                       max_num_batched_tokens: int = 0) -> None:
+    """Serves ``engine`` until a signal, registered in discovery for as long as it serves."""
+    await engine.start()  # load a model before the port opens, so "port open" means "ready"
+    server = build_server(cfg, engine)
+    registrar: Registrar | None = None
+    if cfg.register:
+        card = worker_card(cfg, cfg.advertised_address(server.port), total_kv_blocks=total_kv_blocks,
+                           max_num_batched_tokens=max_num_batched_tokens)
+        registrar = Registrar(cfg.nats_url, card)
+        server.on_drain(registrar.close)
+        # The card goes out after a NATS round trip, by which time serve_until_signal has started
+        # the (already bound) server.
+        await registrar.start()
+        log.info("registering %s for model %s at %s", card.worker_id, card.model.name, card.address)
+    try:
+        await server.serve_until_signal()
+    finally:
+        if registrar is not None:
+            await registrar.close()
+        await engine.close()

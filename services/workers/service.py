@@ -1,0 +1,35 @@
+"""The worker as a transport-free service: GenerateRequest in, GenerateResponse stream out.
+
+One engine output becomes one response. Engines hand over every token that is ready when asked
+(``TokenStream``), so while the transport is busy writing one message the next one fills up: a
+slow reader gets fewer, fuller messages instead of a backlog of one-token messages.
+
+Callers must ``aclose()`` the generator when they stop early (the gRPC glue does, so does an
+in-process caller); that aborts the sequence and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+from meshfront.worker.v1 import worker_pb2
+
+from services.workers import convert
+from services.workers.engine import Engine, EngineError
+
+
+class WorkerService:
+    """Serves one engine. Engine errors leave as ``MeshError``s; anything else is a bug and propagates."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    async def generate(self, request: worker_pb2.GenerateRequest) -> AsyncGenerator[worker_pb2.GenerateResponse, None]:
+        outputs = self.engine.generate(convert.request_from_proto(request))
+        try:
+            async for output in outputs:
+                yield convert.output_to_proto(output)
+        except EngineError as e:
+            raise convert.engine_error(e) from e
+        finally:
+            await outputs.aclose()

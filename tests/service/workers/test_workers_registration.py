@@ -1,0 +1,80 @@
+"""A mocker process registers its card in NATS discovery, serves, and deregisters on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import grpc
+import pytest
+from meshfront.common.v1 import common_pb2
+from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
+
+from services.common.discovery import WorkerRegistry
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def nats_url(nats_bin, tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([nats_bin, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(tmp_path / "js")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_worker_registers_serves_and_deregisters_on_sigterm(nats_url, model_dir):
+    registry = WorkerRegistry(nats_url, "test-registry")
+    await registry.start()
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.workers.mocker", "--model-dir", str(model_dir), "--model-name", "demo",
+        "--port", "0", "--nats-url", nats_url, "--worker-id", "mocker-regtest1", "--speedup-ratio", "0",
+        "--tool-call-parser", "hermes", "--log-level", "WARNING",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        ready = await asyncio.wait_for(worker.stdout.readline(), 30)
+        assert ready.startswith(b"READY worker-mocker "), ready
+        address = ready.split()[-1].decode()
+        await wait_for(lambda: "mocker-regtest1" in registry.workers, 20, "the worker card")
+        card = registry.workers["mocker-regtest1"]
+        assert card.address == address and card.kind == "mocker"
+        assert card.model.name == "demo" and card.model.tool_call_parser == "hermes"
+        assert card.model.context_length == 4096 and card.model.block_size == 16
+        assert card.total_kv_blocks == 16384 and card.max_num_batched_tokens == 8192
+
+        async with grpc.aio.insecure_channel(card.address) as channel:
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            request = worker_pb2.GenerateRequest(request=common_pb2.PreprocessedRequest(
+                token_ids=[1, 2, 3], stop=common_pb2.StopConditions(max_tokens=5)))
+            tokens = [t async for m in stub.Generate(request) for t in m.token_ids]
+        assert len(tokens) == 5
+
+        worker.send_signal(signal.SIGTERM)
+        await wait_for(lambda: "mocker-regtest1" not in registry.workers, 15, "deregistration")
+        assert await asyncio.wait_for(worker.wait(), 15) == 0
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+        await registry.close()

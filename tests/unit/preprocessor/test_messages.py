@@ -1,0 +1,93 @@
+"""Message and tool normalisation before rendering (dynamo-frontend.md §3.2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import InvalidRequest
+from services.preprocessor.core.messages import normalise_messages, normalise_tools, tools_disabled
+
+pytestmark = pytest.mark.unit
+
+
+def test_null_keys_are_dropped():
+    [m] = normalise_messages([{"role": "assistant", "content": None, "tool_calls": None, "name": None}], True)
+    assert m == {"role": "assistant"}
+
+
+def test_text_parts_are_flattened_with_newlines():
+    [m] = normalise_messages([{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}], True)
+    assert m["content"] == "a\nb"
+
+
+def test_media_parts_become_placeholders():
+    [m] = normalise_messages([{"role": "user", "content": [
+        {"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:..."}}]}], True)
+    assert m["content"] == [{"type": "text", "text": "look"}, {"type": "image"}]
+
+
+def test_unknown_part_type_is_rejected():
+    with pytest.raises(InvalidRequest, match="unsupported content part"):
+        normalise_messages([{"role": "user", "content": [{"type": "hologram"}]}], True)
+
+
+def test_tool_call_arguments_are_parsed():
+    [m] = normalise_messages([{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+        {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "not json"}},
+        {"id": "c3", "type": "function", "function": {"name": "h", "arguments": ""}},
+    ]}], True)
+    args = [c["function"]["arguments"] for c in m["tool_calls"]]
+    assert args == [{"x": 1}, "not json", {}]
+
+
+def test_reasoning_is_kept_when_the_template_reads_it():
+    msg = {"role": "assistant", "content": "answer", "reasoning_content": "hmm"}
+    assert normalise_messages([msg], True) == [msg]
+
+
+def test_reasoning_is_injected_when_the_template_ignores_it():
+    [m] = normalise_messages([{"role": "assistant", "content": "answer", "reasoning_content": "hmm"}], False)
+    assert m == {"role": "assistant", "content": "<think>hmm</think>answer"}
+
+
+def test_input_is_not_mutated():
+    msg = {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    normalise_messages([msg], True)
+    assert msg["content"] is None and msg["tool_calls"][0]["function"]["arguments"] == "{}"
+
+
+@pytest.mark.parametrize("bad", [[], {}, "hi", [{"content": "no role"}], ["text"]])
+def test_bad_messages(bad):
+    with pytest.raises(InvalidRequest) as e:
+        normalise_messages(bad, True)
+    assert e.value.param == "messages"
+
+
+def test_tool_parameters_are_completed():
+    tools = normalise_tools([
+        {"type": "function", "function": {"name": "a"}},
+        {"type": "function", "function": {"name": "b", "parameters": {"properties": {"x": {"type": "int"}}}}},
+        {"type": "function", "function": {"name": "c", "parameters": {"type": "object"}}},
+    ])
+    assert [t["function"]["parameters"] for t in tools] == [
+        {"type": "object", "properties": {}},
+        {"type": "object", "properties": {"x": {"type": "int"}}},
+        {"type": "object", "properties": {}},
+    ]
+
+
+def test_bad_tools():
+    with pytest.raises(InvalidRequest):
+        normalise_tools({"type": "function"})
+    with pytest.raises(InvalidRequest):
+        normalise_tools(["f"])
+
+
+def test_tool_choice_none_disables_tools():
+    assert tools_disabled("none")
+    assert not tools_disabled("auto")
+    assert not tools_disabled({"type": "function", "function": {"name": "f"}})
+    assert not tools_disabled(None)
