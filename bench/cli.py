@@ -60,7 +60,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_load_flags(m)
     ld = sub.add_parser("load", help="drive a running mesh")
     ld.add_argument("--url", required=True, help="Envoy's base URL, e.g. http://127.0.0.1:8000")
-    ld.add_argument("--pid", action="append", default=[], help="NAME=PID to account CPU for (repeatable)")
+    ld.add_argument("--pid", action="append", default=[], help="NAME=PID to account CPU for (repeatable); names as the "
+                    "launcher gives them: envoy, gateway-0, preprocessor, router, postprocessor, mocker-0, nats")
     _add_load_flags(ld)
     args = p.parse_args(argv)
     if args.scenario == "mesh":

@@ -45,3 +45,14 @@ def envoy_bin() -> str:
 @pytest.fixture(scope="session")
 def nats_bin() -> str:
     return require_binary("nats-server")
+
+
+def require_module(name: str):
+    """Imports an optional dependency; its absence fails under CI and skips elsewhere."""
+    try:
+        return __import__(name)
+    except ImportError:
+        message = f"{name} is not installed (make venv installs it)"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message, allow_module_level=True)

@@ -138,11 +138,15 @@ class Registrar:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._nc is not None and self._nc.is_connected:
+        if self._nc is None:
+            return
+        if self._nc.is_connected:
+            # Deregister at once rather than waiting for the TTL; bounded, NATS may be going down too.
             with contextlib.suppress(Exception):
-                kv = await open_bucket(self._nc, self.ttl_s)
-                await kv.purge(self.card.worker_id)
-            await self._nc.drain()
+                kv = await asyncio.wait_for(open_bucket(self._nc, self.ttl_s), 1.0)
+                await asyncio.wait_for(kv.purge(self.card.worker_id), 1.0)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._nc.close(), 2.0)
 
 
 Listener = Callable[[str, WorkerCard | None], None]

@@ -65,6 +65,7 @@ class GrpcServer:
         self.host = host
         self.grace_s = grace_s
         self._on_drain: list[Callable[[], Awaitable[None]]] = []
+        self._on_stopped: list[Callable[[], Awaitable[None]]] = []
 
     @property
     def address(self) -> str:
@@ -73,6 +74,10 @@ class GrpcServer:
     def on_drain(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Runs ``hook`` when draining starts (before the server stops accepting calls)."""
         self._on_drain.append(hook)
+
+    def on_stopped(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Runs ``hook`` once in-flight calls have finished (closing clients they used)."""
+        self._on_stopped.append(hook)
 
     async def start(self) -> None:
         await self.server.start()
@@ -84,6 +89,8 @@ class GrpcServer:
         for hook in self._on_drain:
             await hook()
         await self.server.stop(self.grace_s)
+        for hook in self._on_stopped:
+            await hook()
         log.info("%s stopped", self.name)
 
     async def serve_until_signal(self) -> None:

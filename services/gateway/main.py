@@ -13,7 +13,7 @@ from services.gateway.pipeline import Pipeline
 from services.gateway.server import GatewayServicer
 
 
-def build_pipeline(cfg: GatewayConfig, registry: WorkerRegistry) -> Pipeline:
+def build_pipeline(cfg: GatewayConfig, registry: WorkerRegistry, server: GrpcServer) -> Pipeline:
     if cfg.preprocessor == INPROC:
         from services.preprocessor.service import Preprocessor
 
@@ -31,7 +31,9 @@ def build_pipeline(cfg: GatewayConfig, registry: WorkerRegistry) -> Pipeline:
     if cfg.postprocessor == INPROC:
         from services.postprocessor.service import Postprocessor
 
-        post = clients.InProcessPostprocessor(Postprocessor())
+        postprocessor = Postprocessor()
+        server.on_stopped(postprocessor.close)
+        post = clients.InProcessPostprocessor(postprocessor)
     else:
         post = clients.GrpcPostprocessor(cfg.postprocessor)
     return Pipeline(pre, router, post)
@@ -49,10 +51,10 @@ async def serve(argv: list[str]) -> None:
         nonlocal draining
         draining = True
 
-    servicer = GatewayServicer(build_pipeline(cfg, registry), registry.models, lambda: draining)
-    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server.server)
     server.on_drain(start_drain)
-    server.on_drain(registry.close)
+    servicer = GatewayServicer(build_pipeline(cfg, registry, server), registry.models, lambda: draining)
+    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server.server)
+    server.on_stopped(registry.close)
     await server.serve_until_signal()
 
 

@@ -9,6 +9,8 @@ when any one process dies, as a supervisor should).
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import shutil
 import threading
 import time
@@ -68,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(plan.run_dir / f"nats-{plan.nats_port}", ignore_errors=True)
     manager = Manager()
     for spec in specs(plan):
-        manager.add_process(spec.name, spec.argv, env=spec.env or None)
+        # honcho runs a shell command line (exec: signals reach the service, not a shell)
+        # and takes env as the whole environment.
+        manager.add_process(spec.name, "exec " + shlex.join(spec.argv), env={**os.environ, **spec.env})
     stop = threading.Event()
     threading.Thread(target=_announce_when_ready, args=(f"http://127.0.0.1:{args.http_port}", stop),
                      daemon=True).start()

@@ -21,7 +21,7 @@ async def serve(argv: list[str]) -> None:
     await registry.start()
     server = GrpcServer("router", cfg.host, cfg.port)
     router_pb2_grpc.add_RouterServiceServicer_to_server(RouterServicer(router), server.server)
-    server.on_drain(registry.close)
+    server.on_stopped(registry.close)
     await server.serve_until_signal()
 
 

@@ -10,12 +10,15 @@ in-process caller); that aborts the sequence and frees its KV blocks.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator
 
 from meshfront.worker.v1 import worker_pb2
 
 from services.workers import convert
-from services.workers.engine import Engine, EngineError
+from services.workers.engine import Engine, EngineError, FinishReason
+
+log = logging.getLogger(__name__)
 
 
 class WorkerService:
@@ -26,10 +29,17 @@ class WorkerService:
 
     async def generate(self, request: worker_pb2.GenerateRequest) -> AsyncGenerator[worker_pb2.GenerateResponse, None]:
         outputs = self.engine.generate(convert.request_from_proto(request))
+        sent, finished = 0, False
         try:
             async for output in outputs:
+                sent += len(output.token_ids)
+                finished = output.finish_reason != FinishReason.NONE
                 yield convert.output_to_proto(output)
         except EngineError as e:
+            finished = True
             raise convert.engine_error(e) from e
         finally:
             await outputs.aclose()
+            if not finished:
+                # Operators (and the disconnect tests) see that a caller's cancel reached the engine.
+                log.info("request %s aborted by the caller after %d tokens", request.request.request_id, sent)

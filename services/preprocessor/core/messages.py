@@ -68,6 +68,10 @@ def _parse_arguments(tool_calls: list[Any]) -> list[Any]:
 
 def _normalise_message(message: dict, template_reads_reasoning: bool) -> dict:
     msg = {k: v for k, v in message.items() if v is not None}
+    if msg.get("role") == "developer":
+        # OpenAI's newer name for system instructions; most templates only know "system",
+        # and a template that skips unknown roles would silently drop the message.
+        msg["role"] = "system"
     if isinstance(msg.get("content"), list):
         msg["content"] = _flatten_content(msg["content"])
     if msg.get("role") == "assistant":

@@ -12,8 +12,9 @@ from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.models import default_test_model_dir
 from services.workers.server import build_server
+from tests.conftest import require_module
 
-pytest.importorskip("torch", reason="the hf extra (torch) is not installed")
+require_module("torch")
 from services.workers.hf.config import parse_config
 from services.workers.hf.main import build_engine
 

@@ -91,3 +91,8 @@ def test_tool_choice_none_disables_tools():
     assert not tools_disabled("auto")
     assert not tools_disabled({"type": "function", "function": {"name": "f"}})
     assert not tools_disabled(None)
+
+
+def test_developer_role_becomes_system():
+    out = normalise_messages([{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}], False)
+    assert [m["role"] for m in out] == ["system", "user"]

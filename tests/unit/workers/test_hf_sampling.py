@@ -7,8 +7,9 @@ import math
 import pytest
 
 from services.workers.engine import SamplingParams
+from tests.conftest import require_module
 
-torch = pytest.importorskip("torch", reason="the hf extra (torch) is not installed")
+torch = require_module("torch")
 from services.workers.hf.sampling import TokenHistory, filter_logits, pick_token
 
 pytestmark = pytest.mark.unit

@@ -69,7 +69,8 @@ def test_cpu_reading_grows_with_work():
     assert cpu.read_cpu_ms(os.getpid()) > before
     assert cpu.read_cpu_ms(2**22 + 12345) is None
     me = cpu.sample({"me": os.getpid()})
-    assert abs(me.ms["me"] - me.tick_ms["me"]) < 3 * cpu.TICK_MS
+    # Per-thread counters only cover live threads; in a long test session they may trail the tick total.
+    assert 0 < me.ms["me"] <= me.tick_ms["me"] + 3 * cpu.TICK_MS
     u = cpu.usage_between(cpu.CpuSample({"gateway-0": 10, "mocker-0": 5, "mocker-1": 5}, {}),
                           cpu.CpuSample({"gateway-0": 30, "mocker-0": 15}, {}))
     assert u.by_group() == {"gateway": 20, "workers": 10} and u.missing == ["mocker-1"]

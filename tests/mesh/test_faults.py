@@ -1,0 +1,93 @@
+"""Client disconnects reach the worker; a dead worker's model leaves /v1/models without hurting others."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import orjson
+import pytest
+
+from tests.mesh.conftest import DEMO, SECOND, mocker, start_mesh
+
+pytestmark = pytest.mark.mesh
+
+LONG = {"model": DEMO, "messages": [{"role": "user", "content": "Write forever"}], "max_tokens": 3000,
+        "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def paced_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
+    """Real-speed mocker (speed-up 1: several ms per token) so a long stream is still running when we leave."""
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "1"), mocker(demo_model_dir, SECOND, "50")])
+    yield m
+    problems = m.stop()
+    assert not problems, problems
+
+
+def wait_for_log(mesh, name: str, needle: str, timeout: float) -> float | None:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if needle in mesh.logs(name):
+            return time.monotonic() - start
+        time.sleep(0.02)
+    return None
+
+
+def raw_stream_then_hang_up(mesh, body: dict, frames: int) -> None:
+    """Reads a few SSE frames over a raw socket, then closes it mid-stream (what a killed client does)."""
+    payload = orjson.dumps(body)
+    with socket.create_connection(("127.0.0.1", mesh.plan.http_port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        seen = b""
+        while seen.count(b"data: ") < frames:
+            chunk = s.recv(65536)
+            assert chunk, "stream ended early"
+            seen += chunk
+        assert b"200 OK" in seen
+
+
+def test_streaming_disconnect_stops_generation_on_the_worker(paced_mesh):
+    before = paced_mesh.logs("mocker-0").count("aborted by the caller")
+    raw_stream_then_hang_up(paced_mesh, {**LONG, "stream": True}, frames=5)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 3:
+        if paced_mesh.logs("mocker-0").count("aborted by the caller") > before:
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail("worker kept generating after the client left:\n" + paced_mesh.logs("mocker-0"))
+
+
+def test_non_streaming_disconnect_stops_generation_on_the_worker(paced_mesh):
+    before = paced_mesh.logs("mocker-0").count("aborted by the caller")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{paced_mesh.url}/v1/chat/completions", json=LONG, timeout=httpx.Timeout(10, read=0.5))
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 3:
+        if paced_mesh.logs("mocker-0").count("aborted by the caller") > before:
+            return
+        time.sleep(0.02)
+    pytest.fail("worker kept generating after the client left")
+
+
+def test_killed_worker_takes_its_model_away_and_others_keep_serving(paced_mesh):
+    def models():
+        return {m["id"] for m in httpx.get(f"{paced_mesh.url}/v1/models", timeout=5).json()["data"]}
+
+    assert {DEMO, SECOND} <= models()
+    paced_mesh.kill("mocker-1")
+    ok, t0 = 0, time.monotonic()
+    while SECOND in models():
+        assert time.monotonic() - t0 < 15, "dead worker's model still listed after 15 s"
+        r = httpx.post(f"{paced_mesh.url}/v1/chat/completions", timeout=30,
+                       json={"model": DEMO, "messages": [{"role": "user", "content": "Count to ten"}],
+                             "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        ok += 1
+    assert ok >= 1
+    gone = httpx.post(f"{paced_mesh.url}/v1/chat/completions", timeout=30,
+                      json={"model": SECOND, "messages": [{"role": "user", "content": "hi"}]})
+    assert gone.status_code == 404 and gone.json()["error"]["param"] == "model"
