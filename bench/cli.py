@@ -63,6 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ld.add_argument("--pid", action="append", default=[], help="NAME=PID to account CPU for (repeatable); names as the "
                     "launcher gives them: envoy, gateway-0, preprocessor, router, postprocessor, mocker-0, nats")
     _add_load_flags(ld)
+    _add_kv_parser(sub)
     args = p.parse_args(argv)
     if args.scenario == "mesh":
         args.shape = tuple(s.strip() for s in args.shape.split(",") if s.strip())
@@ -72,6 +73,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if args.paced:
             args.speedup = PACED_SPEEDUP
     return args
+
+
+def _add_kv_parser(sub) -> None:
+    from bench.kv import KvBenchConfig
+
+    d = KvBenchConfig()
+    k = sub.add_parser("kv", help="KV-aware routing vs round-robin / least-loaded on prefix-sharing load")
+    k.add_argument("--cases", default="groups,flood,unique,replicas", help="comma list of groups, flood, unique, "
+                   "replicas")
+    k.add_argument("--requests", type=int, default=d.requests)
+    k.add_argument("--concurrency", type=int, default=d.concurrency)
+    k.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks, help="KV cache of each mocker")
+    k.add_argument("--workers", type=int, default=d.workers)
+    k.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    k.add_argument("--markdown", default="", help="append the table to this file")
+
+
+def _run_kv(args: argparse.Namespace, command: str) -> int:
+    from bench.kv import KvBenchConfig, main_kv
+
+    cfg = KvBenchConfig(requests=args.requests, concurrency=args.concurrency, num_gpu_blocks=args.num_gpu_blocks,
+                        workers=args.workers, max_tokens=args.max_tokens)
+    started = datetime.datetime.now().astimezone()
+    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}; {cfg}")
+    table = main_kv(cfg, tuple(c.strip() for c in args.cases.split(",") if c.strip()), _emit)
+    _emit("\n" + table)
+    if args.markdown:
+        with Path(args.markdown).open("a") as f:
+            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
+                    f"Setting: {cfg}.\n\n{table}\n")
+    return 0
 
 
 def _config(args: argparse.Namespace, shapes: tuple[str, ...]) -> mesh.MeshBenchConfig:
@@ -109,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench " + shlex.join(argv)
     started = datetime.datetime.now().astimezone()
     _emit(f"$ {command}")
+    if args.scenario == "kv":
+        return _run_kv(args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
     _emit(f"# {_setting_line(args, cfg)}")

@@ -5,6 +5,12 @@ Usage: python tools/codegen.py [--check]
 Outputs (committed, never edited by hand):
   gen/python/meshfront/**      *_pb2.py, *_pb2.pyi, *_pb2_grpc.py
   deploy/envoy/gateway.pb      FileDescriptorSet for grpc_json_transcoder
+  gen/python/meshfront/kserve/inference.binpb
+                               FileDescriptorSet of protos/inference (KServe v2). No
+                               *_pb2.py for it: those would register `inference.*` in
+                               protobuf's default pool and clash with tritonclient's
+                               own modules in any process that imports both, so the
+                               gateway loads this set into a private pool instead.
 
 --check regenerates into a temporary folder and exits 1 if anything differs,
 so CI fails when stubs drift from the protos.
@@ -25,6 +31,7 @@ PROTOS = ROOT / "protos"
 THIRD_PARTY = ROOT / "third_party"
 WKT = pathlib.Path(protoc.__file__).parent / "_proto"
 GATEWAY_PROTO = "meshfront/gateway/v1/gateway.proto"
+KSERVE_PROTOS = ("inference/model_config.proto", "inference/grpc_service.proto")
 
 
 def _proto_files() -> list[str]:
@@ -44,6 +51,10 @@ def generate(out: pathlib.Path) -> None:
     for pkg in py_out.glob("meshfront/**/"):
         (pkg / "__init__.py").touch()
     (py_out / "meshfront" / "__init__.py").touch()
+    kserve = py_out / "meshfront" / "kserve"
+    kserve.mkdir(parents=True, exist_ok=True)
+    (kserve / "__init__.py").touch()
+    _run([f"--descriptor_set_out={kserve / 'inference.binpb'}", *KSERVE_PROTOS])
     desc = out / "deploy" / "envoy" / "gateway.pb"
     desc.parent.mkdir(parents=True, exist_ok=True)
     # error_details lets convert_grpc_status render google.rpc.Status details.

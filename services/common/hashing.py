@@ -41,6 +41,11 @@ def block_hashes(token_ids: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE)
     return [h(raw[i * stride:(i + 1) * stride], seed=SEED) for i in range(full)]
 
 
+def chain_hash(parent: int | None, local: int) -> int:
+    """The sequence hash of a block with local hash ``local`` following ``parent`` (None: the first block)."""
+    return local if parent is None else xxhash.xxh3_64_intdigest(_U64_PAIR.pack(parent, local), seed=SEED)
+
+
 def sequence_hashes(local_hashes: Sequence[int]) -> list[int]:
     """Chained hashes: each one identifies a block together with every block before it."""
     out: list[int] = []

@@ -7,8 +7,10 @@ import sys
 from meshfront.gateway.v1 import gateway_pb2_grpc
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer, run, setup_logging
+from services.common.metrics import serve_metrics
 from services.gateway import clients
 from services.gateway.config import INPROC, GatewayConfig, parse_config
+from services.gateway.kserve import server as kserve
 from services.gateway.pipeline import Pipeline
 from services.gateway.server import GatewayServicer
 
@@ -29,9 +31,10 @@ def build_pipeline(cfg: GatewayConfig, registry: WorkerRegistry, server: GrpcSer
     else:
         router = clients.GrpcRouter(cfg.router)
     if cfg.postprocessor == INPROC:
+        from services.postprocessor.migration import Migrator
         from services.postprocessor.service import Postprocessor
 
-        postprocessor = Postprocessor()
+        postprocessor = Postprocessor(migrator=Migrator(router))  # in-process: migrate via the gateway's router
         server.on_stopped(postprocessor.close)
         post = clients.InProcessPostprocessor(postprocessor)
     else:
@@ -42,6 +45,7 @@ def build_pipeline(cfg: GatewayConfig, registry: WorkerRegistry, server: GrpcSer
 async def serve(argv: list[str]) -> None:
     cfg = parse_config(argv)
     setup_logging(cfg.log_level)
+    serve_metrics(cfg.metrics_port, cfg.host)
     registry = WorkerRegistry(cfg.nats_url, "gateway")
     await registry.start()
     server = GrpcServer("gateway", cfg.host, cfg.port)
@@ -52,8 +56,10 @@ async def serve(argv: list[str]) -> None:
         draining = True
 
     server.on_drain(start_drain)
-    servicer = GatewayServicer(build_pipeline(cfg, registry, server), registry.models, lambda: draining)
+    servicer_pipeline = build_pipeline(cfg, registry, server)
+    servicer = GatewayServicer(servicer_pipeline, registry.models, lambda: draining)
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server.server)
+    kserve.add_to_server(kserve.KServeServicer(servicer_pipeline, registry.models, lambda: draining), server.server)
     server.on_stopped(registry.close)
     await server.serve_until_signal()
 

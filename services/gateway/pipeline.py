@@ -34,6 +34,14 @@ class Pipeline:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _report_first_token(self, request_id: str, resp: postprocessor_pb2.GenerateResponse) -> None:
+        """Tells the router (fire and forget) that prefill is done and what the worker had cached."""
+        task = asyncio.create_task(self.router.release(router_pb2.ReleaseRequest(
+            request_id=request_id, first_token=True, cached_tokens=resp.cached_tokens,
+            prompt_tokens=resp.prompt_tokens)))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, request_id: str, choice: int,
                      worker_id: str) -> tuple[str, postprocessor_pb2.GenerateRequest]:
         req = common_pb2.PreprocessedRequest()
@@ -45,7 +53,8 @@ class Pipeline:
             request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
             prompt_tokens=len(req.token_ids), worker_id=worker_id))
         return request_id, postprocessor_pb2.GenerateRequest(request=req, options=prepared.postprocess,
-                                                             worker_address=route.address)
+                                                             worker_address=route.address,
+                                                             worker_id=route.worker_id)
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
                   worker_id: str = "") -> AsyncIterator[list[Delta]]:
@@ -60,8 +69,10 @@ class Pipeline:
                     rid = base_id if total == 1 else f"{base_id}-{index}"
                     jobs.append((index, j == 0, len(prep.request.token_ids), await self._start(prep, rid, j, worker_id)))
             if total == 1:
-                index, counts, prompt_len, (_, gen) = jobs[0]
+                index, counts, prompt_len, (rid, gen) = jobs[0]
                 async for resp in self.post.generate(gen):
+                    if resp.prompt_tokens:
+                        self._report_first_token(rid, resp)
                     yield [self._delta(index, counts, prompt_len, resp)]
             else:
                 async for batch in self._merge(jobs):
@@ -75,7 +86,8 @@ class Pipeline:
         if resp.finish_reason == common_pb2.FINISH_REASON_ERROR:
             raise WorkerFailed("The worker failed while generating this response")
         first = resp.prompt_tokens > 0
-        return Delta(index=index, text=resp.text, logprobs=list(resp.logprobs),
+        return Delta(index=index, text=resp.text, reasoning=resp.reasoning_text, tool_calls=list(resp.tool_calls),
+                     logprobs=list(resp.logprobs),
                      finish_reason=FINISH.get(resp.finish_reason), stop_reason=resp.stop_reason,
                      completion_tokens=resp.completion_tokens,
                      prompt_tokens=(resp.prompt_tokens or prompt_len) if first else 0,
@@ -85,15 +97,17 @@ class Pipeline:
         """Runs every choice's stream at once and yields whatever is ready, across choices."""
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(index: int, counts: bool, prompt_len: int, gen) -> None:
+        async def pump(index: int, counts: bool, prompt_len: int, rid: str, gen) -> None:
             try:
                 async for resp in self.post.generate(gen):
+                    if resp.prompt_tokens:
+                        self._report_first_token(rid, resp)
                     queue.put_nowait(self._delta(index, counts, prompt_len, resp))
                 queue.put_nowait(_DONE)
             except Exception as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
                 queue.put_nowait(e)
 
-        tasks = [asyncio.create_task(pump(i, c, pl, g)) for i, c, pl, (_, g) in jobs]
+        tasks = [asyncio.create_task(pump(i, c, pl, rid, g)) for i, c, pl, (rid, g) in jobs]
         live = len(tasks)
         try:
             while live:

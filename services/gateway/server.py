@@ -27,6 +27,7 @@ from services.gateway.openai.requests import parse_chat, parse_completion
 from services.gateway.openai.responses import ResponseRenderer
 from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess
 from services.gateway.pipeline import Pipeline
+from services.gateway.request_metrics import RequestTracker
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -57,14 +58,22 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             raise NotFound(f"The model `{name}` does not exist.", param="model", code="model_not_found")
 
     async def ChatCompletions(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
-        async for body in self._generate(request, context, chat=True):
-            yield body
+        track = RequestTracker("chat")
+        try:
+            async for body in self._generate(request, context, track, chat=True):
+                yield body
+        finally:
+            track.close()
 
     async def Completions(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
-        async for body in self._generate(request, context, chat=False):
-            yield body
+        track = RequestTracker("completions")
+        try:
+            async for body in self._generate(request, context, track, chat=False):
+                yield body
+        finally:
+            track.close()
 
-    async def _generate(self, request, context, *, chat: bool):
+    async def _generate(self, request, context, track: RequestTracker, *, chat: bool):
         rid = uuid.uuid4().hex
         try:
             headers = _headers(context)
@@ -82,26 +91,32 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                                         model=req.model, n_choices=len(prep) * req.n,
                                         want_logprobs=req.sampling.logprobs is not None,
                                         include_usage=req.include_usage, echo_prompts=echo, n_per_prompt=req.n)
+            track.start(req.model, req.stream)
             stream = self._pipeline.run(prep, req.n, req.worker_id)
             if not req.stream:
                 async for batch in stream:
                     renderer.fold(batch)
+                track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
                 yield httpbody_pb2.HttpBody(content_type=JSON, data=renderer.body())
                 return
             first = await anext(stream, None)
         except MeshError as e:
+            track.fail(e)
             await abort_http(context, e)
             return
         # Streaming: headers go out with the first tokens, so early failures above kept a real status.
         try:
             if first is not None:
+                track.first_token()
                 yield httpbody_pb2.HttpBody(content_type=SSE, data=renderer.sse(first))
             async for batch in stream:
                 data = renderer.sse(batch)
                 if data:
                     yield httpbody_pb2.HttpBody(content_type=SSE, data=data)
+            track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
             yield httpbody_pb2.HttpBody(content_type=SSE, data=renderer.sse_end())
         except MeshError as e:
+            track.fail(e, mid_stream=True)
             log.warning("request %s failed mid-stream: %s", rid, e.message)
             yield httpbody_pb2.HttpBody(content_type=SSE, data=sse_error_frame(e))
 

@@ -16,16 +16,48 @@ ENVOY_YAML = ROOT / "deploy" / "envoy" / "envoy.yaml"
 DESCRIPTOR = ROOT / "deploy" / "envoy" / "gateway.pb"
 
 
-def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Sequence[tuple[str, int]]) -> str:
+def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Sequence[tuple[str, int]],
+           admin_host: str = "127.0.0.1", tls: tuple[str, str] | None = None, gateway_dns: bool = False,
+           descriptor: str | None = None) -> str:
+    """The shipped config with these addresses.
+
+    ``tls=(cert, key)`` (PEM files) terminates TLS on the listener with ALPN h2 and
+    http/1.1, so HTTP clients and gRPC clients (KServe, the gateway's own service)
+    share the port as they do in cleartext. ``gateway_dns`` resolves the gateway
+    hosts with STRICT_DNS (every address a name returns is an endpoint: a headless
+    Kubernetes Service); ``descriptor`` overrides the transcoder's descriptor path.
+    """
     cfg = yaml.safe_load(ENVOY_YAML.read_text())
-    cfg["admin"]["address"]["socket_address"].update(address="127.0.0.1", port_value=admin_port)
+    cfg["admin"]["address"]["socket_address"].update(address=admin_host, port_value=admin_port)
     listener = cfg["static_resources"]["listeners"][0]
     listener["address"]["socket_address"].update(address=listen_host, port_value=listen_port)
+    if tls is not None:
+        listener["filter_chains"][0]["transport_socket"] = downstream_tls(*tls)
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
     for f in hcm["http_filters"]:
         if f["name"] == "envoy.filters.http.grpc_json_transcoder":
-            f["typed_config"]["proto_descriptor"] = str(DESCRIPTOR)
+            f["typed_config"]["proto_descriptor"] = descriptor or str(DESCRIPTOR)
     cluster = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "gateway")
+    if gateway_dns:
+        # Re-resolved every 5 s: pods that scale in or out join the balancing within seconds.
+        cluster.update(type="STRICT_DNS", dns_lookup_family="V4_ONLY", dns_refresh_rate="5s",
+                       respect_dns_ttl=False)
     cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [
         {"endpoint": {"address": {"socket_address": {"address": h, "port_value": p}}}} for h, p in gateways]}]
     return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def downstream_tls(cert: str, key: str) -> dict:
+    """A TLS transport socket for the edge listener (TLS 1.2+, ALPN h2 then http/1.1)."""
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+            "common_tls_context": {
+                "alpn_protocols": ["h2", "http/1.1"],
+                "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
+                "tls_certificates": [{"certificate_chain": {"filename": cert},
+                                      "private_key": {"filename": key}}],
+            },
+        },
+    }

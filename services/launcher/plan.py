@@ -50,6 +50,30 @@ class MeshPlan:
     inproc: bool = False  # preprocessor, router and postprocessor inside each gateway
     run_dir: pathlib.Path = ROOT / ".run"
     log_level: str = "INFO"
+    # PEM certificate and key: Envoy's listener speaks TLS (HTTP and gRPC) instead of cleartext.
+    tls_cert: str = ""
+    tls_key: str = ""
+    # Router replicas: the gateway and the postprocessor spread calls over all of them. Replicas
+    # after the first listen on extra_router_ports (default: the ports right after router_port).
+    routers: int = 1
+    extra_router_ports: list[int] = dataclasses.field(default_factory=list)
+    # Extra flags per service name ("router", "postprocessor", "gateway", "preprocessor").
+    service_args: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def router_ports(self) -> list[int]:
+        extra = self.extra_router_ports or [self.router_port + i for i in range(1, self.routers)]
+        return [self.router_port, *extra[:self.routers - 1]]
+
+    @property
+    def router_target(self) -> str:
+        """One address, or every replica as a gRPC ``ipv4:`` list (round-robin in the clients)."""
+        addrs = [f"127.0.0.1:{p}" for p in self.router_ports]
+        return addrs[0] if len(addrs) == 1 else "ipv4:" + ",".join(addrs)
+
+    @property
+    def tls(self) -> tuple[str, str] | None:
+        return (self.tls_cert, self.tls_key) if self.tls_cert else None
 
     @property
     def nats_url(self) -> str:
@@ -64,6 +88,7 @@ def free_port() -> int:
 
 def ephemeral_plan(workers: list[WorkerSpec], gateways: int = 1, **kw) -> MeshPlan:
     """A plan on free ports, for tests and benchmarks that must not clash with a running mesh."""
+    kw.setdefault("extra_router_ports", [free_port() for _ in range(kw.get("routers", 1) - 1)])
     return MeshPlan(http_port=free_port(), admin_port=free_port(), nats_port=free_port(),
                     gateway_ports=[free_port() for _ in range(gateways)], preprocessor_port=free_port(),
                     router_port=free_port(), postprocessor_port=free_port(),
@@ -90,21 +115,25 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
         stage += ["--preprocessor", "inproc", "--router", "inproc", "--postprocessor", "inproc"]
     else:
         out += [
-            ProcessSpec("preprocessor", _py("services.preprocessor", "--port", str(plan.preprocessor_port), *common),
-                        plan.preprocessor_port, env),
-            ProcessSpec("router", _py("services.router", "--port", str(plan.router_port), "--router-mode",
-                                      plan.router_mode, *common), plan.router_port, env),
+            ProcessSpec("preprocessor", _py("services.preprocessor", "--port", str(plan.preprocessor_port), *common,
+                                            *plan.service_args.get("preprocessor", ())), plan.preprocessor_port, env),
+            *(ProcessSpec("router" if i == 0 else f"router-{i}",
+                          _py("services.router", "--port", str(port), "--router-mode", plan.router_mode, *common,
+                              *plan.service_args.get("router", ())), port, env)
+              for i, port in enumerate(plan.router_ports)),
             ProcessSpec("postprocessor", _py("services.postprocessor", "--port", str(plan.postprocessor_port),
-                                             *common), plan.postprocessor_port, env),
+                                             "--router", plan.router_target, *common,
+                                             *plan.service_args.get("postprocessor", ())),
+                        plan.postprocessor_port, env),
         ]
         stage = ["--preprocessor", f"127.0.0.1:{plan.preprocessor_port}", "--router",
-                 f"127.0.0.1:{plan.router_port}", "--postprocessor", f"127.0.0.1:{plan.postprocessor_port}"]
+                 plan.router_target, "--postprocessor", f"127.0.0.1:{plan.postprocessor_port}"]
     for i, port in enumerate(plan.gateway_ports):
-        out.append(ProcessSpec(f"gateway-{i}", _py("services.gateway", "--port", str(port), *common, *stage),
-                               port, env))
+        out.append(ProcessSpec(f"gateway-{i}", _py("services.gateway", "--port", str(port), *common, *stage,
+                                                   *plan.service_args.get("gateway", ())), port, env))
     envoy_yaml = plan.run_dir / f"envoy-{plan.http_port}.yaml"
     envoy_yaml.write_text(envoy_config.render(listen_host="127.0.0.1", listen_port=plan.http_port,
-                                              admin_port=plan.admin_port,
+                                              admin_port=plan.admin_port, tls=plan.tls,
                                               gateways=[("127.0.0.1", p) for p in plan.gateway_ports]))
     out.append(ProcessSpec("envoy", [str(VENV_BIN / "envoy"), "-c", str(envoy_yaml), "--concurrency", "1",
                                      "--log-level", "warn", "--base-id", str(plan.http_port)], plan.http_port,

@@ -12,6 +12,7 @@ import argparse
 import os
 import shlex
 import shutil
+import ssl
 import threading
 import time
 import urllib.request
@@ -36,14 +37,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model-dir", default="", help="model directory (default: build the demo model)")
     p.add_argument("--model-name", default=DEMO_MODEL_NAME)
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    p.add_argument("--tls-cert", default="", help="PEM certificate (chain): Envoy serves HTTPS and gRPC over TLS")
+    p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
+    args = p.parse_args(argv)
+    # Both or neither, and readable now rather than when Envoy fails to load them.
+    if bool(args.tls_cert) != bool(args.tls_key):
+        p.error("--tls-cert and --tls-key go together")
+    for path in filter(None, (args.tls_cert, args.tls_key)):
+        if not os.path.isfile(path):
+            p.error(f"{path} is not a file")
+    return args
 
 
 def _announce_when_ready(url: str, stop: threading.Event) -> None:
     deadline = time.monotonic() + 120
+    # Our own listener: with TLS the certificate may be self-signed, and this only asks "is it up".
+    context = ssl._create_unverified_context() if url.startswith("https") else None  # noqa: S323
     while not stop.is_set() and time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+            with urllib.request.urlopen(f"{url}/health", timeout=1, context=context) as r:
                 if r.status == 200:
                     print(f"\n  Meshfront is up: {url}/v1  (OpenAI API and KServe gRPC on this port)\n"
                           f"  try: curl {url}/v1/models\n  Ctrl-C stops everything.\n", flush=True)
@@ -63,10 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = str(build_demo_model(MeshPlan().run_dir.parent / "build" / "models" / "demo-qwen",
                                          with_weights=args.worker_kind == "hf"))
     extra = ("--speedup-ratio", str(args.speedup_ratio)) if args.worker_kind == "mocker" else ()
+    if not args.model_dir:  # the demo model's template speaks Hermes tool calls and Qwen3 thinking
+        extra = (*extra, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
                     gateway_ports=[9100 + i for i in range(args.gateways)],
                     workers=[WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)] * args.workers,
-                    worker_ports=[9500 + i for i in range(args.workers)], log_level=args.log_level)
+                    worker_ports=[9500 + i for i in range(args.workers)], log_level=args.log_level,
+                    tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
+                    tls_key=os.path.abspath(args.tls_key) if args.tls_key else "")
     shutil.rmtree(plan.run_dir / f"nats-{plan.nats_port}", ignore_errors=True)
     manager = Manager()
     for spec in specs(plan):
@@ -74,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         # and takes env as the whole environment.
         manager.add_process(spec.name, "exec " + shlex.join(spec.argv), env={**os.environ, **spec.env})
     stop = threading.Event()
-    threading.Thread(target=_announce_when_ready, args=(f"http://127.0.0.1:{args.http_port}", stop),
+    scheme = "https" if plan.tls else "http"
+    threading.Thread(target=_announce_when_ready, args=(f"{scheme}://127.0.0.1:{args.http_port}", stop),
                      daemon=True).start()
     manager.loop()
     stop.set()

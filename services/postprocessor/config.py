@@ -6,6 +6,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, add_common_flags
+from services.postprocessor.core.parsers.backends import CHAT_PROCESSORS, DEFAULT_CHAT_PROCESSOR
+from services.postprocessor.migration import DEFAULT_MIGRATION_LIMIT
+from services.postprocessor.service import DEFAULT_IDLE_TIMEOUT_S
 
 DEFAULT_PORT = 9400
 
@@ -18,14 +21,22 @@ class PostprocessorConfig:
     log_level: str
     metrics_port: int
     drain_grace_s: float
+    router: str
+    migration_limit: int
+    stream_idle_timeout_s: float
+    chat_processor: str
 
     def validate(self) -> None:
         """Raises ValueError listing every invalid setting."""
         errors = []
         if not 0 <= self.port <= 65535:
             errors.append(f"--port {self.port} is not a port number")
+        if self.migration_limit < 0:
+            errors.append(f"--migration-limit {self.migration_limit} must be >= 0")
         if self.drain_grace_s < 0:
             errors.append(f"--drain-grace-s {self.drain_grace_s} must be >= 0")
+        if self.chat_processor not in CHAT_PROCESSORS:
+            errors.append(f"--chat-processor {self.chat_processor!r} is not one of {', '.join(CHAT_PROCESSORS)}")
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -34,6 +45,15 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     p = FlagParser("postprocessor", "Streams worker tokens back as text: detokenization, stop strings, usage.", env)
     add_common_flags(p, port=DEFAULT_PORT)
     p.add("--drain-grace-s", default=10.0, type=float, help="seconds in-flight streams get to finish on SIGTERM")
+    p.add("--router", default="127.0.0.1:9300",
+          help="router gRPC target, asked for another worker when a request migrates (empty: no migration)")
+    p.add("--stream-idle-timeout-s", default=DEFAULT_IDLE_TIMEOUT_S, type=float,
+          help="silence after a worker's first tokens that counts as a frozen worker (the stream migrates; 0: off)")
+    p.add("--migration-limit", default=DEFAULT_MIGRATION_LIMIT, type=int,
+          help="how many times one request may move to another worker after its worker failed (0: never)")
+    p.add("--chat-processor", default=DEFAULT_CHAT_PROCESSOR,
+          help=f"whose tool-call and reasoning parsers to use: {' | '.join(CHAT_PROCESSORS)} "
+               "(vllm and sglang need that extra installed; see docs/parsers.md)")
     cfg = PostprocessorConfig(**vars(p.parse(argv)))
     cfg.validate()
     return cfg

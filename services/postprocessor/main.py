@@ -6,7 +6,11 @@ import sys
 
 from meshfront.postprocessor.v1 import postprocessor_pb2_grpc
 from services.common.grpc_server import GrpcServer, run, setup_logging
+from services.common.metrics import serve_metrics
 from services.postprocessor.config import parse_config
+from services.postprocessor.core.parsers.backends import ChatProcessorUnavailable, load_chat_processor
+from services.postprocessor.migration import Migrator
+from services.postprocessor.router_client import GrpcRouterClient
 from services.postprocessor.server import PostprocessorServicer
 from services.postprocessor.service import Postprocessor
 
@@ -14,7 +18,14 @@ from services.postprocessor.service import Postprocessor
 async def serve(argv: list[str]) -> None:
     cfg = parse_config(argv)
     setup_logging(cfg.log_level)
-    postprocessor = Postprocessor()
+    try:
+        chat_processor = load_chat_processor(cfg.chat_processor)  # vllm / sglang: their import takes seconds
+    except ChatProcessorUnavailable as e:
+        raise SystemExit(f"postprocessor: {e}") from None
+    serve_metrics(cfg.metrics_port, cfg.host)
+    router = GrpcRouterClient(cfg.router) if cfg.router and cfg.migration_limit else None
+    postprocessor = Postprocessor(migrator=Migrator(router, cfg.migration_limit),
+                                  idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor)
     server = GrpcServer("postprocessor", cfg.host, cfg.port, grace_s=cfg.drain_grace_s)
     servicer = PostprocessorServicer(postprocessor)
     postprocessor_pb2_grpc.add_PostprocessorServiceServicer_to_server(servicer, server.server)
@@ -22,6 +33,8 @@ async def serve(argv: list[str]) -> None:
         await server.serve_until_signal()
     finally:
         await postprocessor.close()
+        if router is not None:
+            await router.close()
 
 
 def main() -> None:

@@ -5,9 +5,9 @@ turns every group of worker messages that is ready into at most one response. Th
 it; the gateway can also call it in-process (then it must ``aclose()`` the generator when it stops
 early, which cancels the worker call).
 
-Worker failures surface as ``WorkerFailed``. The decoder keeps the generated ids, which is what a
-migration to another worker needs (re-send the prompt plus those ids, max_tokens reduced); that
-retry belongs in ``_run`` around the worker call and is not implemented yet.
+Worker failures surface as ``WorkerFailed``. Unless migration is off, ``generate`` then moves the
+request to another worker (``migration.Migrator``): the prompt plus the ids the decoder kept,
+budgets reduced, fed into the same decoder, so the caller sees one uninterrupted stream.
 """
 
 from __future__ import annotations
@@ -21,13 +21,25 @@ from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
 from services.common.errors import Internal, InvalidRequest, MeshError, WorkerFailed
+from services.common.metrics import postprocessor_metrics
 from services.postprocessor import convert
 from services.postprocessor.core.logprobs import TokenTexts
-from services.postprocessor.core.sequence import SequenceDecoder
+from services.postprocessor.core.parsers import parser_config
+from services.postprocessor.core.parsers.backends import (
+    ChatProcessor,
+    OursChatProcessor,
+    ParseContext,
+    StreamingOutputParser,
+)
+from services.postprocessor.core.parsers.types import concat
+from services.postprocessor.core.sequence import Delta, FinishReason, SequenceDecoder
 from services.postprocessor.core.tokenizers_cache import ModelTokenizer, TokenizerCache, TokenizerLoadError
+from services.postprocessor.migration import Migrator, WorkerRoute, continuation
 from services.postprocessor.pump import StreamPump
 
 log = logging.getLogger(__name__)
+
+DEFAULT_IDLE_TIMEOUT_S = 5.0
 
 
 class WorkerCall(Protocol):
@@ -54,9 +66,11 @@ class _ResponseBuilder:
     reason) go out without text.
     """
 
-    def __init__(self, decoder: SequenceDecoder, texts: TokenTexts | None):
+    def __init__(self, decoder: SequenceDecoder, texts: TokenTexts | None,
+                 parser: StreamingOutputParser | None = None):
         self.decoder = decoder
         self._texts = texts
+        self._parser = parser  # None: the text is plain content (no tools, no reasoning parser)
         self._first = True
         self._tokens = 0
         self._logprobs: list[common_pb2.TokenLogprob] = []
@@ -74,11 +88,39 @@ class _ResponseBuilder:
         self._tokens += delta.tokens
         if self._texts is not None:
             self._logprobs.extend(logprobs[:delta.tokens])
+        if self._parser is not None:
+            return self._parsed(delta, messages, ids[:delta.tokens])
         if not delta.text and delta.finish is None and not self._first:
             return None
         response = postprocessor_pb2.GenerateResponse(
             text=delta.text, completion_tokens=self._tokens, finish_reason=convert.finish_to_proto(delta.finish),
             stop_reason=delta.stop_reason or "")
+        return self._complete(response, messages)
+
+    def _parsed(self, delta: Delta, messages: list[worker_pb2.GenerateResponse],
+                ids: list[int]) -> postprocessor_pb2.GenerateResponse | None:
+        """The delta through the reasoning / tool-call parsers: text they hold back waits like held tokens."""
+        parser = self._parser
+        assert parser is not None
+        parsed = parser.feed(delta.text, ids) if delta.text or ids else None  # engine backends need the ids
+        if delta.finish is not None:
+            parsed = concat(parsed, parser.finish())
+        if not parsed and delta.finish is None and not self._first:
+            return None
+        finish = convert.finish_to_proto(delta.finish)
+        if delta.finish in (FinishReason.EOS, FinishReason.STOP) and parser.ends_with_tool_calls:
+            finish = common_pb2.FINISH_REASON_TOOL_CALLS
+        response = postprocessor_pb2.GenerateResponse(completion_tokens=self._tokens, finish_reason=finish,
+                                                      stop_reason=delta.stop_reason or "")
+        if parsed:
+            response.text, response.reasoning_text = parsed.content, parsed.reasoning
+            response.tool_calls.extend(postprocessor_pb2.ToolCallDelta(index=c.index, id=c.id, name=c.name,
+                                                                       arguments=c.arguments)
+                                       for c in parsed.tool_calls)
+        return self._complete(response, messages)
+
+    def _complete(self, response: postprocessor_pb2.GenerateResponse,
+                  messages: list[worker_pb2.GenerateResponse]) -> postprocessor_pb2.GenerateResponse:
         if self._first:
             self._first = False
             response.cached_tokens = messages[0].cached_tokens
@@ -97,9 +139,17 @@ class Postprocessor:
         workers: how to reach workers; by default a ``worker_client.GrpcWorkerClient`` that this
             object owns (``close`` closes its channels).
         tokenizers: shared tokenizer cache; one is created if not given.
+        migrator: moves requests off failed workers; None disables migration.
+        chat_processor: whose parsers split output into content, reasoning and tool calls (default: ours).
+        idle_timeout_s: once a worker has sent its first tokens, a silence this long means it is
+            frozen (SIGSTOP, a wedged host: the connection stays open) and the stream fails over
+            like a dead one. Decoding emits every few ms; only the prefill may legitimately take
+            long, and it is not timed. 0 disables.
     """
 
-    def __init__(self, workers: WorkerClient | None = None, tokenizers: TokenizerCache | None = None):
+    def __init__(self, workers: WorkerClient | None = None, tokenizers: TokenizerCache | None = None,
+                 migrator: Migrator | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+                 chat_processor: ChatProcessor | None = None):
         self._owned_client = None
         if workers is None:
             from services.postprocessor.worker_client import GrpcWorkerClient  # keeps gRPC out of this module
@@ -107,6 +157,9 @@ class Postprocessor:
             workers = self._owned_client = GrpcWorkerClient()
         self._workers = workers
         self._tokenizers = tokenizers or TokenizerCache()
+        self.migrator = migrator or Migrator(None, 0)
+        self._idle_timeout_s = idle_timeout_s or None
+        self._chat_processor = chat_processor or OursChatProcessor()
 
     async def close(self) -> None:
         """Closes the worker channels this object opened (none when ``workers`` was given)."""
@@ -127,20 +180,55 @@ class Postprocessor:
         model = await self._tokenizer(req.options.model_dir)
         decoder = SequenceDecoder(model.tokenizer, convert.sequence_options(req.request))
         texts = model.texts if req.request.output.HasField("logprobs") else None
-        builder = _ResponseBuilder(decoder, texts)
-        call = self._workers.generate(req.worker_address, worker_pb2.GenerateRequest(request=req.request))
-        pump = StreamPump(call.read, call.cancel)
+        builder = _ResponseBuilder(decoder, texts, output_parser(req.options, self._chat_processor, req.request))
+        route, request, failed = WorkerRoute(req.worker_id, req.worker_address), req.request, []
+        metrics = postprocessor_metrics()
+        metrics.in_flight.inc()
+        outcome = "cancelled"  # unless it finishes or fails: the caller went away
         try:
             while True:
-                batch = await pump.next_batch()
+                attempt = self._attempt(route.address, request, builder)
+                try:
+                    async for response in attempt:
+                        yield response
+                    outcome = "finished"
+                    return
+                except MeshError as e:
+                    metrics.worker_failures.labels(e.reason).inc()
+                    failed.append(route.worker_id)
+                    outcome = "failed"
+                    route = await self.migrator.next_route(req.request, failed, e, len(decoder.generated_ids))
+                    metrics.migrations.inc()
+                    outcome = "cancelled"
+                    request = continuation(req.request, decoder.generated_ids)
+                finally:
+                    await attempt.aclose()  # cancels the worker call now, not when the generator is collected
+        finally:
+            metrics.in_flight.dec()
+            metrics.streams.labels(outcome).inc()
+
+    async def _attempt(self, address: str, request: common_pb2.PreprocessedRequest,
+                       builder: _ResponseBuilder) -> AsyncIterator[postprocessor_pb2.GenerateResponse]:
+        """Runs ``request`` on one worker, feeding ``builder``; ends when the sequence finished."""
+        call = self._workers.generate(address, worker_pb2.GenerateRequest(request=request))
+        pump = StreamPump(call.read, call.cancel)
+        try:
+            timeout = None  # the prefill is not timed
+            while True:
+                try:
+                    batch = await asyncio.wait_for(pump.next_batch(), timeout)
+                except asyncio.TimeoutError:
+                    log.warning("worker %s sent nothing for %.1f s; treating it as failed", address, timeout)
+                    raise WorkerFailed("worker stopped responding") from None
+                timeout = self._idle_timeout_s
                 if batch.messages:
                     response = builder.build(batch.messages)
                     if response is not None:
                         yield response
-                    if decoder.finish is not None:
+                    if builder.decoder.finish is not None:
                         return
                 if batch.error is not None:
-                    raise _as_worker_error(batch.error, req.worker_address)
+                    raise _as_worker_error(batch.error, address)
                 if batch.ended:
                     raise WorkerFailed("worker ended the stream without a finish reason")
         finally:
@@ -159,6 +247,22 @@ class Postprocessor:
         except TokenizerLoadError as e:
             log.error("%s", e)
             raise Internal("the model's tokenizer cannot be loaded") from e
+
+
+def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatProcessor | None = None,
+                  request: common_pb2.PreprocessedRequest | None = None) -> StreamingOutputParser | None:
+    """The request's reasoning / tool-call parsers; None (no parsing at all) for plain requests."""
+    if not (options.reasoning_parser or options.tools_json):
+        return None
+    try:
+        config = parser_config(options.tool_call_parser, options.reasoning_parser, options.tools_json,
+                               options.tool_choice_json, prompt_opens_reasoning=options.prompt_opens_reasoning,
+                               thinking_disabled=options.thinking_disabled)
+    except ValueError as e:
+        raise InvalidRequest(str(e), param="tools") from e
+    context = ParseContext(options.model_dir, options.tools_json, options.tool_choice_json,
+                           request.token_ids if request is not None else ())  # not copied: ours never read it
+    return (chat_processor or OursChatProcessor()).output_parser(config, context)
 
 
 def _as_worker_error(error: BaseException, address: str) -> MeshError:

@@ -18,6 +18,16 @@ from services.common.grpc_server import CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
 
+# A frozen worker (SIGSTOP, a wedged host) keeps its TCP connection open and simply stops talking.
+# Pinging every second and giving up 2 s later fails its streams within ~3 s, so they migrate
+# instead of hanging; pings continue while a stream waits in a long prefill (no data either way).
+WORKER_CHANNEL_OPTIONS = [
+    *(o for o in CHANNEL_OPTIONS if o[0] not in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms")),
+    ("grpc.keepalive_time_ms", 1_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
 
 class GrpcWorkerCall:
     """A running ``Generate`` call; failures become ``MeshError``."""
@@ -51,7 +61,7 @@ class GrpcWorkerClient:
     def generate(self, address: str, request: worker_pb2.GenerateRequest) -> GrpcWorkerCall:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(address, options=WORKER_CHANNEL_OPTIONS)
             self._channels.append(channel)
             stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
         return GrpcWorkerCall(stub.Generate(request), address)

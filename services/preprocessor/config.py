@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, add_common_flags
@@ -20,6 +21,9 @@ class PreprocessorConfig:
     metrics_port: int = 0
     offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
     grace_s: float = 10.0
+    # Chat template kwargs every request starts from, e.g. {"enable_thinking": false}.
+    default_chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
+    hide_tools_for_tool_choice_none: bool = True
 
     def validate(self) -> None:
         errors = []
@@ -39,9 +43,28 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str] | None = Non
     p.add("--offload-threshold", default=DEFAULT_OFFLOAD_THRESHOLD, type=int,
           help="prompts larger than this many characters/tokens are prepared on a worker thread")
     p.add("--grace-s", default=10.0, type=float, help="drain grace period on SIGTERM, seconds")
+    p.add("--default-chat-template-kwargs", default="",
+          help='JSON object of chat template kwargs under every request\'s own, e.g. \'{"enable_thinking": false}\' '
+               "for a deployment whose default thinking mode is off")
+    p.add("--hide-tools-for-tool-choice-none", default=True, type=bool,
+          help="tool_choice none hides the tools from the chat template (Dynamo's default)")
     args = p.parse(argv)
+    defaults = _json_object(args.default_chat_template_kwargs, "--default-chat-template-kwargs")
     cfg = PreprocessorConfig(host=args.host, port=args.port, nats_url=args.nats_url, log_level=args.log_level,
                              metrics_port=args.metrics_port, offload_threshold=args.offload_threshold,
-                             grace_s=args.grace_s)
+                             grace_s=args.grace_s, default_chat_template_kwargs=defaults,
+                             hide_tools_for_tool_choice_none=args.hide_tools_for_tool_choice_none)
     cfg.validate()
     return cfg
+
+
+def _json_object(raw: str, flag: str) -> dict:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} must be a JSON object")
+    return value

@@ -10,6 +10,7 @@ from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
 from services.common.discovery import WorkerCard, WorkerRegistry
 from services.common.errors import Internal, MeshError, abort
+from services.common.metrics import preprocessor_metrics
 from services.common.grpc_server import GrpcServer
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.service import Preprocessor
@@ -23,13 +24,20 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServiceServicer):
 
     async def Preprocess(self, request: preprocessor_pb2.PreprocessRequest,
                          context: grpc.aio.ServicerContext) -> preprocessor_pb2.PreprocessResponse:
+        metrics, outcome = preprocessor_metrics(), "INTERNAL"
         try:
-            return await self.preprocessor.preprocess(request)
+            with metrics.duration.time():
+                response = await self.preprocessor.preprocess(request)
+            outcome = "ok"
+            return response
         except MeshError as e:
+            outcome = e.reason
             await abort(context, e)
         except Exception:
             log.exception("preprocess failed for request %s", request.request.request_id)
             await abort(context, Internal("internal error in the preprocessor"))
+        finally:
+            metrics.requests.labels(outcome).inc()
         raise AssertionError("unreachable: abort raises")
 
 
@@ -40,7 +48,9 @@ def add_to_server(server: GrpcServer, preprocessor: Preprocessor) -> None:
 async def serve(cfg: PreprocessorConfig) -> None:
     """Runs until SIGTERM/SIGINT: watches the worker registry and serves Preprocess."""
     registry = WorkerRegistry(cfg.nats_url, "preprocessor")
-    preprocessor = Preprocessor(registry.model, offload_threshold=cfg.offload_threshold)
+    preprocessor = Preprocessor(registry.model, offload_threshold=cfg.offload_threshold,
+                                default_template_kwargs=cfg.default_chat_template_kwargs,
+                                hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none)
     warming: set[asyncio.Task] = set()
 
     def warm_on_register(_worker_id: str, card: WorkerCard | None) -> None:

@@ -9,16 +9,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
+
+import orjson
 
 from meshfront.preprocessor.v1 import preprocessor_pb2
 
 from services.common.discovery import ModelCard
 from services.common.errors import Internal, InvalidRequest, ModelNotFound
 from services.common.hashing import block_hashes
+from services.preprocessor.core import messages as msgs
 from services.preprocessor.core import prompt as core
 from services.preprocessor.core.artifacts import ArtifactCache, ArtifactError, ModelArtifacts
 
 log = logging.getLogger(__name__)
+
+
+def thinking_disabled(kwargs_json: str) -> bool:
+    """Whether chat_template_kwargs turn thinking off (the names Qwen3, DeepSeek and Kimi templates read)."""
+    if not kwargs_json:
+        return False
+    kwargs = orjson.loads(kwargs_json)
+    return isinstance(kwargs, dict) and (kwargs.get("enable_thinking") is False or kwargs.get("thinking") is False
+                                         or kwargs.get("thinking_mode") == "chat")
 
 ModelLookup = Callable[[str], ModelCard | None]
 
@@ -37,10 +50,14 @@ class Preprocessor:
     """
 
     def __init__(self, models: ModelLookup, cache: ArtifactCache | None = None,
-                 offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD):
+                 offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD, *,
+                 default_template_kwargs: dict[str, Any] | None = None, hide_tools_for_choice_none: bool = True):
         self._models = models
         self._cache = cache or ArtifactCache()
         self._offload_threshold = offload_threshold
+        # Per-deployment defaults (e.g. {"enable_thinking": false}); a request's own kwargs win.
+        self._default_kwargs = dict(default_template_kwargs or {})
+        self._hide_tools_for_none = hide_tools_for_choice_none
 
     async def preprocess(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse:
         name = req.request.model
@@ -52,7 +69,8 @@ class Preprocessor:
         kind = req.WhichOneof("prompt")
         if kind == "messages_json":
             chat = core.ChatInput(req.messages_json, req.tools_json, req.tool_choice_json,
-                                  req.chat_template_kwargs_json)
+                                  self._template_kwargs_json(req.chat_template_kwargs_json),
+                                  hide_tools_for_choice_none=self._hide_tools_for_none)
             prepared = await self._run(chat.size(), core.prepare_chat, artifacts, chat)
             param = "messages"
         elif kind == "text":
@@ -67,7 +85,19 @@ class Preprocessor:
         core.check_context(len(prepared.token_ids), artifacts.effective_context_length(card.context_length),
                            stop.max_tokens if stop.HasField("max_tokens") else None, param)
         hashes = await self._run(len(prepared.token_ids), block_hashes, prepared.token_ids, card.block_size)
-        return self._response(req, card, artifacts, prepared, hashes)
+        response = self._response(req, card, artifacts, prepared, hashes)
+        if kind == "messages_json" and card.reasoning_parser:
+            response.postprocess.thinking_disabled = thinking_disabled(chat.chat_template_kwargs_json)
+        return response
+
+    def _template_kwargs_json(self, raw: str) -> str:
+        """The request's chat_template_kwargs over the deployment's defaults."""
+        if not self._default_kwargs:
+            return raw
+        own = msgs.parse_json(raw, "chat_template_kwargs", "chat_template_kwargs") if raw else {}
+        if not isinstance(own, dict):
+            raise InvalidRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
+        return orjson.dumps({**self._default_kwargs, **own}).decode()
 
     async def warm(self, card: ModelCard) -> None:
         """Loads a model's artifacts ahead of its first request; failures are logged, not raised."""

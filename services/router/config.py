@@ -19,10 +19,29 @@ class RouterConfig:
     log_level: str
     metrics_port: int
     router_mode: str
+    max_in_flight_per_worker: int
+    kv_overlap_weight: float = 5.0
+    router_temperature: float = 0.0
+    kv_events: bool = True
+    router_ttl_secs: float = 120.0
+    hotspot_ratio: float = 2.0
+    router_replica_sync: bool = True
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> RouterConfig:
     p = FlagParser("router", "Chooses a worker for each request.", env)
     add_common_flags(p, port=DEFAULT_PORT)
     p.add("--router-mode", default="round-robin", choices=POLICY_NAMES, help="routing policy")
+    p.add("--kv-overlap-weight", default=5.0, type=float, help="kv: weight of prefill blocks against decode load")
+    p.add("--router-temperature", default=0.0, type=float, help="kv: 0 = cheapest worker; > 0 = softmax sampling")
+    p.add("--kv-events", default=True, type=bool,
+          help="kv: index workers' KV events (--no-kv-events: predict from own decisions, approximate mode)")
+    p.add("--router-ttl-secs", default=120.0, type=float, help="kv approximate mode: life of a predicted block")
+    p.add("--hotspot-ratio", default=2.0, type=float,
+          help="kv: a worker above this multiple of its fair share of in-flight requests is skipped")
+    p.add("--router-replica-sync", default=True, type=bool,
+          help="share bookings with other router replicas over NATS")
+    p.add("--max-in-flight-per-worker", default=0, type=int,
+          help="in-flight requests (booked by this router) that make a worker busy; when every worker "
+               "of a model is busy, requests fail fast with 503 / RESOURCE_EXHAUSTED (0 = no limit)")
     return RouterConfig(**vars(p.parse(argv)))

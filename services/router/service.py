@@ -7,8 +7,10 @@ from collections.abc import Callable, Sequence
 from meshfront.router.v1 import router_pb2
 from services.common.discovery import WorkerCard
 from services.common.errors import ModelNotFound, NoWorkers
+from services.common.overload import BusyThreshold
 from services.router.core.bookings import Bookings
-from services.router.core.policies import Policy, make_policy
+from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent, LifecycleListener
+from services.router.core.policies import Policy, TracksRequests, make_policy
 from services.router.core.policies.direct import Direct
 from services.router.core.types import Candidate, RouteQuery
 
@@ -18,16 +20,23 @@ WorkerLookup = Callable[[str], Sequence[WorkerCard]]
 class Router:
     """Chooses a worker per request with one policy and books it until release."""
 
-    def __init__(self, workers_for: WorkerLookup, mode: str = "round-robin", policy: Policy | None = None):
+    def __init__(self, workers_for: WorkerLookup, mode: str = "round-robin", policy: Policy | None = None,
+                 busy: BusyThreshold = BusyThreshold()):
         self._workers_for = workers_for
         self.mode = mode
         self._policy = policy or make_policy(mode)
         self._direct = Direct()
         self.bookings = Bookings()
+        self.busy = busy
+        # kv keeps per-request state (blocks, prefill) beside the bookings; see core/lifecycle.py.
+        self._tracker = self._policy if isinstance(self._policy, TracksRequests) else None
+        self.listeners: list[LifecycleListener] = []
 
     def on_worker_change(self, worker_id: str, card: WorkerCard | None) -> None:
         if card is None:
             self.bookings.drop_worker(worker_id)
+            if self._tracker is not None:
+                self._tracker.drop_worker(worker_id)
 
     def _candidates(self, model: str) -> list[Candidate]:
         cards = self._workers_for(model)
@@ -37,7 +46,7 @@ class Router:
                           self.bookings.prompt_tokens(c.worker_id)) for c in cards]
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
-        candidates = self._candidates(req.model)
+        candidates = self._admissible(self._candidates(req.model), req)
         query = RouteQuery(req.request_id, req.model, tuple(req.block_hashes), req.prompt_tokens, req.worker_id)
         # A pin wins in every mode (as in Dynamo); 'direct' only differs in requiring one.
         policy = self._direct if req.worker_id else self._policy
@@ -45,10 +54,46 @@ class Router:
         chosen = next((c for c in candidates if c.worker_id == decision.worker_id), None)
         if chosen is None:
             raise NoWorkers(f"routing policy chose unknown worker {decision.worker_id}")
-        self.bookings.book(req.request_id, chosen.worker_id, req.prompt_tokens)
+        block_size = self._block_size(req.model, chosen.worker_id)
+        self.apply(LifecycleEvent(BOOK, req.request_id, chosen.worker_id, req.model, query.block_hashes,
+                                  req.prompt_tokens, decision.overlap_blocks,
+                                  min(req.prompt_tokens, decision.overlap_blocks * block_size)))
         return router_pb2.RouteResponse(worker_id=chosen.worker_id, address=chosen.address,
                                         overlap_blocks=decision.overlap_blocks)
 
+    def _admissible(self, candidates: list[Candidate], req: router_pb2.RouteRequest) -> list[Candidate]:
+        """Drops workers a migrating request already failed on, then busy ones (Overloaded if none is left)."""
+        if req.exclude_worker_ids:
+            excluded = set(req.exclude_worker_ids)
+            candidates = [c for c in candidates if c.worker_id not in excluded]
+            if not candidates:
+                raise NoWorkers(f"No other worker serves `{req.model}`.")
+        return self.busy.available(candidates, lambda c: c.in_flight, req.model)
+
     async def release(self, req: router_pb2.ReleaseRequest) -> router_pb2.ReleaseResponse:
-        self.bookings.release(req.request_id)
+        if req.first_token:
+            self.apply(LifecycleEvent(FIRST_TOKEN, req.request_id, prompt_tokens=req.prompt_tokens,
+                                      cached_tokens=req.cached_tokens))
+        else:
+            self.apply(LifecycleEvent(FREE, req.request_id))
         return router_pb2.ReleaseResponse()
+
+    def apply(self, event: LifecycleEvent, remote: bool = False) -> None:
+        """One booking change, made here or (``remote``) by a replica (listeners are told which)."""
+        tracker = self._tracker
+        if event.kind == BOOK:
+            self.bookings.book(event.request_id, event.worker_id, event.prompt_tokens)
+            if tracker is not None:
+                tracker.book(event.request_id, event.worker_id, event.local_hashes, event.overlap_blocks)
+        elif event.kind == FIRST_TOKEN:
+            if tracker is not None:
+                tracker.mark_prefilled(event.request_id)
+        else:
+            self.bookings.release(event.request_id)
+            if tracker is not None:
+                tracker.free(event.request_id)
+        for listener in self.listeners:
+            listener.on_lifecycle(event, remote)
+
+    def _block_size(self, model: str, worker_id: str) -> int:
+        return next((c.model.block_size for c in self._workers_for(model) if c.worker_id == worker_id), 16)

@@ -29,6 +29,7 @@ class WorkerConfig:
     block_size: int
     tool_call_parser: str
     reasoning_parser: str
+    metrics_port: int = 0
 
     def validate(self) -> list[str]:
         errors = []
@@ -86,6 +87,7 @@ def worker_config_from_args(args: argparse.Namespace, kind: str) -> WorkerConfig
         block_size=args.block_size,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        metrics_port=args.metrics_port,
     )
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from meshfront.common.v1 import common_pb2
 from meshfront.worker.v1 import worker_pb2
 
-from services.common.errors import InvalidRequest, MeshError, WorkerFailed
-from services.workers.engine import EngineError, EngineOutput, EngineRequest, RequestRejected, SamplingParams
+from services.common.errors import InvalidRequest, MeshError, Overloaded, WorkerFailed
+from services.workers.engine import EngineBusy, EngineError, EngineOutput, EngineRequest, RequestRejected, SamplingParams
 
 
 def _opt(message, field: str):
@@ -43,7 +43,18 @@ def request_from_proto(request: worker_pb2.GenerateRequest) -> EngineRequest:
         eos_token_ids=eos,
         ignore_eos=stop.ignore_eos,
         logprobs=_opt(r.output, "logprobs"),
+        guided_json_schema=_guided_json_schema(r.sampling),
     )
+
+
+def _guided_json_schema(s: common_pb2.SamplingOptions) -> str | None:
+    """The JSON Schema the output must follow; json_object is the schema of any object."""
+    if not s.HasField("guided_decoding"):
+        return None
+    guided = s.guided_decoding
+    if guided.json_schema:
+        return guided.json_schema
+    return '{"type": "object"}' if guided.json_object else None
 
 
 def output_to_proto(output: EngineOutput) -> worker_pb2.GenerateResponse:
@@ -63,4 +74,6 @@ def engine_error(err: EngineError) -> MeshError:
     """Rejections keep their message (the client's fault); failures do not leak internals."""
     if isinstance(err, RequestRejected):
         return InvalidRequest(str(err))
+    if isinstance(err, EngineBusy):
+        return Overloaded(str(err), code="overloaded")
     return WorkerFailed(f"the engine failed: {err}")

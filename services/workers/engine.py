@@ -42,6 +42,10 @@ class RequestRejected(EngineError):
     """The request cannot be served as asked (becomes INVALID_REQUEST at the edge)."""
 
 
+class EngineBusy(EngineError):
+    """The engine's queue is full (becomes OVERLOADED: 503 with Retry-After at the edge)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Sampling knobs; ``None`` means the engine's default."""
@@ -70,6 +74,8 @@ class EngineRequest:
     ignore_eos: bool = False
     # Number of top alternatives per token; None: no logprobs.
     logprobs: int | None = None
+    # Guided decoding: the output must be JSON valid for this schema (JSON text); None: unconstrained.
+    guided_json_schema: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

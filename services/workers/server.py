@@ -16,6 +16,7 @@ from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.discovery import ModelCard, Registrar, WorkerCard
 from services.common.errors import Internal, MeshError, abort
 from services.common.grpc_server import GrpcServer
+from services.common.metrics import serve_metrics
 from services.workers.config import WorkerConfig
 from services.workers.engine import Engine
 from services.workers.service import WorkerService
@@ -64,6 +65,7 @@ async def serve_worker(cfg: WorkerConfig, engine: Engine, *, total_kv_blocks: in
                        max_num_batched_tokens: int = 0) -> None:
     """Serves ``engine`` until a signal, registered in discovery for as long as it serves."""
     await engine.start()  # load a model before the port opens, so "port open" means "ready"
+    serve_metrics(cfg.metrics_port, cfg.host)
     server = build_server(cfg, engine)
     registrar: Registrar | None = None
     if cfg.register:

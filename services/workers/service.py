@@ -16,7 +16,8 @@ from collections.abc import AsyncGenerator
 from meshfront.worker.v1 import worker_pb2
 
 from services.workers import convert
-from services.workers.engine import Engine, EngineError, FinishReason
+from services.common.metrics import worker_metrics
+from services.workers.engine import Engine, EngineBusy, EngineError, FinishReason, RequestRejected
 
 log = logging.getLogger(__name__)
 
@@ -29,17 +30,23 @@ class WorkerService:
 
     async def generate(self, request: worker_pb2.GenerateRequest) -> AsyncGenerator[worker_pb2.GenerateResponse, None]:
         outputs = self.engine.generate(convert.request_from_proto(request))
-        sent, finished = 0, False
+        sent, finished, outcome = 0, False, "aborted"
+        metrics = worker_metrics()
+        metrics.in_flight.inc()
         try:
             async for output in outputs:
                 sent += len(output.token_ids)
                 finished = output.finish_reason != FinishReason.NONE
                 yield convert.output_to_proto(output)
+            outcome = "finished"
         except EngineError as e:
             finished = True
+            outcome = "rejected" if isinstance(e, (RequestRejected, EngineBusy)) else "failed"
             raise convert.engine_error(e) from e
         finally:
             await outputs.aclose()
+            metrics.in_flight.dec()
+            metrics.requests.labels(outcome).inc()
             if not finished:
                 # Operators (and the disconnect tests) see that a caller's cancel reached the engine.
                 log.info("request %s aborted by the caller after %d tokens", request.request.request_id, sent)

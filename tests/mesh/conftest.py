@@ -12,6 +12,8 @@ pytestmark = pytest.mark.mesh
 
 DEMO = "meshfront/demo-qwen"
 SECOND = "demo-second"
+# The demo model's formats, as `meshfront run` registers them (tests/mesh/test_tools.py relies on them).
+DEMO_PARSERS = ("--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
 
 
 def mocker(model_dir, name: str, speedup: str = "200", *extra: str) -> WorkerSpec:
@@ -34,7 +36,8 @@ def start_mesh(tmp_path_factory, workers, **kw) -> Mesh:
 @pytest.fixture(scope="session")
 def mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     """Split mesh: two workers for the demo model, one for a second model."""
-    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO), mocker(demo_model_dir, DEMO),
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS),
+                                      mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS),
                                       mocker(demo_model_dir, SECOND)])
     yield m
     problems = m.stop()

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from services.common.errors import InvalidRequest
+from services.gateway.openai import tools as tools_checks
 from services.gateway.openai.fields import Fields
 
 MAX_N = 128
@@ -59,6 +60,9 @@ class ChatRequest(GenerationRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    parallel_tool_calls: bool = True
+    # Validated response_format: None (text), {"type": "json_object"} or {"type": "json_schema", "schema": {...}}.
+    response_format: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -198,20 +202,19 @@ def parse_chat(raw: bytes, headers: dict[str, str] | None = None) -> ChatRequest
     if top is not None and not logprobs:
         raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
     base.sampling.logprobs = (top or 0) if logprobs else None
-    tools = f.list("tools")
-    tool_choice = f.raw("tool_choice")
-    f.bool("parallel_tool_calls", True)
+    tools = tools_checks.check_tools(f.list("tools"))
+    tool_choice = tools_checks.check_tool_choice(f.raw("tool_choice"), tools)
+    parallel = f.bool("parallel_tool_calls", True)
     kwargs = dict(f.obj("chat_template_kwargs") or {})
     kwargs.update(f.obj("chat_template_args") or {})
     effort = f.str("reasoning_effort", allowed=("minimal", "low", "medium", "high"))
     if effort is not None:
         kwargs.setdefault("reasoning_effort", effort)
-    response_format = f.obj("response_format")
-    if response_format is not None and response_format.get("type") != "text":
-        raise InvalidRequest("'response_format' other than 'text' is not supported yet", param="response_format")
+    response_format = tools_checks.check_response_format(f.obj("response_format"))
     f.reject_unknown()
     return ChatRequest(**dataclasses.asdict(base) | {"sampling": base.sampling}, messages=messages, tools=tools,
-                       tool_choice=tool_choice, chat_template_kwargs=kwargs)
+                       tool_choice=tool_choice, chat_template_kwargs=kwargs, parallel_tool_calls=parallel,
+                       response_format=response_format)
 
 
 def _prompts(v: Any) -> list[str | list[int]]:

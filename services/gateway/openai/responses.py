@@ -19,6 +19,7 @@ FINISH = {
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_LENGTH: "length",
     common_pb2.FINISH_REASON_CANCELLED: "stop",
+    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 
 
@@ -28,6 +29,8 @@ class Delta:
 
     index: int
     text: str = ""
+    reasoning: str = ""
+    tool_calls: list[Any] = dataclasses.field(default_factory=list)  # postprocessor ToolCallDelta messages
     logprobs: list[Any] = dataclasses.field(default_factory=list)  # postprocessor TokenText messages
     finish_reason: str | None = None
     stop_reason: str = ""
@@ -41,6 +44,8 @@ class Delta:
 @dataclasses.dataclass
 class _Choice:
     text: list[str] = dataclasses.field(default_factory=list)
+    reasoning: list[str] = dataclasses.field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     logprobs: list[Any] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str = ""
@@ -51,6 +56,34 @@ def _chat_logprobs(items: list[Any]) -> dict[str, Any]:
     return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
                          "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.token.encode())}
                                           for a in t.top]} for t in items]}
+
+
+def _tool_call_delta(call: Any) -> dict[str, Any]:
+    """A streamed tool-call delta: id, type and name on a call's first delta, then argument fragments."""
+    if call.name:
+        return {"index": call.index, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments}}
+    return {"index": call.index, "function": {"arguments": call.arguments}}
+
+
+def _fold_tool_calls(calls: list[dict[str, Any]], deltas: list[Any]) -> None:
+    for d in deltas:
+        if d.name:
+            calls.append({"id": d.id, "type": "function", "function": {"name": d.name, "arguments": [d.arguments]}})
+        elif calls:
+            calls[-1]["function"]["arguments"].append(d.arguments)
+
+
+def _message(text: str, c: _Choice) -> dict[str, Any]:
+    """The non-stream assistant message: content is null when the reply is only tool calls."""
+    message: dict[str, Any] = {"role": "assistant", "content": text if text or not c.tool_calls else None}
+    if c.reasoning:
+        message["reasoning_content"] = "".join(c.reasoning)
+    if c.tool_calls:
+        message["tool_calls"] = [{**call, "function": {"name": call["function"]["name"],
+                                                       "arguments": "".join(call["function"]["arguments"])}}
+                                 for call in c.tool_calls]
+    return message
 
 
 def _completion_logprobs(items: list[Any], offset: int) -> dict[str, Any]:
@@ -99,6 +132,10 @@ class ResponseRenderer:
                 delta["role"] = "assistant"
             if text or not choice.started:
                 delta["content"] = text
+            if d.reasoning:
+                delta["reasoning_content"] = d.reasoning
+            if d.tool_calls:
+                delta["tool_calls"] = [_tool_call_delta(c) for c in d.tool_calls]
             out: dict[str, Any] = {"index": d.index, "delta": delta}
             lp = _chat_logprobs(d.logprobs) if self.want_logprobs and d.logprobs else None
         else:
@@ -117,7 +154,8 @@ class ResponseRenderer:
         frames = []
         for d in deltas:
             self._account(d)
-            if not d.text and not d.finish_reason and not d.logprobs and self.choices[d.index].started:
+            if (not d.text and not d.finish_reason and not d.logprobs and not d.reasoning and not d.tool_calls
+                    and self.choices[d.index].started):
                 continue
             chunk = {"id": self.id, "object": self._object, "created": self.created, "model": self.model,
                      "choices": [self._chunk_choice(d)]}
@@ -148,6 +186,9 @@ class ResponseRenderer:
                 c.text.append(self._echo[d.index // self._n_per_prompt])
             c.started = True
             c.text.append(d.text)
+            if d.reasoning:
+                c.reasoning.append(d.reasoning)
+            _fold_tool_calls(c.tool_calls, d.tool_calls)
             c.logprobs.extend(d.logprobs)
             if d.finish_reason:
                 c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
@@ -157,7 +198,7 @@ class ResponseRenderer:
         for i, c in enumerate(self.choices):
             text = "".join(c.text)
             if self.chat:
-                out: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text},
+                out: dict[str, Any] = {"index": i, "message": _message(text, c),
                                        "logprobs": _chat_logprobs(c.logprobs) if self.want_logprobs else None}
             else:
                 out = {"index": i, "text": text,

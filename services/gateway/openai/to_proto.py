@@ -7,6 +7,7 @@ import orjson
 from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 from services.gateway.openai.requests import ChatRequest, CompletionRequest, GenerationRequest
+from services.gateway.openai.tools import guided_decoding
 
 
 def _base(req: GenerationRequest, request_id: str) -> common_pb2.PreprocessedRequest:
@@ -39,6 +40,9 @@ def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.Pr
         out.tool_choice_json = orjson.dumps(req.tool_choice).decode()
     if req.chat_template_kwargs:
         out.chat_template_kwargs_json = orjson.dumps(req.chat_template_kwargs).decode()
+    guided = guided_decoding(req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format)
+    if guided is not None:
+        out.request.sampling.guided_decoding.CopyFrom(common_pb2.GuidedDecoding(**guided))
     return out
 
 

@@ -34,6 +34,8 @@ class ChatInput:
     tools_json: str = ""
     tool_choice_json: str = ""
     chat_template_kwargs_json: str = ""
+    # Dynamo's exclude_tools_when_tool_choice_none: tool_choice "none" hides the tools from the template.
+    hide_tools_for_choice_none: bool = True
 
     def size(self) -> int:
         return len(self.messages_json) + len(self.tools_json)
@@ -56,7 +58,8 @@ def render_chat_prompt(artifacts: ModelArtifacts, chat: ChatInput) -> str:
     """The rendered prompt text for a chat request."""
     raw_tools = _optional_json(chat.tools_json, "tools")
     tool_choice = _optional_json(chat.tool_choice_json, "tool_choice")
-    tools = [] if msgs.tools_disabled(tool_choice) else msgs.normalise_tools(raw_tools)
+    hidden = chat.hide_tools_for_choice_none and msgs.tools_disabled(tool_choice)
+    tools = [] if hidden else msgs.normalise_tools(raw_tools)
     template = artifacts.template_for(has_tools=bool(tools))
     if template is None:
         raise InvalidRequest(f"model directory {artifacts.model_dir} has no chat template; use /v1/completions",

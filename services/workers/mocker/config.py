@@ -22,6 +22,8 @@ class MockerEngineConfig:
     block_size: int = 16
     num_gpu_blocks: int = 16384
     max_num_seqs: int = 256
+    # Most sequences waiting for a slot before new ones are refused (0 = unbounded).
+    max_waiting: int = 1024
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = True
     # Divides every simulated duration; 0 disables delays altogether.
@@ -36,6 +38,8 @@ class MockerEngineConfig:
         for name in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) <= 0:
                 errors.append(f"--{name.replace('_', '-')} must be positive")
+        if self.max_waiting < 0:
+            errors.append("--max-waiting must be >= 0 (0 = unbounded)")
         if self.speedup_ratio < 0:
             errors.append("--speedup-ratio must be >= 0 (0 = no delays)")
         if self.script and not Path(self.script).is_file():
@@ -55,6 +59,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     add_worker_flags(p)
     p.add("--num-gpu-blocks", default=16384, type=int, help="KV cache size in blocks")
     p.add("--max-num-seqs", default=256, type=int, help="most sequences running at once")
+    p.add("--max-waiting", default=1024, type=int,
+          help="sequences allowed to wait for a slot; beyond that requests fail fast with 503 (0 = unbounded)")
     p.add("--max-num-batched-tokens", default=8192, type=int, help="token budget of one engine step")
     p.add("--enable-chunked-prefill", default=True, type=bool, help="split long prompts over several steps")
     p.add("--speedup-ratio", default=1.0, type=float, help="divides simulated time; 0 = no delays")
@@ -66,6 +72,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks,
         max_num_seqs=args.max_num_seqs,
+        max_waiting=args.max_waiting,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,
         speedup_ratio=args.speedup_ratio,

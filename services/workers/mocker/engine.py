@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Sequence
 
-from services.workers.engine import EngineError, EngineOutput, EngineRequest, RequestRejected, TokenStream
+from services.workers.engine import EngineBusy, EngineError, EngineOutput, EngineRequest, RequestRejected, TokenStream
 from services.workers.mocker.config import MockerEngineConfig
 from services.workers.mocker.kv_cache import KvCache, KvEventListener
 from services.workers.mocker.outputs import OutputPolicy, synthetic_logprob
@@ -67,6 +67,9 @@ class MockerEngine:
         self._fail_all(EngineError("the worker is shutting down"))
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
+        waiting = len(self.scheduler.waiting)
+        if self.config.max_waiting and waiting >= self.config.max_waiting:
+            raise EngineBusy(f"the worker's queue is full ({waiting} waiting)")
         seq = self._new_sequence(request)
         await self.start()
         self.scheduler.add(seq)
@@ -101,7 +104,8 @@ class MockerEngine:
         eos_ids = request.eos_token_ids or self.eos_token_ids
         eos_id = eos_ids[0] if eos_ids and not request.ignore_eos else None
         plan = self.outputs.plan(prompt, seed=request.sampling.seed, max_tokens=max_tokens,
-                                 min_tokens=request.min_tokens, eos_id=eos_id, ignore_eos=request.ignore_eos)
+                                 min_tokens=request.min_tokens, eos_id=eos_id, ignore_eos=request.ignore_eos,
+                                 guided_json_schema=request.guided_json_schema)
         seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size),
                   stream=TokenStream(logprobs=request.logprobs is not None))
         seq.top_logprobs = request.logprobs

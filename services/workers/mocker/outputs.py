@@ -1,8 +1,10 @@
 """What the mocker says: deterministic pseudo-random text tokens, or scripted answers.
 
-Default mode (like Dynamo's mocker): exactly ``max_tokens`` tokens drawn from a PRNG seeded by the
-request's seed (0 when unset) and its prompt ids, so the same request always gets the same tokens
-and another seed gets others; finish LENGTH. Ids come from ordinary text tokens of the vocabulary
+Default mode (like Dynamo's mocker): exactly ``max_tokens`` pseudo-random tokens, finish LENGTH.
+Each token is a function of the request's seed (0 when unset) and *every token before it*, prompt
+and output alike (a rolling hash over the context), so the same request always gets the same tokens,
+another seed gets others, and a migrated request (prompt + the tokens generated so far, sent to
+another worker) continues exactly as the undisturbed one would have (docs/architecture.md, Migration). Ids come from ordinary text tokens of the vocabulary
 (ids 1000..29999 whose single-token decode is printable ASCII without markup characters), so the
 text is readable and never opens a tool call or a reasoning block by accident.
 
@@ -18,8 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
-from array import array
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 import xxhash
 
 from services.workers.engine import FinishReason, TokenLogprob
+from services.workers.mocker.guided import guided_text
 
 TEXT_TOKEN_RANGE = (1000, 30000)
 _MARKUP = frozenset("<>[]{}`\\|")
@@ -78,20 +79,49 @@ def parse_script(raw: Any) -> tuple[list[tuple[str, str]], str | None]:
     return rules, default
 
 
-class PseudoRandomTokens:
-    """A lazily extended, reproducible stream of text token ids."""
+_CHAIN_MULT = 0x100000001B3  # FNV-64 prime: the rolling context hash's multiplier
 
-    __slots__ = ("_buf", "_rng", "_vocab")
-    _CHUNK = 64
+
+def chain_state(tokens: Sequence[int], seed: int) -> int:
+    """The rolling hash of ``tokens`` started from ``seed``: one multiply-add per token.
+
+    ``chain_state(a + b, s) == chain_state(b, chain_state(a, s))``, which is what makes a
+    continuation's first token equal the undisturbed run's next token.
+    """
+    h = seed & _U64
+    for t in tokens:
+        h = (h * _CHAIN_MULT + t + 1) & _U64
+    return h
+
+
+def _mix(h: int) -> int:
+    """splitmix64's finaliser: spreads the rolling hash's low-quality bits over all 64."""
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _U64
+    return h ^ (h >> 31)
+
+
+class PseudoRandomTokens:
+    """A lazily extended, reproducible stream of text token ids, each chained on all before it.
+
+    Args:
+        vocab: the ids to draw from.
+        seed: the context state (``chain_state(prompt, request seed)``).
+    """
+
+    __slots__ = ("_buf", "_state", "_vocab")
 
     def __init__(self, vocab: Sequence[int], seed: int):
-        self._rng = random.Random(seed)
+        self._state = seed & _U64
         self._vocab = vocab
         self._buf: list[int] = []
 
     def at(self, index: int) -> int:
+        vocab, n = self._vocab, len(self._vocab)
         while index >= len(self._buf):
-            self._buf.extend(self._rng.choices(self._vocab, k=self._CHUNK))
+            token = vocab[(_mix(self._state) >> 11) % n]
+            self._buf.append(token)
+            self._state = (self._state * _CHAIN_MULT + token + 1) & _U64
         return self._buf[index]
 
 
@@ -180,9 +210,15 @@ class OutputPolicy:
                 best, best_pos = rule, pos
         return best.token_ids if best is not None else self._default
 
+    def _guided(self, json_schema: str) -> tuple[int, ...] | None:
+        """A schema-valid JSON answer (guided decoding wins over the script, as a grammar would)."""
+        if self._tokenizer is None:
+            return None
+        return tuple(self._tokenizer.encode(guided_text(json_schema), add_special_tokens=False).ids)
+
     def plan(self, prompt: Sequence[int], *, seed: int | None, max_tokens: int, min_tokens: int = 0,
-             eos_id: int | None = None, ignore_eos: bool = False) -> TokenPlan:
-        prompt_bytes = array("I", prompt).tobytes()
-        rng_seed = xxhash.xxh3_64_intdigest(prompt_bytes, seed=(seed or 0) & _U64)
-        return TokenPlan(self.select(prompt), PseudoRandomTokens(self.vocab, rng_seed), max_tokens=max_tokens,
+             eos_id: int | None = None, ignore_eos: bool = False, guided_json_schema: str | None = None) -> TokenPlan:
+        state = chain_state(prompt, xxhash.xxh3_64_intdigest(b"meshfront-mocker", seed=(seed or 0) & _U64))
+        script = self.select(prompt) if guided_json_schema is None else self._guided(guided_json_schema)
+        return TokenPlan(script, PseudoRandomTokens(self.vocab, state), max_tokens=max_tokens,
                          min_tokens=min_tokens, eos_id=eos_id, ignore_eos=ignore_eos)

@@ -48,7 +48,8 @@ BAD_CHAT = [
     ("unknown field", chat(frobnicate=1), "frobnicate"),
     ("logit_bias", chat(logit_bias={"5": 10}), "logit_bias"),
     ("functions deprecated", chat(functions=[]), "functions"),
-    ("response_format json", chat(response_format={"type": "json_object"}), "response_format"),
+    ("response_format bad schema", chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "nope"}}}), "response_format.json_schema.schema"),
     ("min_tokens above max", chat(min_tokens=10, max_tokens=5), "min_tokens"),
     ("top_k zero", chat(top_k=0), "top_k"),
     ("tool message without id", chat(messages=[{"role": "tool", "content": "x"}]), "messages[0].tool_call_id"),

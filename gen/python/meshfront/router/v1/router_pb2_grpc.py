@@ -59,7 +59,8 @@ class RouterServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Releases the booking made by Route once the request ends or is cancelled.
+        """Releases the booking made by Route once the request ends or is cancelled; also carries the
+        first-token signal (prefill done, cached tokens) so the router needs no second lifecycle call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

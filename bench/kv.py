@@ -1,0 +1,250 @@
+"""The ``kv`` scenario: KV-aware routing against round-robin and least-loaded on prefix-sharing load.
+
+``python -m bench kv`` starts a fresh split mesh per case (4 paced mocker workers with a small KV
+cache, the router's Prometheus port open), drives one closed-loop level and reports TTFT p50/p99,
+throughput, the cached-prompt share (sum of usage.cached_tokens / sum of prompt tokens) next to its
+ceiling, the router's own predicted hit rate, and the largest worker share of routed prompt tokens.
+
+Cases: ``groups`` (16 prefix groups, 80 % of each prompt shared inside its group) for every router
+mode; ``flood`` (one hot prefix for every request); ``unique`` (nothing shared); ``replicas`` (the
+groups workload through two kv router replicas, the gateway spreading calls over both).
+
+The ceiling is exact for the prompts sent: each prompt is rendered and tokenized as the
+preprocessor does, and a request can at best reuse the full blocks it shares with any earlier
+request (an infinite cache and an oracle router).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import time
+import urllib.request
+from collections.abc import Callable
+
+import orjson
+
+from bench.loadgen import LoadSpec, run_load
+from bench.mesh import run_async
+from bench.prompts import WORDS
+from bench.stats import summarize
+from services.launcher.plan import ROOT, ProcessSpec, WorkerSpec, ephemeral_plan, free_port, specs
+from services.launcher.processes import Mesh, wait_port
+
+Printer = Callable[[str], None]
+BLOCK = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class KvBenchConfig:
+    workers: int = 4
+    num_gpu_blocks: int = 512
+    speedup: float = 1.0
+    prompt_tokens: int = 1000
+    groups: int = 16
+    shared_fraction: float = 0.8
+    concurrency: int = 16
+    requests: int = 480
+    max_tokens: int = 24
+    model_name: str = "meshfront/demo-qwen"
+    seed: int = 11
+    timeout_s: float = 180.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    router_mode: str
+    groups: int
+    shared_fraction: float
+    replicas: int = 1
+
+
+def cases(cfg: KvBenchConfig, names: tuple[str, ...]) -> list[Case]:
+    all_cases = {
+        "groups": [Case(f"groups/{m}", m, cfg.groups, cfg.shared_fraction) for m in ("round-robin", "least-loaded",
+                                                                                   "kv")],
+        "flood": [Case("flood/round-robin", "round-robin", 1, cfg.shared_fraction),
+                  Case("flood/kv", "kv", 1, cfg.shared_fraction)],
+        "unique": [Case("unique/round-robin", "round-robin", cfg.groups, 0.0), Case("unique/kv", "kv", cfg.groups, 0.0)],
+        "replicas": [Case("groups/kv x2 replicas", "kv", cfg.groups, cfg.shared_fraction, replicas=2)],
+    }
+    return [c for n in names for c in all_cases[n]]
+
+
+class GroupedPrompts:
+    """Prompts of ``prompt_tokens`` words: a group's shared prefix then a unique tail."""
+
+    def __init__(self, prompt_tokens: int, groups: int, shared_fraction: float, seed: int):
+        self.prompt_tokens = prompt_tokens
+        self.shared = int(prompt_tokens * shared_fraction)
+        rng = random.Random(seed)
+        self._prefixes = [" ".join(rng.choices(WORDS, k=self.shared)) for _ in range(groups)]
+        self._rng = random.Random(seed + 1)
+        self.sent: list[str] = []
+
+    def next_prompt(self) -> str:
+        prefix = self._rng.choice(self._prefixes)
+        tail = " ".join(self._rng.choices(WORDS, k=self.prompt_tokens - self.shared))
+        prompt = f"{prefix} {tail}" if prefix else tail
+        self.sent.append(prompt)
+        return prompt
+
+
+def ceiling(model_dir: str, prompts: list[str]) -> float:
+    """Best possible cached share: full blocks each prompt shares with any earlier one."""
+    from services.common.hashing import block_hashes, sequence_hashes
+    from services.preprocessor.core.artifacts import load_artifacts
+    from services.preprocessor.core.prompt import ChatInput, prepare_chat
+
+    artifacts = load_artifacts(model_dir)
+    seen: set[int] = set()
+    cached = total = 0
+    for p in prompts:
+        ids = prepare_chat(artifacts, ChatInput(orjson.dumps([{"role": "user", "content": p}]).decode())).token_ids
+        seq = sequence_hashes(block_hashes(ids, BLOCK))
+        hit = next((i for i, h in enumerate(seq) if h not in seen), len(seq))
+        cached += hit * BLOCK
+        total += len(ids)
+        seen.update(seq)
+    return cached / total if total else 0.0
+
+
+class KvBenchMesh(Mesh):
+    """The launcher's split mesh, plus metrics ports on the router(s) and optional extra replicas."""
+
+    def __init__(self, plan, log_dir, replicas: int):
+        super().__init__(plan, log_dir)
+        self.replicas = replicas
+        self.metrics_ports: list[int] = []
+
+    def _specs(self) -> list[ProcessSpec]:
+        out = []
+        router_targets = []
+        for spec in specs(self.plan):
+            if spec.name == "router":
+                for i in range(self.replicas):
+                    port = spec.ready_port if i == 0 else free_port()
+                    mport = free_port()
+                    argv = [a if a != str(spec.ready_port) else str(port) for a in spec.argv]
+                    out.append(ProcessSpec(f"router-{i}" if i else "router", [*argv, "--metrics-port", str(mport)],
+                                           port, spec.env))
+                    self.metrics_ports.append(mport)
+                    router_targets.append(f"127.0.0.1:{port}")
+                continue
+            if spec.name.startswith("gateway") and self.replicas > 1:
+                argv = list(spec.argv)
+                argv[argv.index("--router") + 1] = "ipv4:" + ",".join(router_targets)
+                spec = ProcessSpec(spec.name, argv, spec.ready_port, spec.env)
+            out.append(spec)
+        return out
+
+    def start(self, timeout: float = 90.0) -> Mesh:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout
+        for spec in self._specs():
+            self.start_process(spec)
+        for name, spec in self.specs.items():
+            if not wait_port(spec.ready_port, deadline):
+                raise RuntimeError(f"{name} did not open port {spec.ready_port}:\n{self.logs(name)}")
+        self.wait_models(1, deadline)
+        return self
+
+
+def scrape(ports: list[int]) -> dict[str, dict[str, float]]:
+    """Sums of the router metrics we report, over every replica: name -> label -> value."""
+    out: dict[str, dict[str, float]] = {}
+    pattern = re.compile(r'^(meshfront_router_\w+?)(?:\{worker="([^"]*)"\})? ([0-9.e+-]+)$')
+    for port in ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                m = pattern.match(line)
+                if m:
+                    d = out.setdefault(m.group(1), {})
+                    d[m.group(2) or ""] = d.get(m.group(2) or "", 0.0) + float(m.group(3))
+    return out
+
+
+@dataclasses.dataclass
+class CaseResult:
+    case: Case
+    ok: int
+    errors: int
+    ttft_p50: float
+    ttft_p99: float
+    req_per_s: float
+    cached_share: float
+    ceiling: float
+    predicted_share: float
+    max_worker_share: float
+    first_errors: list[str]
+
+
+def run_case(cfg: KvBenchConfig, case: Case, model_dir: str, emit: Printer) -> CaseResult:
+    extra = ("--speedup-ratio", f"{cfg.speedup:g}", "--num-gpu-blocks", str(cfg.num_gpu_blocks))
+    workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", extra) for _ in range(cfg.workers)]
+    plan = ephemeral_plan(workers, router_mode=case.router_mode, run_dir=ROOT / ".run" / "bench", log_level="WARNING")
+    log_dir = ROOT / ".run" / "bench" / f"kv-{re.sub(r'[^a-z0-9]+', '-', case.name)}-{time.strftime('%H%M%S')}"
+    mesh = KvBenchMesh(plan, log_dir, case.replicas)
+    try:
+        mesh.start()
+        time.sleep(1.5)  # routers load every worker's (empty) KV state
+        prompts = GroupedPrompts(cfg.prompt_tokens, case.groups, case.shared_fraction, cfg.seed)
+        spec = LoadSpec(url=mesh.url, model=cfg.model_name, concurrency=cfg.concurrency, requests=cfg.requests,
+                        max_tokens=cfg.max_tokens, duration_s=cfg.timeout_s, request_timeout_s=60.0)
+        load = run_async(run_load(spec, prompts))
+        time.sleep(0.5)  # let the last first-token reports reach the router
+        metrics = scrape(mesh.metrics_ports)
+    except BaseException:
+        emit(f"[{case.name}] failed; logs:\n{mesh.all_logs()}")
+        raise
+    finally:
+        mesh.stop()
+    spills = metrics.get("meshfront_router_kv_spills_total", {}).get("")
+    if spills is not None:
+        emit(f"[{case.name}] kv decisions {metrics['meshfront_router_kv_decisions_total']['']:.0f}, spills {spills:.0f}, "
+             f"hot-spot skips {metrics['meshfront_router_kv_hot_skips_total']['']:.0f}")
+    return _result(case, load, metrics, ceiling(model_dir, prompts.sent))
+
+
+def _result(case: Case, load, metrics: dict, ceil: float) -> CaseResult:
+    stats = summarize(load)
+    ok = [r for r in load.results if r.ok]
+    prompt = sum(r.prompt_tokens for r in ok) or 1
+    routed = metrics.get("meshfront_router_routed_prompt_tokens_total", {})
+    reported = sum(metrics.get("meshfront_router_reported_prompt_tokens_total", {}).values()) or 1
+    predicted = sum(metrics.get("meshfront_router_predicted_cached_tokens_total", {}).values())
+    return CaseResult(case, stats.ok, stats.errors, stats.ttft_ms[50], stats.ttft_ms[99], stats.req_per_s,
+                      sum(r.cached_tokens for r in ok) / prompt, ceil, predicted / reported,
+                      max(routed.values()) / (sum(routed.values()) or 1) if routed else float("nan"),
+                      stats.first_errors)
+
+
+HEADER = ("| case | ok/err | TTFT p50 ms | TTFT p99 ms | req/s | cached share | ceiling | predicted | "
+          "max worker share |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def row(r: CaseResult) -> str:
+    return (f"| {r.case.name} | {r.ok}/{r.errors} | {r.ttft_p50:.0f} | {r.ttft_p99:.0f} | {r.req_per_s:.1f} | "
+            f"{r.cached_share:.3f} | {r.ceiling:.3f} | {r.predicted_share:.3f} | {r.max_worker_share:.3f} |")
+
+
+def run(cfg: KvBenchConfig, names: tuple[str, ...], emit: Printer) -> list[CaseResult]:
+    from services.models.build import build_demo_model
+
+    model_dir = str(build_demo_model(ROOT / "build" / "models" / "demo-qwen"))
+    results = []
+    for case in cases(cfg, names):
+        emit(f"[{case.name}] running {cfg.requests} requests at c={cfg.concurrency} ...")
+        r = run_case(cfg, case, model_dir, emit)
+        emit(row(r) + (f" errors: {r.first_errors}" if r.errors else ""))
+        results.append(r)
+    return results
+
+
+def main_kv(argv_cfg: KvBenchConfig, names: tuple[str, ...], emit: Printer) -> str:
+    """Runs the cases and returns the markdown table."""
+    results = run(argv_cfg, names, emit)
+    return HEADER + "\n" + "\n".join(row(r) for r in results)
+

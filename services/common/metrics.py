@@ -1,0 +1,148 @@
+"""Prometheus metrics: one set per service, served on ``--metrics-port`` (0 = off).
+
+Names are documented in docs/metrics.md and follow Dynamo's where they overlap
+(dynamo-frontend.md §9), with a ``meshfront_<service>_`` prefix. Updates happen once per request or
+per message, never per token: token counts are added when a request ends, the inter-token latency is
+the request's mean gap, and load gauges are read from the live objects at scrape time
+(``LoadCollector``), so the hot path pays nothing for them.
+
+The router's own metrics (decisions, KV prediction accuracy, event lag, per-worker load) live in
+services/router/metrics.py with their own registry.
+
+Each set is created once per process (``gateway_metrics()`` ...) so that the all-in-one gateway,
+which hosts the router and postprocessor in-process, and tests that build several service objects
+register every name exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable, Iterable
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+# Latency buckets in seconds: TTFT from a few ms (cache hit, mocker) to minutes (long prefill queue).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+
+
+def serve_metrics(port: int, host: str = "0.0.0.0") -> bool:  # noqa: S104 - scraped from other pods
+    """Starts the ``/metrics`` HTTP endpoint in a daemon thread; returns whether it started."""
+    if port <= 0:
+        return False
+    start_http_server(port, addr=host)
+    log.info("metrics on http://%s:%d/metrics", host, port)
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class GatewayMetrics:
+    requests: Counter
+    in_flight: Gauge
+    duration: Histogram
+    ttft: Histogram
+    itl: Histogram
+    input_tokens: Counter
+    output_tokens: Counter
+    cached_tokens: Counter
+    errors: Counter
+
+
+@functools.cache
+def gateway_metrics() -> GatewayMetrics:
+    p = "meshfront_gateway_"
+    return GatewayMetrics(
+        requests=Counter(f"{p}requests", "Requests by model, endpoint, streaming and HTTP status",
+                         ["model", "endpoint", "stream", "status"]),
+        in_flight=Gauge(f"{p}inflight_requests", "Requests being served", ["model"]),
+        duration=Histogram(f"{p}request_duration_seconds", "Request duration, arrival to last byte",
+                           ["model", "endpoint"], buckets=LATENCY_BUCKETS),
+        ttft=Histogram(f"{p}time_to_first_token_seconds", "Arrival to the first generated text",
+                       ["model"], buckets=LATENCY_BUCKETS),
+        itl=Histogram(f"{p}inter_token_latency_seconds", "Mean gap between output tokens, one sample per request",
+                      ["model"], buckets=ITL_BUCKETS),
+        input_tokens=Counter(f"{p}input_tokens", "Prompt tokens of finished requests", ["model"]),
+        output_tokens=Counter(f"{p}output_tokens", "Generated tokens of finished requests", ["model"]),
+        cached_tokens=Counter(f"{p}cached_tokens", "Prompt tokens served from a worker's KV cache", ["model"]),
+        errors=Counter(f"{p}errors", "Failed requests by error reason (INVALID_REQUEST, OVERLOADED, ...)",
+                       ["model", "reason"]),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessorMetrics:
+    requests: Counter
+    duration: Histogram
+
+
+@functools.cache
+def preprocessor_metrics() -> PreprocessorMetrics:
+    p = "meshfront_preprocessor_"
+    return PreprocessorMetrics(
+        requests=Counter(f"{p}requests", "Preprocess calls by outcome (ok or the error reason)", ["outcome"]),
+        duration=Histogram(f"{p}duration_seconds", "Template, tokenization and block hashing of one request",
+                           buckets=LATENCY_BUCKETS),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PostprocessorMetrics:
+    streams: Counter
+    in_flight: Gauge
+    worker_failures: Counter
+    migrations: Counter
+
+
+@functools.cache
+def postprocessor_metrics() -> PostprocessorMetrics:
+    p = "meshfront_postprocessor_"
+    return PostprocessorMetrics(
+        streams=Counter(f"{p}streams", "Generate streams by outcome (finished, cancelled, failed)", ["outcome"]),
+        in_flight=Gauge(f"{p}inflight_streams", "Generate streams being relayed"),
+        worker_failures=Counter(f"{p}worker_failures", "Worker streams that failed, by reason", ["reason"]),
+        migrations=Counter(f"{p}migrations", "Requests moved to another worker after a failure"),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerMetrics:
+    requests: Counter
+    in_flight: Gauge
+
+
+@functools.cache
+def worker_metrics() -> WorkerMetrics:
+    p = "meshfront_worker_"
+    return WorkerMetrics(
+        requests=Counter(f"{p}requests", "Sequences by outcome (finished, aborted, rejected, failed)", ["outcome"]),
+        in_flight=Gauge(f"{p}inflight_requests", "Sequences being generated or waiting"),
+    )
+
+
+class LoadCollector(Collector):
+    """Gauges read from live objects at scrape time: ``read()`` returns (name, help, labels, values).
+
+    ``values`` maps a tuple of label values to a number. Used for per-worker load (router bookings,
+    engine queues, KV usage), which changes on every request and is only needed when scraped.
+    """
+
+    def __init__(self, read: Callable[[], Iterable[tuple[str, str, list[str], dict[tuple[str, ...], float]]]]):
+        self._read = read
+
+    def collect(self):
+        for name, help_text, labels, values in self._read():
+            family = GaugeMetricFamily(name, help_text, labels=labels)
+            for label_values, value in values.items():
+                family.add_metric(list(label_values), value)
+            yield family
+
+
+def register_load(read: Callable[[], Iterable[tuple[str, str, list[str], dict[tuple[str, ...], float]]]]) -> None:
+    """Registers a ``LoadCollector`` with the process registry."""
+    REGISTRY.register(LoadCollector(read))

@@ -1,0 +1,58 @@
+"""ServerMetadata, ModelMetadata and ModelConfig replies for text models (pure: no grpc)."""
+
+from __future__ import annotations
+
+from importlib import metadata as pkg_metadata
+
+from services.gateway.kserve import protocol
+from services.gateway.kserve.responses import MODEL_VERSION
+
+SERVER_NAME = "meshfront"
+PLATFORM = "meshfront"
+# name -> (KServe datatype, shape); every input is optional, see requests.py for the combinations.
+INPUTS = {
+    "text_input": ("BYTES", [1]),
+    "messages": ("BYTES", [1]),
+    "tools": ("BYTES", [1]),
+    "input_ids": ("INT64", [-1]),
+    "stream": ("BOOL", [1]),
+}
+OUTPUTS = {"text_output": ("BYTES", [-1]), "finish_reason": ("BYTES", [-1])}
+_CONFIG_TYPE = {"BYTES": "TYPE_STRING", "INT64": "TYPE_INT64", "BOOL": "TYPE_BOOL"}
+
+
+def server_version() -> str:
+    try:
+        return pkg_metadata.version("meshfront")
+    except pkg_metadata.PackageNotFoundError:
+        return "0"
+
+
+def server_metadata():
+    return protocol.ServerMetadataResponse(name=SERVER_NAME, version=server_version(), extensions=[])
+
+
+def model_metadata(name: str):
+    resp = protocol.ModelMetadataResponse(name=name, versions=[MODEL_VERSION], platform=PLATFORM)
+    for target, tensors in ((resp.inputs, INPUTS), (resp.outputs, OUTPUTS)):
+        for tensor_name, (datatype, shape) in tensors.items():
+            target.add(name=tensor_name, datatype=datatype, shape=shape)
+    return resp
+
+
+def model_config(name: str):
+    """Decoupled (several responses per request through ModelStreamInfer), no batch dimension."""
+    resp = protocol.ModelConfigResponse()
+    cfg = resp.config
+    cfg.name, cfg.platform, cfg.backend, cfg.max_batch_size = name, PLATFORM, PLATFORM, 0
+    cfg.model_transaction_policy.decoupled = True
+    for tensor_name, (datatype, shape) in INPUTS.items():
+        cfg.input.add(name=tensor_name, data_type=protocol.DATA_TYPE[_CONFIG_TYPE[datatype]], dims=shape,
+                      optional=True)
+    for tensor_name, (datatype, shape) in OUTPUTS.items():
+        cfg.output.add(name=tensor_name, data_type=protocol.DATA_TYPE[_CONFIG_TYPE[datatype]], dims=shape)
+    return resp
+
+
+def version_known(version: str) -> bool:
+    return version in ("", MODEL_VERSION)

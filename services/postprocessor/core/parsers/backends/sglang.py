@@ -1,0 +1,115 @@
+"""SGLang's own parsers behind our ``OutputParser`` interface (``--chat-processor sglang``).
+
+Imported only when selected (``backends.load_chat_processor``): it imports SGLang at module level.
+SGLang's streaming parsers read text only (``parse_stream_chunk``): its ``ReasoningParser`` splits
+reasoning off, its ``FunctionCallParser`` finds calls in the rest, as its OpenAI server chains them.
+Ids are ours (OpenAI-style ``call_…``), and tool_choice ``required`` / named use our parsers: our
+workers constrain that output to a JSON form of ours, not to the model's native markup.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+from sglang.srt.entrypoints.openai.protocol import Tool
+from sglang.srt.function_call.function_call_parser import FunctionCallParser
+from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+from services.postprocessor.core.parsers.output import ParserConfig, build_output_parser
+from services.postprocessor.core.parsers.types import ParsedDelta, ToolCallDelta, new_call_id
+
+log = logging.getLogger(__name__)
+
+# Our parser names (docs/parsers.md) -> SGLang's; any other name is passed to SGLang as is.
+TOOL_PARSER_NAMES = {
+    "qwen": "qwen25", "qwen25": "qwen25", "qwen3": "qwen25", "llama3_json": "llama3", "llama": "llama3",
+    "deepseek_v3": "deepseekv3", "deepseek_r1": "deepseekv3", "deepseek_v31": "deepseekv31",
+    "deepseek_v3_1": "deepseekv31", "harmony": "gpt-oss", "gpt_oss": "gpt-oss",
+}
+REASONING_PARSER_NAMES = {"basic": "qwen3", "deepseek_r1": "deepseek-r1", "gpt_oss": "gpt-oss", "harmony": "gpt-oss"}
+
+
+class SglangOutputParser:
+    """One sequence through SGLang's reasoning parser, then its function-call parser."""
+
+    def __init__(self, reasoning: Any | None, tools: Any | None, new_id: Callable[[], str] = new_call_id):
+        self._reasoning = reasoning
+        self._tools = tools
+        self._new_id = new_id
+        self._indices: dict[int, int] = {}  # SGLang's tool_index -> ours (calls that have a name)
+        self._early_args: dict[int, str] = {}
+
+    @property
+    def tool_calls(self) -> int:
+        return len(self._indices)
+
+    @property
+    def ends_with_tool_calls(self) -> bool:
+        return self.tool_calls > 0
+
+    def feed(self, text: str, ids: Sequence[int] = ()) -> ParsedDelta:
+        if not text:
+            return ParsedDelta()
+        reasoning, content = "", text
+        if self._reasoning is not None:
+            reasoning, content = self._reasoning.parse_stream_chunk(text)
+            reasoning, content = reasoning or "", content or ""
+        out = ParsedDelta(content, reasoning)
+        if self._tools is not None and content:
+            out.content, calls = self._tools.parse_stream_chunk(content)
+            out.content = out.content or ""
+            self._add_calls(out, calls)
+        return out
+
+    def finish(self) -> ParsedDelta:
+        return ParsedDelta()  # SGLang's streaming parsers have nothing to flush
+
+    def _add_calls(self, out: ParsedDelta, calls: list[Any]) -> None:
+        for call in calls:
+            name, args = call.name or "", call.parameters or ""
+            index = self._indices.get(call.tool_index)
+            if index is None and not name:
+                self._early_args[call.tool_index] = self._early_args.get(call.tool_index, "") + args
+                continue
+            if index is None:
+                index = self._indices[call.tool_index] = len(self._indices)
+                out.tool_calls.append(ToolCallDelta(index, self._new_id(), name,
+                                                    self._early_args.pop(call.tool_index, "") + args))
+            elif args:
+                out.tool_calls.append(ToolCallDelta(index, arguments=args))
+
+
+class SglangChatProcessor:
+    """``--chat-processor sglang``."""
+
+    name = "sglang"
+
+    def output_parser(self, config: ParserConfig, context: Any,
+                      new_id: Callable[[], str] = new_call_id) -> Any:
+        if config.tools and config.tool_choice in ("required", "named"):
+            return build_output_parser(config, new_id)
+        reasoning = None
+        if config.reasoning_parser and not config.thinking_disabled:
+            name = REASONING_PARSER_NAMES.get(config.reasoning_parser, config.reasoning_parser)
+            try:
+                reasoning = ReasoningParser(name, stream_reasoning=True,
+                                            force_reasoning=True if config.prompt_opens_reasoning else None)
+            except ValueError as e:
+                log.warning("SGLang has no reasoning parser %r: %s", name, e)
+        tools = None
+        if config.tools and config.tool_choice == "auto" and config.tool_call_parser:
+            name = TOOL_PARSER_NAMES.get(config.tool_call_parser, config.tool_call_parser)
+            offered = [Tool(**t) for t in orjson.loads(context.tools_json or "[]")]
+            try:
+                tools = FunctionCallParser(offered, name)
+            except (ValueError, KeyError) as e:
+                log.warning("SGLang has no tool-call parser %r: %s", name, e)
+        if reasoning is None and tools is None:
+            return None
+        return SglangOutputParser(reasoning, tools, new_id)
+
+
+CHAT_PROCESSOR_CLASS = SglangChatProcessor

@@ -1,0 +1,156 @@
+"""The postprocessor's output parsing for one sequence: reasoning split first, then tool calls.
+
+``build_output_parser`` returns None when a request needs no parsing (no tools offered and no
+reasoning parser), so plain requests carry no parser at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+
+import orjson
+
+from services.postprocessor.core.parsers.reasoning import HARMONY, REASONING_PARSERS
+from services.postprocessor.core.parsers.tool_calls import (
+    TOOL_CALL_PARSERS,
+    HarmonyParser,
+    NamedToolParser,
+    RequiredToolParser,
+)
+from services.postprocessor.core.parsers.types import ParsedDelta, TextParser, concat, new_call_id
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParserConfig:
+    """What selects the parsers of one request.
+
+    Attributes:
+        tool_call_parser: the model's tool-call format (worker registration), "" for none.
+        reasoning_parser: the model's reasoning format, "" for none.
+        tools: the request offered tools.
+        tool_choice: "auto", "none", "required" or "named".
+        named_function: the function when ``tool_choice`` is "named".
+        prompt_opens_reasoning: the rendered prompt ends inside an opened reasoning block.
+        thinking_disabled: the request turned thinking off (chat_template_kwargs).
+    """
+
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
+    tools: bool = False
+    tool_choice: str = "auto"
+    named_function: str = ""
+    prompt_opens_reasoning: bool = False
+    thinking_disabled: bool = False
+
+
+class OutputParser:
+    """Feeds text through the reasoning parser, then its content through the tool-call parser."""
+
+    def __init__(self, reasoning: TextParser | None, tools: TextParser | None, named: bool = False):
+        assert reasoning is not None or tools is not None
+        self._reasoning = reasoning
+        self._tools = tools
+        self._named = named
+
+    @property
+    def ends_with_tool_calls(self) -> bool:
+        """A normal end becomes finish_reason ``tool_calls`` (not for a named tool_choice, as OpenAI does)."""
+        return self.tool_calls > 0 and not self._named
+
+    @property
+    def tool_calls(self) -> int:
+        """How many tool calls were started so far."""
+        return sum(p.tool_calls for p in (self._reasoning, self._tools) if p is not None)
+
+    def feed(self, text: str, ids: Sequence[int] = ()) -> ParsedDelta:
+        """``ids`` (the generated ids of the step) are for engine backends (backends/); ours read text only."""
+        if self._reasoning is None:
+            return self._tools.feed(text)  # type: ignore[union-attr]
+        first = self._reasoning.feed(text)
+        if self._tools is None or not first.content:
+            return first
+        return _merge(first, self._tools.feed(first.content))
+
+    def finish(self) -> ParsedDelta:
+        if self._reasoning is None:
+            return self._tools.finish()  # type: ignore[union-attr]
+        first = self._reasoning.finish()
+        if self._tools is None:
+            return first
+        second = self._tools.feed(first.content) if first.content else ParsedDelta()
+        return _merge(first, concat(second, self._tools.finish()))
+
+
+def _merge(reasoning: ParsedDelta, tools: ParsedDelta) -> ParsedDelta:
+    return ParsedDelta(tools.content, reasoning.reasoning + tools.reasoning, reasoning.tool_calls + tools.tool_calls)
+
+
+def _tool_parser(cfg: ParserConfig, new_id: Callable[[], str]) -> TextParser | None:
+    if not cfg.tools or cfg.tool_choice == "none":
+        return None
+    if cfg.tool_choice == "named":
+        return NamedToolParser(cfg.named_function, new_id)
+    if cfg.tool_choice == "required":
+        return RequiredToolParser(new_id)
+    if not cfg.tool_call_parser:
+        return None
+    cls = TOOL_CALL_PARSERS.get(cfg.tool_call_parser)
+    if cls is None:
+        log.warning("unknown tool-call parser %r: tool calls are not parsed", cfg.tool_call_parser)
+        return None
+    return cls(new_id=new_id)
+
+
+def _reasoning_parser(cfg: ParserConfig, tools_in_harmony: bool,
+                      new_id: Callable[[], str]) -> TextParser | None:
+    name = cfg.reasoning_parser
+    if not name or cfg.thinking_disabled:
+        return None
+    if name == HARMONY:
+        return HarmonyParser(tools_enabled=tools_in_harmony, new_id=new_id)
+    cls = REASONING_PARSERS.get(name)
+    if cls is None:
+        log.warning("unknown reasoning parser %r: using basic", name)
+        cls = REASONING_PARSERS["basic"]
+    return cls(prompt_opens_reasoning=cfg.prompt_opens_reasoning)
+
+
+def build_output_parser(cfg: ParserConfig, new_id: Callable[[], str] = new_call_id) -> OutputParser | None:
+    """The parsers a request needs, or None when its output is plain content."""
+    tools = _tool_parser(cfg, new_id)
+    harmony_tools = isinstance(tools, HarmonyParser)
+    reasoning = _reasoning_parser(cfg, harmony_tools, new_id)
+    if harmony_tools and isinstance(reasoning, HarmonyParser):
+        tools = None  # one Harmony parser reads both channels and calls
+    if reasoning is None and tools is None:
+        return None
+    return OutputParser(reasoning, tools, named=cfg.tools and cfg.tool_choice == "named")
+
+
+def parser_config(tool_call_parser: str, reasoning_parser: str, tools_json: str, tool_choice_json: str, *,
+                  prompt_opens_reasoning: bool = False, thinking_disabled: bool = False) -> ParserConfig:
+    """A ``ParserConfig`` from the OpenAI JSON the preprocessor passes on.
+
+    Raises:
+        ValueError: the JSON is not what the gateway validated (a broken caller).
+    """
+    try:
+        tools = orjson.loads(tools_json) if tools_json else None
+        choice = orjson.loads(tool_choice_json) if tool_choice_json else "auto"
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"tools or tool_choice is not valid JSON: {e}") from e
+    named = ""
+    if isinstance(choice, dict):
+        named = str((choice.get("function") or {}).get("name", ""))
+        if not named:
+            raise ValueError("a named tool_choice needs function.name")
+        choice = "named"
+    elif choice not in ("auto", "none", "required"):
+        raise ValueError(f"unknown tool_choice {choice!r}")
+    return ParserConfig(tool_call_parser, reasoning_parser, tools=bool(tools), tool_choice=choice,
+                        named_function=named, prompt_opens_reasoning=prompt_opens_reasoning,
+                        thinking_disabled=thinking_disabled)

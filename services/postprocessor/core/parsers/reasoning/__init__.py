@@ -1,0 +1,27 @@
+"""Reasoning parsers, one module per format, selected by name (the worker's ``--reasoning-parser``).
+
+``gpt_oss`` is the Harmony parser (``tool_calls/harmony.py``): its channels carry reasoning and
+tool calls together.
+"""
+
+from __future__ import annotations
+
+from services.postprocessor.core.parsers.reasoning.think_tags import (
+    DeepSeekR1ReasoningParser,
+    KimiReasoningParser,
+    MistralReasoningParser,
+    Qwen3ReasoningParser,
+)
+
+HARMONY = "gpt_oss"
+REASONING_PARSERS = {
+    "basic": Qwen3ReasoningParser,
+    "qwen3": Qwen3ReasoningParser,
+    "glm45": Qwen3ReasoningParser,
+    "deepseek_r1": DeepSeekR1ReasoningParser,
+    "mistral": MistralReasoningParser,
+    "kimi": KimiReasoningParser,
+}
+REASONING_NAMES = (*REASONING_PARSERS, HARMONY)
+
+__all__ = ["HARMONY", "REASONING_NAMES", "REASONING_PARSERS"]

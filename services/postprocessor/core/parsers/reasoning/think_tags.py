@@ -1,0 +1,118 @@
+"""Reasoning between two tags, e.g. ``<think>`` … ``</think>`` (Qwen3, DeepSeek R1 and most others).
+
+Two behaviours (dynamo-frontend.md §4.4):
+
+- opening tag required (``qwen3``, ``basic``): output is reasoning only if it opens with the tag
+  (leading whitespace allowed) or the prompt already opened it (``prompt_opens_reasoning``, e.g.
+  Qwen3-2507 thinking templates);
+- reasoning first (``deepseek_r1``): the template opens the block, so output is reasoning until the
+  closing tag; an opening tag at the very start is skipped. No closing tag: all of it is reasoning.
+
+Whitespace right after the opening tag, right before the closing tag and right after it is trimmed
+(the template puts newlines there), so ``reasoning_content`` and ``content`` hold just the text.
+"""
+
+from __future__ import annotations
+
+from services.postprocessor.core.parsers.scan import expect, find_marker, skip_ws
+from services.postprocessor.core.parsers.types import TextParser
+
+
+class _Trimmed:
+    """Forwards text with leading whitespace dropped and trailing whitespace held until more text."""
+
+    def __init__(self, emit, trail: bool):
+        self._emit = emit
+        self._trail = trail
+        self._started = False
+        self._ws = ""
+
+    def push(self, text: str) -> None:
+        if not self._started:
+            text = text.lstrip()
+            if not text:
+                return
+            self._started = True
+        if self._trail:
+            text = self._ws + text
+            body = text.rstrip()
+            self._ws = text[len(body):]
+            text = body
+        self._emit(text)
+
+
+class ThinkTagParser(TextParser):
+    """Splits reasoning from content; tool-call parsers then see only the content."""
+
+    open_tag = "<think>"
+    close_tag = "</think>"
+    reasoning_first = False
+
+    def __init__(self, prompt_opens_reasoning: bool = False):
+        super().__init__()
+        forced = prompt_opens_reasoning or self.reasoning_first
+        self._state = "maybe_open" if not forced else "skip_open"
+        self._reasoning = _Trimmed(self.out.reasoning, trail=True)
+        self._content: _Trimmed | None = None
+
+    def _step(self, final: bool) -> bool:
+        buf, pos = self._buf, self._pos
+        state = self._state
+        if state == "content":
+            self._emit_content(buf[pos:])
+            self._pos = len(buf)
+            return False
+        if state == "reasoning":
+            end, marker = find_marker(buf, pos, (self.close_tag,), final)
+            self._reasoning.push(buf[pos:end])
+            self._pos = end + len(marker or "")
+            if marker is None:
+                return False
+            self._state = "content"
+            self._content = _Trimmed(self.out.content, trail=False)
+            return True
+        p = skip_ws(buf, pos)
+        verdict = expect(buf, p, self.open_tag, final)
+        if verdict == "wait" or (p == len(buf) and not final):
+            return False
+        if verdict == "yes":
+            self._state, self._pos = "reasoning", p + len(self.open_tag)
+        else:
+            self._state = "reasoning" if state == "skip_open" else "content"
+        return True
+
+    def _emit_content(self, text: str) -> None:
+        if self._content is None:
+            self.out.content(text)
+        else:
+            self._content.push(text)
+
+    def _end(self) -> None:
+        if self._state in ("maybe_open", "skip_open"):  # only whitespace came
+            rest = self._buf[self._pos:]
+            self._emit_content(rest) if self._state == "maybe_open" else self._reasoning.push(rest)
+
+
+class Qwen3ReasoningParser(ThinkTagParser):
+    """``<think>`` … ``</think>``; reasoning only when opened (names: qwen3, basic)."""
+
+
+class DeepSeekR1ReasoningParser(ThinkTagParser):
+    """``<think>`` … ``</think>`` with the block already opened by the template (deepseek_r1)."""
+
+    reasoning_first = True
+
+
+class MistralReasoningParser(ThinkTagParser):
+    """Magistral: ``[THINK]`` … ``[/THINK]``, reasoning first."""
+
+    open_tag = "[THINK]"
+    close_tag = "[/THINK]"
+    reasoning_first = True
+
+
+class KimiReasoningParser(ThinkTagParser):
+    """Kimi: ``◁think▷`` … ``◁/think▷``, reasoning only when opened."""
+
+    open_tag = "◁think▷"
+    close_tag = "◁/think▷"

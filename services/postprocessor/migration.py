@@ -1,0 +1,117 @@
+"""Request migration: a worker that dies mid-generation is replaced without the client noticing.
+
+The postprocessor owns the sequence's state (generated ids, detokenizer window, held-back stop-string
+text, parser state), so it is the one place where a continuation can be spliced in seamlessly:
+when the worker stream fails with a retriable error it asks the router for another worker
+(excluding every worker this request already failed on), re-sends the prompt with the generated ids
+appended and ``max_tokens`` / ``min_tokens`` reduced by their number, and keeps feeding the *same*
+decoder. The client sees one stream with no duplicated or missing token (docs/architecture.md,
+"Migration"; Dynamo's ``--migration-limit``, dynamo-frontend.md §5.5).
+
+Every other option is stateless per token on the worker (sampling knobs, stop conditions, logprobs)
+or kept here (stop strings, tool-call and reasoning parsing), so the extended prompt resumes it
+exactly. Guided decoding is not: its grammar state lives on the worker, so a guided request whose
+worker fails is refused migration and fails cleanly (503 / an in-band error), never corrupted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from meshfront.common.v1 import common_pb2
+from meshfront.router.v1 import router_pb2
+from services.common.errors import MeshError, Overloaded, WorkerFailed
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MIGRATION_LIMIT = 3
+
+# Failures that say nothing about the request itself: another worker may well serve it.
+RETRIABLE = (WorkerFailed, Overloaded)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRoute:
+    """Where one attempt runs."""
+
+    worker_id: str
+    address: str
+
+
+class RouterClient(Protocol):
+    """The part of the router the postprocessor needs (a gRPC stub wrapper or the in-process Router)."""
+
+    async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse: ...
+
+
+def continuation(original: common_pb2.PreprocessedRequest, generated: Sequence[int]) -> common_pb2.PreprocessedRequest:
+    """The request that resumes ``original`` after ``generated`` ids: prompt extended, budgets reduced."""
+    req = common_pb2.PreprocessedRequest()
+    req.CopyFrom(original)
+    req.token_ids.extend(generated)
+    stop = req.stop
+    if stop.HasField("max_tokens"):
+        stop.max_tokens = max(1, stop.max_tokens - len(generated))
+    if stop.HasField("min_tokens"):
+        stop.min_tokens = max(0, stop.min_tokens - len(generated))
+    return req
+
+
+def _guided(request: common_pb2.PreprocessedRequest) -> bool:
+    """Guided decoding keeps its grammar state on the worker: the generated ids alone cannot resume it.
+
+    (The field arrives with issue 5's proto change; until its stubs are generated there is none.)
+    """
+    return "guided_decoding" in request.DESCRIPTOR.fields_by_name and request.HasField("guided_decoding")
+
+
+class Migrator:
+    """Decides whether a failed attempt moves on, and where to.
+
+    Args:
+        router: where to ask for another worker; None disables migration.
+        limit: how many times one request may move (0 disables migration).
+    """
+
+    def __init__(self, router: RouterClient | None, limit: int = DEFAULT_MIGRATION_LIMIT):
+        self._router = router
+        self.limit = limit
+        self.migrations = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._router is not None and self.limit > 0
+
+    async def next_route(self, request: common_pb2.PreprocessedRequest, failed: Sequence[str],
+                         error: MeshError, generated: int) -> WorkerRoute:
+        """Another worker for ``request``; re-raises ``error`` when the request may not move.
+
+        Args:
+            request: the original request (the router needs its id and model).
+            failed: ids of the workers this request already failed on, the latest last.
+            error: why the latest attempt failed.
+            generated: ids generated so far (for the log).
+        """
+        if not isinstance(error, RETRIABLE) or not self.enabled:
+            raise error
+        if _guided(request):
+            log.warning("request %s not migrated: guided decoding cannot resume on another worker", request.request_id)
+            raise error
+        if len(failed) > self.limit:
+            log.warning("request %s: migration limit %d reached", request.request_id, self.limit)
+            raise error
+        assert self._router is not None
+        try:
+            route = await self._router.route(router_pb2.RouteRequest(
+                request_id=request.request_id, model=request.model, prompt_tokens=len(request.token_ids) + generated,
+                exclude_worker_ids=[w for w in failed if w]))
+        except MeshError as e:  # no other worker (or all busy): the client gets the original failure
+            log.warning("request %s cannot migrate: %s", request.request_id, e.message)
+            raise error from e
+        self.migrations += 1
+        log.info("request %s migrates from %s to %s after %d tokens (%s)", request.request_id, failed[-1] or "?",
+                 route.worker_id, generated, error.message)
+        return WorkerRoute(route.worker_id, route.address)

@@ -1,0 +1,52 @@
+"""A request's life as the router sees it: booked on a worker, first token (prefill done), freed.
+
+Every change is one ``LifecycleEvent``. The router applies events to its bookings and to a policy
+that tracks requests (kv); events it made itself also go to its listeners: the replica sync, which
+publishes them so every other replica applies the same change (then all replicas hold the same
+load, and a Release that lands on another replica still frees the booking), and the telemetry,
+which compares the predicted overlap with the cached tokens the worker reported. Listeners see
+remote events too, flagged, so that the replica that receives a request's first-token report can
+score a prediction another replica made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+BOOK = "book"
+FIRST_TOKEN = "first_token"
+FREE = "free"
+
+
+@dataclasses.dataclass(frozen=True)
+class LifecycleEvent:
+    kind: str  # BOOK | FIRST_TOKEN | FREE
+    request_id: str
+    worker_id: str = ""
+    model: str = ""
+    local_hashes: tuple[int, ...] = ()
+    prompt_tokens: int = 0
+    overlap_blocks: int = 0
+    overlap_tokens: int = 0  # predicted cached prompt tokens
+    cached_tokens: int = 0  # reported by the worker (FIRST_TOKEN)
+
+    def to_wire(self, router_id: str) -> dict[str, Any]:
+        d = {k: v for k, v in dataclasses.asdict(self).items() if v not in ("", 0, ())}
+        d["kind"] = self.kind
+        d["request_id"] = self.request_id
+        d["router_id"] = router_id
+        return d
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> LifecycleEvent:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in fields}
+        if "local_hashes" in kw:
+            kw["local_hashes"] = tuple(kw["local_hashes"])
+        return cls(**kw)
+
+
+class LifecycleListener(Protocol):
+    def on_lifecycle(self, event: LifecycleEvent, remote: bool) -> None:
+        """Called synchronously for each event, ``remote`` when a replica made it."""

@@ -1,0 +1,148 @@
+"""kv: the worker that would finish this prompt's prefill soonest without piling load on one worker.
+
+Per candidate ``w``, in KV blocks (Dynamo's selector, lib/kv-router/src/scheduling/selector.rs)::
+
+    overlap(w)  = leading prompt blocks w caches (radix index: KV events, or own decisions)
+    shared(w)   = leading prompt blocks that requests running on w hold
+    prefill(w)  = prefill blocks of w's requests not yet past their first token
+                  + prompt blocks - max(overlap(w), shared(w))
+    decode(w)   = max(active blocks of w's requests, blocks w reports in use)
+                  + prompt blocks - shared(w)
+    logit(w)    = overlap_weight * prefill(w) + decode(w)
+
+Temperature 0 picks the lowest logit, ties to the fewest in-flight requests, then at random;
+temperature T > 0 samples ``p ~ exp(-((logit - min) / (max - min)) / T)``. The random draw is
+seeded by the request id unless an RNG is injected, so router replicas holding the same state
+make the same choice.
+
+Hot-spot guard: a worker already running more than ``hotspot_ratio`` x its fair share of the
+in-flight requests (this one included) is not a candidate. One flooding prefix therefore spills
+to the next-cheapest workers, which then cache it too, instead of queueing behind one engine.
+
+Parameters: ``overlap_weight`` (5.0), ``temperature`` (0.0), ``hotspot_ratio`` (2.0),
+``approximate`` (predict from decisions instead of events), ``rng``. Optimises: TTFT through
+prefix reuse, bounded by load.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from collections.abc import Callable, Sequence
+
+from services.common.hashing import sequence_hashes
+from services.router.core.active import ActiveRequests
+from services.router.core.approximate import ApproximateCache
+from services.router.core.index import RadixIndex
+from services.router.core.types import Candidate, Decision, RouteQuery
+
+ReportedBlocks = Callable[[str], int]
+
+# Measured, not guessed (bench/RESULTS.md, "KV-aware routing"): on the 16-group workload weight 1
+# (Dynamo's default) lets load win so often that groups smear over workers (cached share 0.57 of a
+# 0.75 ceiling); 3 gives 0.66-0.69, 5 gives 0.71-0.74, 8 no better. A one-prefix flood stays
+# balanced at 5 because the in-flight prefill term still carries the weight.
+DEFAULT_OVERLAP_WEIGHT = 5.0
+DEFAULT_HOTSPOT_RATIO = 2.0
+
+
+class KvAware:
+    def __init__(self, *, index: RadixIndex | None = None, overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
+                 temperature: float = 0.0, hotspot_ratio: float = DEFAULT_HOTSPOT_RATIO, approximate: bool | None = None, ttl_s: float = 120.0,
+                 reported_blocks: ReportedBlocks | None = None, rng: random.Random | None = None):
+        if overlap_weight < 0 or temperature < 0 or hotspot_ratio < 1:
+            raise ValueError("overlap_weight and temperature must be >= 0, hotspot_ratio >= 1")
+        self.index = index or RadixIndex()
+        self.overlap_weight = overlap_weight
+        self.temperature = temperature
+        self.hotspot_ratio = hotspot_ratio
+        # Without an index fed by events (none given), predict from our own decisions.
+        self.approximate = ApproximateCache(self.index, ttl_s=ttl_s) if (
+            approximate if approximate is not None else index is None) else None
+        self.active = ActiveRequests()
+        self._reported_blocks = reported_blocks or (lambda _w: 0)
+        self._rng = rng
+        self._pending: dict[str, tuple[int, ...]] = {}  # request id -> seq hashes, from choose to book
+        # decisions; spills (chose less overlap than some worker had: load won); hot_skips (the guard
+        # excluded a worker holding more of the prompt than the chosen one)
+        self.stats = {"decisions": 0, "spills": 0, "hot_skips": 0}
+
+    # -- choice ------------------------------------------------------------------------------------
+
+    def choose(self, candidates: Sequence[Candidate], query: RouteQuery) -> Decision:
+        local = query.block_hashes
+        seq = tuple(sequence_hashes(local))
+        self._pending[query.request_id] = seq
+        if len(self._pending) > 4096:  # choices never booked (the caller failed in between)
+            self._pending.pop(next(iter(self._pending)))
+        if self.approximate is not None:
+            self.approximate.expire()
+        overlaps = self.index.find_matches(local) if local else {}
+        eligible = self._not_hot(candidates)
+        logits = [self._logit(c.worker_id, len(seq), overlaps.get(c.worker_id, 0), seq) for c in eligible]
+        pick = self._pick(eligible, logits, query.request_id)
+        expected = max(overlaps.get(pick.worker_id, 0), self.active.shared_prefix(pick.worker_id, seq))
+        self._count(candidates, eligible, overlaps, expected)
+        return Decision(pick.worker_id, expected)
+
+    def _count(self, candidates, eligible, overlaps: dict[str, int], expected: int) -> None:
+        self.stats["decisions"] += 1
+        best = max(overlaps.values(), default=0)
+        if best > expected:
+            self.stats["spills"] += 1
+            if len(eligible) < len(candidates) and max((overlaps.get(c.worker_id, 0) for c in eligible),
+                                                       default=0) < best:
+                self.stats["hot_skips"] += 1
+
+    def _not_hot(self, candidates: Sequence[Candidate]) -> list[Candidate]:
+        loads = [self.active.load(c.worker_id).in_flight for c in candidates]
+        cap = max(1, math.ceil(self.hotspot_ratio * (sum(loads) + 1) / len(candidates)))
+        cool = [c for c, n in zip(candidates, loads) if n < cap]
+        return cool or list(candidates)
+
+    def _logit(self, worker_id: str, prompt_blocks: int, overlap: int, seq: Sequence[int]) -> float:
+        load = self.active.load(worker_id)
+        shared = self.active.shared_prefix(worker_id, seq)
+        # Blocks a running request on w holds are reused too (a paged cache shares them at once),
+        # even before any event says they are cached: a burst of one prefix stays together.
+        prefill = load.prefill_blocks + prompt_blocks - max(overlap, shared)
+        decode = max(load.active_blocks, self._reported_blocks(worker_id)) + prompt_blocks - shared
+        return self.overlap_weight * prefill + decode
+
+    def _pick(self, candidates: Sequence[Candidate], logits: Sequence[float], request_id: str) -> Candidate:
+        rng = self._rng or random.Random(zlib.crc32(request_id.encode()))
+        lo, hi = min(logits), max(logits)
+        if self.temperature > 0 and hi > lo:
+            weights = [math.exp(-((x - lo) / (hi - lo)) / self.temperature) for x in logits]
+            return rng.choices(list(candidates), weights=weights)[0]
+        best = [c for c, x in zip(candidates, logits) if x == lo]
+        fewest = min(self.active.load(c.worker_id).in_flight for c in best)
+        tied = sorted((c for c in best if self.active.load(c.worker_id).in_flight == fewest),
+                      key=lambda c: c.worker_id)
+        return tied[rng.randrange(len(tied))]
+
+    # -- request lifecycle (also fed by replica sync) ----------------------------------------------
+
+    def book(self, request_id: str, worker_id: str, local_hashes: Sequence[int], overlap_blocks: int) -> None:
+        seq = self._pending.pop(request_id, None)
+        if seq is None or len(seq) != len(local_hashes):
+            seq = tuple(sequence_hashes(local_hashes))
+        prefill = max(0, len(seq) - overlap_blocks)
+        self.active.add(request_id, worker_id, seq, prefill, overlap_blocks)
+        if self.approximate is not None and seq:
+            self.approximate.record(worker_id, seq, local_hashes)
+
+    def mark_prefilled(self, request_id: str) -> bool:
+        return self.active.mark_prefilled(request_id)
+
+    def free(self, request_id: str) -> bool:
+        self._pending.pop(request_id, None)
+        return self.active.free(request_id)
+
+    def drop_worker(self, worker_id: str) -> None:
+        self.active.drop_worker(worker_id)
+        if self.approximate is not None:
+            self.approximate.drop_worker(worker_id)
+        else:
+            self.index.drop_worker(worker_id)

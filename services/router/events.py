@@ -1,0 +1,182 @@
+"""NATS glue of the KV-aware router: workers' KV events in, dumps on demand, replica sync.
+
+``KvEventSubscriber`` feeds every worker's event messages (``meshfront.kv.events.>``, fan-out: each
+router replica gets all of them) to ``KvEventIngest`` and fetches a worker's full block set by
+NATS request-reply when the ingest asks (a gap, an unknown parent) and when discovery reports a
+worker for the first time. The subscription is open before any dump is requested, so nothing
+published in between is lost. A worker that leaves discovery is dropped from the index at once;
+messages from workers discovery does not know are ignored (their dump comes when they register).
+
+``ReplicaSync`` publishes this router's booking changes on ``meshfront.router.lifecycle`` and
+applies the other replicas' ones, so every replica holds the same load and a Release that lands on
+another replica still frees the booking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+
+import orjson
+
+from services.common.discovery import WorkerCard, connect_retrying
+from services.router.core.kv_ingest import KvEventIngest, Verdict
+from services.router.core.lifecycle import LifecycleEvent
+from services.workers.kv_events import EVENTS_PREFIX, dump_subject
+
+log = logging.getLogger(__name__)
+
+LIFECYCLE_SUBJECT = "meshfront.router.lifecycle"
+DUMP_TIMEOUT_S = 2.0
+DUMP_RETRY_S = 0.5
+DUMP_ATTEMPTS = 10
+
+LagObserver = Callable[[float], None]
+
+
+class KvEventSubscriber:
+    def __init__(self, nats_url: str, ingest: KvEventIngest, is_known: Callable[[str], bool],
+                 on_lag: LagObserver | None = None):
+        self.nats_url = nats_url
+        self.ingest = ingest
+        self._is_known = is_known
+        self._on_lag = on_lag or (lambda _s: None)
+        self._nc = None
+        self._dumping: dict[str, asyncio.Task] = {}
+        self._waiting_for_nats: set[str] = set()
+        self.ready = asyncio.Event()
+
+    async def start(self) -> None:
+        self._nc = await connect_retrying(self.nats_url, "router-kv-events")
+        await self._nc.subscribe(f"{EVENTS_PREFIX}.>", cb=self._on_message)
+        await self._nc.flush()
+        self.ready.set()
+        for worker_id in self._waiting_for_nats:
+            self._fetch_dump(worker_id)
+        self._waiting_for_nats.clear()
+
+    def on_worker_change(self, worker_id: str, card: WorkerCard | None) -> None:
+        if card is None:
+            task = self._dumping.pop(worker_id, None)
+            if task is not None:
+                task.cancel()
+            self.ingest.drop_worker(worker_id)
+        elif self.ingest.needs_dump(worker_id):
+            self.ingest.begin_sync(worker_id)
+            if self._nc is None:
+                self._waiting_for_nats.add(worker_id)
+            else:
+                self._fetch_dump(worker_id)
+
+    async def _on_message(self, msg) -> None:
+        try:
+            data = orjson.loads(msg.data)
+            worker_id = data["worker_id"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            log.warning("malformed KV event message on %s", msg.subject)
+            return
+        if not self._is_known(worker_id):
+            return
+        sent = data.get("published_at_ms")
+        if sent:
+            self._on_lag(max(0.0, time.time() - sent / 1000.0))
+        try:
+            verdict = self.ingest.on_message(data)
+        except (KeyError, TypeError, ValueError) as e:
+            log.warning("bad KV event from %s (%s); resynchronising", worker_id, e)
+            verdict = Verdict.RESYNC
+            self.ingest.begin_sync(worker_id)
+        if verdict is Verdict.RESYNC:
+            self._fetch_dump(worker_id)
+
+    def _fetch_dump(self, worker_id: str) -> None:
+        task = self._dumping.get(worker_id)
+        if task is not None and not task.done():
+            return
+        self._dumping[worker_id] = asyncio.create_task(self._dump(worker_id), name=f"kv-dump-{worker_id}")
+
+    async def _dump(self, worker_id: str) -> None:
+        for _ in range(DUMP_ATTEMPTS):
+            if not self._is_known(worker_id):
+                return
+            try:
+                reply = await self._nc.request(dump_subject(worker_id), b"", timeout=DUMP_TIMEOUT_S)
+                data = orjson.loads(reply.data)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - no responder yet, timeout, garbage: retry
+                log.info("KV dump from %s failed (%s); retrying", worker_id, e)
+                await asyncio.sleep(DUMP_RETRY_S)
+                continue
+            self._dumping.pop(worker_id, None)
+            verdict = self.ingest.load_dump(worker_id, data["seq"], data["blocks"])
+            log.info("KV state of %s loaded: %d blocks as of seq %d", worker_id, len(data["blocks"]), data["seq"])
+            if verdict is Verdict.RESYNC:
+                self._fetch_dump(worker_id)
+            return
+        self.ingest.resync_failed(worker_id)
+        log.warning("worker %s did not answer KV dump requests; its events will retry", worker_id)
+
+    async def close(self) -> None:
+        for task in self._dumping.values():
+            task.cancel()
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+
+class ReplicaSync:
+    """Shares booking changes between router replicas over NATS (a ``LifecycleListener``)."""
+
+    def __init__(self, nats_url: str, apply: Callable[[LifecycleEvent, bool], None], router_id: str = ""):
+        self.nats_url = nats_url
+        self.router_id = router_id or f"router-{secrets.token_hex(4)}"
+        self._apply = apply
+        self._nc = None
+        self._outbox: list[bytes] = []
+        self._flush_task: asyncio.Task | None = None
+        self.received = 0
+
+    async def start(self) -> None:
+        self._nc = await connect_retrying(self.nats_url, self.router_id)
+        await self._nc.subscribe(LIFECYCLE_SUBJECT, cb=self._on_message)
+        await self._nc.flush()  # the subscription is live before we publish or report ready
+
+    def on_lifecycle(self, event: LifecycleEvent, remote: bool = False) -> None:
+        if self._nc is None or remote:
+            return
+        self._outbox.append(orjson.dumps(event.to_wire(self.router_id)))
+        if self._flush_task is None or self._flush_task.done():
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        # Everything of one loop tick in one NATS message: fewer messages under load.
+        while self._outbox and self._nc is not None:
+            outbox, self._outbox = self._outbox, []
+            with contextlib.suppress(Exception):
+                await self._nc.publish(LIFECYCLE_SUBJECT, b"[" + b",".join(outbox) + b"]")
+
+    async def _on_message(self, msg) -> None:
+        try:
+            items = orjson.loads(msg.data)
+        except orjson.JSONDecodeError:
+            return
+        for item in items:
+            if item.get("router_id") == self.router_id:
+                continue
+            try:
+                event = LifecycleEvent.from_wire(item)
+            except TypeError:
+                continue
+            self.received += 1
+            self._apply(event, True)
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.flush(timeout=1)
+                await self._nc.close()

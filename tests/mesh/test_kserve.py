@@ -1,0 +1,149 @@
+"""KServe v2 over the real mesh: tritonclient directly against the gateway and through Envoy.
+
+Uses the session ``mesh`` (two mocker workers for the demo model, scripted
+answers from tests/golden/mocker_script.json).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import require_module
+from tests.mesh.conftest import DEMO
+
+require_module("tritonclient")
+import tritonclient.grpc as triton  # noqa: E402
+import tritonclient.grpc.aio as triton_aio  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+pytestmark = pytest.mark.mesh
+
+COUNT = "one two three four five six seven eight nine ten"
+
+
+def bytes_input(name: str, text: str) -> triton.InferInput:
+    t = triton.InferInput(name, [1], "BYTES")
+    t.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+    return t
+
+
+def text_of(result) -> str:
+    return b"".join(result.as_numpy("text_output")).decode()
+
+
+@pytest.fixture(params=["gateway", "envoy"])
+def target(request, mesh) -> str:
+    return f"127.0.0.1:{mesh.plan.gateway_ports[0]}" if request.param == "gateway" else mesh.grpc_target
+
+
+async def test_health_metadata_infer_and_errors(target):
+    client = triton_aio.InferenceServerClient(target)
+    try:
+        assert await client.is_server_live() and await client.is_server_ready()
+        assert await client.is_model_ready(DEMO) and not await client.is_model_ready("nope")
+        assert (await client.get_model_metadata(DEMO)).platform == "meshfront"
+        result = await client.infer(DEMO, [bytes_input("text_input", "Count to ten")], parameters={"max_tokens": 3})
+        assert text_of(result) == "one two three"
+        assert result.as_numpy("finish_reason")[0] == b"length"
+        with pytest.raises(InferenceServerException) as e:
+            await client.infer("nope", [bytes_input("text_input", "hi")])
+        assert e.value.status() == "StatusCode.NOT_FOUND"
+        with pytest.raises(InferenceServerException) as e:
+            await client.infer(DEMO, [bytes_input("text_input", "hi")], parameters={"top_k": 0, "colour": "red"})
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "'colour'" in e.value.message()
+    finally:
+        await client.close()
+
+
+async def test_stream_infer_several_responses(target):
+    client = triton_aio.InferenceServerClient(target)
+
+    async def one_request():
+        yield {"model_name": DEMO, "inputs": [bytes_input("text_input", "Tell me a story")],
+               "parameters": {"max_tokens": 30}, "request_id": "story"}
+
+    try:
+        responses = []
+        async for result, error in client.stream_infer(one_request()):
+            assert error is None, error
+            responses.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        assert len(responses) >= 2
+        assert "".join(text_of(r) for r in responses).startswith("Once upon a time")
+        assert responses[-1].as_numpy("finish_reason")[0] == b"length"
+        assert responses[-1].get_response().parameters["completion_tokens"].int64_param == 30
+    finally:
+        await client.close()
+
+
+def test_sync_client_through_envoy(mesh):
+    client = triton.InferenceServerClient(mesh.grpc_target)
+    try:
+        assert client.is_model_ready(DEMO)
+        assert text_of(client.infer(DEMO, [bytes_input("text_input", "Count to ten")])) == COUNT
+    finally:
+        client.close()
+
+
+STORY_CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story"}]
+DIFFERENTIAL = [
+    # (HTTP path, HTTP body, KServe inputs, KServe parameters)
+    ("chat/completions", {"messages": [{"role": "user", "content": "Say hello"}]},
+     {"messages": json.dumps([{"role": "user", "content": "Say hello"}])}, {}),
+    ("chat/completions", {"messages": STORY_CHAT, "max_tokens": 12, "stop": ["gRPC"]},
+     {"messages": json.dumps(STORY_CHAT)}, {"max_tokens": 12, "stop": "gRPC"}),
+    ("completions", {"prompt": "Tell me a story", "max_tokens": 25}, {"text_input": "Tell me a story"},
+     {"max_tokens": 25}),
+    ("completions", {"prompt": "Write forever", "max_tokens": 20, "seed": 42, "ignore_eos": True},
+     {"text_input": "Write forever"}, {"max_tokens": 20, "seed": 42, "ignore_eos": True}),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "inputs", "params"), DIFFERENTIAL)
+def test_http_and_kserve_give_identical_text(mesh, path, body, inputs, params):
+    r = httpx.post(f"{mesh.url}/v1/{path}", json={"model": DEMO, **body}, timeout=30)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    http_text = choice["message"]["content"] if path.startswith("chat") else choice["text"]
+    client = triton.InferenceServerClient(mesh.grpc_target)
+    try:
+        result = client.infer(DEMO, [bytes_input(k, v) for k, v in inputs.items()], parameters=params)
+    finally:
+        client.close()
+    assert http_text and text_of(result) == http_text
+    assert result.as_numpy("finish_reason")[0].decode() == choice["finish_reason"]
+
+
+async def test_cancelled_stream_stops_the_worker(mesh):
+    """tritonclient cancels its stream mid-generation; the worker logs the abort (as tests/mesh/test_faults.py)."""
+    workers = ("mocker-0", "mocker-1")
+    before = sum(mesh.logs(w).count("aborted by the caller") for w in workers)
+    client = triton_aio.InferenceServerClient(mesh.grpc_target)
+
+    async def endless():
+        yield {"model_name": DEMO, "inputs": [bytes_input("text_input", "Write forever")],
+               "parameters": {"max_tokens": 3500, "ignore_eos": True}}
+        await asyncio.sleep(30)  # keep the request side open, like a client that waits for more
+
+    stream = client.stream_infer(endless())
+    try:
+        seen = 0
+        async for result, error in stream:
+            assert error is None, error
+            seen += 1
+            if seen == 2:
+                break
+        stream.cancel()
+    finally:
+        await client.close()
+    t0 = time.monotonic()
+    while sum(mesh.logs(w).count("aborted by the caller") for w in workers) == before:
+        assert time.monotonic() - t0 < 5, "the worker kept generating after the client cancelled"
+        await asyncio.sleep(0.02)

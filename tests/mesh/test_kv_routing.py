@@ -1,0 +1,109 @@
+"""KV-aware routing in a real mesh: mocker events feed the router's index, repeated prefixes hit the
+cache, and workers that leave or join keep the index right (read from the router's metrics)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import re
+import signal
+import time
+import urllib.request
+
+import pytest
+
+from services.launcher.plan import ProcessSpec, free_port
+from tests.mesh.conftest import DEMO, mocker, start_mesh
+
+pytestmark = [pytest.mark.mesh, pytest.mark.timeout(120)]
+
+PREFIX = " ".join(["river garden apple stone light bread music window"] * 40)  # 320 words
+
+
+@pytest.fixture(scope="module")
+def kv_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
+    metrics_port = free_port()
+    old = os.environ.get("MESHFRONT_ROUTER_METRICS_PORT")
+    os.environ["MESHFRONT_ROUTER_METRICS_PORT"] = str(metrics_port)
+    try:
+        m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO), mocker(demo_model_dir, DEMO)],
+                       router_mode="kv")
+    finally:
+        if old is None:
+            os.environ.pop("MESHFRONT_ROUTER_METRICS_PORT")
+        else:
+            os.environ["MESHFRONT_ROUTER_METRICS_PORT"] = old
+    m.metrics_port = metrics_port
+    yield m
+    assert not m.stop()
+
+
+def metrics(mesh) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{mesh.metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^(meshfront_router_\w+(?:\{[^}]*\})?) ([0-9.e+-]+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def index_blocks(mesh) -> dict[str, float]:
+    return {re.search(r'worker="([^"]+)"', k).group(1): v for k, v in metrics(mesh).items()
+            if k.startswith("meshfront_router_kv_index_blocks{")}
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ask(client, tail: str):
+    return client.chat.completions.create(model=DEMO, messages=[{"role": "user", "content": f"{PREFIX} {tail}"}],
+                                          max_tokens=4)
+
+
+def test_repeated_prefix_hits_the_cache_and_workers_come_and_go(kv_mesh, demo_model_dir):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{kv_mesh.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    first = ask(client, "one")
+    assert first.usage.prompt_tokens > 320
+    # The first request's blocks reach the router's index through the worker's KV events.
+    blocks = wait_until(lambda: {w: n for w, n in index_blocks(kv_mesh).items() if n >= 20}, 5, "stored events")
+    assert len(blocks) == 1
+    for tail in ("two", "three", "four"):
+        time.sleep(0.3)  # the gateway's Release of the previous request is fire-and-forget
+        r = ask(client, tail)
+        assert r.usage.prompt_tokens_details.cached_tokens >= 320, r.usage
+    m = wait_until(lambda: (lambda d: d if d.get("meshfront_router_reported_prompt_tokens_total", 0) > 0 else None)(
+        metrics(kv_mesh)), 5, "first-token reports")
+    assert m["meshfront_router_actual_cached_tokens_total"] >= 3 * 320
+    assert m["meshfront_router_predicted_cached_tokens_total"] >= 3 * 320
+    assert m["meshfront_router_kv_event_gaps_total"] == 0
+
+    # The worker holding the prefix leaves: the router drops its blocks and keeps serving.
+    holder = next(iter(blocks))
+    victim = next(n for n in kv_mesh.procs if f"registering {holder} " in kv_mesh.logs(n))
+    kv_mesh.kill(victim, signal.SIGTERM)
+    kv_mesh.procs[victim].wait(15)
+    wait_until(lambda: index_blocks(kv_mesh).get(holder, 0) == 0, 10, "the index to drop the worker")
+    assert ask(client, "five").usage.prompt_tokens > 320
+
+    # A new worker joins: the router loads its state (a dump) and routes to it.
+    dumps = metrics(kv_mesh)["meshfront_router_kv_dumps_loaded_total"]
+    spec = mocker(demo_model_dir, DEMO)
+    port = free_port()
+    argv = [sys.executable, "-m", "services.workers.mocker", "--port", str(port), "--model-dir", spec.model_dir,
+            "--model-name", DEMO, "--nats-url", kv_mesh.plan.nats_url, "--log-level", "INFO", *spec.extra]
+    kv_mesh.start_process(ProcessSpec("mocker-new", argv, port, {"PYTHONUNBUFFERED": "1"}))
+    wait_until(lambda: metrics(kv_mesh)["meshfront_router_kv_dumps_loaded_total"] > dumps, 20, "the new worker's dump")
+    for tail in ("six", "seven", "eight", "nine"):
+        assert ask(client, tail).usage.prompt_tokens > 320
+    client.close()

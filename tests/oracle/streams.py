@@ -1,0 +1,98 @@
+"""What the oracle tests share: a tokenizer with every format's markers, and token streams of the cases.
+
+The engines' parsers decide on marker token ids (``<think>``, ``[TOOL_CALLS]``, …), so each case is
+fed as the ids a real model of that format would generate, with the text each id adds. The oracle
+model directory is the demo model's Qwen tokenizer plus the other formats' markers as special tokens
+(Qwen already has ``<think>`` and ``<tool_call>``), so one directory serves every format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import orjson
+
+from tests.unit.parsers.cases import Case, Result
+
+MARKERS = [
+    "<|python_tag|>", "<|eom_id|>", "<|python_start|>", "<|python_end|>",  # llama 3 / 4
+    "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]",  # mistral
+    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",  # deepseek
+    "◁think▷", "◁/think▷",  # kimi
+]
+
+
+def build_oracle_model(demo_model_dir: Path, out: Path) -> Path:
+    """A copy of the demo model's tokenizer files with every format's markers as single tokens."""
+    from transformers import AutoTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "generation_config.json", "chat_template.jinja"):
+        if (demo_model_dir / name).exists():
+            shutil.copy(demo_model_dir / name, out / name)
+    tok = AutoTokenizer.from_pretrained(str(demo_model_dir))
+    tok.add_special_tokens({"additional_special_tokens": MARKERS}, replace_extra_special_tokens=False)
+    tok.save_pretrained(str(out))
+    return out
+
+
+def token_stream(tokenizer, text: str) -> list[tuple[str, list[int]]]:
+    """``text`` as (text delta, ids) steps, one id per step as an engine emits them.
+
+    An id that ends inside a multi-byte character adds no text; its id rides with the next step's.
+    """
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text, "the oracle tokenizer must round-trip every case"
+    steps, shown, pending = [], "", []
+    for i in range(len(ids)):
+        pending.append(ids[i])
+        now = tokenizer.decode(ids[:i + 1])
+        if now.endswith("\ufffd"):
+            continue
+        steps.append((now[len(shown):], pending))
+        shown, pending = now, []
+    assert shown == text
+    return steps
+
+
+def tools_json(case: Case) -> str:
+    """The tools a request offering the case's calls would carry (open parameter schemas)."""
+    names = {name for name, _ in case.expect.get("calls", [])}
+    names |= {case.config.named_function} - {""}
+    names |= {"get_weather"}  # every request offers at least one tool
+    return orjson.dumps([{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+                         for n in sorted(names)]).decode()
+
+
+def tool_choice_json(case: Case) -> str:
+    if case.config.tool_choice == "named":
+        return orjson.dumps({"type": "function", "function": {"name": case.config.named_function}}).decode()
+    return orjson.dumps(case.config.tool_choice).decode()
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparable:
+    """A parse result as the differential tests compare it.
+
+    Whitespace at both ends of content and reasoning is not compared: ours trims it around
+    reasoning (docs/parsers.md), the engines keep it; arguments are compared as parsed JSON.
+    """
+
+    content: str
+    reasoning: str
+    calls: tuple[tuple[str, str], ...]
+
+    @staticmethod
+    def of(result: Result) -> "Comparable":
+        calls = []
+        for name, args in result.calls:
+            try:
+                parsed = json.dumps(json.loads(args), sort_keys=True, ensure_ascii=False)
+            except ValueError:
+                parsed = f"<not JSON> {args}"
+            calls.append((name, parsed))
+        return Comparable(result.content.strip(), result.reasoning.strip(), tuple(calls))

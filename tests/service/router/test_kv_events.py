@@ -1,0 +1,150 @@
+"""KV events over a real NATS: a mocker KV cache publishes, routers' indexes follow, gaps resync,
+workers that come and go are picked up and dropped, and router replicas share bookings."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+
+import pytest
+
+from services.common.discovery import ModelCard, WorkerCard
+from services.common.hashing import block_hashes
+from services.router.core.kv_ingest import KvEventIngest
+from services.router.core.lifecycle import LifecycleEvent
+from services.router.events import KvEventSubscriber, ReplicaSync
+from services.router.service import Router
+from services.workers.kv_events import KvEventPublisher
+from services.workers.mocker.kv_cache import KvCache
+from services.workers.mocker.sequence import full_blocks
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
+
+BS = 16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def nats_url(nats_bin, tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([nats_bin, "-a", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def card(worker_id: str) -> WorkerCard:
+    return WorkerCard(worker_id, "127.0.0.1:1", ModelCard("m", "/m", block_size=BS))
+
+
+def tokens(seed: int, n: int = 8 * BS) -> list[int]:
+    return [(seed * 7919 + i * 31) % 50_000 for i in range(n)]
+
+
+class FakeWorker:
+    """The mocker's real KvCache with the real publisher attached (no engine needed)."""
+
+    def __init__(self, nats_url: str, worker_id: str, blocks: int = 64):
+        self.id = worker_id
+        self.publisher = KvEventPublisher(nats_url, worker_id, "m")
+        self.cache = KvCache(blocks, BS, self.publisher)
+
+    def run(self, toks: list[int]) -> None:
+        """Prefill then finish a sequence: its blocks stay cached (LRU) afterwards."""
+        blocks = full_blocks(toks, BS)
+        assert self.cache.allocate(blocks, None)
+        self.cache.release([b.block_hash for b in blocks])
+
+
+class RouterSide:
+    def __init__(self, nats_url: str, known: set[str]):
+        self.ingest = KvEventIngest()
+        self.sub = KvEventSubscriber(nats_url, self.ingest, known.__contains__)
+
+    def matches(self, toks: list[int]) -> dict[str, int]:
+        return self.ingest.index.find_matches(block_hashes(toks, BS))
+
+
+async def test_events_drive_index_gap_resync_join_and_leave(nats_url):
+    known = {"w1"}
+    w1 = FakeWorker(nats_url, "w1")
+    w1.run(tokens(1))  # before anyone listens: only the dump can tell
+    await w1.publisher.start()
+    await asyncio.wait_for(w1.publisher.connected.wait(), 10)
+    router = RouterSide(nats_url, known)
+    await router.sub.start()
+    router.sub.on_worker_change("w1", card("w1"))
+    await wait_for(lambda: router.matches(tokens(1)) == {"w1": 8}, 5, "the dump")
+    w1.run(tokens(2))
+    await wait_for(lambda: router.matches(tokens(2)) == {"w1": 8}, 5, "live stored events")
+    # Evictions: fill the 64-block cache with new prompts until tokens(1) is gone.
+    for s in range(3, 12):
+        w1.run(tokens(s))
+    await wait_for(lambda: router.matches(tokens(1)) == {}, 5, "removed events")
+
+    # A lost message: the router sees the gap and reloads the full block set.
+    w1.publisher.seq += 1
+    w1.run(tokens(20))
+    await wait_for(lambda: router.ingest.stats.gaps == 1 and router.matches(tokens(20)) == {"w1": 8}, 5,
+                   "gap recovery")
+    assert router.ingest.stats.dumps_loaded == 2
+    expected = {h for h in (b.block_hash for s in range(3, 21) for b in full_blocks(tokens(s), BS))
+                if w1.cache.contains(h)}
+    assert router.ingest.index.worker_blocks("w1") == len(expected)
+
+    # A worker that appears gets its full state; one that leaves discovery is dropped at once.
+    w2 = FakeWorker(nats_url, "w2")
+    w2.run(tokens(1))
+    await w2.publisher.start()
+    known.add("w2")
+    router.sub.on_worker_change("w2", card("w2"))
+    await wait_for(lambda: router.matches(tokens(1)) == {"w2": 8}, 5, "the new worker's state")
+    known.discard("w1")
+    router.sub.on_worker_change("w1", None)
+    assert router.ingest.index.worker_blocks("w1") == 0
+    w1.run(tokens(21))  # its late events are ignored
+    await asyncio.sleep(0.2)
+    assert router.matches(tokens(21)) == {}
+
+    # A replica started now warms up from the workers' state and agrees with the first.
+    replica = RouterSide(nats_url, known)
+    await replica.sub.start()
+    replica.sub.on_worker_change("w2", card("w2"))
+    await wait_for(lambda: replica.matches(tokens(1)) == router.matches(tokens(1)), 5, "replica warm-up")
+    for side in (router, replica):
+        await side.sub.close()
+    for w in (w1, w2):
+        await w.publisher.close()
+
+
+async def test_replica_sync_shares_bookings(nats_url):
+    cards = [card("w0"), card("w1")]
+    routers = [Router(lambda _m: cards, "kv") for _ in range(2)]
+    syncs = [ReplicaSync(nats_url, r.apply) for r in routers]
+    for r, s in zip(routers, syncs):
+        await s.start()
+        r.listeners.append(s)
+    local = tuple(block_hashes(tokens(5), BS))
+    routers[0].apply(LifecycleEvent("book", "q1", "w1", "m", local, 128, 0, 0))
+    await wait_for(lambda: routers[1].bookings.in_flight("w1") == 1, 5, "the booking on the replica")
+    assert routers[1]._policy.index.find_matches(local) == {"w1": 8}
+    routers[1].apply(LifecycleEvent("free", "q1"))  # the Release went to the other replica
+    await wait_for(lambda: routers[0].bookings.in_flight("w1") == 0, 5, "the release on the first")
+    for s in syncs:
+        await s.close()

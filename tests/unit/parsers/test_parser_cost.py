@@ -1,0 +1,82 @@
+"""Parsers do work proportional to the new text: a 50k-character argument is not quadratic.
+
+Each format parses a call whose arguments hold an N-character string (plus, for the reasoning
+parsers, N characters of reasoning), fed in 4-character chunks as a token stream would arrive. The
+time for N = 50 000 must stay within a generous multiple of ten times the N = 5 000 time (linear
+scaling gives 10x, quadratic 100x); the best of three runs is used to keep the bound robust on a
+loaded CI machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services.postprocessor.core.parsers import ParserConfig, build_output_parser
+
+pytestmark = pytest.mark.unit
+
+SMALL, LARGE = 5_000, 50_000
+CHUNK = 4
+# Linear is 10x; quadratic would be 100x. Allow for noise and constant costs.
+MAX_RATIO = 40
+
+
+def _payload(n: int) -> str:
+    return ("abc def ü \\\"q\\\" {[]} " * (n // 20 + 1))[:n].rstrip("\\")
+
+
+FORMATS = {
+    "hermes": (ParserConfig("hermes", tools=True),
+               lambda s: f'<tool_call>\n{{"name": "f", "arguments": {{"data": "{s}"}}}}\n</tool_call>'),
+    "llama3_json": (ParserConfig("llama3_json", tools=True),
+                    lambda s: f'<|python_tag|>{{"name": "f", "parameters": {{"data": "{s}"}}}}'),
+    "mistral": (ParserConfig("mistral", tools=True), lambda s: f'[TOOL_CALLS]f[ARGS]{{"data": "{s}"}}'),
+    "pythonic": (ParserConfig("pythonic", tools=True), lambda s: f'[f(data="{s}")]'),
+    "deepseek_v3": (ParserConfig("deepseek_v3", tools=True),
+                    lambda s: ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n"
+                               f'{{"data": "{s}"}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')),
+    "harmony": (ParserConfig("harmony", "gpt_oss", tools=True),
+                lambda s: (f"<|channel|>analysis<|message|>{s}<|end|><|start|>assistant<|channel|>commentary "
+                           f'to=functions.f <|constrain|>json<|message|>{{"data": "{s}"}}<|call|>')),
+    "required": (ParserConfig("hermes", tools=True, tool_choice="required"),
+                 lambda s: f'[{{"name": "f", "parameters": {{"data": "{s}"}}}}]'),
+    "qwen3+hermes": (ParserConfig("hermes", "qwen3", tools=True),
+                     lambda s: f'<think>{s}</think><tool_call>{{"name": "f", "arguments": {{"d": "{s}"}}}}</tool_call>'),
+    "deepseek_r1": (ParserConfig(reasoning_parser="deepseek_r1"), lambda s: f"{s}</think>{s}"),
+}
+
+
+def _parse_seconds(config: ParserConfig, text: str) -> float:
+    best = float("inf")
+    for _ in range(3):
+        parser = build_output_parser(config)
+        assert parser is not None
+        start = time.perf_counter()
+        for i in range(0, len(text), CHUNK):
+            parser.feed(text[i:i + CHUNK])
+        parser.finish()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_large_arguments_cost_is_linear(name):
+    config, build = FORMATS[name]
+    small = _parse_seconds(config, build(_payload(SMALL)))
+    large = _parse_seconds(config, build(_payload(LARGE)))
+    assert large < MAX_RATIO * small + 0.05, (name, small, large)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_large_arguments_round_trip(name):
+    """The 50k payload arrives whole (arguments streamed verbatim, nothing capped)."""
+    config, build = FORMATS[name]
+    payload = _payload(LARGE)
+    parser = build_output_parser(config)
+    text = build(payload)
+    deltas = [parser.feed(text[i:i + CHUNK]) for i in range(0, len(text), CHUNK)] + [parser.finish()]
+    args = "".join(c.arguments for d in deltas for c in d.tool_calls)
+    reasoning = "".join(d.reasoning for d in deltas)
+    assert len(args) + len(reasoning) >= LARGE
