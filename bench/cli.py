@@ -64,6 +64,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     "launcher gives them: envoy, gateway-0, preprocessor, router, postprocessor, mocker-0, nats")
     _add_load_flags(ld)
     _add_kv_parser(sub)
+    _add_soak_parser(sub)
     args = p.parse_args(argv)
     if args.scenario == "mesh":
         args.shape = tuple(s.strip() for s in args.shape.split(",") if s.strip())
@@ -88,6 +89,39 @@ def _add_kv_parser(sub) -> None:
     k.add_argument("--workers", type=int, default=d.workers)
     k.add_argument("--max-tokens", type=int, default=d.max_tokens)
     k.add_argument("--markdown", default="", help="append the table to this file")
+
+
+def _add_soak_parser(sub) -> None:
+    from bench.soak import SoakConfig
+
+    d = SoakConfig()
+    s = sub.add_parser("soak", help="closed-loop load for N minutes on a fresh mesh, sampling every process's RSS")
+    s.add_argument("--minutes", type=float, default=d.minutes)
+    s.add_argument("--warmup-minutes", type=float, default=d.warmup_minutes, help="growth is measured after this")
+    s.add_argument("--concurrency", type=int, default=d.concurrency)
+    s.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    s.add_argument("--workers", type=int, default=d.workers)
+    s.add_argument("--speedup", type=_speedup, default=d.speedup, help="mocker --speedup-ratio (default 1 = paced)")
+    s.add_argument("--sample-seconds", type=float, default=d.sample_s)
+    s.add_argument("--shape", default=d.shape, choices=mesh.SHAPES)
+    s.add_argument("--markdown", default="", help="append the table to this file")
+
+
+def _run_soak(args: argparse.Namespace, command: str) -> int:
+    from bench.soak import SoakConfig, report, run
+
+    cfg = SoakConfig(minutes=args.minutes, warmup_minutes=args.warmup_minutes, concurrency=args.concurrency,
+                     max_tokens=args.max_tokens, workers=args.workers, speedup=args.speedup,
+                     sample_s=args.sample_seconds, shape=args.shape)
+    started = datetime.datetime.now().astimezone()
+    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}; {cfg}")
+    table = report(run(cfg, _emit))
+    _emit("\n" + table)
+    if args.markdown:
+        with Path(args.markdown).open("a") as f:
+            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
+                    f"Setting: {cfg}.\n\n{table}\n")
+    return 0
 
 
 def _run_kv(args: argparse.Namespace, command: str) -> int:
@@ -143,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     _emit(f"$ {command}")
     if args.scenario == "kv":
         return _run_kv(args, command)
+    if args.scenario == "soak":
+        return _run_soak(args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
     _emit(f"# {_setting_line(args, cfg)}")

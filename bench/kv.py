@@ -67,7 +67,8 @@ def cases(cfg: KvBenchConfig, names: tuple[str, ...]) -> list[Case]:
                                                                                    "kv")],
         "flood": [Case("flood/round-robin", "round-robin", 1, cfg.shared_fraction),
                   Case("flood/kv", "kv", 1, cfg.shared_fraction)],
-        "unique": [Case("unique/round-robin", "round-robin", cfg.groups, 0.0), Case("unique/kv", "kv", cfg.groups, 0.0)],
+        "unique": [Case("unique/round-robin", "round-robin", cfg.groups, 0.0),
+                   Case("unique/kv", "kv", cfg.groups, 0.0)],
         "replicas": [Case("groups/kv x2 replicas", "kv", cfg.groups, cfg.shared_fraction, replicas=2)],
     }
     return [c for n in names for c in all_cases[n]]
@@ -203,8 +204,8 @@ def run_case(cfg: KvBenchConfig, case: Case, model_dir: str, emit: Printer) -> C
         mesh.stop()
     spills = metrics.get("meshfront_router_kv_spills_total", {}).get("")
     if spills is not None:
-        emit(f"[{case.name}] kv decisions {metrics['meshfront_router_kv_decisions_total']['']:.0f}, spills {spills:.0f}, "
-             f"hot-spot skips {metrics['meshfront_router_kv_hot_skips_total']['']:.0f}")
+        emit(f"[{case.name}] kv decisions {metrics['meshfront_router_kv_decisions_total']['']:.0f}, "
+             f"spills {spills:.0f}, hot-spot skips {metrics['meshfront_router_kv_hot_skips_total']['']:.0f}")
     return _result(case, load, metrics, ceiling(model_dir, prompts.sent))
 
 

@@ -56,3 +56,9 @@ def add_common_flags(p: FlagParser, *, port: int) -> None:
     p.add("--nats-url", default="nats://127.0.0.1:4222", env="MESHFRONT_NATS_URL", help="NATS server URL")
     p.add("--log-level", default="INFO", env="MESHFRONT_LOG_LEVEL", help="logging level")
     p.add("--metrics-port", default=0, type=int, help="Prometheus metrics port (0 = off)")
+    # Shared env names: every pod mounts its certificate at the same path (services/common/tls.py).
+    p.add("--tls-cert", default="", env="MESHFRONT_TLS_CERT",
+          help="PEM certificate (serverAuth+clientAuth): serve gRPC over TLS and present it to other services")
+    p.add("--tls-key", default="", env="MESHFRONT_TLS_KEY", help="PEM private key of --tls-cert")
+    p.add("--tls-ca", default="", env="MESHFRONT_TLS_CA",
+          help="PEM CA: require client certificates it signed and trust only it for outgoing calls (mTLS)")

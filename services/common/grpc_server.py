@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.common import tls as mesh_tls
+
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 << 20
@@ -58,12 +60,14 @@ def setup_logging(level: str) -> None:
 class GrpcServer:
     """A grpc.aio server with health checking and graceful drain."""
 
-    def __init__(self, name: str, host: str, port: int, grace_s: float = 10.0):
+    def __init__(self, name: str, host: str, port: int, grace_s: float = 10.0,
+                 tls: mesh_tls.MeshTls | None = None):
         self.name = name
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        # tls: None = cleartext; with a CA, clients must present a certificate it signed (mTLS).
+        self.port = mesh_tls.add_port(self.server, f"{host}:{port}", tls)
         self.host = host
         self.grace_s = grace_s
         self._on_drain: list[Callable[[], Awaitable[None]]] = []

@@ -19,6 +19,7 @@ import grpc
 from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
 from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
+from services.common import tls as mesh_tls
 from services.common.errors import from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS
 
@@ -41,13 +42,13 @@ class PostprocessorClient(Protocol):
     def generate(self, req: postprocessor_pb2.GenerateRequest) -> AsyncIterator[postprocessor_pb2.GenerateResponse]: ...
 
 
-def channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=_LB_OPTIONS)
+def channel(target: str, tls: mesh_tls.MeshTls | None = None) -> grpc.aio.Channel:
+    return mesh_tls.channel(target, _LB_OPTIONS, tls)
 
 
 class GrpcPreprocessor:
-    def __init__(self, target: str):
-        self._stub = preprocessor_pb2_grpc.PreprocessorServiceStub(channel(target))
+    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None):
+        self._stub = preprocessor_pb2_grpc.PreprocessorServiceStub(channel(target, tls))
 
     async def preprocess(self, req):
         try:
@@ -57,8 +58,8 @@ class GrpcPreprocessor:
 
 
 class GrpcRouter:
-    def __init__(self, target: str):
-        self._stub = router_pb2_grpc.RouterServiceStub(channel(target))
+    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None):
+        self._stub = router_pb2_grpc.RouterServiceStub(channel(target, tls))
 
     async def route(self, req):
         try:
@@ -74,8 +75,8 @@ class GrpcRouter:
 
 
 class GrpcPostprocessor:
-    def __init__(self, target: str):
-        self._stub = postprocessor_pb2_grpc.PostprocessorServiceStub(channel(target))
+    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None):
+        self._stub = postprocessor_pb2_grpc.PostprocessorServiceStub(channel(target, tls))
 
     async def generate(self, req):
         call = self._stub.Generate(req)

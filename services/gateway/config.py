@@ -28,6 +28,9 @@ class GatewayConfig:
     router: str
     postprocessor: str
     router_mode: str
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:

@@ -18,7 +18,7 @@ DESCRIPTOR = ROOT / "deploy" / "envoy" / "gateway.pb"
 
 def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Sequence[tuple[str, int]],
            admin_host: str = "127.0.0.1", tls: tuple[str, str] | None = None, gateway_dns: bool = False,
-           descriptor: str | None = None) -> str:
+           descriptor: str | None = None, upstream_tls: tuple[str, str, str] | None = None) -> str:
     """The shipped config with these addresses.
 
     ``tls=(cert, key)`` (PEM files) terminates TLS on the listener with ALPN h2 and
@@ -26,6 +26,8 @@ def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Seq
     share the port as they do in cleartext. ``gateway_dns`` resolves the gateway
     hosts with STRICT_DNS (every address a name returns is an endpoint: a headless
     Kubernetes Service); ``descriptor`` overrides the transcoder's descriptor path.
+    ``upstream_tls=(ca, cert, key)`` makes Envoy reach the gateways over mTLS (the mesh's
+    ``--tls-*`` flags): it verifies them against ``ca`` and presents ``cert``.
     """
     cfg = yaml.safe_load(ENVOY_YAML.read_text())
     cfg["admin"]["address"]["socket_address"].update(address=admin_host, port_value=admin_port)
@@ -42,6 +44,8 @@ def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Seq
         # Re-resolved every 5 s: pods that scale in or out join the balancing within seconds.
         cluster.update(type="STRICT_DNS", dns_lookup_family="V4_ONLY", dns_refresh_rate="5s",
                        respect_dns_ttl=False)
+    if upstream_tls is not None:
+        cluster["transport_socket"] = upstream_mtls(*upstream_tls)
     cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [
         {"endpoint": {"address": {"socket_address": {"address": h, "port_value": p}}}} for h, p in gateways]}]
     return yaml.safe_dump(cfg, sort_keys=False)
@@ -58,6 +62,23 @@ def downstream_tls(cert: str, key: str) -> dict:
                 "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
                 "tls_certificates": [{"certificate_chain": {"filename": cert},
                                       "private_key": {"filename": key}}],
+            },
+        },
+    }
+
+
+def upstream_mtls(ca: str, cert: str, key: str) -> dict:
+    """Envoy -> gateway over TLS: a client certificate, the mesh CA as the only trust, ALPN h2 (gRPC)."""
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {
+                "alpn_protocols": ["h2"],
+                "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
+                "tls_certificates": [{"certificate_chain": {"filename": cert},
+                                      "private_key": {"filename": key}}],
+                "validation_context": {"trusted_ca": {"filename": ca}},
             },
         },
     }

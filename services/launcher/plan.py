@@ -59,6 +59,30 @@ class MeshPlan:
     extra_router_ports: list[int] = dataclasses.field(default_factory=list)
     # Extra flags per service name ("router", "postprocessor", "gateway", "preprocessor").
     service_args: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # (CA, certificate, key) PEM paths: mTLS between all services, Envoy included as the gateway's
+    # client. mtls_certs gives a service ("gateway", "router", "router-1", "mocker-0", "envoy", ...)
+    # its own (certificate, key) instead of the shared one.
+    mtls: tuple[str, str, str] | None = None
+    mtls_certs: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    # Prometheus port per process name ("gateway-0", "router", "mocker-1", ...); absent = off.
+    metrics_ports: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def process_flags(self, name: str) -> list[str]:
+        """Flags the plan gives the process called ``name``: its metrics port and the --tls-* set."""
+        flags = ["--metrics-port", str(self.metrics_ports[name])] if name in self.metrics_ports else []
+        if self.mtls is not None:
+            ca, cert, key = self.mtls
+            cert, key = self.mtls_certs.get(name, (cert, key))
+            flags += ["--tls-ca", ca, "--tls-cert", cert, "--tls-key", key]
+        return flags
+
+    def service_names(self) -> list[str]:
+        """Names of the Meshfront processes ``specs`` starts (not NATS or Envoy)."""
+        names = [f"{w.kind}-{i}" for i, w in enumerate(self.workers)]
+        if not self.inproc:
+            names += ["preprocessor", *("router" if i == 0 else f"router-{i}" for i in range(self.routers)),
+                      "postprocessor"]
+        return names + [f"gateway-{i}" for i in range(len(self.gateway_ports))]
 
     @property
     def router_ports(self) -> list[int]:
@@ -89,14 +113,24 @@ def free_port() -> int:
 def ephemeral_plan(workers: list[WorkerSpec], gateways: int = 1, **kw) -> MeshPlan:
     """A plan on free ports, for tests and benchmarks that must not clash with a running mesh."""
     kw.setdefault("extra_router_ports", [free_port() for _ in range(kw.get("routers", 1) - 1)])
-    return MeshPlan(http_port=free_port(), admin_port=free_port(), nats_port=free_port(),
+    plan = MeshPlan(http_port=free_port(), admin_port=free_port(), nats_port=free_port(),
                     gateway_ports=[free_port() for _ in range(gateways)], preprocessor_port=free_port(),
                     router_port=free_port(), postprocessor_port=free_port(),
                     worker_ports=[free_port() for _ in workers], workers=workers, **kw)
+    if "metrics_ports" not in kw:  # every service scrapeable, as on Kubernetes
+        plan.metrics_ports = {name: free_port() for name in plan.service_names()}
+    return plan
 
 
 def _py(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+def _envoy_upstream_tls(plan: MeshPlan) -> tuple[str, str, str] | None:
+    if plan.mtls is None:
+        return None
+    ca, cert, key = plan.mtls
+    return (ca, *plan.mtls_certs.get("envoy", (cert, key)))
 
 
 def specs(plan: MeshPlan) -> list[ProcessSpec]:
@@ -109,31 +143,37 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
     for i, (w, port) in enumerate(zip(plan.workers, plan.worker_ports, strict=True)):
         module = "services.workers.hf" if w.kind == "hf" else "services.workers.mocker"
         out.append(ProcessSpec(f"{w.kind}-{i}", _py(module, "--port", str(port), "--model-dir", w.model_dir,
-                                                     "--model-name", w.model_name, *common, *w.extra), port, env))
+                                                     "--model-name", w.model_name, *common, *w.extra,
+                                                     *plan.process_flags(f"{w.kind}-{i}")), port, env))
     stage = ["--router-mode", plan.router_mode]
     if plan.inproc:
         stage += ["--preprocessor", "inproc", "--router", "inproc", "--postprocessor", "inproc"]
     else:
         out += [
             ProcessSpec("preprocessor", _py("services.preprocessor", "--port", str(plan.preprocessor_port), *common,
-                                            *plan.service_args.get("preprocessor", ())), plan.preprocessor_port, env),
+                                            *plan.service_args.get("preprocessor", ()),
+                                            *plan.process_flags("preprocessor")), plan.preprocessor_port, env),
             *(ProcessSpec("router" if i == 0 else f"router-{i}",
                           _py("services.router", "--port", str(port), "--router-mode", plan.router_mode, *common,
-                              *plan.service_args.get("router", ())), port, env)
+                              *plan.service_args.get("router", ()),
+                              *plan.process_flags("router" if i == 0 else f"router-{i}")), port, env)
               for i, port in enumerate(plan.router_ports)),
             ProcessSpec("postprocessor", _py("services.postprocessor", "--port", str(plan.postprocessor_port),
                                              "--router", plan.router_target, *common,
-                                             *plan.service_args.get("postprocessor", ())),
+                                             *plan.service_args.get("postprocessor", ()),
+                                             *plan.process_flags("postprocessor")),
                         plan.postprocessor_port, env),
         ]
         stage = ["--preprocessor", f"127.0.0.1:{plan.preprocessor_port}", "--router",
                  plan.router_target, "--postprocessor", f"127.0.0.1:{plan.postprocessor_port}"]
     for i, port in enumerate(plan.gateway_ports):
         out.append(ProcessSpec(f"gateway-{i}", _py("services.gateway", "--port", str(port), *common, *stage,
-                                                   *plan.service_args.get("gateway", ())), port, env))
+                                                   *plan.service_args.get("gateway", ()),
+                                                   *plan.process_flags(f"gateway-{i}")), port, env))
     envoy_yaml = plan.run_dir / f"envoy-{plan.http_port}.yaml"
     envoy_yaml.write_text(envoy_config.render(listen_host="127.0.0.1", listen_port=plan.http_port,
                                               admin_port=plan.admin_port, tls=plan.tls,
+                                              upstream_tls=_envoy_upstream_tls(plan),
                                               gateways=[("127.0.0.1", p) for p in plan.gateway_ports]))
     out.append(ProcessSpec("envoy", [str(VENV_BIN / "envoy"), "-c", str(envoy_yaml), "--concurrency", "1",
                                      "--log-level", "warn", "--base-id", str(plan.http_port)], plan.http_port,

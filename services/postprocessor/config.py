@@ -25,6 +25,9 @@ class PostprocessorConfig:
     migration_limit: int
     stream_idle_timeout_s: float
     chat_processor: str
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
     def validate(self) -> None:
         """Raises ValueError listing every invalid setting."""

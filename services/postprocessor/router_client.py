@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
+from services.common import tls as mesh_tls
 from services.common.errors import from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS
 
@@ -15,8 +16,8 @@ _ROUTE_TIMEOUT_S = 5.0
 
 
 class GrpcRouterClient:
-    def __init__(self, target: str):
-        self._channel = grpc.aio.insecure_channel(target, options=_LB_OPTIONS)
+    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None):
+        self._channel = mesh_tls.channel(target, _LB_OPTIONS, tls)
         self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:

@@ -13,6 +13,7 @@ import logging
 import grpc
 
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
+from services.common import tls as mesh_tls
 from services.common.errors import Cancelled, Internal, MeshError, WorkerFailed, from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS
 
@@ -54,14 +55,15 @@ class GrpcWorkerCall:
 class GrpcWorkerClient:
     """Opens Generate calls over a pool of channels keyed by worker address."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: mesh_tls.MeshTls | None = None) -> None:
+        self._tls = tls
         self._stubs: dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
         self._channels: list[grpc.aio.Channel] = []
 
     def generate(self, address: str, request: worker_pb2.GenerateRequest) -> GrpcWorkerCall:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=WORKER_CHANNEL_OPTIONS)
+            channel = mesh_tls.channel(address, WORKER_CHANNEL_OPTIONS, self._tls)
             self._channels.append(channel)
             stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
         return GrpcWorkerCall(stub.Generate(request), address)

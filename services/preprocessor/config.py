@@ -24,6 +24,9 @@ class PreprocessorConfig:
     # Chat template kwargs every request starts from, e.g. {"enable_thinking": false}.
     default_chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
     hide_tools_for_tool_choice_none: bool = True
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
     def validate(self) -> None:
         errors = []
@@ -53,7 +56,8 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str] | None = Non
     cfg = PreprocessorConfig(host=args.host, port=args.port, nats_url=args.nats_url, log_level=args.log_level,
                              metrics_port=args.metrics_port, offload_threshold=args.offload_threshold,
                              grace_s=args.grace_s, default_chat_template_kwargs=defaults,
-                             hide_tools_for_tool_choice_none=args.hide_tools_for_tool_choice_none)
+                             hide_tools_for_tool_choice_none=args.hide_tools_for_tool_choice_none,
+                             tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca)
     cfg.validate()
     return cfg
 

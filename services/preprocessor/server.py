@@ -8,6 +8,7 @@ import logging
 import grpc
 from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
+from services.common import tls as mesh_tls
 from services.common.discovery import WorkerCard, WorkerRegistry
 from services.common.errors import Internal, MeshError, abort
 from services.common.metrics import preprocessor_metrics
@@ -62,7 +63,7 @@ async def serve(cfg: PreprocessorConfig) -> None:
 
     registry.subscribe(warm_on_register)
     await registry.start()
-    server = GrpcServer("preprocessor", cfg.host, cfg.port, grace_s=cfg.grace_s)
+    server = GrpcServer("preprocessor", cfg.host, cfg.port, grace_s=cfg.grace_s, tls=mesh_tls.from_config(cfg))
     add_to_server(server, preprocessor)
     try:
         await server.serve_until_signal()

@@ -24,8 +24,11 @@ class RouterConfig:
     router_temperature: float = 0.0
     kv_events: bool = True
     router_ttl_secs: float = 120.0
-    hotspot_ratio: float = 2.0
+    hotspot_ratio: float = 3.0
     router_replica_sync: bool = True
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> RouterConfig:
@@ -37,7 +40,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     p.add("--kv-events", default=True, type=bool,
           help="kv: index workers' KV events (--no-kv-events: predict from own decisions, approximate mode)")
     p.add("--router-ttl-secs", default=120.0, type=float, help="kv approximate mode: life of a predicted block")
-    p.add("--hotspot-ratio", default=2.0, type=float,
+    p.add("--hotspot-ratio", default=3.0, type=float,
           help="kv: a worker above this multiple of its fair share of in-flight requests is skipped")
     p.add("--router-replica-sync", default=True, type=bool,
           help="share bookings with other router replicas over NATS")

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from prometheus_client import REGISTRY
+
 from meshfront.router.v1 import router_pb2_grpc
+from services.common import tls as mesh_tls
 from services.common.discovery import WorkerRegistry
 from services.common.overload import BusyThreshold
 from services.common.grpc_server import GrpcServer, run, setup_logging
+from services.common.metrics import serve_metrics
 from services.router.config import RouterConfig, parse_config
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.policies import make_policy
@@ -27,12 +31,10 @@ async def serve(argv: list[str]) -> None:
                     busy=BusyThreshold(cfg.max_in_flight_per_worker))
     registry.subscribe(router.on_worker_change)
     closers = [registry.close]
-    metrics = RouterMetrics(ingest=ingest, policy_stats=getattr(router._policy, "stats", None))
+    # The process registry, so that /metrics also has process_* and python_gc_* like every service.
+    metrics = RouterMetrics(registry=REGISTRY, ingest=ingest, policy_stats=getattr(router._policy, "stats", None))
     router.listeners.append(metrics)
-    if cfg.metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(cfg.metrics_port, addr=cfg.host, registry=metrics.registry)
+    serve_metrics(cfg.metrics_port, cfg.host)
     background = []
     if ingest is not None:
         events = KvEventSubscriber(cfg.nats_url, ingest, lambda w: w in registry.workers, metrics.observe_lag)
@@ -46,7 +48,7 @@ async def serve(argv: list[str]) -> None:
         closers.append(sync.close)
     tasks = [asyncio.create_task(c) for c in background]  # NATS may come up after us
     await registry.start()
-    server = GrpcServer("router", cfg.host, cfg.port)
+    server = GrpcServer("router", cfg.host, cfg.port, tls=mesh_tls.from_config(cfg))
     router_pb2_grpc.add_RouterServiceServicer_to_server(RouterServicer(router), server.server)
     for close in closers:
         server.on_stopped(close)

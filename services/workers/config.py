@@ -30,6 +30,9 @@ class WorkerConfig:
     tool_call_parser: str
     reasoning_parser: str
     metrics_port: int = 0
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
 
     def validate(self) -> list[str]:
         errors = []
@@ -88,6 +91,9 @@ def worker_config_from_args(args: argparse.Namespace, kind: str) -> WorkerConfig
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         metrics_port=args.metrics_port,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
     )
 
 

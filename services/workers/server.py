@@ -13,10 +13,11 @@ import logging
 import grpc
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 
+from services.common import tls as mesh_tls
 from services.common.discovery import ModelCard, Registrar, WorkerCard
 from services.common.errors import Internal, MeshError, abort
 from services.common.grpc_server import GrpcServer
-from services.common.metrics import serve_metrics
+from services.common.metrics import serve_metrics, worker_metrics
 from services.workers.config import WorkerConfig
 from services.workers.engine import Engine
 from services.workers.service import WorkerService
@@ -56,7 +57,7 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
 
 def build_server(cfg: WorkerConfig, engine: Engine) -> GrpcServer:
     """A bound (not yet started) server exposing ``engine`` as WorkerService."""
-    server = GrpcServer(f"worker-{cfg.kind}", cfg.host, cfg.port)
+    server = GrpcServer(f"worker-{cfg.kind}", cfg.host, cfg.port, tls=mesh_tls.from_config(cfg))
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(WorkerService(engine)), server.server)
     return server
 
@@ -66,6 +67,7 @@ async def serve_worker(cfg: WorkerConfig, engine: Engine, *, total_kv_blocks: in
     """Serves ``engine`` until a signal, registered in discovery for as long as it serves."""
     await engine.start()  # load a model before the port opens, so "port open" means "ready"
     serve_metrics(cfg.metrics_port, cfg.host)
+    worker_metrics()  # every documented name from the first scrape, not the first request
     server = build_server(cfg, engine)
     registrar: Registrar | None = None
     if cfg.register:

@@ -33,7 +33,8 @@ def kv_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
             os.environ.pop("MESHFRONT_ROUTER_METRICS_PORT")
         else:
             os.environ["MESHFRONT_ROUTER_METRICS_PORT"] = old
-    m.metrics_port = metrics_port
+    # The plan may give the router its own --metrics-port (which wins over the env twin).
+    m.metrics_port = getattr(m.plan, "metrics_ports", {}).get("router", metrics_port)
     yield m
     assert not m.stop()
 

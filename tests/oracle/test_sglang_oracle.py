@@ -34,7 +34,8 @@ _MISTRAL = "SGLang's mistral detector streams only one call of a [TOOL_CALLS] li
 _PYTHONIC = "SGLang's pythonic streaming loses calls whose arguments hold lists, dicts or delimiters in strings"
 EXPECTED_DIFFERENCES: dict[str, str] = {
     "deepseek-truncated-header": _DROPS_MALFORMED,
-    "hermes-string-arguments": "arguments given as a JSON string: SGLang forwards the string, ours the object it encodes",
+    "hermes-string-arguments": ("arguments given as a JSON string: SGLang forwards the string, ours the object it "
+                                "encodes"),
     "hermes-no-arguments": "a call without arguments: SGLang streams no arguments, ours '{}'",
     "hermes-malformed-no-name": _DROPS_MALFORMED,
     "hermes-malformed-not-json": _DROPS_MALFORMED,
@@ -56,11 +57,13 @@ EXPECTED_DIFFERENCES: dict[str, str] = {
     "pythonic-string-with-delimiters": _PYTHONIC,
     "pythonic-not-a-literal": "a non-literal argument: SGLang drops the output, ours keeps it as a string",
     "pythonic-plain-text": _HOLDS_TAIL,
-    "qwen3-think-later-is-content": "SGLang's qwen3 takes a <think> block anywhere as reasoning; ours only at the start",
+    "qwen3-think-later-is-content": ("SGLang's qwen3 takes a <think> block anywhere as reasoning; ours only at the "
+                                     "start"),
 }
 
 CASES = [c for c in load_cases()
-         if c.config.tool_call_parser in TOOL_FORMATS and c.config.tool_choice == "auto" and c.config.reasoning_parser in REASONING_FORMATS]
+         if c.config.tool_call_parser in TOOL_FORMATS and c.config.tool_choice == "auto"
+         and c.config.reasoning_parser in REASONING_FORMATS]
 
 
 @pytest.fixture(scope="module")

@@ -52,9 +52,11 @@ EXPECTED_DIFFERENCES: dict[str, str] = {
     "hermes-missing-close-tag": _TEXT_AFTER_CALL,
     "hermes-text-after": _TEXT_AFTER_CALL,
     "hermes-lookalike-markers": "vLLM streaming holds back a trailing partial '<tool_call' forever; ours flushes it",
-    "llama3-leading-whitespace": "vLLM streaming: a call after leading whitespace is content (its non-streaming parse finds it)",
+    "llama3-leading-whitespace": ("vLLM streaming: a call after leading whitespace is content (its non-streaming parse "
+                                  "finds it)"),
     "llama3-json-answer-is-content": "a JSON answer with a 'name' key: vLLM streams a call, ours needs 'name' first",
-    "llama3-text-then-tag": "vLLM streaming: <|python_tag|> after text is content (its non-streaming parse finds the call)",
+    "llama3-text-then-tag": ("vLLM streaming: <|python_tag|> after text is content (its non-streaming parse finds the "
+                             "call)"),
     "llama3-call-then-text": _TEXT_AFTER_CALL,
     "llama3-malformed-after-tag": _DROPS_MALFORMED,
     "mistral-list-single": _MISTRAL_LIST,
@@ -63,7 +65,8 @@ EXPECTED_DIFFERENCES: dict[str, str] = {
     "mistral-call-id": "vLLM's v11 path does not know [CALL_ID]: the id becomes part of the name",
     "mistral-malformed-list": _MISTRAL_LIST,
     "mistral-truncated-name": "a truncated name: vLLM emits the call, ours shows the text (the name was never closed)",
-    "pythonic-python-start": "vLLM's pythonic parser does not strip <|python_start|>...<|python_end|> (llama4_pythonic)",
+    "pythonic-python-start": ("vLLM's pythonic parser does not strip <|python_start|>...<|python_end|> "
+                              "(llama4_pythonic)"),
     "pythonic-not-a-literal": "a non-literal argument: vLLM drops the output, ours keeps it as a string",
     "pythonic-list-not-call": "vLLM streaming drops a list that turns out not to be calls; ours shows it",
     "pythonic-text-after": _TEXT_AFTER_CALL,

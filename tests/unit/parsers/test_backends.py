@@ -51,7 +51,8 @@ def test_ours_gives_no_parser_for_plain_requests():
 def test_selecting_a_missing_engine_is_a_clear_startup_error(engine):
     if importlib.util.find_spec(engine) is not None:
         pytest.fail(f"{engine} is installed in the main environment; this test expects it absent")
-    with pytest.raises(ChatProcessorUnavailable, match=rf"--chat-processor {engine} needs {engine}.*meshfront\[{engine}\]"):
+    message = rf"--chat-processor {engine} needs {engine}.*meshfront\[{engine}\]"
+    with pytest.raises(ChatProcessorUnavailable, match=message):
         load_chat_processor(engine)
     assert engine not in sys.modules
 

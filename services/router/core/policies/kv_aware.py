@@ -19,7 +19,7 @@ Hot-spot guard: a worker already running more than ``hotspot_ratio`` x its fair 
 in-flight requests (this one included) is not a candidate. One flooding prefix therefore spills
 to the next-cheapest workers, which then cache it too, instead of queueing behind one engine.
 
-Parameters: ``overlap_weight`` (5.0), ``temperature`` (0.0), ``hotspot_ratio`` (2.0),
+Parameters: ``overlap_weight`` (5.0), ``temperature`` (0.0), ``hotspot_ratio`` (3.0),
 ``approximate`` (predict from decisions instead of events), ``rng``. Optimises: TTFT through
 prefix reuse, bounded by load.
 """
@@ -42,14 +42,17 @@ ReportedBlocks = Callable[[str], int]
 # Measured, not guessed (bench/RESULTS.md, "KV-aware routing"): on the 16-group workload weight 1
 # (Dynamo's default) lets load win so often that groups smear over workers (cached share 0.57 of a
 # 0.75 ceiling); 3 gives 0.66-0.69, 5 gives 0.71-0.74, 8 no better. A one-prefix flood stays
-# balanced at 5 because the in-flight prefill term still carries the weight.
+# balanced at 5 because the in-flight prefill term still carries the weight. The hot-spot guard is
+# a safety net (approximate mode, many workers): at 2 it skipped holders on the group bench and cost
+# hits (0.71 vs 0.74); the flood never reached it.
 DEFAULT_OVERLAP_WEIGHT = 5.0
-DEFAULT_HOTSPOT_RATIO = 2.0
+DEFAULT_HOTSPOT_RATIO = 3.0
 
 
 class KvAware:
     def __init__(self, *, index: RadixIndex | None = None, overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
-                 temperature: float = 0.0, hotspot_ratio: float = DEFAULT_HOTSPOT_RATIO, approximate: bool | None = None, ttl_s: float = 120.0,
+                 temperature: float = 0.0, hotspot_ratio: float = DEFAULT_HOTSPOT_RATIO,
+                 approximate: bool | None = None, ttl_s: float = 120.0,
                  reported_blocks: ReportedBlocks | None = None, rng: random.Random | None = None):
         if overlap_weight < 0 or temperature < 0 or hotspot_ratio < 1:
             raise ValueError("overlap_weight and temperature must be >= 0, hotspot_ratio >= 1")

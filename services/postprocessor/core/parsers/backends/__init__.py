@@ -105,5 +105,6 @@ def load_chat_processor(name: str) -> ChatProcessor:
     try:
         adapter = importlib.import_module(module)
     except ImportError as e:
-        raise ChatProcessorUnavailable(f"--chat-processor {name}: {package} is installed but does not import: {e}") from e
+        raise ChatProcessorUnavailable(
+            f"--chat-processor {name}: {package} is installed but does not import: {e}") from e
     return adapter.CHAT_PROCESSOR_CLASS()

@@ -1,0 +1,157 @@
+"""Prometheus metrics of every service of the session mesh, checked against docs/metrics.md.
+
+The launcher's test plans give every process a ``--metrics-port`` (``MeshPlan.metrics_ports``).
+The documented tables are parsed, so a metric documented but not exported, exported but not
+documented, or documented with another type fails here. Counters are compared before and after a
+few requests (other tests share the mesh, so movements are lower bounds).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.launcher.plan import ROOT
+from tests.mesh.conftest import DEMO
+
+pytestmark = pytest.mark.mesh
+
+DOC = ROOT / "docs" / "metrics.md"
+# docs/metrics.md's section prefix -> the process names (services/launcher/plan.py) that export it.
+PROCESSES = {"meshfront_gateway_": "gateway-", "meshfront_preprocessor_": "preprocessor",
+             "meshfront_router_": "router", "meshfront_postprocessor_": "postprocessor",
+             "meshfront_worker_": "mocker-"}
+KV_ONLY = "*kv mode*"
+
+
+def documented() -> dict[str, dict[str, tuple[str, bool]]]:
+    """prefix -> {family name: (type, kv mode only)} from the doc's tables; counters lose ``_total``."""
+    out: dict[str, dict[str, tuple[str, bool]]] = {}
+    prefix = None
+    for line in DOC.read_text().splitlines():
+        heading = re.match(r"## .*\(`(meshfront_\w+_)`\)", line)
+        if heading:
+            prefix = heading.group(1)
+            out[prefix] = {}
+            continue
+        row = re.match(r"\| `(\w+)` \| (\w+) \|[^|]*\|(.*)\|$", line)
+        if row and prefix:
+            name, kind, meaning = row.groups()
+            if kind == "counter":
+                name = name.removesuffix("_total")
+            out[prefix][prefix + name] = (kind, KV_ONLY in meaning)
+    return out
+
+
+def parse(text: str) -> dict[str, object]:
+    return {f.name: f for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
+
+
+def scrape(mesh) -> dict[str, dict[str, object]]:
+    with httpx.Client(timeout=5) as http:
+        return {name: parse(http.get(f"http://127.0.0.1:{port}/metrics").text)
+                for name, port in mesh.plan.metrics_ports.items()}
+
+
+def value(families, name: str, suffix: str = "", **labels) -> float:
+    """Sum of the samples ``name + suffix`` whose labels include ``labels``."""
+    family = families.get(name)
+    if family is None:
+        return 0.0
+    return sum(s.value for s in family.samples
+               if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def processes_of(scraped, prefix: str) -> list[str]:
+    return [name for name in scraped if name.startswith(PROCESSES[prefix])]
+
+
+def test_doc_tables_cover_every_service():
+    assert set(documented()) == set(PROCESSES)
+
+
+def test_exported_names_match_the_doc(mesh):
+    docs = documented()
+    scraped = scrape(mesh)
+    assert set(mesh.plan.metrics_ports) == set(mesh.plan.service_names())
+    for prefix, names in docs.items():
+        expected = {n: kind for n, (kind, kv_only) in names.items() if not kv_only}
+        for process in processes_of(scraped, prefix):
+            families = scraped[process]
+            exported = {n: f.type for n, f in families.items() if n.startswith("meshfront_")}
+            optional = {n for n, (_, kv_only) in names.items() if kv_only}
+            assert set(exported) - optional == set(expected), process  # neither missing nor undocumented
+            assert {n: exported[n] for n in expected} == expected, process
+            assert "process_resident_memory_bytes" in families, process  # as the doc promises
+
+
+def test_kv_mode_router_names_match_the_doc():
+    """The kv-only names without a kv mesh: the router's metrics over a kv policy and event ingest."""
+    from services.router.core.kv_ingest import KvEventIngest
+    from services.router.core.policies import make_policy
+    from services.router.metrics import RouterMetrics
+
+    ingest = KvEventIngest()
+    registry = CollectorRegistry()
+    RouterMetrics(registry, ingest=ingest, policy_stats=make_policy("kv", approximate=True).stats)
+    exported = {n: f.type for n, f in parse(generate_latest(registry).decode()).items()}
+    docs = documented()["meshfront_router_"]
+    assert exported == {n: kind for n, (kind, _) in docs.items()}
+
+
+def test_counters_move_with_requests(mesh, client):
+    before = scrape(mesh)
+    tokens_in = tokens_out = 0
+    for stream in (False, True, False, True):
+        messages = [{"role": "user", "content": "count to ten"}]
+        if stream:
+            chunks = list(client.chat.completions.create(model=DEMO, messages=messages, max_tokens=12, stream=True,
+                                                         stream_options={"include_usage": True}))
+            usage = chunks[-1].usage
+        else:
+            usage = client.chat.completions.create(model=DEMO, messages=messages, max_tokens=12).usage
+        tokens_in += usage.prompt_tokens
+        tokens_out += usage.completion_tokens
+    assert in_flight(mesh) == {}  # every service has finished its books on these requests
+    after = scrape(mesh)
+
+    def moved(prefix: str, name: str, suffix: str = "", **labels) -> float:
+        return sum(value(after[p], prefix + name, suffix, **labels) - value(before[p], prefix + name, suffix, **labels)
+                   for p in processes_of(after, prefix))
+
+    gw = "meshfront_gateway_"
+    assert moved(gw, "requests", "_total", model=DEMO, status="200") >= 4
+    assert moved(gw, "input_tokens", "_total", model=DEMO) >= tokens_in
+    assert moved(gw, "output_tokens", "_total", model=DEMO) >= tokens_out
+    assert moved(gw, "time_to_first_token_seconds", "_count", model=DEMO) >= 2  # the two streams
+    assert moved(gw, "request_duration_seconds", "_count", model=DEMO) >= 4
+    assert moved(gw, "inter_token_latency_seconds", "_count", model=DEMO) >= 2
+    assert moved("meshfront_preprocessor_", "requests", "_total", outcome="ok") >= 4
+    assert moved("meshfront_preprocessor_", "duration_seconds", "_count") >= 4
+    assert moved("meshfront_router_", "routed_requests", "_total") >= 4
+    assert moved("meshfront_router_", "routed_prompt_tokens", "_total") >= tokens_in
+    assert moved("meshfront_postprocessor_", "streams", "_total", outcome="finished") >= 4
+    assert moved("meshfront_worker_", "requests", "_total", outcome="finished") >= 4
+    # Per-worker load: the router's shares add up to one; nothing is left in flight.
+    shares = [s.value for s in after["router"]["meshfront_router_worker_load_share"].samples]
+    assert len(shares) >= 2 and sum(shares) == pytest.approx(1.0)
+
+
+def in_flight(mesh, within_s: float = 3.0) -> dict[str, float]:
+    """Non-zero in-flight gauges, polled briefly (a gauge drops just after the last byte is sent)."""
+    gauges = (("meshfront_gateway_", "inflight_requests"), ("meshfront_postprocessor_", "inflight_streams"),
+              ("meshfront_worker_", "inflight_requests"))
+    deadline = time.monotonic() + within_s
+    while True:
+        scraped = scrape(mesh)
+        busy = {f"{p} {prefix}{gauge}": value(scraped[p], prefix + gauge)
+                for prefix, gauge in gauges for p in processes_of(scraped, prefix)}
+        busy = {k: v for k, v in busy.items() if v}
+        if not busy or time.monotonic() > deadline:
+            return busy
+        time.sleep(0.1)
