@@ -7,6 +7,7 @@ running (e.g. ``make run``) and accounts CPU for the pids given with ``--pid nam
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -105,6 +106,7 @@ def _add_soak_parser(sub) -> None:
     s.add_argument("--sample-seconds", type=float, default=d.sample_s)
     s.add_argument("--shape", default=d.shape, choices=mesh.SHAPES)
     s.add_argument("--markdown", default="", help="append the table to this file")
+    s.add_argument("--json", default="", help="write every RSS sample (KiB per process) and the counts to this file")
 
 
 def _run_soak(args: argparse.Namespace, command: str) -> int:
@@ -115,8 +117,13 @@ def _run_soak(args: argparse.Namespace, command: str) -> int:
                      sample_s=args.sample_seconds, shape=args.shape)
     started = datetime.datetime.now().astimezone()
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}; {cfg}")
-    table = report(run(cfg, _emit))
+    result = run(cfg, _emit)
+    table = report(result)
     _emit("\n" + table)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"config": dataclasses.asdict(cfg), "wall_s": result.wall_s,
+                                               "counts": dataclasses.asdict(result.counts),
+                                               "samples": result.samples}, indent=1))
     if args.markdown:
         with Path(args.markdown).open("a") as f:
             f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"

@@ -172,7 +172,8 @@ def run(cfg: SoakConfig, emit: Printer, log_level: str = "WARNING") -> SoakResul
 def report(result: SoakResult) -> str:
     c, cfg = result.counts, result.cfg
     lines = [
-        f"{c.ok} requests ok, {c.errors} errors ({c.cut_at_end} cut by the end of the run) in {result.wall_s / 60:.1f} min "
+        f"{c.ok} requests ok, {c.errors} errors ({c.cut_at_end} cut by the end of the run) "
+        f"in {result.wall_s / 60:.1f} min "
         f"({c.ok / max(result.wall_s, 1e-9):.1f} req/s, {c.completion_tokens} tokens out); "
         f"{len(result.samples)} RSS samples every {cfg.sample_s:g} s, warm-up {cfg.warmup_minutes:g} min."
         + (f" First errors: {c.first_errors}" if c.first_errors else ""),

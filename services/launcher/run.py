@@ -39,11 +39,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--tls-cert", default="", help="PEM certificate (chain): Envoy serves HTTPS and gRPC over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
+    p.add_argument("--mesh-tls-ca", default="", help="PEM CA: mTLS between all services (with the two below)")
+    p.add_argument("--mesh-tls-cert", default="", help="PEM certificate every service presents (serverAuth and "
+                   "clientAuth, naming 127.0.0.1)")
+    p.add_argument("--mesh-tls-key", default="", help="PEM private key for --mesh-tls-cert")
     args = p.parse_args(argv)
+    mesh_tls = (args.mesh_tls_ca, args.mesh_tls_cert, args.mesh_tls_key)
+    if any(mesh_tls) and not all(mesh_tls):
+        p.error("--mesh-tls-ca, --mesh-tls-cert and --mesh-tls-key go together")
+    args.mtls = tuple(os.path.abspath(f) for f in mesh_tls) if all(mesh_tls) else None
     # Both or neither, and readable now rather than when Envoy fails to load them.
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together")
-    for path in filter(None, (args.tls_cert, args.tls_key)):
+    for path in filter(None, (args.tls_cert, args.tls_key, *mesh_tls)):
         if not os.path.isfile(path):
             p.error(f"{path} is not a file")
     return args
@@ -82,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                     workers=[WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)] * args.workers,
                     worker_ports=[9500 + i for i in range(args.workers)], log_level=args.log_level,
                     tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
-                    tls_key=os.path.abspath(args.tls_key) if args.tls_key else "")
+                    tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls)
     shutil.rmtree(plan.run_dir / f"nats-{plan.nats_port}", ignore_errors=True)
     manager = Manager()
     for spec in specs(plan):

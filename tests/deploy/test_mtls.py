@@ -1,5 +1,5 @@
-"""Mutual TLS between services: the whole split mesh (Envoy -> gateway -> preprocessor, router,
-postprocessor -> worker) with ``--tls-ca/--tls-cert/--tls-key`` on every process.
+"""Mutual TLS between services: the whole split mesh (Envoy -> gateway -> preprocessor, two router
+replicas, postprocessor -> worker) with ``--tls-ca/--tls-cert/--tls-key`` on every process.
 
 Every service gets its own certificate from a CA generated for this module (the launcher's
 ``MeshPlan.mtls``/``mtls_certs``); Envoy presents its own to the gateway. An openai SDK call
@@ -74,7 +74,8 @@ def _health(channel: grpc.Channel) -> int:
 
 def _service_ports(mesh: Mesh) -> dict[str, int]:
     p = mesh.plan
-    return {"gateway-0": p.gateway_ports[0], "preprocessor": p.preprocessor_port, "router": p.router_port,
+    return {"gateway-0": p.gateway_ports[0], "preprocessor": p.preprocessor_port, "router": p.router_ports[0],
+            "router-1": p.router_ports[1],
             "postprocessor": p.postprocessor_port, "mocker-0": p.worker_ports[0]}
 
 
@@ -102,3 +103,15 @@ def test_service_ports_refuse_unauthenticated_clients(mtls_mesh, ca, tmp_path, c
         with pytest.raises(grpc.RpcError) as refused:
             _health(channel)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, name
+
+
+def test_meshfront_run_takes_the_mesh_tls_flags_together(ca):
+    from services.launcher.run import parse_args
+
+    leaf = ca.issue("run", HOSTS, client=True)
+    with pytest.raises(SystemExit):
+        parse_args(["--mesh-tls-ca", str(ca.cert_path), "--mesh-tls-cert", str(leaf.cert)])
+    args = parse_args(["--mesh-tls-ca", str(ca.cert_path), "--mesh-tls-cert", str(leaf.cert),
+                       "--mesh-tls-key", str(leaf.key)])
+    assert args.mtls == (str(ca.cert_path), str(leaf.cert), str(leaf.key))
+    assert parse_args([]).mtls is None

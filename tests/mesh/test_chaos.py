@@ -259,6 +259,8 @@ def test_nats_outage_keeps_serving_known_models_and_discovery_resumes(small_mesh
     argv = list(spec.argv)
     argv[argv.index("--port") + 1] = "0"
     argv[argv.index("--model-name") + 1] = "demo-late"
+    if "--metrics-port" in argv:  # mocker-0 still holds its metrics port
+        argv[argv.index("--metrics-port") + 1] = "0"
     small_mesh.start_process(dataclasses.replace(spec, name="mocker-late", argv=argv))
     # Every mirror (gateway, preprocessor, router) must see the new worker: ask until it is served.
     deadline = time.monotonic() + 20
