@@ -25,6 +25,7 @@ from services.common.metrics import postprocessor_metrics
 from services.postprocessor import convert
 from services.postprocessor.core.logprobs import TokenTexts
 from services.postprocessor.core.parsers import parser_config
+from services.postprocessor.core.parsers.output import SingleToolCall
 from services.postprocessor.core.parsers.backends import (
     ChatProcessor,
     OursChatProcessor,
@@ -262,7 +263,8 @@ def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatPr
         raise InvalidRequest(str(e), param="tools") from e
     context = ParseContext(options.model_dir, options.tools_json, options.tool_choice_json,
                            request.token_ids if request is not None else ())  # not copied: ours never read it
-    return (chat_processor or OursChatProcessor()).output_parser(config, context)
+    parser = (chat_processor or OursChatProcessor()).output_parser(config, context)
+    return SingleToolCall(parser) if options.single_tool_call else parser
 
 
 def _as_worker_error(error: BaseException, address: str) -> MeshError:

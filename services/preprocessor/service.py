@@ -86,6 +86,7 @@ class Preprocessor:
                            stop.max_tokens if stop.HasField("max_tokens") else None, param)
         hashes = await self._run(len(prepared.token_ids), block_hashes, prepared.token_ids, card.block_size)
         response = self._response(req, card, artifacts, prepared, hashes)
+        response.postprocess.single_tool_call = req.single_tool_call
         if kind == "messages_json" and card.reasoning_parser:
             response.postprocess.thinking_disabled = thinking_disabled(chat.chat_template_kwargs_json)
         return response

@@ -117,3 +117,32 @@ def test_bad_schema_and_unknown_tool_are_400(client):
         client.chat.completions.create(model=DEMO, messages=QUESTION, tools=TOOLS,
                                        tool_choice={"type": "function", "function": {"name": "nope"}})
     assert e.value.body["param"] == "tool_choice"
+
+
+COMPARE = [{"role": "user", "content": "Compare Paris and Rome, please."}]
+
+
+def _cities(calls) -> list[str]:
+    return [json.loads(c.function.arguments)["city"] for c in calls]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_returns_one_call(client, stream):
+    def run(**kw):
+        if not stream:
+            r = client.chat.completions.create(model=DEMO, messages=COMPARE, tools=TOOLS, **kw)
+            return r.choices[0].message.tool_calls, r.choices[0].finish_reason
+        calls: dict[int, list] = {}
+        finish = None
+        for chunk in client.chat.completions.create(model=DEMO, messages=COMPARE, tools=TOOLS, stream=True, **kw):
+            for tc in chunk.choices[0].delta.tool_calls or []:
+                calls.setdefault(tc.index, []).append(tc)
+            finish = chunk.choices[0].finish_reason or finish
+        merged = [type("Call", (), {"function": type("F", (), {
+            "arguments": "".join(p.function.arguments or "" for p in parts)})()}) for _, parts in sorted(calls.items())]
+        return merged, finish
+
+    both, finish = run()
+    assert _cities(both) == ["Paris", "Rome"] and finish == "tool_calls"
+    one, finish = run(parallel_tool_calls=False)
+    assert _cities(one) == ["Paris"] and finish == "tool_calls"

@@ -36,6 +36,7 @@ def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.Pr
                                              messages_json=orjson.dumps(req.messages).decode())
     if req.tools:
         out.tools_json = orjson.dumps(req.tools).decode()
+        out.single_tool_call = not req.parallel_tool_calls
     if req.tool_choice is not None:
         out.tool_choice_json = orjson.dumps(req.tool_choice).decode()
     if req.chat_template_kwargs:

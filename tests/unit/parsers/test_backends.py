@@ -83,3 +83,20 @@ def test_importing_the_postprocessor_imports_no_engine():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'sglang')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_single_tool_call_keeps_the_first_call_only():
+    from services.postprocessor.core.parsers import build_output_parser, parser_config
+    from services.postprocessor.core.parsers.output import SingleToolCall
+
+    text = ('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "b", "arguments": {"y": 2}}\n</tool_call>')
+    config = parser_config("hermes", "", '[{"type": "function", "function": {"name": "a"}}]', "")
+    for chunk_size in (1, 7, len(text)):
+        parser = SingleToolCall(build_output_parser(config))
+        deltas = [parser.feed(text[i:i + chunk_size]) for i in range(0, len(text), chunk_size)] + [parser.finish()]
+        calls = [c for d in deltas for c in d.tool_calls]
+        assert {c.index for c in calls} == {0}
+        assert [c.name for c in calls if c.name] == ["a"]
+        assert "".join(c.arguments for c in calls) == '{"x": 1}'
+        assert parser.tool_calls == 1 and parser.ends_with_tool_calls

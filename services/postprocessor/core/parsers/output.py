@@ -154,3 +154,34 @@ def parser_config(tool_call_parser: str, reasoning_parser: str, tools_json: str,
     return ParserConfig(tool_call_parser, reasoning_parser, tools=bool(tools), tool_choice=choice,
                         named_function=named, prompt_opens_reasoning=prompt_opens_reasoning,
                         thinking_disabled=thinking_disabled)
+
+
+class SingleToolCall:
+    """``parallel_tool_calls: false``: passes a parser's first tool call and drops any later one.
+
+    Works over any parser (ours or an engine backend's), because call indexes are assigned in order:
+    the first call is index 0 in every delta that belongs to it.
+    """
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    @staticmethod
+    def _first_call_only(delta: ParsedDelta) -> ParsedDelta:
+        if all(call.index == 0 for call in delta.tool_calls):
+            return delta
+        return ParsedDelta(delta.content, delta.reasoning, [c for c in delta.tool_calls if c.index == 0])
+
+    def feed(self, text: str, ids: Sequence[int] = ()) -> ParsedDelta:
+        return self._first_call_only(self._inner.feed(text, ids))
+
+    def finish(self) -> ParsedDelta:
+        return self._first_call_only(self._inner.finish())
+
+    @property
+    def tool_calls(self) -> int:
+        return min(self._inner.tool_calls, 1)
+
+    @property
+    def ends_with_tool_calls(self) -> bool:
+        return self._inner.ends_with_tool_calls

@@ -121,7 +121,7 @@ class PreprocessedRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PostprocessOptions(_message.Message):
-    __slots__ = ("model_dir", "tool_call_parser", "reasoning_parser", "prompt_opens_reasoning", "tools_json", "tool_choice_json", "thinking_disabled")
+    __slots__ = ("model_dir", "tool_call_parser", "reasoning_parser", "prompt_opens_reasoning", "tools_json", "tool_choice_json", "thinking_disabled", "single_tool_call")
     MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class PostprocessOptions(_message.Message):
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_JSON_FIELD_NUMBER: _ClassVar[int]
     THINKING_DISABLED_FIELD_NUMBER: _ClassVar[int]
+    SINGLE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     model_dir: str
     tool_call_parser: str
     reasoning_parser: str
@@ -136,4 +137,5 @@ class PostprocessOptions(_message.Message):
     tools_json: str
     tool_choice_json: str
     thinking_disabled: bool
-    def __init__(self, model_dir: _Optional[str] = ..., tool_call_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tools_json: _Optional[str] = ..., tool_choice_json: _Optional[str] = ..., thinking_disabled: _Optional[bool] = ...) -> None: ...
+    single_tool_call: bool
+    def __init__(self, model_dir: _Optional[str] = ..., tool_call_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tools_json: _Optional[str] = ..., tool_choice_json: _Optional[str] = ..., thinking_disabled: _Optional[bool] = ..., single_tool_call: _Optional[bool] = ...) -> None: ...
