@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import subprocess
+import time
 
 import pytest
 
 from services.common.discovery import ModelCard, WorkerCard
 from services.common.hashing import block_hashes
+from services.launcher.processes import wait_port
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.lifecycle import LifecycleEvent
 from services.router.events import KvEventSubscriber, ReplicaSync
@@ -35,6 +37,8 @@ def nats_url(nats_bin, tmp_path):
     port = free_port()
     proc = subprocess.Popen([nats_bin, "-a", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Serving before the clients connect: their first attempts then need no retry back-off.
+    assert wait_port(port, time.monotonic() + 10), "nats-server did not start"
     try:
         yield f"nats://127.0.0.1:{port}"
     finally:
@@ -142,9 +146,9 @@ async def test_replica_sync_shares_bookings(nats_url):
         r.listeners.append(s)
     local = tuple(block_hashes(tokens(5), BS))
     routers[0].apply(LifecycleEvent("book", "q1", "w1", "m", local, 128, 0, 0))
-    await wait_for(lambda: routers[1].bookings.in_flight("w1") == 1, 5, "the booking on the replica")
+    await wait_for(lambda: routers[1].bookings.in_flight("w1") == 1, 15, "the booking on the replica")
     assert routers[1]._policy.index.find_matches(local) == {"w1": 8}
     routers[1].apply(LifecycleEvent("free", "q1"))  # the Release went to the other replica
-    await wait_for(lambda: routers[0].bookings.in_flight("w1") == 0, 5, "the release on the first")
+    await wait_for(lambda: routers[0].bookings.in_flight("w1") == 0, 15, "the release on the first")
     for s in syncs:
         await s.close()
