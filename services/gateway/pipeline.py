@@ -29,18 +29,20 @@ class Pipeline:
         self.post = post
         self._background: set[asyncio.Task] = set()
 
-    def _release(self, request_id: str) -> None:
-        task = asyncio.create_task(self.router.release(router_pb2.ReleaseRequest(request_id=request_id)))
+    def _notify_router(self, release: router_pb2.ReleaseRequest) -> None:
+        """Fire and forget: the stream must not wait on the router's bookkeeping."""
+        task = asyncio.create_task(self.router.release(release))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _release(self, request_id: str) -> None:
+        self._notify_router(router_pb2.ReleaseRequest(request_id=request_id))
+
     def _report_first_token(self, request_id: str, resp: postprocessor_pb2.GenerateResponse) -> None:
-        """Tells the router (fire and forget) that prefill is done and what the worker had cached."""
-        task = asyncio.create_task(self.router.release(router_pb2.ReleaseRequest(
-            request_id=request_id, first_token=True, cached_tokens=resp.cached_tokens,
-            prompt_tokens=resp.prompt_tokens)))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        """Tells the router that prefill is done and what the worker had cached (its accuracy metrics)."""
+        self._notify_router(router_pb2.ReleaseRequest(request_id=request_id, first_token=True,
+                                                      cached_tokens=resp.cached_tokens,
+                                                      prompt_tokens=resp.prompt_tokens))
 
     async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, request_id: str, choice: int,
                      worker_id: str) -> tuple[str, postprocessor_pb2.GenerateRequest]:
