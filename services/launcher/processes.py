@@ -7,6 +7,7 @@ process and fails loudly if one had to be killed or had already crashed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import pathlib
@@ -25,6 +26,12 @@ def wait_port(port: int, deadline: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def _kill_if_running(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 class Mesh:
@@ -47,6 +54,9 @@ class Mesh:
         env = {**os.environ, **spec.env}
         proc = subprocess.Popen(spec.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
+        # Each process has its own session (so a test can signal it alone); if the test run dies
+        # without its teardown, nothing else would stop them.
+        atexit.register(_kill_if_running, proc)
         self.procs[spec.name] = proc
         self.specs[spec.name] = spec
         return proc
