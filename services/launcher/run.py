@@ -19,10 +19,12 @@ import urllib.request
 
 from honcho.manager import Manager
 
-from services.launcher.plan import MeshPlan, WorkerSpec, specs
+from services.launcher.plan import ROOT, MeshPlan, WorkerSpec, specs
 from services.router.core.policies import POLICY_NAMES
 
 DEMO_MODEL_NAME = "meshfront/demo-qwen"
+# A readable demo: a greeting, a tool call for "weather in Paris", reasoning when asked to "think".
+DEMO_SCRIPT = ROOT / "deploy" / "local" / "demo_script.json"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -34,6 +36,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--router-mode", choices=POLICY_NAMES, default="round-robin")
     p.add_argument("--inproc", action="store_true", help="run preprocessor, router, postprocessor in the gateway")
     p.add_argument("--speedup-ratio", type=float, default=10.0, help="mocker speed-up (0 = instant)")
+    p.add_argument("--mocker-script", default=str(DEMO_SCRIPT),
+                   help="mocker answers by prompt substring (JSON); empty for pseudo-random text")
     p.add_argument("--model-dir", default="", help="model directory (default: build the demo model)")
     p.add_argument("--model-name", default=DEMO_MODEL_NAME)
     p.add_argument("--log-level", default="INFO")
@@ -82,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         print("building the demo model directory from packaged tokenizer files ...", flush=True)
         model_dir = str(build_demo_model(MeshPlan().run_dir.parent / "build" / "models" / "demo-qwen",
                                          with_weights=args.worker_kind == "hf"))
-    extra = ("--speedup-ratio", str(args.speedup_ratio)) if args.worker_kind == "mocker" else ()
+    extra: tuple[str, ...] = ()
+    if args.worker_kind == "mocker":
+        extra = ("--speedup-ratio", str(args.speedup_ratio))
+        if args.mocker_script:
+            extra = (*extra, "--script", os.path.abspath(args.mocker_script))
     if not args.model_dir:  # the demo model's template speaks Hermes tool calls and Qwen3 thinking
         extra = (*extra, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
