@@ -1,0 +1,23 @@
+"""`meshfront run` defaults: the demo script exists and is a valid mocker script; flags reach the workers."""
+
+import json
+
+import pytest
+
+from services.launcher.run import DEMO_SCRIPT, parse_args
+from services.workers.mocker.outputs import parse_script
+
+pytestmark = pytest.mark.unit
+
+
+def test_demo_script_is_a_valid_mocker_script_with_a_default():
+    rules, default = parse_script(json.loads(DEMO_SCRIPT.read_text()))
+    assert default and "Meshfront" in default
+    assert any(match == "weather in Paris" and "<tool_call>" in text for match, text in rules)
+
+
+def test_run_defaults_and_overrides():
+    args = parse_args([])
+    assert args.mocker_script == str(DEMO_SCRIPT) and args.workers == 2 and args.http_port == 8000
+    args = parse_args(["--mocker-script", "", "--router-mode", "kv", "--workers", "4"])
+    assert args.mocker_script == "" and args.router_mode == "kv" and args.workers == 4
