@@ -57,6 +57,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     m.add_argument("--router-mode", default="round-robin")
     m.add_argument("--worker-flag", action="append", default=[], help="extra mocker flag (repeatable), e.g. "
                    "--worker-flag=--num-gpu-blocks=4096")
+    m.add_argument("--postprocessor-flag", action="append", default=[], help="extra postprocessor flag "
+                   "(repeatable), e.g. --postprocessor-flag=--worker-transport=mux")
     m.add_argument("--log-level", default="WARNING", help="log level of the mesh services")
     _add_load_flags(m)
     ld = sub.add_parser("load", help="drive a running mesh")
@@ -154,6 +156,7 @@ def _config(args: argparse.Namespace, shapes: tuple[str, ...]) -> mesh.MeshBench
         workers=getattr(args, "workers", 0), warmup=args.warmup, shared_prefix_tokens=args.shared_prefix_tokens,
         level_timeout_s=args.level_timeout, router_mode=getattr(args, "router_mode", "round-robin"),
         model_name=args.model, worker_flags=tuple(getattr(args, "worker_flag", ())),
+        postprocessor_flags=tuple(getattr(args, "postprocessor_flag", ())),
         log_level=getattr(args, "log_level", "WARNING"), seed=args.seed,
         idle_s=args.idle_seconds)
 

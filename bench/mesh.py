@@ -41,6 +41,7 @@ class MeshBenchConfig:
     router_mode: str = "round-robin"
     model_name: str = "meshfront/demo-qwen"
     worker_flags: tuple[str, ...] = ()
+    postprocessor_flags: tuple[str, ...] = ()  # split shape only (inproc has no postprocessor process)
     log_level: str = "WARNING"
     seed: int | None = None
     idle_s: float = 3.0  # idle-CPU baseline measured after warm-up; 0 skips it
@@ -67,7 +68,8 @@ def start_mesh(cfg: MeshBenchConfig, shape: str, log_dir: Path) -> Mesh:
     extra = ("--speedup-ratio", f"{cfg.speedup:g}", *cfg.worker_flags)
     workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", extra) for _ in range(cfg.workers)]
     plan = ephemeral_plan(workers, inproc=shape == "inproc", router_mode=cfg.router_mode,
-                          run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level)
+                          run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level,
+                          service_args={"postprocessor": cfg.postprocessor_flags})
     mesh = Mesh(plan, log_dir)
     try:
         mesh.start(timeout=90)

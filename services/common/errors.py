@@ -99,8 +99,8 @@ _BY_CODE: dict[grpc.StatusCode, type[MeshError]] = {
 }
 
 
-def to_status(err: MeshError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
-    """(code, message, trailing metadata with grpc-status-details-bin) for ``context.abort``."""
+def status_proto(err: MeshError) -> status_pb2.Status:
+    """``err`` as a ``google.rpc.Status`` carrying our ErrorInfo (what a gRPC abort sends as details)."""
     info = error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN)
     if err.param:
         info.metadata["param"] = err.param
@@ -108,8 +108,23 @@ def to_status(err: MeshError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, by
         info.metadata["code"] = err.code
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=err.grpc_code.value[0], message=err.message, details=[detail])
+    return status_pb2.Status(code=err.grpc_code.value[0], message=err.message, details=[detail])
+
+
+def to_status(err: MeshError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
+    """(code, message, trailing metadata with grpc-status-details-bin) for ``context.abort``."""
+    status = status_proto(err)
     return err.grpc_code, err.message, (("grpc-status-details-bin", status.SerializeToString()),)
+
+
+def from_status_proto(status: status_pb2.Status) -> MeshError:
+    """Rebuilds the domain error ``status_proto`` encoded (Internal when it carries none of ours)."""
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info) and info.domain == DOMAIN and info.reason in _BY_REASON:
+            return _BY_REASON[info.reason](status.message, param=info.metadata.get("param") or None,
+                                           code=info.metadata.get("code") or None)
+    return Internal(status.message or "internal error")
 
 
 async def abort(context: grpc.aio.ServicerContext, err: MeshError) -> None:

@@ -11,6 +11,8 @@ from services.postprocessor.migration import DEFAULT_MIGRATION_LIMIT
 from services.postprocessor.service import DEFAULT_IDLE_TIMEOUT_S
 
 DEFAULT_PORT = 9400
+# unary: one Generate stream per request; mux: one GenerateStream per worker carrying every request.
+WORKER_TRANSPORTS = ("unary", "mux")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +30,7 @@ class PostprocessorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    worker_transport: str = "unary"
 
     def validate(self) -> None:
         """Raises ValueError listing every invalid setting."""
@@ -40,6 +43,8 @@ class PostprocessorConfig:
             errors.append(f"--drain-grace-s {self.drain_grace_s} must be >= 0")
         if self.chat_processor not in CHAT_PROCESSORS:
             errors.append(f"--chat-processor {self.chat_processor!r} is not one of {', '.join(CHAT_PROCESSORS)}")
+        if self.worker_transport not in WORKER_TRANSPORTS:
+            errors.append(f"--worker-transport {self.worker_transport!r} is not one of {', '.join(WORKER_TRANSPORTS)}")
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -57,6 +62,9 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     p.add("--chat-processor", default=DEFAULT_CHAT_PROCESSOR,
           help=f"whose tool-call and reasoning parsers to use: {' | '.join(CHAT_PROCESSORS)} "
                "(vllm and sglang need that extra installed; see docs/parsers.md)")
+    p.add("--worker-transport", default="unary",
+          help="how requests reach workers: unary (a stream per request) | mux (one stream per worker, "
+               "the tokens of many requests per message)")
     cfg = PostprocessorConfig(**vars(p.parse(argv)))
     cfg.validate()
     return cfg

@@ -11,6 +11,7 @@ from services.common.metrics import postprocessor_metrics, serve_metrics
 from services.postprocessor.config import parse_config
 from services.postprocessor.core.parsers.backends import ChatProcessorUnavailable, load_chat_processor
 from services.postprocessor.migration import Migrator
+from services.postprocessor.mux_client import MuxWorkerClient
 from services.postprocessor.router_client import GrpcRouterClient
 from services.postprocessor.server import PostprocessorServicer
 from services.postprocessor.service import Postprocessor
@@ -28,7 +29,7 @@ async def serve(argv: list[str]) -> None:
     postprocessor_metrics()  # every documented name from the first scrape, not the first request
     tls = mesh_tls.from_config(cfg)
     router = GrpcRouterClient(cfg.router, tls) if cfg.router and cfg.migration_limit else None
-    workers = GrpcWorkerClient(tls)
+    workers = MuxWorkerClient(tls) if cfg.worker_transport == "mux" else GrpcWorkerClient(tls)
     postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit),
                                   idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor)
     server = GrpcServer("postprocessor", cfg.host, cfg.port, grace_s=cfg.drain_grace_s, tls=tls)

@@ -20,6 +20,7 @@ from services.common.grpc_server import GrpcServer
 from services.common.metrics import serve_metrics, worker_metrics
 from services.workers.config import WorkerConfig
 from services.workers.engine import Engine
+from services.workers.mux import MuxSession
 from services.workers.service import WorkerService
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             await abort(context, Internal("internal worker error"))
         finally:
             await responses.aclose()
+
+    async def GenerateStream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        # Like Generate, this task owns the stream: when the caller goes away grpc.aio cancels it,
+        # and MuxSession aborts every sequence still running on the stream.
+        await MuxSession(self._service, context.write).run(request_iterator)
 
 
 def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
