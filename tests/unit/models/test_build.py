@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 
 from services.models import build_demo_model, default_test_model_dir
 from services.models.qwen import ADDED_TOKEN_IDS, EOS_TOKEN_IDS, VOCAB_SIZE
+from tests.conftest import require_module
 
 pytestmark = pytest.mark.unit
 
@@ -137,7 +138,7 @@ def test_changed_inputs_rebuild(tmp_path):
 
 
 def test_with_weights_loads_offline_and_generates(monkeypatch):
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch")
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
