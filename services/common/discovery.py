@@ -165,6 +165,7 @@ class WorkerRegistry:
         self.nats_url = nats_url
         self.name = name
         self.workers: dict[str, WorkerCard] = {}
+        self._by_model: dict[str, list[WorkerCard]] = {}
         self._listeners: list[Listener] = []
         self._task: asyncio.Task | None = None
         self._nc: nats.NATS | None = None
@@ -174,19 +175,15 @@ class WorkerRegistry:
         self._listeners.append(listener)
 
     def models(self) -> dict[str, list[WorkerCard]]:
-        out: dict[str, list[WorkerCard]] = {}
-        for card in self.workers.values():
-            out.setdefault(card.model.name, []).append(card)
-        return out
+        """Live workers by model name; a shared view rebuilt on every change: read it, don't mutate it."""
+        return self._by_model
 
     def model(self, name: str) -> ModelCard | None:
-        for card in self.workers.values():
-            if card.model.name == name:
-                return card.model
-        return None
+        cards = self._by_model.get(name)
+        return cards[0].model if cards else None
 
     def workers_for(self, model: str) -> list[WorkerCard]:
-        return [c for c in self.workers.values() if c.model.name == model]
+        return self._by_model.get(model, [])
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"registry-{self.name}")
@@ -201,6 +198,11 @@ class WorkerRegistry:
                 return
             self.workers[worker_id] = card
             log.info("worker %s serves %s at %s", worker_id, card.model.name, card.address)
+        # Workers change rarely and every request asks by model: index once per change, not per request.
+        by_model: dict[str, list[WorkerCard]] = {}
+        for c in self.workers.values():
+            by_model.setdefault(c.model.name, []).append(c)
+        self._by_model = by_model
         for listener in self._listeners:
             listener(worker_id, card)
 
