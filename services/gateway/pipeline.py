@@ -46,17 +46,17 @@ class Pipeline:
 
     async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, request_id: str, choice: int,
                      worker_id: str) -> tuple[str, postprocessor_pb2.GenerateRequest]:
-        req = common_pb2.PreprocessedRequest()
-        req.CopyFrom(prepared.request)
+        # The constructor copies the request once; each choice then edits only its own copy.
+        gen = postprocessor_pb2.GenerateRequest(request=prepared.request, options=prepared.postprocess)
+        req = gen.request
         req.request_id = request_id
         if choice and req.sampling.HasField("seed"):
             req.sampling.seed = (req.sampling.seed + choice) % 2**64  # distinct but reproducible choices
         route = await self.router.route(router_pb2.RouteRequest(
             request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
             prompt_tokens=len(req.token_ids), worker_id=worker_id))
-        return request_id, postprocessor_pb2.GenerateRequest(request=req, options=prepared.postprocess,
-                                                             worker_address=route.address,
-                                                             worker_id=route.worker_id)
+        gen.worker_address, gen.worker_id = route.address, route.worker_id
+        return request_id, gen
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
                   worker_id: str = "") -> AsyncIterator[list[Delta]]:
