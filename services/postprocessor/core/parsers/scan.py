@@ -147,6 +147,31 @@ _NAME_KEYS = ("name",)
 _ARG_KEYS = ("arguments", "parameters")
 
 
+class ArgumentStream:
+    """One call's arguments given as a bare JSON value: streamed fragment by fragment as it is scanned.
+
+    Leading whitespace is skipped (and left unconsumed until the value starts, so nothing is decided
+    early); the value is done when complete, or malformed, which ends the call all the same.
+    """
+
+    def __init__(self) -> None:
+        self._value: JsonValueScanner | None = None
+
+    def reset(self) -> None:
+        self._value = None
+
+    def step(self, out: Emitter, buf: str, pos: int, final: bool) -> tuple[int, bool]:
+        """Emits what is scannable from ``pos``; returns (the new position, whether the value ended)."""
+        if self._value is None:
+            start = skip_ws(buf, pos)
+            if start == len(buf):
+                return pos, False
+            pos, self._value = start, JsonValueScanner()
+        new = self._value.scan(buf, pos, final)
+        out.arguments(buf[pos:new])
+        return new, self._value.done or self._value.error
+
+
 class JsonCallReader:
     """Reads one ``{"name": ..., "arguments": {...}}`` object, streaming the call as it goes.
 

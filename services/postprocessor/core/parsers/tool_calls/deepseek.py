@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.postprocessor.core.parsers.scan import AfterCallText, JsonValueScanner, expect, find_marker, skip_ws
+from services.postprocessor.core.parsers.scan import AfterCallText, ArgumentStream, expect, find_marker, skip_ws
 from services.postprocessor.core.parsers.types import TextParser, new_call_id
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
@@ -34,7 +34,7 @@ class DeepSeekToolParser(TextParser):
         self._text = AfterCallText(self.out)
         self._raw: list[str] = []
         self._header: list[str] = []
-        self._value: JsonValueScanner | None = None
+        self._arguments = ArgumentStream()
 
     def _step(self, final: bool) -> bool:
         buf, pos = self._buf, self._pos
@@ -102,7 +102,7 @@ class DeepSeekToolParser(TextParser):
         self.out.start_call(text)
         self._raw = []
         self._state = "fence" if self._state == "v3_name" else "args"
-        self._value = None
+        self._arguments.reset()
         return True
 
     def _optional(self, buf: str, p: int, final: bool, literals: tuple[str, ...], then: str) -> bool:
@@ -120,16 +120,8 @@ class DeepSeekToolParser(TextParser):
         return True
 
     def _args(self, buf: str, pos: int, final: bool) -> bool:
-        if self._value is None:
-            p = skip_ws(buf, pos)
-            if p == len(buf):
-                return False
-            self._pos = pos = p
-            self._value = JsonValueScanner()
-        new = self._value.scan(buf, pos, final)
-        self.out.arguments(buf[pos:new])
-        self._pos = new
-        if not (self._value.done or self._value.error):
+        self._pos, done = self._arguments.step(self.out, buf, pos, final)
+        if not done:
             return False
         self._state = "after_args"
         return True

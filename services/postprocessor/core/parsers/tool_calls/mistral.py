@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.postprocessor.core.parsers.scan import AfterCallText, JsonValueScanner, find_marker, skip_ws
+from services.postprocessor.core.parsers.scan import AfterCallText, ArgumentStream, find_marker, skip_ws
 from services.postprocessor.core.parsers.tool_calls.json_sequence import JsonCallSequence
 from services.postprocessor.core.parsers.types import TextParser, new_call_id
 
@@ -28,7 +28,7 @@ class MistralToolParser(TextParser):
         self._seq: JsonCallSequence | None = None
         self._raw: list[str] = []
         self._name: list[str] = []
-        self._value: JsonValueScanner | None = None
+        self._arguments = ArgumentStream()
 
     def _step(self, final: bool) -> bool:  # noqa: PLR0911 - one branch per state
         buf, pos = self._buf, self._pos
@@ -89,20 +89,13 @@ class MistralToolParser(TextParser):
             self._state = "content"
             return True
         self.out.start_call(name)
-        self._state, self._value = "args", None
+        self._state = "args"
+        self._arguments.reset()
         return True
 
     def _args(self, buf: str, pos: int, final: bool) -> bool:
-        if self._value is None:
-            p = skip_ws(buf, pos)
-            if p == len(buf):
-                return False
-            self._pos = pos = p
-            self._value = JsonValueScanner()
-        new = self._value.scan(buf, pos, final)
-        self.out.arguments(buf[pos:new])
-        self._pos = new
-        if not (self._value.done or self._value.error):
+        self._pos, done = self._arguments.step(self.out, buf, pos, final)
+        if not done:
             return False
         self._state = "content"
         self._text.after_call()
