@@ -56,3 +56,33 @@ def require_module(name: str):
         if IN_CI:
             pytest.fail(message, pytrace=False)
         pytest.skip(message, allow_module_level=True)
+
+
+@pytest.fixture
+def nats_url(nats_bin, tmp_path):
+    """A private nats-server with JetStream on a free loopback port, serving before the test starts."""
+    import subprocess
+    import time
+
+    from services.launcher.plan import free_port
+    from services.launcher.processes import wait_port
+
+    port = free_port()
+    proc = subprocess.Popen([nats_bin, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(tmp_path / "js")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_port(port, time.monotonic() + 10), "nats-server did not start"
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def wait_for(predicate, timeout: float, what: str) -> None:
+    """Polls ``predicate`` on the running loop until it holds, failing with ``what`` after ``timeout`` s."""
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)

@@ -4,15 +4,11 @@ workers that come and go are picked up and dropped, and router replicas share bo
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import time
 
 import pytest
 
 from services.common.discovery import ModelCard, WorkerCard
 from services.common.hashing import block_hashes
-from services.launcher.processes import wait_port
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.lifecycle import LifecycleEvent
 from services.router.events import KvEventSubscriber, ReplicaSync
@@ -20,37 +16,11 @@ from services.router.service import Router
 from services.workers.kv_events import KvEventPublisher
 from services.workers.mocker.kv_cache import KvCache
 from services.workers.mocker.sequence import full_blocks
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 BS = 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def nats_url(nats_bin, tmp_path):
-    port = free_port()
-    proc = subprocess.Popen([nats_bin, "-a", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    # Serving before the clients connect: their first attempts then need no retry back-off.
-    assert wait_port(port, time.monotonic() + 10), "nats-server did not start"
-    try:
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-async def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def card(worker_id: str) -> WorkerCard:

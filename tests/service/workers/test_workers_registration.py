@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import subprocess
 import sys
 
 import grpc
@@ -15,33 +13,9 @@ from meshfront.common.v1 import common_pb2
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 
 from services.common.discovery import WorkerRegistry
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def nats_url(nats_bin, tmp_path):
-    port = free_port()
-    proc = subprocess.Popen([nats_bin, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(tmp_path / "js")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-async def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def test_worker_registers_serves_and_deregisters_on_sigterm(nats_url, model_dir):
