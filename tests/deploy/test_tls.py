@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from services.launcher.envoy_config import render
-from services.launcher.plan import WorkerSpec, ephemeral_plan, free_port
+from services.launcher.plan import WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
 from tests.conftest import MOCKER_SCRIPT, ROOT, require_module
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 def run(stops, chunks, include=False, checks=None):
     """Feeds chunks; returns (emitted pieces, matched stop, text flushed at the end)."""
     matcher = StopStringMatcher(stops, include)
-    pieces, matched = [], None
+    pieces = []
     for i, chunk in enumerate(chunks):
         result = matcher.feed(chunk, check=True if checks is None else checks[i])
         pieces.append(result.text)
