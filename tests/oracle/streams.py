@@ -9,13 +9,16 @@ model directory is the demo model's Qwen tokenizer plus the other formats' marke
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import shutil
 from pathlib import Path
 
 import orjson
+import pytest
 
-from tests.unit.parsers.cases import Case, Result
+from services.postprocessor.core.parsers.backends import ParseContext
+from tests.unit.parsers.cases import Case, Result, fold
 
 MARKERS = [
     "<|python_tag|>", "<|eom_id|>", "<|python_start|>", "<|python_end|>",  # llama 3 / 4
@@ -96,3 +99,29 @@ class Comparable:
                 parsed = f"<not JSON> {args}"
             calls.append((name, parsed))
         return Comparable(result.content.strip(), result.reasoning.strip(), tuple(calls))
+
+
+def through_engine(processor, tokenizer, model_dir: Path, case: Case) -> Result:
+    """One case through an engine's parsers, fed token by token with each step's ids, as the postprocessor does."""
+    prompt = "<|im_start|>assistant\n" + ("<think>\n" if case.config.prompt_opens_reasoning else "")
+    context = ParseContext(str(model_dir), tools_json(case), tool_choice_json(case),
+                           tokenizer.encode(prompt, add_special_tokens=False))
+    counter = itertools.count()
+    parser = processor.output_parser(case.config, context, new_id=lambda: f"call_{next(counter)}")
+    if parser is None:
+        return Result(content=case.text)
+    deltas = [parser.feed(text, ids) for text, ids in token_stream(tokenizer, case.text)]
+    deltas.append(parser.finish())
+    result = fold(deltas)
+    assert parser.tool_calls == len(result.calls)
+    return result
+
+
+def case_params(cases: list[Case], expected_differences: dict[str, str]) -> list:
+    """The cases as pytest params; a known difference is a strict xfail carrying its reason."""
+    def param(case: Case):
+        reason = expected_differences.get(case.id)
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        return pytest.param(case, id=case.id, marks=marks)
+
+    return [param(c) for c in cases]

@@ -9,17 +9,15 @@ the SGLang backend parses them with ours (backends/sglang.py).
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
 from tests.oracle.conftest import require_engine
-from tests.oracle.streams import Comparable, token_stream, tool_choice_json, tools_json
-from tests.unit.parsers.cases import Case, Result, fold, load_cases, run
+from tests.oracle.streams import Comparable, case_params, through_engine
+from tests.unit.parsers.cases import Case, load_cases, run
 
 require_engine("sglang")
 
-from services.postprocessor.core.parsers.backends import ParseContext, load_chat_processor  # noqa: E402
+from services.postprocessor.core.parsers.backends import load_chat_processor  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
@@ -78,31 +76,10 @@ def tokenizer(oracle_model_dir):
     return AutoTokenizer.from_pretrained(str(oracle_model_dir))
 
 
-def through_sglang(processor, tokenizer, model_dir, case: Case) -> Result:
-    prompt = "<|im_start|>assistant\n" + ("<think>\n" if case.config.prompt_opens_reasoning else "")
-    context = ParseContext(str(model_dir), tools_json(case), tool_choice_json(case),
-                           tokenizer.encode(prompt, add_special_tokens=False))
-    counter = itertools.count()
-    parser = processor.output_parser(case.config, context, new_id=lambda: f"call_{next(counter)}")
-    if parser is None:
-        return Result(content=case.text)
-    deltas = [parser.feed(text, ids) for text, ids in token_stream(tokenizer, case.text)]
-    deltas.append(parser.finish())
-    result = fold(deltas)
-    assert parser.tool_calls == len(result.calls)
-    return result
-
-
-def _param(case: Case):
-    reason = EXPECTED_DIFFERENCES.get(case.id)
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    return pytest.param(case, id=case.id, marks=marks)
-
-
-@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+@pytest.mark.parametrize("case", case_params(CASES, EXPECTED_DIFFERENCES))
 def test_sglang_agrees_with_ours(case: Case, sglang_processor, tokenizer, oracle_model_dir):
     ours = Comparable.of(run(case.config, [case.text]))
-    theirs = Comparable.of(through_sglang(sglang_processor, tokenizer, oracle_model_dir, case))
+    theirs = Comparable.of(through_engine(sglang_processor, tokenizer, oracle_model_dir, case))
     assert theirs == ours, f"SGLang {theirs} != ours {ours}"
 
 
