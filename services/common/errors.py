@@ -8,6 +8,9 @@ meaning across hops. The gateway renders them as OpenAI error bodies.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncGenerator
+
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
@@ -144,3 +147,25 @@ def from_rpc_error(e: grpc.aio.AioRpcError) -> MeshError:
                                                    code=info.metadata.get("code") or None)
     cls = _BY_CODE.get(e.code(), Internal)
     return cls(e.details() or e.code().name)
+
+
+async def relay(responses: AsyncGenerator, context: grpc.aio.ServicerContext, *, service: str,
+                request_id: str) -> None:
+    """Writes a service's response stream to a gRPC server stream.
+
+    Domain errors leave as their status; anything else is a bug: logged, and answered INTERNAL with a
+    fixed message (no internals to the client). It writes with ``context.write`` rather than being a
+    generator itself so that the handler task owns the stream: a caller's cancel lands here, and the
+    ``finally`` closes ``responses`` (aborting the work below) at once, not whenever an abandoned
+    generator is collected.
+    """
+    try:
+        async for response in responses:
+            await context.write(response)
+    except MeshError as e:
+        await abort(context, e)
+    except Exception:
+        logging.getLogger(service).exception("%s failed on request %s", service, request_id)
+        await abort(context, Internal(f"internal error in the {service}"))
+    finally:
+        await responses.aclose()

@@ -15,7 +15,7 @@ from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 
 from services.common import tls as mesh_tls
 from services.common.discovery import ModelCard, Registrar, WorkerCard
-from services.common.errors import Internal, MeshError, abort
+from services.common.errors import relay
 from services.common.grpc_server import GrpcServer
 from services.common.metrics import serve_metrics, worker_metrics
 from services.workers.config import WorkerConfig
@@ -31,20 +31,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self._service = service
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
-        # Written with context.write rather than yield so that this task owns the stream: when the
-        # client cancels, grpc.aio cancels this task, and the finally below aborts the sequence
-        # at once instead of whenever an abandoned generator is collected.
-        responses = self._service.generate(request)
-        try:
-            async for response in responses:
-                await context.write(response)
-        except MeshError as e:
-            await abort(context, e)
-        except Exception:
-            log.exception("Generate %s failed", request.request.request_id)
-            await abort(context, Internal("internal worker error"))
-        finally:
-            await responses.aclose()
+        # A caller's cancel closes the generator, which aborts the sequence and frees its KV blocks.
+        await relay(self._service.generate(request), context, service="worker",
+                    request_id=request.request.request_id)
 
     async def GenerateStream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         # Like Generate, this task owns the stream: when the caller goes away grpc.aio cancels it,
