@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from services.common.tokenizer_files import TOKENIZER_FILE
+from services.common.tokenizer_files import load_tokenizer as _load_shared
+
 DEFAULT_CONTEXT_LENGTH = 4096
 
 
@@ -44,9 +47,6 @@ def read_model_info(model_dir: str | Path) -> ModelInfo:
 
 def load_tokenizer(model_dir: str | Path) -> Any | None:
     """The directory's ``tokenizers.Tokenizer`` (Rust-backed), or None without tokenizer.json."""
-    path = Path(model_dir) / "tokenizer.json"
-    if not path.is_file():
+    if not (Path(model_dir) / TOKENIZER_FILE).is_file():
         return None
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(path))
+    return _load_shared(model_dir)

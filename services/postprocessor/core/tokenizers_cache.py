@@ -13,9 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from services.common.tokenizer_files import TOKENIZER_FILE, load_tokenizer
 from services.postprocessor.core.logprobs import TokenTexts
-
-TOKENIZER_FILE = "tokenizer.json"
 
 
 class TokenizerLoadError(Exception):
@@ -51,11 +50,10 @@ class TokenizerCache:
             cached = self._tokenizers.get(model_dir)
             if cached is not None:
                 return cached
-            path = Path(model_dir) / TOKENIZER_FILE
             try:
-                tokenizer = Tokenizer.from_file(str(path))
-            except Exception as e:  # tokenizers raises plain Exception for missing and malformed files
-                raise TokenizerLoadError(f"cannot load {path}: {e}") from e
+                tokenizer = load_tokenizer(model_dir)
+            except Exception as e:  # tokenizers raises plain Exception for malformed files
+                raise TokenizerLoadError(f"cannot load {Path(model_dir) / TOKENIZER_FILE}: {e}") from e
             loaded = ModelTokenizer(tokenizer, TokenTexts(tokenizer))
             self._tokenizers[model_dir] = loaded
             return loaded

@@ -21,6 +21,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from services.common.tokenizer_files import load_tokenizer
+
 # transformers writes int(1e30) as model_max_length when a tokenizer has no limit.
 _UNLIMITED = 10**18
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -123,7 +125,7 @@ def load_artifacts(model_dir: str) -> ModelArtifacts:
     tokenizer_file = root / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ArtifactError(f"no tokenizer.json in {model_dir}")
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer = load_tokenizer(root)
     tokenizer_config = _read_json(root / "tokenizer_config.json")
     config = _read_json(root / "config.json")
     special = {k: t for k in SPECIAL_TOKEN_KEYS if (t := _token_text(tokenizer_config.get(k))) is not None}
