@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
 from meshfront.common.v1 import common_pb2
@@ -20,6 +21,18 @@ from services.gateway.clients import PostprocessorClient, PreprocessorClient, Ro
 from services.gateway.openai.responses import FINISH, Delta
 
 _DONE = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Choice:
+    """One choice of a request, routed and ready to generate."""
+
+    index: int
+    counts_prompt: bool  # the first choice of its prompt: its prompt tokens count once in usage
+    prompt_len: int
+    request_id: str
+    gen: postprocessor_pb2.GenerateRequest
+    report_first_token: bool
 
 
 class Pipeline:
@@ -44,8 +57,8 @@ class Pipeline:
                                                       cached_tokens=resp.cached_tokens,
                                                       prompt_tokens=resp.prompt_tokens))
 
-    async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, request_id: str, choice: int,
-                     worker_id: str) -> tuple[str, postprocessor_pb2.GenerateRequest]:
+    async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, request_id: str, index: int,
+                     choice: int, worker_id: str) -> _Choice:
         # The constructor copies the request once; each choice then edits only its own copy.
         gen = postprocessor_pb2.GenerateRequest(request=prepared.request, options=prepared.postprocess)
         req = gen.request
@@ -56,32 +69,36 @@ class Pipeline:
             request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
             prompt_tokens=len(req.token_ids), worker_id=worker_id))
         gen.worker_address, gen.worker_id = route.address, route.worker_id
-        return request_id, gen
+        return _Choice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token)
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
                   worker_id: str = "") -> AsyncIterator[list[Delta]]:
         prepared = await asyncio.gather(*(self.pre.preprocess(r) for r in requests))
         base_id = requests[0].request.request_id
         total = len(requests) * n
-        jobs = []
+        choices: list[_Choice] = []
         try:
             for p, prep in enumerate(prepared):
                 for j in range(n):
                     index = p * n + j
                     rid = base_id if total == 1 else f"{base_id}-{index}"
-                    jobs.append((index, j == 0, len(prep.request.token_ids), await self._start(prep, rid, j, worker_id)))
+                    choices.append(await self._start(prep, rid, index, j, worker_id))
             if total == 1:
-                index, counts, prompt_len, (rid, gen) = jobs[0]
-                async for resp in self.post.generate(gen):
-                    if resp.prompt_tokens:
-                        self._report_first_token(rid, resp)
-                    yield [self._delta(index, counts, prompt_len, resp)]
+                async for delta in self._stream(choices[0]):
+                    yield [delta]
             else:
-                async for batch in self._merge(jobs):
+                async for batch in self._merge(choices):
                     yield batch
         finally:
-            for _, _, _, (rid, _) in jobs:
-                self._release(rid)
+            for c in choices:
+                self._release(c.request_id)
+
+    async def _stream(self, c: _Choice) -> AsyncIterator[Delta]:
+        """One choice's deltas, telling the router about the first token when it asked to know."""
+        async for resp in self.post.generate(c.gen):
+            if resp.prompt_tokens and c.report_first_token:
+                self._report_first_token(c.request_id, resp)
+            yield self._delta(c.index, c.counts_prompt, c.prompt_len, resp)
 
     @staticmethod
     def _delta(index: int, counts_prompt: bool, prompt_len: int, resp: postprocessor_pb2.GenerateResponse) -> Delta:
@@ -95,21 +112,19 @@ class Pipeline:
                      prompt_tokens=(resp.prompt_tokens or prompt_len) if first else 0,
                      cached_tokens=resp.cached_tokens if first else 0, counts_prompt=counts_prompt and first)
 
-    async def _merge(self, jobs) -> AsyncIterator[list[Delta]]:
+    async def _merge(self, choices: list[_Choice]) -> AsyncIterator[list[Delta]]:
         """Runs every choice's stream at once and yields whatever is ready, across choices."""
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(index: int, counts: bool, prompt_len: int, rid: str, gen) -> None:
+        async def pump(choice: _Choice) -> None:
             try:
-                async for resp in self.post.generate(gen):
-                    if resp.prompt_tokens:
-                        self._report_first_token(rid, resp)
-                    queue.put_nowait(self._delta(index, counts, prompt_len, resp))
+                async for delta in self._stream(choice):
+                    queue.put_nowait(delta)
                 queue.put_nowait(_DONE)
             except Exception as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
                 queue.put_nowait(e)
 
-        tasks = [asyncio.create_task(pump(i, c, pl, rid, g)) for i, c, pl, (rid, g) in jobs]
+        tasks = [asyncio.create_task(pump(c)) for c in choices]
         live = len(tasks)
         try:
             while live:

@@ -59,7 +59,8 @@ class Router:
                                   req.prompt_tokens, decision.overlap_blocks,
                                   min(req.prompt_tokens, decision.overlap_blocks * block_size)))
         return router_pb2.RouteResponse(worker_id=chosen.worker_id, address=chosen.address,
-                                        overlap_blocks=decision.overlap_blocks)
+                                        overlap_blocks=decision.overlap_blocks,
+                                        report_first_token=self._tracker is not None)
 
     def _admissible(self, candidates: list[Candidate], req: router_pb2.RouteRequest) -> list[Candidate]:
         """Drops workers a migrating request already failed on, then busy ones (Overloaded if none is left)."""

@@ -60,3 +60,14 @@ def test_bookings_count_release_idempotent_and_drop_worker():
     assert (b.in_flight("w0"), b.prompt_tokens("w0")) == (1, 50)
     b.drop_worker("w0")
     assert b.in_flight("w0") == 0 and len(b) == 1
+
+
+async def test_only_request_tracking_policies_ask_for_the_first_token_report():
+    from meshfront.router.v1 import router_pb2
+    from services.common.discovery import ModelCard, WorkerCard
+    from services.router.service import Router
+
+    cards = [WorkerCard("w0", "127.0.0.1:1", ModelCard("m", "/m"))]
+    for mode, wanted in (("round-robin", False), ("least-loaded", False), ("kv", True)):
+        r = await Router(lambda _m: cards, mode).route(router_pb2.RouteRequest(request_id="r", model="m"))
+        assert r.report_first_token is wanted, mode
