@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
+import socket
 import time
 
 import httpx
@@ -79,3 +81,22 @@ async def run_streams(url: str, bodies: list[dict], during=None, timeout: float 
         if during is not None:
             await during(events)
         return await asyncio.wait_for(asyncio.gather(*tasks), timeout)
+
+
+def stream_then_hang_up(port: int, body: dict, frames: int) -> datetime.datetime:
+    """Reads a few SSE frames over a raw socket, then resets it mid-stream (what a killed client does).
+
+    Returns when the client left, to compare with the worker's "aborted by the caller" log time.
+    """
+    payload = orjson.dumps({**body, "stream": True})
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        seen = b""
+        while seen.count(b"data: ") < frames:
+            chunk = s.recv(65536)
+            assert chunk, "stream ended early"
+            seen += chunk
+        assert b"200 OK" in seen
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST now
+    return datetime.datetime.now()

@@ -13,7 +13,6 @@ import dataclasses
 import datetime
 import re
 import signal
-import socket
 import time
 
 import httpx
@@ -21,7 +20,7 @@ import orjson
 import pytest
 
 from services.launcher.plan import WorkerSpec
-from tests.mesh.chaos_client import chat, run_streams
+from tests.mesh.chaos_client import chat, run_streams, stream_then_hang_up
 from tests.mesh.conftest import DEMO, start_mesh
 
 pytestmark = pytest.mark.mesh
@@ -130,20 +129,6 @@ def _abort_times(mesh) -> list[datetime.datetime]:
     return sorted(stamps)
 
 
-def _stream_then_hang_up(mesh, body: dict, frames: int) -> datetime.datetime:
-    payload = orjson.dumps({**body, "stream": True})
-    with socket.create_connection(("127.0.0.1", mesh.plan.http_port), timeout=10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                  b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-        seen = b""
-        while seen.count(b"data: ") < frames:
-            chunk = s.recv(65536)
-            assert chunk, "stream ended early"
-            seen += chunk
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST now
-    return datetime.datetime.now()
-
-
 def _wait_aborts(mesh, count: int, timeout: float = 3.0) -> list[datetime.datetime]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -159,7 +144,7 @@ def test_client_disconnect_stops_the_worker_within_200_ms_p99(chaos_mesh):
     lags = []
     for i in range(20):
         before = len(_abort_times(chaos_mesh))
-        left = _stream_then_hang_up(chaos_mesh, chat(DEMO, 300 + i, 2000), frames=3)
+        left = stream_then_hang_up(chaos_mesh.plan.http_port, chat(DEMO, 300 + i, 2000), frames=3)
         stamps = _wait_aborts(chaos_mesh, before + 1)
         lags.append((stamps[-1] - left).total_seconds())
     lags.sort()
@@ -172,7 +157,7 @@ def test_disconnect_cancels_every_choice_of_an_n_request(chaos_mesh, stream):
     body = {**chat(DEMO, 400, 2000), "n": 3}
     before = len(_abort_times(chaos_mesh))
     if stream:
-        _stream_then_hang_up(chaos_mesh, body, frames=3)
+        stream_then_hang_up(chaos_mesh.plan.http_port, body, frames=3)
     else:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{chaos_mesh.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(10, read=0.5))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import httpx
-import orjson
 import pytest
 
+from tests.mesh.chaos_client import stream_then_hang_up
 from tests.mesh.conftest import DEMO, SECOND, mocker, start_mesh
 
 pytestmark = pytest.mark.mesh
@@ -35,23 +34,9 @@ def wait_for_log(mesh, name: str, needle: str, timeout: float) -> float | None:
     return None
 
 
-def raw_stream_then_hang_up(mesh, body: dict, frames: int) -> None:
-    """Reads a few SSE frames over a raw socket, then closes it mid-stream (what a killed client does)."""
-    payload = orjson.dumps(body)
-    with socket.create_connection(("127.0.0.1", mesh.plan.http_port), timeout=10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                  b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-        seen = b""
-        while seen.count(b"data: ") < frames:
-            chunk = s.recv(65536)
-            assert chunk, "stream ended early"
-            seen += chunk
-        assert b"200 OK" in seen
-
-
 def test_streaming_disconnect_stops_generation_on_the_worker(paced_mesh):
     before = paced_mesh.logs("mocker-0").count("aborted by the caller")
-    raw_stream_then_hang_up(paced_mesh, {**LONG, "stream": True}, frames=5)
+    stream_then_hang_up(paced_mesh.plan.http_port, LONG, frames=5)
     t0 = time.monotonic()
     while time.monotonic() - t0 < 3:
         if paced_mesh.logs("mocker-0").count("aborted by the caller") > before:
