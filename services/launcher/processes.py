@@ -62,14 +62,21 @@ class Mesh:
         return proc
 
     def start(self, timeout: float = 60.0) -> Mesh:
+        """Starts every process and waits until the models are served; on failure, shows every log and
+        stops what was started before raising, so a broken start leaves nothing running."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
-        for spec in specs(self.plan):
-            self.start_process(spec)
-        for name, spec in self.specs.items():
-            if not wait_port(spec.ready_port, deadline):
-                raise RuntimeError(f"{name} did not open port {spec.ready_port}:\n{self.logs(name)}")
-        self.wait_models(len({w.model_name for w in self.plan.workers}), deadline)
+        try:
+            for spec in specs(self.plan):
+                self.start_process(spec)
+            for name, spec in self.specs.items():
+                if not wait_port(spec.ready_port, deadline):
+                    raise RuntimeError(f"{name} did not open port {spec.ready_port}:\n{self.logs(name)}")
+            self.wait_models(len({w.model_name for w in self.plan.workers}), deadline)
+        except BaseException:
+            print(self.all_logs())
+            self.stop()
+            raise
         return self
 
     def wait_models(self, count: int, deadline: float) -> None:

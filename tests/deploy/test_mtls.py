@@ -42,12 +42,7 @@ def mtls_mesh(tmp_path_factory, ca, demo_model_dir, envoy_bin, nats_bin):
     shared = leaves["gateway-0"]
     plan.mtls = (str(ca.cert_path), str(shared.cert), str(shared.key))
     mesh = Mesh(plan, tmp_path_factory.mktemp("mtls-mesh-logs"))
-    try:
-        mesh.start(timeout=60)
-    except BaseException:
-        print(mesh.all_logs())
-        mesh.stop()
-        raise
+    mesh.start(timeout=60)
     yield mesh
     problems = mesh.stop()
     assert not problems, problems

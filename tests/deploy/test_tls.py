@@ -74,12 +74,7 @@ def tls_mesh(tmp_path_factory, ca, server_cert, demo_model_dir, envoy_bin, nats_
     plan = ephemeral_plan([worker], inproc=True, run_dir=ROOT / ".run" / "tests",
                           tls_cert=str(server_cert.cert), tls_key=str(server_cert.key))
     mesh = TlsMesh(plan, tmp_path_factory.mktemp("tls-mesh-logs"), ca.cert_path)
-    try:
-        mesh.start(timeout=60)
-    except BaseException:
-        print(mesh.all_logs())
-        mesh.stop()
-        raise
+    mesh.start(timeout=60)
     yield mesh
     problems = mesh.stop()
     assert not problems, problems

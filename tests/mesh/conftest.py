@@ -24,12 +24,7 @@ def mocker(model_dir, name: str, speedup: str = "200", *extra: str) -> WorkerSpe
 def start_mesh(tmp_path_factory, workers, **kw) -> Mesh:
     plan = ephemeral_plan(workers, run_dir=ROOT / ".run" / "tests", **kw)
     mesh = Mesh(plan, tmp_path_factory.mktemp("mesh-logs"))
-    try:
-        mesh.start()
-    except BaseException:
-        print(mesh.all_logs())
-        mesh.stop()
-        raise
+    mesh.start()
     return mesh
 
 
