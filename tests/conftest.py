@@ -86,3 +86,16 @@ async def wait_for(predicate, timeout: float, what: str) -> None:
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
+
+
+def stop_cleanly(mesh) -> None:
+    """Stops a test mesh and fails if a process ignored SIGTERM (every process must drain and exit)."""
+    problems = mesh.stop()
+    assert not problems, problems
+
+
+def sdk_client(mesh, timeout: float = 30):
+    """The official openai client against a mesh's Envoy, without retries (a failure must show)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{mesh.url}/v1", api_key="unused", max_retries=0, timeout=timeout)

@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.launcher.plan import WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
-from tests.conftest import MOCKER_SCRIPT, ROOT, require_module
+from tests.conftest import MOCKER_SCRIPT, ROOT, require_module, sdk_client, stop_cleanly
 
 pytestmark = pytest.mark.deploy
 
@@ -44,14 +44,11 @@ def mtls_mesh(tmp_path_factory, ca, demo_model_dir, envoy_bin, nats_bin):
     mesh = Mesh(plan, tmp_path_factory.mktemp("mtls-mesh-logs"))
     mesh.start(timeout=60)
     yield mesh
-    problems = mesh.stop()
-    assert not problems, problems
+    stop_cleanly(mesh)
 
 
 def test_openai_sdk_through_envoy_over_mtls_hops(mtls_mesh):
-    import openai
-
-    with openai.OpenAI(base_url=f"{mtls_mesh.url}/v1", api_key="unused", max_retries=0, timeout=20) as client:
+    with sdk_client(mtls_mesh, timeout=20) as client:
         out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                              max_tokens=8)
         assert out.choices[0].message.content

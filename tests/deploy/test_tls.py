@@ -20,7 +20,7 @@ import yaml
 from services.launcher.envoy_config import render
 from services.launcher.plan import WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
-from tests.conftest import MOCKER_SCRIPT, ROOT, require_module
+from tests.conftest import MOCKER_SCRIPT, ROOT, require_module, stop_cleanly
 
 pytestmark = pytest.mark.deploy
 
@@ -76,8 +76,7 @@ def tls_mesh(tmp_path_factory, ca, server_cert, demo_model_dir, envoy_bin, nats_
     mesh = TlsMesh(plan, tmp_path_factory.mktemp("tls-mesh-logs"), ca.cert_path)
     mesh.start(timeout=60)
     yield mesh
-    problems = mesh.stop()
-    assert not problems, problems
+    stop_cleanly(mesh)
 
 
 def test_tls_render_validates(envoy_bin, server_cert, tmp_path):

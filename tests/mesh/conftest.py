@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.launcher.plan import WorkerSpec, ephemeral_plan
-from tests.conftest import MOCKER_SCRIPT, ROOT
+from tests.conftest import MOCKER_SCRIPT, ROOT, sdk_client, stop_cleanly
 from services.launcher.processes import Mesh
 
 pytestmark = pytest.mark.mesh
@@ -35,14 +35,11 @@ def mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
                                       mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS),
                                       mocker(demo_model_dir, SECOND)])
     yield m
-    problems = m.stop()
-    assert not problems, problems
+    stop_cleanly(m)
 
 
 @pytest.fixture
 def client(mesh):
-    import openai
-
-    c = openai.OpenAI(base_url=f"{mesh.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    c = sdk_client(mesh, timeout=30)
     yield c
     c.close()

@@ -22,6 +22,7 @@ import pytest
 from services.launcher.plan import WorkerSpec
 from tests.mesh.chaos_client import chat, run_streams, stream_then_hang_up
 from tests.mesh.conftest import DEMO, start_mesh
+from tests.conftest import stop_cleanly
 
 pytestmark = pytest.mark.mesh
 
@@ -40,8 +41,7 @@ def chaos_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     m = start_mesh(tmp_path_factory, [paced_mocker(demo_model_dir) for _ in WORKERS], gateways=2, routers=2,
                    router_mode="least-loaded", service_args={"postprocessor": ("--stream-idle-timeout-s", "2")})
     yield m
-    problems = m.stop()
-    assert not problems, problems
+    stop_cleanly(m)
 
 
 def full_log(mesh, name: str) -> str:
@@ -211,8 +211,7 @@ def small_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     m = start_mesh(tmp_path_factory, [WorkerSpec(str(demo_model_dir), SMALL, "mocker", ("--speedup-ratio", SPEEDUP))],
                    service_args={"router": ("--max-in-flight-per-worker", "4")})
     yield m
-    problems = m.stop()
-    assert not problems, problems
+    stop_cleanly(m)
 
 
 def test_saturated_fleet_answers_503_with_retry_after_fast(small_mesh):

@@ -9,6 +9,7 @@ import pytest
 
 from tests.mesh.chaos_client import stream_then_hang_up
 from tests.mesh.conftest import DEMO, SECOND, mocker, start_mesh
+from tests.conftest import stop_cleanly
 
 pytestmark = pytest.mark.mesh
 
@@ -21,8 +22,7 @@ def paced_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     """Real-speed mocker (speed-up 1: several ms per token) so a long stream is still running when we leave."""
     m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "1"), mocker(demo_model_dir, SECOND, "50")])
     yield m
-    problems = m.stop()
-    assert not problems, problems
+    stop_cleanly(m)
 
 
 def wait_for_log(mesh, name: str, needle: str, timeout: float) -> float | None:

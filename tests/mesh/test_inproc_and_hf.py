@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import openai
 import pytest
 
 from services.launcher.plan import WorkerSpec
-from tests.conftest import TINY_LM_DIR
+from tests.conftest import TINY_LM_DIR, sdk_client, stop_cleanly
 from tests.mesh.conftest import DEMO, mocker, start_mesh
 
 pytestmark = pytest.mark.mesh
@@ -22,13 +21,12 @@ def inproc_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO), WorkerSpec(str(tiny_dir), TINY, "hf")],
                    inproc=True)
     yield m
-    problems = m.stop()
-    assert not problems, problems
+    stop_cleanly(m)
 
 
 @pytest.fixture
 def client(inproc_mesh):
-    c = openai.OpenAI(base_url=f"{inproc_mesh.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    c = sdk_client(inproc_mesh, timeout=60)
     yield c
     c.close()
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-import openai
 import pytest
 
 from tests.mesh.conftest import DEMO, DEMO_PARSERS, mocker, start_mesh
+from tests.conftest import sdk_client, stop_cleanly
 
 pytestmark = pytest.mark.mesh
 
@@ -19,13 +19,12 @@ def mux_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS)],
                    service_args={"postprocessor": ("--worker-transport", "mux")})
     yield m
-    problems = m.stop()
-    assert not problems, problems
+    stop_cleanly(m)
 
 
 @pytest.fixture
 def client(mux_mesh):
-    c = openai.OpenAI(base_url=f"{mux_mesh.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    c = sdk_client(mux_mesh, timeout=30)
     yield c
     c.close()
 
