@@ -12,6 +12,8 @@ COMMANDS = {
     "postprocessor": "services.postprocessor",
     "mocker": "services.workers.mocker",
     "hf": "services.workers.hf",
+    "vllm": "services.workers.vllm",
+    "sglang": "services.workers.sglang",
     "build-model": "services.models",
 }
 

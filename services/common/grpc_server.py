@@ -72,6 +72,7 @@ class GrpcServer:
         self.grace_s = grace_s
         self._on_drain: list[Callable[[], Awaitable[None]]] = []
         self._on_stopped: list[Callable[[], Awaitable[None]]] = []
+        self._stop = asyncio.Event()
 
     @property
     def address(self) -> str:
@@ -102,14 +103,17 @@ class GrpcServer:
     async def serve_until_signal(self) -> None:
         """Starts, waits for SIGTERM or SIGINT, then drains and stops."""
         await self.start()
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, self._stop.set)
         # Printed for launchers and tests that start with --port 0.
         print(f"READY {self.name} {self.address}", flush=True)
-        await stop.wait()
+        await self._stop.wait()
         await self.stop()
+
+    def request_stop(self) -> None:
+        """Drains and stops as on SIGTERM (a worker whose engine died stops itself this way)."""
+        self._stop.set()
 
 
 def run(main: Callable[[], Awaitable[None]]) -> None:

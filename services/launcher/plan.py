@@ -13,6 +13,7 @@ import socket
 import sys
 
 from services.launcher import envoy_config
+from services.launcher.engine_env import ENGINES
 
 ROOT = envoy_config.ROOT
 VENV_BIN = pathlib.Path(sys.executable).parent
@@ -31,8 +32,17 @@ class ProcessSpec:
 class WorkerSpec:
     model_dir: str
     model_name: str
-    kind: str = "mocker"  # mocker | hf
+    kind: str = "mocker"  # mocker | hf | vllm
     extra: tuple[str, ...] = ()
+
+
+WORKER_MODULES = {"mocker": "services.workers.mocker", "hf": "services.workers.hf", "vllm": "services.workers.vllm"}
+
+
+def worker_argv(kind: str, *args: str) -> list[str]:
+    """A worker's command line; an engine worker runs from its engine environment's python."""
+    python = str(ENGINES[kind].python) if kind in ENGINES else sys.executable
+    return [python, "-m", WORKER_MODULES[kind], *args]
 
 
 @dataclasses.dataclass
@@ -141,10 +151,9 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
     out = [ProcessSpec("nats", [str(VENV_BIN / "nats-server"), "-js", "-a", "127.0.0.1", "-p", str(plan.nats_port),
                                 "-sd", str(nats_dir)], plan.nats_port)]
     for i, (w, port) in enumerate(zip(plan.workers, plan.worker_ports, strict=True)):
-        module = "services.workers.hf" if w.kind == "hf" else "services.workers.mocker"
-        out.append(ProcessSpec(f"{w.kind}-{i}", _py(module, "--port", str(port), "--model-dir", w.model_dir,
-                                                     "--model-name", w.model_name, *common, *w.extra,
-                                                     *plan.process_flags(f"{w.kind}-{i}")), port, env))
+        out.append(ProcessSpec(f"{w.kind}-{i}", worker_argv(w.kind, "--port", str(port), "--model-dir", w.model_dir,
+                                                            "--model-name", w.model_name, *common, *w.extra,
+                                                            *plan.process_flags(f"{w.kind}-{i}")), port, env))
     stage = ["--router-mode", plan.router_mode]
     if plan.inproc:
         stage += ["--preprocessor", "inproc", "--router", "inproc", "--postprocessor", "inproc"]

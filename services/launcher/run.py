@@ -13,25 +13,36 @@ import os
 import shlex
 import shutil
 import ssl
+import sys
 import threading
 import time
 import urllib.request
 
 from honcho.manager import Manager
 
+from services.launcher.engine_env import ENGINES, EngineEnvError
+from services.launcher.engine_env import ensure as ensure_engine_env
 from services.launcher.plan import ROOT, MeshPlan, WorkerSpec, specs
 from services.router.core.policies import POLICY_NAMES
 
 DEMO_MODEL_NAME = "meshfront/demo-qwen"
 # A readable demo: a greeting, a tool call for "weather in Paris", reasoning when asked to "think".
 DEMO_SCRIPT = ROOT / "deploy" / "local" / "demo_script.json"
+# vLLM's CPU build reads --gpu-memory-utilization as the share of RAM to reserve; its 0.92 default
+# does not fit beside the mesh.
+VLLM_CPU_ARGS = "--gpu-memory-utilization 0.1"
+# How long the first start may take before the launcher stops waiting to announce the URL.
+READY_TIMEOUT_S = {"mocker": 120.0, "hf": 120.0, "vllm": 600.0}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="meshfront run", description=__doc__)
     p.add_argument("--http-port", type=int, default=8000, help="Envoy's HTTP and gRPC port")
     p.add_argument("--workers", type=int, default=2, help="mocker workers serving the demo model")
-    p.add_argument("--worker-kind", choices=("mocker", "hf"), default="mocker")
+    p.add_argument("--worker-kind", choices=("mocker", "hf", "vllm"), default="mocker",
+                   help="vllm runs the real engine from its own environment (.venv-vllm, created on first use)")
+    p.add_argument("--engine-args", default=None,
+                   help=f"flags passed to every engine worker, as one string (vllm default: {VLLM_CPU_ARGS!r})")
     p.add_argument("--gateways", type=int, default=1, help="gateway replicas behind Envoy")
     p.add_argument("--router-mode", choices=POLICY_NAMES, default="round-robin")
     p.add_argument("--inproc", action="store_true", help="run preprocessor, router, postprocessor in the gateway")
@@ -48,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "clientAuth, naming 127.0.0.1)")
     p.add_argument("--mesh-tls-key", default="", help="PEM private key for --mesh-tls-cert")
     args = p.parse_args(argv)
+    if args.engine_args is not None and args.worker_kind not in ENGINES:
+        p.error(f"--engine-args is for engine workers ({', '.join(ENGINES)}), not {args.worker_kind}")
     mesh_tls = (args.mesh_tls_ca, args.mesh_tls_cert, args.mesh_tls_key)
     if any(mesh_tls) and not all(mesh_tls):
         p.error("--mesh-tls-ca, --mesh-tls-cert and --mesh-tls-key go together")
@@ -61,8 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _announce_when_ready(url: str, stop: threading.Event) -> None:
-    deadline = time.monotonic() + 120
+def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     # Our own listener: with TLS the certificate may be self-signed, and this only asks "is it up".
     context = ssl._create_unverified_context() if url.startswith("https") else None  # noqa: S323
     while not stop.is_set() and time.monotonic() < deadline:
@@ -80,13 +93,22 @@ def _announce_when_ready(url: str, stop: threading.Event) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model_dir = args.model_dir
+    if args.worker_kind in ENGINES:
+        try:
+            ensure_engine_env(args.worker_kind, say=lambda line: print(line, flush=True))
+        except EngineEnvError as e:
+            print(f"meshfront run: {e}", file=sys.stderr, flush=True)
+            return 1
     if not model_dir:
         from services.models.build import build_demo_model
 
         print("building the demo model directory from packaged tokenizer files ...", flush=True)
         model_dir = str(build_demo_model(MeshPlan().run_dir.parent / "build" / "models" / "demo-qwen",
-                                         with_weights=args.worker_kind == "hf"))
+                                         with_weights=args.worker_kind != "mocker"))
     extra: tuple[str, ...] = ()
+    if args.worker_kind == "vllm":
+        extra = tuple(shlex.split(VLLM_CPU_ARGS if args.engine_args is None else args.engine_args))
+        print("vLLM workers load the model before they register (about a minute on a CPU) ...", flush=True)
     if args.worker_kind == "mocker":
         extra = ("--speedup-ratio", str(args.speedup_ratio))
         if args.mocker_script:
@@ -107,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         manager.add_process(spec.name, "exec " + shlex.join(spec.argv), env={**os.environ, **spec.env})
     stop = threading.Event()
     scheme = "https" if plan.tls else "http"
-    threading.Thread(target=_announce_when_ready, args=(f"{scheme}://127.0.0.1:{args.http_port}", stop),
-                     daemon=True).start()
+    threading.Thread(target=_announce_when_ready, args=(f"{scheme}://127.0.0.1:{args.http_port}", stop,
+                                                        READY_TIMEOUT_S[args.worker_kind]), daemon=True).start()
     manager.loop()
     stop.set()
     return manager.returncode or 0

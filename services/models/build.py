@@ -24,7 +24,7 @@ from services.models import qwen
 
 log = logging.getLogger(__name__)
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2  # 2: head_dim 64 for vLLM's CPU attention
 MARKER = ".meshfront-build.json"
 DEFAULT_NAME = "meshfront/demo-qwen"
 DEFAULT_CONTEXT_LENGTH = 4096

@@ -110,16 +110,20 @@ def tokenizer_config(context_length: int, template: str) -> dict:
 
 
 def model_config(name: str, context_length: int) -> dict:
-    """A tiny Qwen2 (about 10M parameters, almost all of them the tied embedding)."""
+    """A tiny Qwen2 (about 20M parameters, almost all of them the tied embedding).
+
+    Two heads of 64: vLLM's CPU attention rejects head sizes under 64, and the same directory must
+    serve every worker kind (mocker, hf, vllm).
+    """
     return {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
         "_name_or_path": name,
         "vocab_size": VOCAB_SIZE,
-        "hidden_size": 64,
-        "intermediate_size": 128,
+        "hidden_size": 128,
+        "intermediate_size": 256,
         "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        "num_attention_heads": 2,
         "num_key_value_heads": 2,
         "hidden_act": "silu",
         "max_position_embeddings": context_length,

@@ -56,23 +56,30 @@ class WorkerConfig:
         return f"{host}:{port}"
 
 
-def add_worker_flags(p: FlagParser) -> None:
-    """Adds the shared worker flags (plus --host/--port/--nats-url/--log-level)."""
+def add_worker_flags(p: FlagParser, *, engine_sized: bool = False) -> None:
+    """Adds the shared worker flags (plus --host/--port/--nats-url/--log-level).
+
+    ``engine_sized``: a real engine decides its context window and KV block size from its own
+    flags (vLLM's --max-model-len and --block-size), so the worker has no flags for them.
+    """
     add_common_flags(p, port=0)
     p.add("--model-dir", default="", help="model directory (tokenizer.json, config.json, weights)")
     p.add("--model-name", default="", help="served model name (default: the directory's name)")
     p.add("--worker-id", default="", help="id in the worker registry (default: <kind>-<8 hex>)")
     p.add("--advertise-host", default="", help="host other services dial (default: --host)")
     p.add("--register", default=True, type=bool, help="register in NATS discovery (--no-register for tests)")
-    p.add("--context-length", default=0, type=int, help="context window (default: config.json's)")
-    p.add("--block-size", default=16, type=int, help="KV block size in tokens (for routing hashes)")
+    if not engine_sized:
+        p.add("--context-length", default=0, type=int, help="context window (default: config.json's)")
+        p.add("--block-size", default=16, type=int, help="KV block size in tokens (for routing hashes)")
     p.add("--tool-call-parser", default="", help="tool-call parser name to register (e.g. hermes)")
     p.add("--reasoning-parser", default="", help="reasoning parser name to register (e.g. qwen3)")
 
 
-def worker_config_from_args(args: argparse.Namespace, kind: str) -> WorkerConfig:
+def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_length: int | None = None,
+                            block_size: int | None = None) -> WorkerConfig:
+    """The shared config; an engine-sized worker passes the engine's context window and block size."""
     model_dir = args.model_dir
-    context = args.context_length
+    context = args.context_length if context_length is None else context_length
     if context <= 0 and model_dir and Path(model_dir).is_dir():
         context = read_model_info(model_dir).context_length
     return WorkerConfig(
@@ -87,7 +94,7 @@ def worker_config_from_args(args: argparse.Namespace, kind: str) -> WorkerConfig
         register=args.register,
         log_level=args.log_level,
         context_length=context,
-        block_size=args.block_size,
+        block_size=args.block_size if block_size is None else block_size,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         metrics_port=args.metrics_port,

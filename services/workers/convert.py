@@ -9,7 +9,8 @@ from meshfront.common.v1 import common_pb2
 from meshfront.worker.v1 import worker_pb2
 
 from services.common.errors import InvalidRequest, MeshError, Overloaded, WorkerFailed
-from services.workers.engine import EngineBusy, EngineError, EngineOutput, EngineRequest, RequestRejected, SamplingParams
+from services.workers.engine import (EngineBusy, EngineError, EngineOutput, EngineRequest, GuidedDecoding,
+                                     RequestRejected, SamplingParams)
 
 
 def _opt(message, field: str):
@@ -34,6 +35,8 @@ def request_from_proto(request: worker_pb2.GenerateRequest) -> EngineRequest:
     stop = r.stop
     # With ignore_eos the preprocessor sends no EOS ids; drop any anyway so engines need one check.
     eos = () if stop.ignore_eos else tuple(r.eos_token_ids)
+    # The preprocessor folds the EOS ids into the hidden stop ids; the rest end with finish STOP.
+    stop_ids = tuple(i for i in stop.stop_token_ids_hidden if i not in eos)
     return EngineRequest(
         request_id=r.request_id,
         token_ids=list(r.token_ids),
@@ -41,20 +44,24 @@ def request_from_proto(request: worker_pb2.GenerateRequest) -> EngineRequest:
         max_tokens=_opt(stop, "max_tokens"),
         min_tokens=stop.min_tokens,
         eos_token_ids=eos,
+        stop_token_ids=stop_ids,
         ignore_eos=stop.ignore_eos,
         logprobs=_opt(r.output, "logprobs"),
-        guided_json_schema=_guided_json_schema(r.sampling),
+        guided=guided_from_proto(r.sampling),
     )
 
 
-def _guided_json_schema(s: common_pb2.SamplingOptions) -> str | None:
-    """The JSON Schema the output must follow; json_object is the schema of any object."""
+def guided_from_proto(s: common_pb2.SamplingOptions) -> GuidedDecoding | None:
+    """The output constraint, or None; more than one kind at once is the client's mistake."""
     if not s.HasField("guided_decoding"):
         return None
-    guided = s.guided_decoding
-    if guided.json_schema:
-        return guided.json_schema
-    return '{"type": "object"}' if guided.json_object else None
+    g = s.guided_decoding
+    guided = GuidedDecoding(json_schema=g.json_schema or None, json_object=g.json_object, regex=g.regex or None,
+                            choice=tuple(g.choice), grammar=g.grammar or None)
+    kinds = [k for k in ("json_schema", "json_object", "regex", "choice", "grammar") if getattr(guided, k)]
+    if len(kinds) > 1:
+        raise InvalidRequest(f"guided decoding takes one constraint, got {' and '.join(kinds)}")
+    return guided if kinds else None
 
 
 def output_to_proto(output: EngineOutput) -> worker_pb2.GenerateResponse:

@@ -61,6 +61,30 @@ class SamplingParams:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class GuidedDecoding:
+    """One output constraint (exactly one field set), as the client asked for it."""
+
+    json_schema: str | None = None  # JSON Schema text
+    json_object: bool = False  # any JSON object
+    regex: str | None = None
+    choice: tuple[str, ...] = ()
+    grammar: str | None = None  # EBNF / GBNF text, as the engine's grammar backend reads it
+
+    def kind(self) -> str:
+        """The constraint's name, for error messages."""
+        for name in ("json_schema", "json_object", "regex", "choice", "grammar"):
+            if getattr(self, name):
+                return name
+        raise ValueError("GuidedDecoding has no constraint set")
+
+    def as_json_schema(self) -> str | None:
+        """The constraint as a JSON Schema when it is one (json_object: any object), else None."""
+        if self.json_schema:
+            return self.json_schema
+        return '{"type": "object"}' if self.json_object else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EngineRequest:
     """One sequence to generate."""
 
@@ -71,11 +95,13 @@ class EngineRequest:
     max_tokens: int | None = None
     min_tokens: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    # Other ids that end the sequence (finish STOP); the id is the last token sent, like an EOS.
+    stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     # Number of top alternatives per token; None: no logprobs.
     logprobs: int | None = None
-    # Guided decoding: the output must be JSON valid for this schema (JSON text); None: unconstrained.
-    guided_json_schema: str | None = None
+    # Guided decoding; None: unconstrained.
+    guided: GuidedDecoding | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

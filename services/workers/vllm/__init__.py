@@ -1,0 +1,1 @@
+"""The vLLM worker: vLLM's async engine in-process behind WorkerService (``meshfront vllm``)."""

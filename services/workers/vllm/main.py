@@ -1,0 +1,95 @@
+"""Wires the vLLM worker: flags -> AsyncLLM (model loaded) -> KV events and load on NATS -> worker server.
+
+Runs where vllm is importable: an engine image, or the engine environment ``meshfront run
+--worker-kind vllm`` prepares (services/launcher/engine_env.py). Failures to start (a bad model
+directory, an unsupported architecture, too little memory) end the process with vLLM's own
+message on one line and status 1, before anything is registered.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from services.common.grpc_server import run, setup_logging
+from services.workers.config import ConfigError
+from services.workers.engine_kv import BlockHashTranslator
+from services.workers.engine_kv_zmq import ZmqKvSubscriber
+from services.workers.kv_events import KvEventPublisher
+from services.workers.server import EngineDied, serve_worker
+from services.workers.vllm.config import VllmConfig, parse_config
+
+log = logging.getLogger("services.workers.vllm")
+
+
+class EngineStartFailed(RuntimeError):
+    """vLLM could not start; the message is vLLM's own, on one line."""
+
+
+async def serve(cfg: VllmConfig) -> None:
+    from services.workers.vllm.engine import VllmEngine
+    from services.workers.vllm.kv_events import batch_decoder
+
+    engine = VllmEngine(cfg.engine_args())
+    try:
+        await engine.start()
+    except Exception as e:  # noqa: BLE001 - any failure to start is reported the same way
+        raise EngineStartFailed(_root_message(e)) from e
+    worker = cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size)
+    log.info("vLLM engine ready: context %d, block size %d, %d KV blocks", engine.max_model_len,
+             engine.block_size, engine.num_kv_blocks)
+    publisher: KvEventPublisher | None = None
+    subscriber: ZmqKvSubscriber | None = None
+    if worker.register:
+        publisher = KvEventPublisher(worker.nats_url, worker.worker_id, worker.model_name, load=engine.read_load)
+        translator = BlockHashTranslator(publisher, engine.block_size)
+        subscriber = ZmqKvSubscriber(cfg.kv_events_endpoint, cfg.kv_replay_endpoint, batch_decoder(),
+                                     translator.apply)
+        subscriber.start()
+        await publisher.start()
+    try:
+        await serve_worker(worker, engine, total_kv_blocks=engine.num_kv_blocks,
+                           max_num_batched_tokens=engine.max_num_batched_tokens, engine_failed=engine.failed,
+                           started=True)
+    finally:
+        if subscriber is not None:
+            await subscriber.close()
+        if publisher is not None:
+            await publisher.close()
+
+
+def _root_message(error: BaseException) -> str:
+    """The deepest cause's message: vLLM wraps the core process's error in 'initialization failed'."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        cfg = parse_config(argv)  # fail fast, with every problem listed, before vllm is imported
+    except ConfigError as e:
+        sys.exit(f"vllm: {e}")
+    try:
+        import vllm  # noqa: F401 - a clear message when the engine is not installed here
+    except ImportError:
+        sys.exit("vllm: vLLM is not installed in this environment; `meshfront run --worker-kind vllm` "
+                 "prepares one (.venv-vllm), or use an image built FROM vLLM's (deploy/docker)")
+    if cfg.args.host in ("127.0.0.1", "localhost"):
+        # vLLM's internal sockets bind this address; the default is the machine's outward one.
+        os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    setup_logging(cfg.args.log_level)
+    try:
+        run(lambda: serve(cfg))
+    except EngineStartFailed as e:
+        sys.exit(f"vllm: the engine failed to start: {e}")
+    except EngineDied as e:
+        sys.exit(f"vllm: the engine died: {e}")
+
+
+if __name__ == "__main__":
+    main()
