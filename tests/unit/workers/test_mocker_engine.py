@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from services.workers.engine import EngineError, EngineRequest, FinishReason, RequestRejected, SamplingParams
+from services.workers.engine import (EngineError, EngineRequest, FinishReason, GuidedDecoding, RequestRejected,
+                                     SamplingParams)
 from services.workers.mocker.config import MockerEngineConfig
 from services.workers.mocker.engine import MockerEngine
 from services.workers.mocker.outputs import OutputPolicy
@@ -201,3 +202,9 @@ async def test_close_fails_live_streams(make_engine):
         async for _ in stream:
             pass
     assert engine.cache.active_blocks == 0
+
+
+async def test_guided_decoding_other_than_json_is_refused_not_ignored(make_engine):
+    engine = make_engine()
+    with pytest.raises(RequestRejected, match="not regex"):
+        await run(engine, req(range(4), max_tokens=3, guided=GuidedDecoding(regex="a+")))

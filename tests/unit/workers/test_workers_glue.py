@@ -84,6 +84,33 @@ def test_request_from_proto_keeps_unset_distinct_from_zero():
     assert bare.eos_token_ids == () and bare.ignore_eos
 
 
+def test_hidden_stop_ids_other_than_eos_reach_the_engine_as_stop_ids():
+    stop = common_pb2.StopConditions(stop_token_ids_hidden=[9, 4, 5])  # the preprocessor folds EOS in
+    r = convert.request_from_proto(worker_pb2.GenerateRequest(request=common_pb2.PreprocessedRequest(
+        token_ids=[1], eos_token_ids=[9], stop=stop)))
+    assert (r.eos_token_ids, r.stop_token_ids) == ((9,), (4, 5))
+
+
+@pytest.mark.parametrize(("guided", "kind"), [
+    (common_pb2.GuidedDecoding(json_schema="{}"), "json_schema"),
+    (common_pb2.GuidedDecoding(json_object=True), "json_object"),
+    (common_pb2.GuidedDecoding(regex="a+"), "regex"),
+    (common_pb2.GuidedDecoding(choice=["a", "b"]), "choice"),
+    (common_pb2.GuidedDecoding(grammar="root ::= x"), "grammar"),
+])
+def test_every_guided_decoding_kind_reaches_the_engine(guided, kind):
+    r = convert.request_from_proto(worker_pb2.GenerateRequest(request=common_pb2.PreprocessedRequest(
+        token_ids=[1], sampling=common_pb2.SamplingOptions(guided_decoding=guided))))
+    assert r.guided is not None and r.guided.kind() == kind
+
+
+def test_two_guided_decoding_kinds_at_once_are_refused():
+    guided = common_pb2.GuidedDecoding(regex="a+", choice=["a"])
+    with pytest.raises(InvalidRequest, match="regex and choice"):
+        convert.request_from_proto(worker_pb2.GenerateRequest(request=common_pb2.PreprocessedRequest(
+            token_ids=[1], sampling=common_pb2.SamplingOptions(guided_decoding=guided))))
+
+
 def test_output_to_proto_sets_usage_only_when_known():
     first = convert.output_to_proto(EngineOutput([1, 2], prompt_tokens=10, cached_tokens=0,
                                                  logprobs=[TokenLogprob(1, -0.1, ((1, -0.1), (3, -2.0)))]))
