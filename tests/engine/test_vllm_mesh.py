@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -80,6 +81,17 @@ def test_chat_streamed_and_not(client):
     assert chunks[-1].usage.completion_tokens == 8
 
 
+def test_every_sampling_knob_reaches_vllm_and_seeds_repeat(client):
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Sample."}], "max_tokens": 10,
+           "temperature": 1.3, "top_p": 0.9, "seed": 1234, "frequency_penalty": 0.5, "presence_penalty": 0.4,
+           "logprobs": True, "top_logprobs": 3,
+           "extra_body": {"top_k": 50, "min_p": 0.01, "repetition_penalty": 1.1, "min_tokens": 10}}
+    a, b = (client.chat.completions.create(**ask) for _ in range(2))
+    assert a.choices[0].message.content == b.choices[0].message.content  # same seed, same tokens
+    assert a.usage.completion_tokens == 10
+    assert all(len(t.top_logprobs) == 3 for t in a.choices[0].logprobs.content)
+
+
 def _token_ids(content_logprobs, vocab_by_bytes: dict[bytes, int]) -> list[int]:
     return [vocab_by_bytes[bytes(lp.bytes)] for lp in content_logprobs]
 
@@ -140,6 +152,16 @@ def test_json_schema_output_is_valid(client):
     assert done.choices[0].finish_reason == "stop"
 
 
+def test_vllm_style_regex_choice_and_grammar_constrain_the_output(client):
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Pick."}], "max_tokens": 12, "temperature": 0}
+    choice = client.chat.completions.create(**ask, extra_body={"structured_outputs": {"choice": ["red", "green"]}})
+    assert choice.choices[0].message.content in ("red", "green")
+    regex = client.chat.completions.create(**ask, extra_body={"guided_regex": "[0-9]{3}"})
+    assert re.fullmatch("[0-9]{3}", regex.choices[0].message.content)
+    grammar = client.chat.completions.create(**ask, extra_body={"guided_grammar": 'root ::= "a" | "b"'})
+    assert grammar.choices[0].message.content in ("a", "b")
+
+
 def test_prompt_over_the_context_window_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 5000}],
@@ -174,7 +196,8 @@ def test_killing_the_serving_worker_mid_stream_is_invisible_at_temperature_0(cli
 
 
 def _children(pid: int) -> list[int]:
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    """Every child, whichever of the process's threads started it (vLLM starts its core from one)."""
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
 
 
 def test_a_worker_whose_engine_dies_deregisters_and_exits(engine_mesh, client):

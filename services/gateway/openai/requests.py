@@ -15,6 +15,7 @@ import orjson
 from services.common.errors import InvalidRequest
 from services.gateway.openai import tools as tools_checks
 from services.gateway.openai.fields import Fields
+from services.gateway.openai.structured import parse_structured_outputs
 
 MAX_N = 128
 MAX_STOP = 32
@@ -52,6 +53,8 @@ class GenerationRequest:
     n: int
     sampling: Sampling
     worker_id: str = ""
+    # vLLM-style structured outputs as GuidedDecoding fields (structured.py); None: unconstrained.
+    structured: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -158,7 +161,7 @@ def _common(f: Fields, headers: dict[str, str], *, max_tokens_key: str) -> Gener
     ext.reject_unknown()
     worker_id = headers.get("x-worker-instance-id") or ("" if worker is None else str(worker))
     return GenerationRequest(model=model, stream=stream, include_usage=include_usage, n=n, sampling=s,
-                             worker_id=worker_id)
+                             worker_id=worker_id, structured=parse_structured_outputs(f))
 
 
 def _message(i: int, m: Any) -> dict[str, Any]:
@@ -211,6 +214,10 @@ def parse_chat(raw: bytes, headers: dict[str, str] | None = None) -> ChatRequest
     if effort is not None:
         kwargs.setdefault("reasoning_effort", effort)
     response_format = tools_checks.check_response_format(f.obj("response_format"))
+    if base.structured is not None and (response_format is not None or tool_choice == "required"
+                                        or isinstance(tool_choice, dict)):
+        raise InvalidRequest("structured outputs cannot be combined with 'response_format' or a forced "
+                             "'tool_choice'", param="structured_outputs")
     f.reject_unknown()
     return ChatRequest(**dataclasses.asdict(base) | {"sampling": base.sampling}, messages=messages, tools=tools,
                        tool_choice=tool_choice, chat_template_kwargs=kwargs, parallel_tool_calls=parallel,

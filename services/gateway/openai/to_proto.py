@@ -41,7 +41,8 @@ def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.Pr
         out.tool_choice_json = orjson.dumps(req.tool_choice).decode()
     if req.chat_template_kwargs:
         out.chat_template_kwargs_json = orjson.dumps(req.chat_template_kwargs).decode()
-    guided = guided_decoding(req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format)
+    guided = guided_decoding(req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format) \
+        or req.structured
     if guided is not None:
         out.request.sampling.guided_decoding.CopyFrom(common_pb2.GuidedDecoding(**guided))
     return out
@@ -50,6 +51,8 @@ def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.Pr
 def completion_to_preprocess(req: CompletionRequest, prompt: str | list[int],
                              request_id: str) -> preprocessor_pb2.PreprocessRequest:
     out = preprocessor_pb2.PreprocessRequest(request=_base(req, request_id))
+    if req.structured is not None:
+        out.request.sampling.guided_decoding.CopyFrom(common_pb2.GuidedDecoding(**req.structured))
     if isinstance(prompt, str):
         out.text = prompt
     else:

@@ -24,7 +24,7 @@ _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _TOOL_CHOICES = ("none", "auto", "required")
 
 
-def _check_schema(schema: Any, param: str) -> None:
+def check_schema(schema: Any, param: str) -> None:
     if not isinstance(schema, dict):
         raise InvalidRequest(f"'{param}' must be a JSON Schema object", param=param)
     from jsonschema import Draft202012Validator  # imported on first use: only schema-bearing requests pay
@@ -59,7 +59,7 @@ def check_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
             raise InvalidRequest(f"'{where}.function' has unknown fields: {', '.join(sorted(unknown))}",
                                  param=f"{where}.function")
         if fn.get("parameters") is not None:
-            _check_schema(fn["parameters"], f"{where}.function.parameters")
+            check_schema(fn["parameters"], f"{where}.function.parameters")
     return tools
 
 
@@ -101,7 +101,7 @@ def check_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
         raise InvalidRequest("'response_format.json_schema' must be an object with a 'name'",
                              param="response_format.json_schema")
     schema = spec.get("schema", {})
-    _check_schema(schema, "response_format.json_schema.schema")
+    check_schema(schema, "response_format.json_schema.schema")
     return {"type": "json_schema", "schema": schema}
 
 
