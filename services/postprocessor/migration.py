@@ -61,11 +61,10 @@ def continuation(original: common_pb2.PreprocessedRequest, generated: Sequence[i
 
 
 def _guided(request: common_pb2.PreprocessedRequest) -> bool:
-    """Guided decoding keeps its grammar state on the worker: the generated ids alone cannot resume it.
-
-    (The field arrives with issue 5's proto change; until its stubs are generated there is none.)
-    """
-    return "guided_decoding" in request.DESCRIPTOR.fields_by_name and request.HasField("guided_decoding")
+    """Guided decoding keeps its grammar state on the worker: the generated ids alone cannot resume it
+    (a continuation would restart the grammar at the generated text, and vLLM's and SGLang's grammar
+    backends cannot be advanced over given tokens)."""
+    return request.sampling.HasField("guided_decoding")
 
 
 class Migrator:
@@ -97,8 +96,9 @@ class Migrator:
         """
         if not isinstance(error, RETRIABLE) or not self.enabled:
             raise error
-        if _guided(request):
-            log.warning("request %s not migrated: guided decoding cannot resume on another worker", request.request_id)
+        if generated and _guided(request):  # before the first token the grammar simply starts again
+            log.warning("request %s not migrated: guided decoding cannot resume on another worker after %d tokens",
+                        request.request_id, generated)
             raise error
         if len(failed) > self.limit:
             log.warning("request %s: migration limit %d reached", request.request_id, self.limit)

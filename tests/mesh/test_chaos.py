@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import json
 import re
 import signal
 import time
 
 import httpx
+import jsonschema
 import orjson
 import pytest
 
@@ -97,6 +99,30 @@ def test_killed_worker_mid_stream_migrates_every_stream_token_identically(chaos_
     migrated = full_log(chaos_mesh, "postprocessor").count(" migrates from ") - migrations_before
     assert migrated >= 10, "the killed worker held none of the streams"
     restart(chaos_mesh, "mocker-0")
+
+
+def test_killed_worker_ends_its_guided_streams_with_an_error_instead_of_migrating_them(chaos_mesh):
+    """A continuation cannot resume a grammar half way: migrating would restart it inside the text."""
+    wait_workers(chaos_mesh, len(WORKERS))
+    schema = {"type": "array", "minItems": 80, "items": {"type": "string"}}
+    guided = {"response_format": {"type": "json_schema", "json_schema": {"name": "items", "schema": schema}}}
+    bodies = [chat(DEMO, i, 3000, **guided) for i in range(12)]
+    migrations_before = full_log(chaos_mesh, "postprocessor").count(" migrates from ")
+
+    async def kill_when_streaming(events):
+        await asyncio.gather(*(e.wait() for e in events))
+        chaos_mesh.kill("mocker-1")
+
+    results = asyncio.run(run_streams(chaos_mesh.url, bodies, kill_when_streaming))
+    broken = [r for r in results if r.error]
+    assert broken, "the killed worker held none of the streams"
+    assert all(r.status == 200 and r.finish is None for r in broken), [(r.status, r.done, r.finish, r.error) for r in broken]
+    for r in results:
+        if not r.error:
+            jsonschema.validate(json.loads(r.text), schema)
+    assert full_log(chaos_mesh, "postprocessor").count(" migrates from ") == migrations_before
+    assert "not migrated: guided decoding" in full_log(chaos_mesh, "postprocessor")
+    restart(chaos_mesh, "mocker-1")
 
 
 def test_frozen_worker_streams_migrate_within_five_seconds(chaos_mesh):

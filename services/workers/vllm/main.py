@@ -60,11 +60,20 @@ async def serve(cfg: VllmConfig) -> None:
             await publisher.close()
 
 
+MAX_MESSAGE_CHARS = 600
+
+
 def _root_message(error: BaseException) -> str:
-    """The deepest cause's message: vLLM wraps the core process's error in 'initialization failed'."""
+    """The deepest cause's message on one line: vLLM wraps the core's error in 'initialization failed'.
+
+    Capped, because some of vLLM's messages list every supported architecture; the full traceback
+    is in the log just above.
+    """
     while error.__cause__ is not None:
         error = error.__cause__
     text = " ".join(str(error).split())
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[:MAX_MESSAGE_CHARS] + " ..."
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
