@@ -1,7 +1,9 @@
 """Command line: ``python -m bench mesh [options]`` or ``python -m bench load --url URL [options]``.
 
 ``mesh`` starts a fresh mesh per shape and tears it down; ``load`` drives a mesh that is already
-running (e.g. ``make run``) and accounts CPU for the pids given with ``--pid name=PID``.
+running (e.g. ``make run``) and accounts CPU for the pids given with ``--pid name=PID``; ``engine``
+puts vLLM CPU workers behind the split and inproc meshes and compares them with vLLM's own server
+(bench/engine.py); ``kv`` and ``soak`` are described by their own ``--help``.
 """
 
 from __future__ import annotations
@@ -68,7 +70,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_load_flags(ld)
     _add_kv_parser(sub)
     _add_soak_parser(sub)
+    _add_engine_parser(sub)
     args = p.parse_args(argv)
+    if args.scenario == "engine":
+        from bench.engine import DEPLOYMENTS
+
+        args.deployments = tuple(s.strip() for s in args.deployments.split(",") if s.strip())
+        bad = [s for s in args.deployments if s not in DEPLOYMENTS]
+        if bad or not args.deployments:
+            p.error(f"unknown deployment(s) {bad}; choose from {DEPLOYMENTS}")
     if args.scenario == "mesh":
         args.shape = tuple(s.strip() for s in args.shape.split(",") if s.strip())
         bad = [s for s in args.shape if s not in mesh.SHAPES]
@@ -109,6 +119,65 @@ def _add_soak_parser(sub) -> None:
     s.add_argument("--shape", default=d.shape, choices=mesh.SHAPES)
     s.add_argument("--markdown", default="", help="append the table to this file")
     s.add_argument("--json", default="", help="write every RSS sample (KiB per process) and the counts to this file")
+
+
+def _add_engine_parser(sub) -> None:
+    from bench.engine import DEPLOYMENTS, EngineBenchConfig
+
+    d = EngineBenchConfig()
+    e = sub.add_parser("engine", help="vLLM CPU workers behind the split and inproc meshes vs vLLM's own OpenAI "
+                       "server, same model and load")
+    e.add_argument("--deployments", default=",".join(d.deployments), help=f"comma list of {', '.join(DEPLOYMENTS)} "
+                   "(vllm = vLLM's own server)")
+    e.add_argument("--concurrency", type=_ints, default=d.concurrency, help="comma list (default 8,32)")
+    e.add_argument("--requests", type=int, default=0, help="requests per level (default max(96, 4*concurrency))")
+    e.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens)
+    e.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens out; also sent as min_tokens")
+    e.add_argument("--warmup", type=int, default=d.warmup, help="warm-up requests per deployment (discarded)")
+    e.add_argument("--workers", type=int, default=d.workers, help="vLLM workers behind each mesh (default 1; "
+                   "vLLM's server is always one engine)")
+    e.add_argument("--engine-flag", action="append", default=[], help="extra vLLM engine flag for the workers and "
+                   "the server alike (repeatable), e.g. --engine-flag=--max-num-seqs=64")
+    e.add_argument("--level-timeout", type=float, default=d.level_timeout_s, help="seconds one level may take at most")
+    e.add_argument("--start-timeout", type=float, default=d.start_timeout_s, help="seconds a deployment may take "
+                   "to start")
+    e.add_argument("--idle-seconds", type=float, default=d.idle_s, help="idle-CPU window after warm-up (0 = skip)")
+    e.add_argument("--model", default=d.model_name, help="served model name")
+    e.add_argument("--seed", type=int, default=None, help="prompt PRNG seed (default random, one for the run)")
+    e.add_argument("--log-level", default=d.log_level, help="log level of the mesh services")
+    e.add_argument("--markdown", default="", help="append a markdown section with the table to this file")
+    e.add_argument("--json", default="", help="write every level's figures to this JSON file")
+
+
+def _run_engine(args: argparse.Namespace, command: str) -> int:
+    from bench import engine
+
+    cfg = engine.EngineBenchConfig(
+        deployments=args.deployments, concurrency=args.concurrency, requests=args.requests or None,
+        prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, warmup=args.warmup, workers=args.workers,
+        level_timeout_s=args.level_timeout, start_timeout_s=args.start_timeout, model_name=args.model,
+        engine_flags=(*engine.ENGINE_FLAGS, *args.engine_flag), log_level=args.log_level, seed=args.seed,
+        idle_s=args.idle_seconds)
+    started = datetime.datetime.now().astimezone()
+    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
+    records, seed = engine.run(cfg, _emit)
+    goal = engine.goal_lines(records)
+    goal_head = (f"Goal: frontend tier CPU/req <= vLLM's API server process CPU/req, TTFT p50 within "
+                 f"±{engine.TTFT_TOLERANCE:.0%} of vLLM's server's:")
+    _emit("\n" + engine.text_table(records) + "\n\n" + engine.LEGEND
+          + ("\n\n" + goal_head + "\n" + "\n".join(goal) if goal else ""))
+    if args.markdown:
+        bg = ", ".join(f"{r.deployment} c{r.stats.concurrency}: {r.bg_cores:.2f}" for r in records)
+        goal_md = ("\n\n" + goal_head + "\n\n" + "\n".join(f"- {g}" for g in goal)) if goal else ""
+        with Path(args.markdown).open("a") as f:
+            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
+                    f"Setting: {engine.setting_line(cfg, seed)}.\n\n{engine.markdown_table(records)}\n\n"
+                    f"{engine.LEGEND} CPU used by other tenants during each level, in cores: {bg}.{goal_md}\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"config": dataclasses.asdict(cfg), "seed": seed,
+                                               "levels": [r.as_json() for r in records], "goal": goal},
+                                              indent=1, default=str))
+    return 0
 
 
 def _run_soak(args: argparse.Namespace, command: str) -> int:
@@ -189,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_kv(args, command)
     if args.scenario == "soak":
         return _run_soak(args, command)
+    if args.scenario == "engine":
+        return _run_engine(args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
     _emit(f"# {_setting_line(args, cfg)}")

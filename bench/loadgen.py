@@ -36,6 +36,7 @@ class LoadSpec:
     duration_s: float = 120.0
     request_timeout_s: float = 60.0
     ignore_eos: bool = True
+    min_tokens: int = 0  # > 0: sent as ``min_tokens`` (an engine that may stop early must not)
 
 
 @dataclasses.dataclass
@@ -87,10 +88,13 @@ class LoadResult:
         return self.finished - self.started
 
 
-def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool) -> bytes:
-    return orjson.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
-                         "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
-                         "ignore_eos": ignore_eos})
+def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, min_tokens: int = 0) -> bytes:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": ignore_eos}
+    if min_tokens:
+        body["min_tokens"] = min_tokens
+    return orjson.dumps(body)
 
 
 class SseParser:
@@ -167,7 +171,7 @@ async def run_load(spec: LoadSpec, prompts: PromptFactory, conns: list[Connectio
     own = conns is None
     if conns is None:
         conns = await open_connections(spec.url, spec.concurrency)
-    bodies = [chat_body(spec.model, prompts.next_prompt(), spec.max_tokens, spec.ignore_eos)
+    bodies = [chat_body(spec.model, prompts.next_prompt(), spec.max_tokens, spec.ignore_eos, spec.min_tokens)
               for _ in range(spec.requests)]  # built before the window: prompt building is client work
     results: list[RequestResult] = []
     started = time.monotonic()

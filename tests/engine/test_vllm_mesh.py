@@ -6,6 +6,7 @@ run in file order: the last two kill workers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -44,7 +45,18 @@ def engine_mesh(tmp_path_factory, vllm_python, tiny_lm_dir, envoy_bin, nats_bin)
         stop_cleanly(mesh)
         raise
     yield mesh
-    stop_cleanly(mesh)
+    try:
+        stop_cleanly(mesh)
+    finally:
+        reap_groups(mesh)
+
+
+def reap_groups(mesh: Mesh) -> None:
+    """Kills what is left of each worker's process group: vLLM's engine core outlives a SIGKILLed parent
+    (it waits on its ZMQ socket forever), and the tests SIGKILL workers on purpose."""
+    for name in WORKERS:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(mesh.procs[name].pid, signal.SIGKILL)
 
 
 @pytest.fixture
