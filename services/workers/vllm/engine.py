@@ -84,8 +84,8 @@ class VllmEngine:
 
     async def close(self) -> None:
         if self._llm is not None:
-            self._llm.shutdown()
-            self._llm = None
+            llm, self._llm = self._llm, None
+            await asyncio.to_thread(llm.shutdown)  # waits for the core process to exit
 
     @property
     def llm(self) -> AsyncLLM:

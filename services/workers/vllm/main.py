@@ -8,10 +8,13 @@ message on one line and status 1, before anything is registered.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from services.common.grpc_server import run, setup_logging
 from services.workers.config import ConfigError
@@ -34,7 +37,8 @@ async def serve(cfg: VllmConfig) -> None:
 
     engine = VllmEngine(cfg.engine_args())
     try:
-        await engine.start()
+        with _engine_processes_die_with_a_signal():
+            await engine.start()
     except Exception as e:  # noqa: BLE001 - any failure to start is reported the same way
         raise EngineStartFailed(_root_message(e)) from e
     worker = cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size)
@@ -61,6 +65,36 @@ async def serve(cfg: VllmConfig) -> None:
 
 
 MAX_MESSAGE_CHARS = 600
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, whichever thread started it (vLLM starts its core from a worker thread)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for child in map(int, (task / "children").read_text().split()):
+                out += [child, *_descendants(child)]
+    return out
+
+
+@contextlib.contextmanager
+def _engine_processes_die_with_a_signal() -> Iterator[None]:
+    """While the engine loads (a minute), SIGTERM/SIGINT also kill its processes: vLLM's engine core
+    would otherwise outlive this one, blocked on its socket. Once serving, the server's drain owns
+    the signals and closes the engine properly."""
+
+    def stop(signum, _frame) -> None:
+        for child in _descendants(os.getpid()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        os._exit(128 + signum)  # nothing is registered yet, there is nothing else to undo
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _root_message(error: BaseException) -> str:
