@@ -56,9 +56,6 @@ class FlagParser:
         """Parses this parser's flags and returns the others untouched (an engine's, passed through)."""
         return self._parser.parse_known_args(argv)
 
-    def format_help(self) -> str:
-        return self._parser.format_help()
-
 
 def add_common_flags(p: FlagParser, *, port: int) -> None:
     """Flags every service has: where it listens, where NATS is, how it logs."""
