@@ -189,6 +189,8 @@ def test_client_disconnect_leaves_vllm_nothing_running(engine_mesh):
     while any(running(engine_mesh, w) for w in WORKERS):
         assert time.monotonic() < deadline, "vLLM still runs the request 1 s after the client left"
         time.sleep(0.05)
+    # Its KV blocks are free again (cached blocks nobody holds count as free in vLLM's usage).
+    assert all(metrics(engine_mesh, w)["vllm:kv_cache_usage_perc"] == 0 for w in WORKERS)
 
 
 def test_killing_the_serving_worker_mid_stream_is_invisible_at_temperature_0(client, engine_mesh):
