@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -116,6 +117,6 @@ class GrpcServer:
         self._stop.set()
 
 
-def run(main: Callable[[], Awaitable[None]]) -> None:
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     install_uvloop()
     asyncio.run(main())

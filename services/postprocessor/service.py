@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from meshfront.common.v1 import common_pb2
@@ -168,7 +168,7 @@ class Postprocessor:
             await self._owned_client.close()
 
     async def generate(
-            self, req: postprocessor_pb2.GenerateRequest) -> AsyncIterator[postprocessor_pb2.GenerateResponse]:
+            self, req: postprocessor_pb2.GenerateRequest) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
         """Runs ``req`` on its worker and yields text deltas; the last one has a finish reason.
 
         Raises:
@@ -209,7 +209,7 @@ class Postprocessor:
             metrics.streams.labels(outcome).inc()
 
     async def _attempt(self, address: str, request: common_pb2.PreprocessedRequest,
-                       builder: _ResponseBuilder) -> AsyncIterator[postprocessor_pb2.GenerateResponse]:
+                       builder: _ResponseBuilder) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
         """Runs ``request`` on one worker, feeding ``builder``; ends when the sequence finished."""
         call = self._workers.generate(address, worker_pb2.GenerateRequest(request=request))
         pump = StreamPump(call.read, call.cancel)

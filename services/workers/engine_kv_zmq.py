@@ -79,7 +79,7 @@ class ZmqKvSubscriber:
         missing = self._next_seq
         if self.replay_endpoint is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._replay(upto), REPLAY_TIMEOUT_S)
+                await asyncio.wait_for(self._replay(self.replay_endpoint, upto), REPLAY_TIMEOUT_S)
         if self._next_seq < upto:
             log.warning("lost KV event batches %d..%d (replay from %d fell short): reporting the cache "
                         "cleared until new stores arrive", self._next_seq, upto - 1, missing)
@@ -87,10 +87,10 @@ class ZmqKvSubscriber:
             self._next_seq = upto
             self.resets += 1
 
-    async def _replay(self, upto: int) -> None:
+    async def _replay(self, endpoint: str, upto: int) -> None:
         dealer = self._ctx.socket(zmq.DEALER)
         try:
-            dealer.connect(self.replay_endpoint)
+            dealer.connect(endpoint)
             await dealer.send_multipart((b"", self._next_seq.to_bytes(8, "big")))
             while True:
                 _empty, _topic, raw_seq, payload = await dealer.recv_multipart()

@@ -90,15 +90,15 @@ async def serve_worker(cfg: WorkerConfig, engine: Engine, *, total_kv_blocks: in
         log.info("registering %s for model %s at %s", card.worker_id, card.model.name, card.address)
     death: BaseException | None = None
 
-    async def watch() -> None:
+    async def watch(failed: Callable[[], Awaitable[BaseException]]) -> None:
         nonlocal death
-        death = await engine_failed()
+        death = await failed()
         log.error("the engine died (%s); leaving discovery and stopping", death)
         if registrar is not None:
             await registrar.close()  # before anything else: routers must stop picking this worker
         server.request_stop()
 
-    watcher = asyncio.create_task(watch(), name="engine-death-watch") if engine_failed is not None else None
+    watcher = asyncio.create_task(watch(engine_failed), name="engine-death-watch") if engine_failed else None
     try:
         await server.serve_until_signal()
     finally:

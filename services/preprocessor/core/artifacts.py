@@ -129,7 +129,8 @@ def load_artifacts(model_dir: str) -> ModelArtifacts:
     tokenizer_config = _read_json(root / "tokenizer_config.json")
     config = _read_json(root / "config.json")
     special = {k: t for k in SPECIAL_TOKEN_KEYS if (t := _token_text(tokenizer_config.get(k))) is not None}
-    model_vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else 0
+    vocab = config.get("vocab_size")
+    model_vocab = vocab if isinstance(vocab, int) else 0
     return ModelArtifacts(
         model_dir=str(model_dir),
         tokenizer=tokenizer,

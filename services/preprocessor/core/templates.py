@@ -9,7 +9,8 @@ model directory; a request can pass variables (``chat_template_kwargs``) but nev
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import jinja2
 from transformers.utils.chat_template_utils import render_jinja_template
@@ -48,8 +49,11 @@ def render_chat(template: str, messages: list[dict], tools: list[dict] | None, s
     add_generation_prompt = bool(extra.pop("add_generation_prompt", True))
     context = {**special_tokens, **extra}
     try:
-        rendered, _ = render_jinja_template(conversations=[messages], tools=tools or None, chat_template=template,
-                                            add_generation_prompt=add_generation_prompt, **context)
+        tool_list: list[dict | Callable[..., Any]] | None = list(tools) if tools else None
+        # transformers annotates the result as str; it returns (rendered conversations, generation spans).
+        rendered, _ = cast(tuple[list[str], Any], render_jinja_template(
+            conversations=[messages], tools=tool_list, chat_template=template,
+            add_generation_prompt=add_generation_prompt, **context))
     except jinja2.TemplateError as e:  # raise_exception(), undefined names, sandbox violations
         raise InvalidRequest(f"chat template error: {e}", param="messages") from e
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:

@@ -45,6 +45,7 @@ class RadixIndex:
         missed an event and must resynchronise that worker.
         """
         owned = self._by_worker.setdefault(worker_id, {})
+        node: _Node | None
         if parent_hash is None:
             node = self._root
         else:

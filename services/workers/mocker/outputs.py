@@ -170,7 +170,7 @@ class OutputPolicy:
         if rules and tokenizer is None:
             raise ValueError("script rules need the model's tokenizer to read prompts")
         self.vocab = vocab
-        self._tokenizer = tokenizer
+        self._tokenizer: Any = tokenizer  # set whenever there are rules (checked above)
         self._rules = list(rules)
         self._default = tuple(default) if default is not None else None
 
@@ -186,8 +186,10 @@ class OutputPolicy:
         if (rules_text or default_text is not None) and tokenizer is None:
             raise ValueError("script mode needs tokenizer.json in the model directory")
 
+        reader: Any = tokenizer  # present whenever encode is called (checked above)
+
         def encode(text: str) -> tuple[int, ...]:
-            return tuple(tokenizer.encode(text, add_special_tokens=False).ids)
+            return tuple(reader.encode(text, add_special_tokens=False).ids)
 
         rules = [ScriptRule(match, encode(text)) for match, text in rules_text]
         default = encode(default_text) if default_text is not None else None

@@ -64,20 +64,21 @@ class SglangEngine:
         # Built in a thread, SGLang leaves SIGQUIT to us during the launch (a scheduler failing
         # to load the model then surfaces as the constructor's error), and the loop keeps answering.
         loop.add_signal_handler(signal.SIGQUIT, self._child_failed)
-        self._engine = await asyncio.to_thread(Engine, server_args=self.server_args)
+        engine = await asyncio.to_thread(Engine, server_args=self.server_args)
+        self._engine = engine
         # SGLang starts its output loop on the first request and installs SIGTERM (drain, then
         # exit) and SIGQUIT (kill everything) handlers with it. Started now, ours replace them:
         # the worker server's drain on SIGTERM, the death watch on SIGQUIT.
-        tm = self._engine.tokenizer_manager
+        tm = engine.tokenizer_manager
         tm.auto_create_handle_loop()
         loop.add_signal_handler(signal.SIGQUIT, self._child_failed)
         loop.remove_signal_handler(signal.SIGTERM)
-        resolved = self._engine.server_args.resolved_dict()
+        resolved = engine.server_args.resolved_dict()
         # What SGLang itself reports as the KV events' block size (Scheduler.get_init_info).
         self._block_size = resolved["page_size"] * resolved["dcp_size"]
         # The scheduler's KV capacity in tokens, as Engine.get_server_info reports it (which
         # cannot be called here: it drives a loop of its own).
-        self._total_tokens = self._engine._scheduler_init_result.scheduler_infos[0]["max_total_num_tokens"]
+        self._total_tokens = engine._scheduler_init_result.scheduler_infos[0]["max_total_num_tokens"]
         chunk = resolved["chunked_prefill_size"]
         self._batched_tokens = chunk if chunk is not None and chunk > 0 else resolved["max_prefill_tokens"]
         self._limits = sampling.EngineLimits(
@@ -207,6 +208,8 @@ class SglangEngine:
     async def _next(self, stream: AsyncIterator[dict[str, Any]]) -> dict[str, Any] | None:
         """The next SGLang output, or EngineError as soon as the engine dies (its outputs stop)."""
         death = self._death
+        if death is None:
+            raise RuntimeError("the SGLang engine is not started")
         step = asyncio.ensure_future(anext(stream, None))
         try:
             await asyncio.wait((step, death), return_when=asyncio.FIRST_COMPLETED)

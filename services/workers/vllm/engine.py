@@ -78,9 +78,10 @@ class VllmEngine:
             return
         # The constructor blocks while the core process loads the model (a minute on a CPU); in a
         # thread, the loop keeps answering (NATS, signals). The output handler starts lazily.
-        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self.engine_args,
-                                            stat_loggers=[self.load.stat_logger_factory()])
-        self._defaults = self._llm.model_config.get_diff_sampling_param()
+        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self.engine_args,
+                                      stat_loggers=[self.load.stat_logger_factory()])
+        self._defaults = llm.model_config.get_diff_sampling_param()
+        self._llm = llm
 
     async def close(self) -> None:
         if self._llm is not None:
