@@ -390,10 +390,7 @@ def test_gpu_workers_wait_for_the_model_drain_and_have_shared_memory():
 @pytest.mark.parametrize("name", sorted(GPU_WORKERS))
 def test_gpu_worker_env_twins_are_flags_the_worker_knows(name):
     kind = GPU_WORKERS[name]
-    try:
-        help_text = _help(kind)
-    except ImportError as e:
-        pytest.skip(f"meshfront {kind} is not in this tree yet ({e})")
+    help_text = _help(kind)
     (c,) = containers(gpu_workers()[name])
     for env in env_of(c):
         if env.startswith("MESHFRONT_"):
