@@ -42,7 +42,8 @@ from pathlib import Path
 import orjson
 
 from bench import cpu
-from bench.loadgen import LoadSpec, open_connections, run_load
+from bench.loadgen import LoadSpec, run_load
+from bench.mesh import measured_load
 from bench.prompts import PromptFactory
 from bench.stats import LevelStats, summarize
 from services.launcher.engine_env import ENGINES
@@ -390,24 +391,11 @@ async def measure_level(dep: Deployment, cfg: EngineBenchConfig, concurrency: in
                         tracked: Tracked, emit: Printer) -> EngineRecord:
     pids = {**dep.pids, **tracked.expand(dep.roots)}
     spec = _load_spec(cfg, dep.url, concurrency, cfg.requests_for(concurrency))
-    conns = await open_connections(dep.url, concurrency)
-    me = os.getpid()
-    before, client0, machine0 = cpu.sample(pids), cpu.read_threads_cpu_ms(me), cpu.read_machine_busy_ms()
-    load = await run_load(spec, prompts, conns)
-    after, client1, machine1 = cpu.sample(pids), cpu.read_threads_cpu_ms(me), cpu.read_machine_busy_ms()
-    for c in conns:
-        c.close()
-    usage = cpu.usage_between(before, after)
-    if usage.missing or usage.disagreements():
-        emit(f"[{dep.name}] c={concurrency}: CPU accounting caveat: gone {usage.missing}, "
-             f"schedstat vs ticks {usage.disagreements()}")
-    stats = summarize(load)
-    n = max(1, stats.ok)
-    client_ms = client1 - client0
-    bg_ms = max(0.0, (machine1 - machine0) - usage.total_ms - client_ms)
-    return EngineRecord(dep.name, stats, columns(usage.per_request(stats.ok, engine_group)),
-                        {p: ms / n for p, ms in usage.per_process_ms.items()}, client_ms / n, usage.total_ms,
-                        bg_ms / 1000.0 / max(load.wall_s, 1e-9), os.getloadavg()[0])
+    m = await measured_load(spec, prompts, pids, f"[{dep.name}] c={concurrency}", emit)
+    n = max(1, m.stats.ok)
+    return EngineRecord(dep.name, m.stats, columns(m.usage.per_request(m.stats.ok, engine_group)),
+                        {p: ms / n for p, ms in m.usage.per_process_ms.items()}, m.client_ms / n, m.usage.total_ms,
+                        m.bg_cores, os.getloadavg()[0])
 
 
 async def idle_cpu_per_s(pids: dict[str, int], seconds: float) -> dict[str, float]:

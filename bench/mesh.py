@@ -19,7 +19,7 @@ from bench import cpu
 from bench.loadgen import LoadSpec, open_connections, run_load
 from bench.prompts import PromptFactory
 from bench.report import Row
-from bench.stats import summarize
+from bench.stats import LevelStats, summarize
 from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
 
@@ -91,7 +91,24 @@ async def measure_level(url: str, pids: dict[str, int], cfg: MeshBenchConfig, sh
     spec = LoadSpec(url=url, model=cfg.model_name, concurrency=concurrency,
                     requests=cfg.requests_for(concurrency), max_tokens=cfg.max_tokens,
                     duration_s=cfg.level_timeout_s, request_timeout_s=min(60.0, cfg.level_timeout_s))
-    conns = await open_connections(url, concurrency)
+    m = await measured_load(spec, prompts, pids, f"[{shape}] c={concurrency}", emit)
+    row = Row(shape=shape, stats=m.stats, cpu_per_request=m.usage.per_request(m.stats.ok),
+              client_cpu_per_request=m.client_ms / max(1, m.stats.ok), window_cpu_ms=m.usage.total_ms)
+    return LevelRecord(row, bg_cores=m.bg_cores, loadavg=os.getloadavg()[0])
+
+
+@dataclasses.dataclass
+class MeasuredLoad:
+    stats: LevelStats
+    usage: cpu.CpuUsage
+    client_ms: float  # the load generator's own CPU
+    bg_cores: float  # CPU other tenants used meanwhile, in cores
+
+
+async def measured_load(spec: LoadSpec, prompts: PromptFactory, pids: dict[str, int], label: str,
+                        emit: Printer) -> MeasuredLoad:
+    """Runs ``spec`` and reads every process's CPU, the client's and the machine's around it."""
+    conns = await open_connections(spec.url, spec.concurrency)
     me = os.getpid()
     before, client0, machine0 = cpu.sample(pids), cpu.read_threads_cpu_ms(me), cpu.read_machine_busy_ms()
     load = await run_load(spec, prompts, conns)
@@ -100,14 +117,10 @@ async def measure_level(url: str, pids: dict[str, int], cfg: MeshBenchConfig, sh
         c.close()
     usage = cpu.usage_between(before, after)
     if usage.missing or usage.disagreements():
-        emit(f"[{shape}] c={concurrency}: CPU accounting caveat: gone {usage.missing}, "
-             f"schedstat vs ticks {usage.disagreements()}")
-    stats = summarize(load)
+        emit(f"{label}: CPU accounting caveat: gone {usage.missing}, schedstat vs ticks {usage.disagreements()}")
     client_ms = client1 - client0
     bg_ms = max(0.0, (machine1 - machine0) - usage.total_ms - client_ms)
-    row = Row(shape=shape, stats=stats, cpu_per_request=usage.per_request(stats.ok),
-              client_cpu_per_request=client_ms / max(1, stats.ok), window_cpu_ms=usage.total_ms)
-    return LevelRecord(row, bg_cores=bg_ms / 1000.0 / max(load.wall_s, 1e-9), loadavg=os.getloadavg()[0])
+    return MeasuredLoad(summarize(load), usage, client_ms, bg_ms / 1000.0 / max(load.wall_s, 1e-9))
 
 
 async def drive(url: str, pids: dict[str, int], cfg: MeshBenchConfig, shape: str, emit: Printer,

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from services.workers.engine_worker import descendants
+
 pytestmark = pytest.mark.engine
 
 
@@ -37,15 +39,6 @@ def test_a_flag_vllm_does_not_know_is_refused_by_vllms_parser(vllm_python, tiny_
     assert proc.returncode != 0 and "--tensor-paralel-size" in proc.stderr, proc.stderr[-2000:]
 
 
-def _descendants(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            for child in map(int, (task / "children").read_text().split()):
-                out += [child, *_descendants(child)]
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
@@ -61,10 +54,10 @@ def test_sigterm_while_the_engine_loads_stops_the_engine_processes_too(vllm_pyth
     try:
         deadline = time.monotonic() + 120
         while not any("EngineCore" in Path(f"/proc/{c}/cmdline").read_text(errors="replace")
-                      for c in _descendants(proc.pid) if _alive(c)):
+                      for c in descendants(proc.pid) if _alive(c)):
             assert proc.poll() is None and time.monotonic() < deadline, "the engine core never started"
             time.sleep(0.2)
-        children = _descendants(proc.pid)
+        children = descendants(proc.pid)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) != 0
         deadline = time.monotonic() + 10

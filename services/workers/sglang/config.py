@@ -21,16 +21,11 @@ the worker's card are the ones the engine ends up using.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import tempfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from services.common.flags import FlagParser
-from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
-from services.workers.model_dir import read_model_info
+from services.workers.config import ConfigError
+from services.workers.engine_worker import EngineFlags, EngineFlagSpec, parse_engine_flags
 
 OWNED_ENGINE_FLAGS = {
     "--model-path": "--model-dir",
@@ -43,18 +38,7 @@ DESCRIPTION = ("SGLang's engine behind the worker API. Flags not listed here are
                "arguments, passed through unchanged (see `python -m sglang.launch_server --help`).")
 
 
-@dataclasses.dataclass(frozen=True)
-class SglangConfig:
-    args: argparse.Namespace  # the shared worker flags
-    engine_argv: tuple[str, ...]  # SGLang's, as given
-    # ipc:// endpoints of SGLang's KV event publisher and its replay socket (empty: no events).
-    kv_events_endpoint: str = ""
-    kv_replay_endpoint: str = ""
-
-    def worker(self, *, context_length: int, block_size: int) -> WorkerConfig:
-        """The worker's config with the engine's real context window and page size."""
-        return worker_config_from_args(self.args, "sglang", context_length=context_length, block_size=block_size)
-
+class SglangConfig(EngineFlags):
     def server_args(self) -> Any:
         """SGLang's ``ServerArgs`` (imports sglang's config modules, a few seconds).
 
@@ -78,53 +62,11 @@ class SglangConfig:
                                 "to one KV event publisher")])
         return server_args
 
-    @property
-    def model_name(self) -> str:
-        return self.args.model_name or Path(self.args.model_dir).name
 
-
-def owned_flags(argv: Sequence[str]) -> list[str]:
-    """An error for each flag of ``argv`` that the worker sets itself."""
-    errors = []
-    for arg in argv:
-        flag = arg.split("=", 1)[0]
-        if flag in OWNED_ENGINE_FLAGS:
-            errors.append(f"{flag} is set by the worker: use {OWNED_ENGINE_FLAGS[flag]}")
-    return errors
-
-
-def _int_flag(argv: Sequence[str], flag: str) -> int | None:
-    """An integer engine flag's value, for the provisional checks (SGLang's parser reports bad ones)."""
-    for i, arg in enumerate(argv):
-        raw = argv[i + 1] if arg == flag and i + 1 < len(argv) else \
-            arg.split("=", 1)[1] if arg.startswith(flag + "=") else None
-        if raw is not None:
-            return int(raw) if raw.isdigit() else None
-    return None
+FLAGS = EngineFlagSpec(kind="sglang", description=DESCRIPTION, owned=OWNED_ENGINE_FLAGS,
+                       context_flag="--context-length", block_flag="--page-size", default_block=1)
 
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SglangConfig:
     """Splits and checks the flags without importing sglang; raises ConfigError listing every problem."""
-    # Before parsing: argparse would take SGLang's --model for an ambiguous abbreviation of
-    # --model-dir/--model-name and exit with a message that names neither.
-    owned = owned_flags(argv)
-    if owned:
-        raise ConfigError(owned)
-    p = FlagParser("sglang", DESCRIPTION, env)
-    add_worker_flags(p, engine_sized=True)
-    args, engine_argv = p.parse_known(argv)
-    # Provisional sizes for the checks below; the engine's own replace them once it has started.
-    context = _int_flag(engine_argv, "--context-length") or (
-        read_model_info(args.model_dir).context_length if args.model_dir and Path(args.model_dir).is_dir() else 1)
-    block = _int_flag(engine_argv, "--page-size") or 1
-    provisional = worker_config_from_args(args, "sglang", context_length=context, block_size=block)
-    errors = provisional.validate()
-    if errors:
-        raise ConfigError(errors)
-    endpoint = replay = ""
-    if args.register:
-        args.worker_id = provisional.worker_id  # one id for the card, the events and the endpoints
-        base = Path(tempfile.gettempdir()) / f"meshfront-{provisional.worker_id}"
-        endpoint, replay = f"ipc://{base}-kv.ipc", f"ipc://{base}-kv-replay.ipc"
-    return SglangConfig(args=args, engine_argv=tuple(engine_argv), kv_events_endpoint=endpoint,
-                        kv_replay_endpoint=replay)
+    return SglangConfig(**vars(parse_engine_flags(FLAGS, argv, env)))

@@ -20,20 +20,14 @@ from typing import Any
 
 from services.common.grpc_server import run, setup_logging
 from services.workers.config import ConfigError
-from services.workers.engine_kv import BlockHashTranslator
-from services.workers.engine_kv_zmq import ZmqKvSubscriber
-from services.workers.kv_events import KvEventPublisher
-from services.workers.server import EngineDied, serve_worker
+from services.workers.engine_worker import EngineStartFailed, root_message, serve_engine
+from services.workers.server import EngineDied
 from services.workers.sglang.config import SglangConfig, parse_config
 
 log = logging.getLogger("services.workers.sglang")
 
 # Below this many tokens per page the routers hash (and index) nearly every token of a prompt.
 SMALL_PAGE = 16
-
-
-class EngineStartFailed(RuntimeError):
-    """SGLang could not start; the message is SGLang's own, on one line."""
 
 
 async def serve(cfg: SglangConfig, server_args: Any) -> None:
@@ -45,34 +39,17 @@ async def serve(cfg: SglangConfig, server_args: Any) -> None:
         with _exit_on_a_signal_while_loading():
             await engine.start()
     except Exception as e:  # any failure to start is reported the same way
-        detail = _root_message(e)
+        detail = root_message(e)
         if engine.child_failed:  # SGLang's own message is then generic ("scheduler died ...")
             detail += " (the failing SGLang process logged its traceback above)"
         raise EngineStartFailed(detail) from e
     worker = cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size)
     log.info("SGLang engine ready: context %d, page size %d, %d KV pages", engine.max_model_len,
              engine.block_size, engine.num_kv_blocks)
-    publisher: KvEventPublisher | None = None
-    subscriber: ZmqKvSubscriber | None = None
-    if worker.register:
-        if engine.block_size < SMALL_PAGE:
-            log.warning("SGLang's page size is %d: KV routing hashes every %d token(s) of a prompt; "
-                        "--page-size %d is cheaper for the mesh", engine.block_size, engine.block_size, SMALL_PAGE)
-        publisher = KvEventPublisher(worker.nats_url, worker.worker_id, worker.model_name, load=engine.read_load)
-        translator = BlockHashTranslator(publisher, engine.block_size)
-        subscriber = ZmqKvSubscriber(cfg.kv_events_endpoint, cfg.kv_replay_endpoint, batch_decoder(),
-                                     translator.apply)
-        subscriber.start()
-        await publisher.start()
-    try:
-        await serve_worker(worker, engine, total_kv_blocks=engine.num_kv_blocks,
-                           max_num_batched_tokens=engine.max_num_batched_tokens, engine_failed=engine.failed,
-                           started=True)
-    finally:
-        if subscriber is not None:
-            await subscriber.close()
-        if publisher is not None:
-            await publisher.close()
+    if worker.register and engine.block_size < SMALL_PAGE:
+        log.warning("SGLang's page size is %d: KV routing hashes every %d token(s) of a prompt; "
+                    "--page-size %d is cheaper for the mesh", engine.block_size, engine.block_size, SMALL_PAGE)
+    await serve_engine(worker, cfg, engine, batch_decoder())
 
 
 @contextlib.contextmanager
@@ -90,19 +67,6 @@ def _exit_on_a_signal_while_loading() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-MAX_MESSAGE_CHARS = 600
-
-
-def _root_message(error: BaseException) -> str:
-    """The deepest cause's message on one line, capped (the full traceback is in the log above)."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    text = " ".join(str(error).split())
-    if len(text) > MAX_MESSAGE_CHARS:
-        text = text[:MAX_MESSAGE_CHARS] + " ..."
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,21 +14,14 @@ import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 from services.common.grpc_server import run, setup_logging
 from services.workers.config import ConfigError
-from services.workers.engine_kv import BlockHashTranslator
-from services.workers.engine_kv_zmq import ZmqKvSubscriber
-from services.workers.kv_events import KvEventPublisher
-from services.workers.server import EngineDied, serve_worker
+from services.workers.engine_worker import EngineStartFailed, descendants, root_message, serve_engine
+from services.workers.server import EngineDied
 from services.workers.vllm.config import VllmConfig, parse_config
 
 log = logging.getLogger("services.workers.vllm")
-
-
-class EngineStartFailed(RuntimeError):
-    """vLLM could not start; the message is vLLM's own, on one line."""
 
 
 async def serve(cfg: VllmConfig) -> None:
@@ -40,41 +33,11 @@ async def serve(cfg: VllmConfig) -> None:
         with _engine_processes_die_with_a_signal():
             await engine.start()
     except Exception as e:  # noqa: BLE001 - any failure to start is reported the same way
-        raise EngineStartFailed(_root_message(e)) from e
+        raise EngineStartFailed(root_message(e)) from e
     worker = cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size)
     log.info("vLLM engine ready: context %d, block size %d, %d KV blocks", engine.max_model_len,
              engine.block_size, engine.num_kv_blocks)
-    publisher: KvEventPublisher | None = None
-    subscriber: ZmqKvSubscriber | None = None
-    if worker.register:
-        publisher = KvEventPublisher(worker.nats_url, worker.worker_id, worker.model_name, load=engine.read_load)
-        translator = BlockHashTranslator(publisher, engine.block_size)
-        subscriber = ZmqKvSubscriber(cfg.kv_events_endpoint, cfg.kv_replay_endpoint, batch_decoder(),
-                                     translator.apply)
-        subscriber.start()
-        await publisher.start()
-    try:
-        await serve_worker(worker, engine, total_kv_blocks=engine.num_kv_blocks,
-                           max_num_batched_tokens=engine.max_num_batched_tokens, engine_failed=engine.failed,
-                           started=True)
-    finally:
-        if subscriber is not None:
-            await subscriber.close()
-        if publisher is not None:
-            await publisher.close()
-
-
-MAX_MESSAGE_CHARS = 600
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, whichever thread started it (vLLM starts its core from a worker thread)."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            for child in map(int, (task / "children").read_text().split()):
-                out += [child, *_descendants(child)]
-    return out
+    await serve_engine(worker, cfg, engine, batch_decoder())
 
 
 @contextlib.contextmanager
@@ -84,7 +47,7 @@ def _engine_processes_die_with_a_signal() -> Iterator[None]:
     the signals and closes the engine properly."""
 
     def stop(signum, _frame) -> None:
-        for child in _descendants(os.getpid()):
+        for child in descendants(os.getpid()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
         os._exit(128 + signum)  # nothing is registered yet, there is nothing else to undo
@@ -95,20 +58,6 @@ def _engine_processes_die_with_a_signal() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _root_message(error: BaseException) -> str:
-    """The deepest cause's message on one line: vLLM wraps the core's error in 'initialization failed'.
-
-    Capped, because some of vLLM's messages list every supported architecture; the full traceback
-    is in the log just above.
-    """
-    while error.__cause__ is not None:
-        error = error.__cause__
-    text = " ".join(str(error).split())
-    if len(text) > MAX_MESSAGE_CHARS:
-        text = text[:MAX_MESSAGE_CHARS] + " ..."
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> None:
