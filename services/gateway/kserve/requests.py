@@ -19,6 +19,7 @@ validation, defaults and error messages are the same on both paths:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import orjson
@@ -51,13 +52,20 @@ class KServeRequest:
 
 
 def parameter_values(params) -> dict[str, Any]:
-    """A protobuf map<string, InferParameter> as plain Python values."""
+    """A protobuf map<string, InferParameter> as plain Python values.
+
+    Numbers are range-checked by the OpenAI parser they are handed to, except what JSON cannot
+    carry there: a NaN or infinite ``double_param`` (orjson would write it as null, dropping it).
+    """
     out = {}
     for key, p in params.items():
         kind = p.WhichOneof("parameter_choice")
         if kind is None:
             raise InvalidRequest(f"parameter '{key}' has no value", param=key)
-        out[key] = getattr(p, kind)
+        value = getattr(p, kind)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequest(f"parameter '{key}' must be a finite number; got {value}", param=key)
+        out[key] = value
     return out
 
 

@@ -13,6 +13,7 @@ import struct
 from typing import Any
 
 from services.common.errors import InvalidRequest
+from services.gateway.openai import fields
 
 # KServe datatype -> (InferTensorContents field, struct code for raw data)
 _LAYOUT = {
@@ -108,16 +109,14 @@ def one_bool(t: Tensor) -> bool:
 
 
 def token_ids(t: Tensor) -> list[int]:
-    """A pre-tokenized prompt: INT32/INT64 (or unsigned) of shape [n] or [1, n]."""
+    """A pre-tokenized prompt: INT32/INT64 (or unsigned) of shape [n] or [1, n], each id within uint32."""
     if t.datatype not in ("INT32", "INT64", "UINT32", "UINT64"):
         raise InvalidRequest(f"input '{t.name}' must be INT32 or INT64; got {t.datatype}", param=t.name)
     if len(t.shape) > 2 or (len(t.shape) == 2 and t.shape[0] != 1):
         raise InvalidRequest(f"input '{t.name}' must have shape [n] or [1, n]; got {t.shape}", param=t.name)
     if not t.values:
         raise InvalidRequest(f"input '{t.name}' must not be empty", param=t.name)
-    if any(v < 0 for v in t.values):
-        raise InvalidRequest(f"input '{t.name}' holds negative token ids", param=t.name)
-    return [int(v) for v in t.values]
+    return fields.token_ids(t.values, t.name)  # the same check as an OpenAI token-id prompt
 
 
 def bytes_output(response, name: str, values: list[bytes]) -> None:

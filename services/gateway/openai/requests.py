@@ -14,11 +14,16 @@ import orjson
 
 from services.common.errors import InvalidRequest
 from services.gateway.openai import tools as tools_checks
-from services.gateway.openai.fields import Fields
+from services.gateway.openai.fields import INT32, INT64, UINT32, UINT64, Fields, IntType, check_int, token_ids
 from services.gateway.openai.structured import parse_structured_outputs
 
 MAX_N = 128
 MAX_STOP = 32
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+MAX_BEST_OF = 20
+# A seed lands in a uint64; a negative one (int64, as vLLM and PyTorch take it) wraps around.
+_SEED = IntType("int64 or uint64", INT64.lo, UINT64.hi)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # Accepted because they change nothing about generation (bookkeeping fields).
 _NO_OP_FIELDS = ("user", "metadata", "store", "service_tier")
@@ -112,17 +117,18 @@ def _common(f: Fields, headers: dict[str, str], *, max_tokens_key: str) -> Gener
         so = Fields(stream_options, "stream_options.")
         include_usage = so.bool("include_usage")
         so.reject_unknown()
-    n = f.int("n", 1, MAX_N) or 1
+    # Each integer names the proto type it lands in (common.proto); ``n`` stays in the gateway.
+    n = f.int("n", UINT32, 1, MAX_N) or 1
     s = Sampling(
         temperature=f.float("temperature", 0.0, 2.0),
         top_p=f.float("top_p", 0.0, 1.0),
-        top_k=f.int("top_k", -1),
+        top_k=f.int("top_k", INT32, -1),
         min_p=f.float("min_p", 0.0, 1.0),
-        seed=f.int("seed"),
+        seed=f.int("seed", _SEED),
         frequency_penalty=f.float("frequency_penalty", -2.0, 2.0),
         presence_penalty=f.float("presence_penalty", -2.0, 2.0),
         repetition_penalty=f.float("repetition_penalty", 0.0, 2.0),
-        min_tokens=f.int("min_tokens", 0),
+        min_tokens=f.int("min_tokens", UINT32, 0),
         ignore_eos=f.bool("ignore_eos"),
         stop=_stop(f),
         include_stop_str_in_output=f.bool("include_stop_str_in_output"),
@@ -132,19 +138,12 @@ def _common(f: Fields, headers: dict[str, str], *, max_tokens_key: str) -> Gener
         raise InvalidRequest("'top_k' must be -1 (disabled) or >= 1; got 0", param="top_k")
     if s.repetition_penalty is not None and s.repetition_penalty <= 0:
         raise InvalidRequest("'repetition_penalty' must be in (0, 2]", param="repetition_penalty")
-    if s.seed is not None and not (-(2**63) <= s.seed < 2**64):
-        raise InvalidRequest("'seed' is out of range", param="seed")
     if s.seed is not None and s.seed < 0:
         s.seed &= 2**64 - 1
-    max_tokens = f.int("max_tokens")
+    max_tokens = f.int("max_tokens", UINT32, 1)
     if max_tokens_key == "max_completion_tokens":
-        mct = f.int("max_completion_tokens")
+        mct = f.int("max_completion_tokens", UINT32, 1)
         max_tokens = mct if mct is not None else max_tokens
-        key = "max_completion_tokens" if mct is not None else "max_tokens"
-    else:
-        key = "max_tokens"
-    if max_tokens is not None and max_tokens <= 0:
-        raise InvalidRequest(f"'{key}' must be at least 1; got {max_tokens}", param=key)
     s.max_tokens = max_tokens
     if s.min_tokens and s.max_tokens is not None and s.min_tokens > s.max_tokens:
         raise InvalidRequest("'min_tokens' must not exceed the maximum number of tokens", param="min_tokens")
@@ -157,11 +156,24 @@ def _common(f: Fields, headers: dict[str, str], *, max_tokens_key: str) -> Gener
         f.raw(key)
     nvext = f.obj("nvext") or {}
     ext = Fields(nvext, "nvext.")
-    worker = ext.raw("backend_instance_id")
+    worker = _worker_pin(ext)
     ext.reject_unknown()
-    worker_id = headers.get("x-worker-instance-id") or ("" if worker is None else str(worker))
+    worker_id = headers.get("x-worker-instance-id") or worker
     return GenerationRequest(model=model, stream=stream, include_usage=include_usage, n=n, sampling=s,
                              worker_id=worker_id, structured=parse_structured_outputs(f))
+
+
+def _worker_pin(ext: Fields) -> str:
+    """``nvext.backend_instance_id``: a worker id, as a string or (Dynamo's form) an integer."""
+    v = ext.raw("backend_instance_id")
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(check_int(v, "nvext.backend_instance_id", UINT64))
+    raise InvalidRequest("'nvext.backend_instance_id' must be a string or a non-negative integer",
+                         param="nvext.backend_instance_id")
 
 
 def _message(i: int, m: Any) -> dict[str, Any]:
@@ -201,7 +213,7 @@ def parse_chat(raw: bytes, headers: dict[str, str] | None = None) -> ChatRequest
     messages = [_message(i, m) for i, m in enumerate(messages)]
     base = _common(f, headers or {}, max_tokens_key="max_completion_tokens")
     logprobs = f.bool("logprobs")
-    top = f.int("top_logprobs", 0, 20)
+    top = f.int("top_logprobs", UINT32, 0, MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
         raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
     base.sampling.logprobs = (top or 0) if logprobs else None
@@ -230,10 +242,10 @@ def _prompts(v: Any) -> list[str | list[int]]:
     if isinstance(v, list) and v:
         if all(isinstance(x, str) for x in v):
             return list(v)
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            return [list(v)]
-        if all(isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x) for x in v):
-            return [list(x) for x in v]
+        if all(isinstance(x, list) for x in v):
+            return [token_ids(x, "prompt", f"prompt[{i}]") for i, x in enumerate(v)]
+        if not any(isinstance(x, (str, list, dict)) for x in v):
+            return [token_ids(v, "prompt")]
     raise InvalidRequest("'prompt' must be a non-empty string, array of strings, array of token ids, "
                          "or array of token-id arrays", param="prompt")
 
@@ -249,12 +261,12 @@ def parse_completion(raw: bytes, headers: dict[str, str] | None = None) -> Compl
     base = _common(f, headers or {}, max_tokens_key="max_tokens")
     if base.sampling.max_tokens is None:
         base.sampling.max_tokens = 16  # the OpenAI default for completions
-    logprobs = f.int("logprobs", 0, 5)
+    logprobs = f.int("logprobs", UINT32, 0, MAX_COMPLETION_LOGPROBS)
     base.sampling.logprobs = logprobs
     echo = f.bool("echo")
     if echo and any(not isinstance(p, str) for p in prompts):
         raise InvalidRequest("'echo' is only supported with text prompts", param="echo")
-    best_of = f.int("best_of", 1, 20)
+    best_of = f.int("best_of", UINT32, 1, MAX_BEST_OF)
     if best_of is not None and best_of != base.n:
         raise InvalidRequest("'best_of' other than 'n' is not supported", param="best_of")
     if f.str("suffix"):

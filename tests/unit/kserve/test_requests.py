@@ -97,7 +97,7 @@ def test_stream_flags_and_empty_final():
     ({"text_input": "hi"}, {"bogus": 1, "alpha": True}, "Unsupported parameter(s): 'alpha', 'bogus'"),
     ({"text_input": "hi"}, {"tool_choice": "auto"}, "chat-only"),
     ({"text_input": "hi"}, {"top_p": 3.0}, "'top_p' must be between"),
-    ({"text_input": "hi"}, {"max_tokens": 0}, "'max_tokens' must be at least 1"),
+    ({"text_input": "hi"}, {"max_tokens": 0}, "'max_tokens' must be between 1 and 4294967295"),
     ({"text_input": "hi"}, {"ignore_eos": 1}, "'ignore_eos' must be a boolean"),
     ({"text_input": "hi"}, {"stop": "[1, 2]"}, "'stop' must be a string or an array of strings"),
     ({"text_input": "hi"}, {"chat": True, "chat_template_kwargs": "{nope"}, "must be a JSON string"),
