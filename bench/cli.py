@@ -79,6 +79,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         bad = [s for s in args.deployments if s not in DEPLOYMENTS]
         if bad or not args.deployments:
             p.error(f"unknown deployment(s) {bad}; choose from {DEPLOYMENTS}")
+    if args.scenario == "kv":
+        from bench.kv import SHAPES as KV_SHAPES
+
+        args.shape = tuple(s.strip() for s in args.shape.split(",") if s.strip())
+        bad = [s for s in args.shape if s not in KV_SHAPES]
+        if bad or not args.shape:
+            p.error(f"unknown shape(s) {bad}; choose from {KV_SHAPES}")
     if args.scenario == "mesh":
         args.shape = tuple(s.strip() for s in args.shape.split(",") if s.strip())
         bad = [s for s in args.shape if s not in mesh.SHAPES]
@@ -101,6 +108,10 @@ def _add_kv_parser(sub) -> None:
     k.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks, help="KV cache of each mocker")
     k.add_argument("--workers", type=int, default=d.workers)
     k.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    k.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens)
+    k.add_argument("--speedup", type=_speedup, default=d.speedup, help="mocker --speedup-ratio (default 1 = paced)")
+    k.add_argument("--shape", default=",".join(d.shapes), help="comma list of split, inproc (the all-in-one "
+                   "process); each case runs in each shape (replicas: split only)")
     k.add_argument("--markdown", default="", help="append the table to this file")
 
 
@@ -206,7 +217,8 @@ def _run_kv(args: argparse.Namespace, command: str) -> int:
     from bench.kv import KvBenchConfig, main_kv
 
     cfg = KvBenchConfig(requests=args.requests, concurrency=args.concurrency, num_gpu_blocks=args.num_gpu_blocks,
-                        workers=args.workers, max_tokens=args.max_tokens)
+                        workers=args.workers, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
+                        speedup=args.speedup, shapes=args.shape)
     started = datetime.datetime.now().astimezone()
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}; {cfg}")
     table = main_kv(cfg, tuple(c.strip() for c in args.cases.split(",") if c.strip()), _emit)

@@ -1,13 +1,17 @@
 """The ``kv`` scenario: KV-aware routing against round-robin and least-loaded on prefix-sharing load.
 
-``python -m bench kv`` starts a fresh split mesh per case (4 paced mocker workers with a small KV
-cache, the router's Prometheus port open), drives one closed-loop level and reports TTFT p50/p99,
+``python -m bench kv`` starts a fresh mesh per case (4 paced mocker workers with a small KV cache, the
+router's Prometheus port open), drives one closed-loop level and reports TTFT p50/p99,
 throughput, the cached-prompt share (sum of usage.cached_tokens / sum of prompt tokens) next to its
 ceiling, the router's own predicted hit rate, and the largest worker share of routed prompt tokens.
 
 Cases: ``groups`` (16 prefix groups, 80 % of each prompt shared inside its group) for every router
 mode; ``flood`` (one hot prefix for every request); ``unique`` (nothing shared); ``replicas`` (the
-groups workload through two kv router replicas, the gateway spreading calls over both).
+groups workload through two kv router replicas, the gateway spreading calls over both; split shape only).
+
+``--shape split,inproc`` runs every case in each shape: ``split`` (a router process) and ``inproc``
+(the all-in-one process, services/allinone, whose in-process router is built from the same router
+flags: in kv mode it indexes the workers' KV events too, and its metrics are on that process's port).
 
 The ceiling is exact for the prompts sent: each prompt is rendered and tokenized as the
 preprocessor does, and a request can at best reuse the full blocks it shares with any earlier
@@ -50,6 +54,10 @@ class KvBenchConfig:
     model_name: str = "meshfront/demo-qwen"
     seed: int = 11
     timeout_s: float = 180.0
+    shapes: tuple[str, ...] = ("split",)
+
+
+SHAPES = ("split", "inproc")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,9 +67,22 @@ class Case:
     groups: int
     shared_fraction: float
     replicas: int = 1
+    shape: str = "split"
 
 
 def cases(cfg: KvBenchConfig, names: tuple[str, ...]) -> list[Case]:
+    """Every named case in every shape of ``cfg`` (replicas: split only, the router replicas being processes)."""
+    out = []
+    for shape in cfg.shapes:
+        for c in _cases(cfg, names):
+            if shape == "split":
+                out.append(c)
+            elif c.replicas == 1:
+                out.append(dataclasses.replace(c, name=f"{c.name} [{shape}]", shape=shape))
+    return out
+
+
+def _cases(cfg: KvBenchConfig, names: tuple[str, ...]) -> list[Case]:
     all_cases = {
         "groups": [Case(f"groups/{m}", m, cfg.groups, cfg.shared_fraction) for m in ("round-robin", "least-loaded",
                                                                                    "kv")],
@@ -113,7 +134,8 @@ def ceiling(model_dir: str, prompts: list[str]) -> float:
 
 
 class KvBenchMesh(Mesh):
-    """The launcher's split mesh, plus metrics ports on the router(s) and optional extra replicas."""
+    """The launcher's mesh, plus metrics ports on the router(s) and optional extra replicas; in the
+    all-in-one shape the router's metrics are on the all-in-one process's metrics port."""
 
     def __init__(self, plan, log_dir, replicas: int):
         super().__init__(plan, log_dir)
@@ -121,6 +143,9 @@ class KvBenchMesh(Mesh):
         self.metrics_ports: list[int] = []
 
     def _specs(self) -> list[ProcessSpec]:
+        if self.plan.inproc:
+            self.metrics_ports = [self.plan.metrics_ports[f"gateway-{i}"] for i in range(len(self.plan.gateway_ports))]
+            return specs(self.plan)
         out = []
         router_targets = []
         for spec in specs(self.plan):
@@ -185,7 +210,8 @@ class CaseResult:
 def run_case(cfg: KvBenchConfig, case: Case, model_dir: str, emit: Printer) -> CaseResult:
     extra = ("--speedup-ratio", f"{cfg.speedup:g}", "--num-gpu-blocks", str(cfg.num_gpu_blocks))
     workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", extra) for _ in range(cfg.workers)]
-    plan = ephemeral_plan(workers, router_mode=case.router_mode, run_dir=ROOT / ".run" / "bench", log_level="WARNING")
+    plan = ephemeral_plan(workers, router_mode=case.router_mode, run_dir=ROOT / ".run" / "bench", log_level="WARNING",
+                          inproc=case.shape == "inproc")
     log_dir = ROOT / ".run" / "bench" / f"kv-{re.sub(r'[^a-z0-9]+', '-', case.name)}-{time.strftime('%H%M%S')}"
     mesh = KvBenchMesh(plan, log_dir, case.replicas)
     try:

@@ -10,6 +10,7 @@ COMMANDS = {
     "preprocessor": "services.preprocessor",
     "router": "services.router",
     "postprocessor": "services.postprocessor",
+    "allinone": "services.allinone",
     "mocker": "services.workers.mocker",
     "hf": "services.workers.hf",
     "vllm": "services.workers.vllm",

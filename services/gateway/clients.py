@@ -1,16 +1,15 @@
 """How the gateway reaches the preprocessor, router and postprocessor.
 
-Each has one small interface with two implementations: a gRPC stub (the split
-mesh, one Deployment per service) and a direct in-process call on the same
-service object the remote server wraps (the all-in-one shape). The seam passes
-proto messages, which are plain Python objects in-process, so the two shapes
-run the same code.
+Each has one small interface (the Protocols below) with two implementations: a
+gRPC stub here (the split mesh, one Deployment per service), and a direct
+in-process call on the same service object the remote server wraps, which
+belongs to the all-in-one process (services/allinone/clients.py) because it
+imports the stage packages. The seam passes proto messages, which are plain
+Python objects in-process, so the two shapes run the same code.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -87,36 +86,3 @@ class GrpcPostprocessor:
             raise from_rpc_error(e) from None
         finally:
             call.cancel()  # no-op when finished; stops the chain when the consumer went away
-
-
-class InProcessPreprocessor:
-    def __init__(self, service):
-        self._service = service
-
-    async def preprocess(self, req):
-        return await self._service.preprocess(req)
-
-
-class InProcessRouter:
-    def __init__(self, service):
-        self._service = service
-
-    async def route(self, req):
-        return await self._service.route(req)
-
-    async def release(self, req):
-        await self._service.release(req)
-
-
-class InProcessPostprocessor:
-    def __init__(self, service):
-        self._service = service
-
-    async def generate(self, req):
-        gen = self._service.generate(req)
-        try:
-            async for resp in gen:
-                yield resp
-        finally:
-            with contextlib.suppress(RuntimeError, asyncio.CancelledError):
-                await gen.aclose()

@@ -1,20 +1,23 @@
 """Gateway configuration: flags with MESHFRONT_GATEWAY_* env twins.
 
-``--preprocessor``, ``--router`` and ``--postprocessor`` take a gRPC target
-(one address, a comma list of replicas as ``ipv4:a:1,b:2``, or ``dns:///name:port``)
-or ``inproc`` to run that stage inside the gateway process.
+``--preprocessor``, ``--router`` and ``--postprocessor`` take a gRPC target (one address, a comma
+list of replicas as ``ipv4:a:1,b:2``, or ``dns:///name:port``). The all-in-one shape, with the
+stages in the gateway's process, is its own entry point (services/allinone) that composes these
+flags with every stage's own.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from services.common.flags import FlagParser, add_common_flags
-from services.router.core.policies import POLICY_NAMES
+from services.common.flags import FlagParser, Flags, add_common_flags, config_from
 
 DEFAULT_PORT = 9100
-INPROC = "inproc"
+STAGES = ("preprocessor", "router", "postprocessor")
+# What these flags took before the all-in-one process existed; now refused with a pointer to it.
+_OLD_INPROC = "inproc"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,17 +30,32 @@ class GatewayConfig:
     preprocessor: str
     router: str
     postprocessor: str
-    router_mode: str
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+
+    def validate(self) -> None:
+        inproc = [f"--{s}" for s in STAGES if getattr(self, s) == _OLD_INPROC]
+        if inproc:
+            raise ValueError(f"{', '.join(inproc)} {_OLD_INPROC}: the all-in-one shape is its own process now, "
+                             "with every stage's flags: python -m services.allinone (meshfront allinone)")
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
     p = FlagParser("gateway", "OpenAI HTTP (through Envoy) and orchestration of the mesh.", env)
     add_common_flags(p, port=DEFAULT_PORT)
-    p.add("--preprocessor", default="127.0.0.1:9200", help=f"preprocessor gRPC target, or {INPROC}")
-    p.add("--router", default="127.0.0.1:9300", help=f"router gRPC target, or {INPROC}")
-    p.add("--postprocessor", default="127.0.0.1:9400", help=f"postprocessor gRPC target, or {INPROC}")
-    p.add("--router-mode", default="round-robin", choices=POLICY_NAMES, help=f"policy when --router={INPROC}")
-    return GatewayConfig(**vars(p.parse(argv)))
+    add_flags(p)
+    return from_args(p.parse(argv))
+
+
+def add_flags(p: Flags) -> None:
+    """The gateway's own flags (not the common ones); the all-in-one process fixes the stage targets."""
+    p.add("--preprocessor", default="127.0.0.1:9200", help="preprocessor gRPC target")
+    p.add("--router", default="127.0.0.1:9300", help="router gRPC target")
+    p.add("--postprocessor", default="127.0.0.1:9400", help="postprocessor gRPC target")
+
+
+def from_args(args: argparse.Namespace) -> GatewayConfig:
+    cfg = config_from(GatewayConfig, args)
+    cfg.validate()
+    return cfg

@@ -58,7 +58,9 @@ class MeshPlan:
     worker_ports: list[int] = dataclasses.field(default_factory=list)
     workers: list[WorkerSpec] = dataclasses.field(default_factory=list)
     router_mode: str = "round-robin"
-    inproc: bool = False  # preprocessor, router and postprocessor inside each gateway
+    # The all-in-one shape: each gateway process is services.allinone (preprocessor, router and
+    # postprocessor in-process, each honouring its own service_args).
+    inproc: bool = False
     run_dir: pathlib.Path = ROOT / ".run"
     log_level: str = "INFO"
     # PEM certificate and key: Envoy's listener speaks TLS (HTTP and gRPC) instead of cleartext.
@@ -68,7 +70,8 @@ class MeshPlan:
     # after the first listen on extra_router_ports (default: the ports right after router_port).
     routers: int = 1
     extra_router_ports: list[int] = dataclasses.field(default_factory=list)
-    # Extra flags per service name ("router", "postprocessor", "gateway", "preprocessor").
+    # Extra flags per service name ("router", "postprocessor", "gateway", "preprocessor"); in the
+    # all-in-one shape every stage's go to each all-in-one process (services/allinone/config.py).
     service_args: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     # (CA, certificate, key) PEM paths: mTLS between all services, Envoy included as the gateway's
     # client. mtls_certs gives a service ("gateway", "router", "router-1", "mocker-0", "envoy", ...)
@@ -144,6 +147,15 @@ def _envoy_upstream_tls(plan: MeshPlan) -> tuple[str, str, str] | None:
     return (ca, *plan.mtls_certs.get("envoy", (cert, key)))
 
 
+ALLINONE_STAGES = ("preprocessor", "router", "postprocessor", "gateway")
+
+
+def allinone_stage_args(plan: MeshPlan) -> list[str]:
+    """Every stage's service_args for the all-in-one process, whose flags are all stages' own (one name
+    each: services/allinone/config.py resolves the names several services share)."""
+    return [a for name in ALLINONE_STAGES for a in plan.service_args.get(name, ())]
+
+
 def specs(plan: MeshPlan) -> list[ProcessSpec]:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     nats_dir = plan.run_dir / f"nats-{plan.nats_port}"
@@ -155,9 +167,9 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
         out.append(ProcessSpec(f"{w.kind}-{i}", worker_argv(w.kind, "--port", str(port), "--model-dir", w.model_dir,
                                                             "--model-name", w.model_name, *common, *w.extra,
                                                             *plan.process_flags(f"{w.kind}-{i}")), port, env))
-    stage = ["--router-mode", plan.router_mode]
     if plan.inproc:
-        stage += ["--preprocessor", "inproc", "--router", "inproc", "--postprocessor", "inproc"]
+        gateway_module = "services.allinone"
+        stage = ["--router-mode", plan.router_mode, *allinone_stage_args(plan)]
     else:
         out += [
             ProcessSpec("preprocessor", _py("services.preprocessor", "--port", str(plan.preprocessor_port), *common,
@@ -174,11 +186,12 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
                                              *plan.process_flags("postprocessor")),
                         plan.postprocessor_port, env),
         ]
+        gateway_module = "services.gateway"
         stage = ["--preprocessor", f"127.0.0.1:{plan.preprocessor_port}", "--router",
-                 plan.router_target, "--postprocessor", f"127.0.0.1:{plan.postprocessor_port}"]
+                 plan.router_target, "--postprocessor", f"127.0.0.1:{plan.postprocessor_port}",
+                 *plan.service_args.get("gateway", ())]
     for i, port in enumerate(plan.gateway_ports):
-        out.append(ProcessSpec(f"gateway-{i}", _py("services.gateway", "--port", str(port), *common, *stage,
-                                                   *plan.service_args.get("gateway", ()),
+        out.append(ProcessSpec(f"gateway-{i}", _py(gateway_module, "--port", str(port), *common, *stage,
                                                    *plan.process_flags(f"gateway-{i}")), port, env))
     envoy_yaml = plan.run_dir / f"envoy-{plan.http_port}.yaml"
     envoy_yaml.write_text(envoy_config.render(listen_host="127.0.0.1", listen_port=plan.http_port,

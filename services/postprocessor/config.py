@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from services.common.flags import FlagParser, add_common_flags
+from services.common.flags import FlagParser, Flags, add_common_flags, config_from
 from services.postprocessor.core.parsers.backends import CHAT_PROCESSORS, DEFAULT_CHAT_PROCESSOR
 from services.postprocessor.migration import DEFAULT_MIGRATION_LIMIT
 from services.postprocessor.service import DEFAULT_IDLE_TIMEOUT_S
@@ -52,6 +53,12 @@ class PostprocessorConfig:
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> PostprocessorConfig:
     p = FlagParser("postprocessor", "Streams worker tokens back as text: detokenization, stop strings, usage.", env)
     add_common_flags(p, port=DEFAULT_PORT)
+    add_flags(p)
+    return from_args(p.parse(argv))
+
+
+def add_flags(p: Flags) -> None:
+    """The postprocessor's own flags (not the common ones); the all-in-one process offers them too."""
     p.add("--drain-grace-s", default=10.0, type=float, help="seconds in-flight streams get to finish on SIGTERM")
     p.add("--router", default="127.0.0.1:9300",
           help="router gRPC target, asked for another worker when a request migrates (empty: no migration)")
@@ -65,6 +72,10 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     p.add("--worker-transport", default="unary",
           help="how requests reach workers: unary (a stream per request) | mux (one stream per worker, "
                "the tokens of many requests per message)")
-    cfg = PostprocessorConfig(**vars(p.parse(argv)))
+
+
+def from_args(args: argparse.Namespace) -> PostprocessorConfig:
+    """The config from parsed flags (common and own ones); raises ValueError for invalid settings."""
+    cfg = config_from(PostprocessorConfig, args)
     cfg.validate()
     return cfg

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 
-from services.common.flags import FlagParser, add_common_flags
+from services.common.flags import FlagParser, Flags, add_common_flags
 from services.preprocessor.service import DEFAULT_OFFLOAD_THRESHOLD
 
 DEFAULT_PORT = 9200
@@ -43,6 +44,12 @@ class PreprocessorConfig:
 def parse_config(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> PreprocessorConfig:
     p = FlagParser("preprocessor", "Chat templates, tokenization and KV block hashes.", env)
     add_common_flags(p, port=DEFAULT_PORT)
+    add_flags(p)
+    return from_args(p.parse(argv))
+
+
+def add_flags(p: Flags) -> None:
+    """The preprocessor's own flags (not the common ones); the all-in-one process offers them too."""
     p.add("--offload-threshold", default=DEFAULT_OFFLOAD_THRESHOLD, type=int,
           help="prompts larger than this many characters/tokens are prepared on a worker thread")
     p.add("--grace-s", default=10.0, type=float, help="drain grace period on SIGTERM, seconds")
@@ -51,7 +58,10 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str] | None = Non
                "for a deployment whose default thinking mode is off")
     p.add("--hide-tools-for-tool-choice-none", default=True, type=bool,
           help="tool_choice none hides the tools from the chat template (Dynamo's default)")
-    args = p.parse(argv)
+
+
+def from_args(args: argparse.Namespace) -> PreprocessorConfig:
+    """The config from parsed flags (common and own ones); raises ValueError for invalid settings."""
     defaults = _json_object(args.default_chat_template_kwargs, "--default-chat-template-kwargs")
     cfg = PreprocessorConfig(host=args.host, port=args.port, nats_url=args.nats_url, log_level=args.log_level,
                              metrics_port=args.metrics_port, offload_threshold=args.offload_threshold,

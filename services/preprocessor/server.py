@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import grpc
 from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
 from services.common import tls as mesh_tls
-from services.common.discovery import WorkerCard, WorkerRegistry
+from services.common.discovery import WorkerRegistry
 from services.common.errors import Internal, MeshError, abort
 from services.common.metrics import preprocessor_metrics
 from services.common.grpc_server import GrpcServer
+from services.preprocessor.assembly import build
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.service import Preprocessor
 
@@ -49,25 +49,13 @@ def add_to_server(server: GrpcServer, preprocessor: Preprocessor) -> None:
 async def serve(cfg: PreprocessorConfig) -> None:
     """Runs until SIGTERM/SIGINT: watches the worker registry and serves Preprocess."""
     registry = WorkerRegistry(cfg.nats_url, "preprocessor")
-    preprocessor = Preprocessor(registry.model, offload_threshold=cfg.offload_threshold,
-                                default_template_kwargs=cfg.default_chat_template_kwargs,
-                                hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none)
-    warming: set[asyncio.Task] = set()
-
-    def warm_on_register(_worker_id: str, card: WorkerCard | None) -> None:
-        # Load a newly served model's tokenizer now rather than on its first request.
-        if card is not None:
-            task = asyncio.get_running_loop().create_task(preprocessor.warm(card.model))
-            warming.add(task)
-            task.add_done_callback(warming.discard)
-
-    registry.subscribe(warm_on_register)
+    preprocessor = build(cfg, registry)
     await registry.start()
     server = GrpcServer("preprocessor", cfg.host, cfg.port, grace_s=cfg.grace_s, tls=mesh_tls.from_config(cfg))
-    add_to_server(server, preprocessor)
+    add_to_server(server, preprocessor.service)
+    preprocessor.start()
     try:
         await server.serve_until_signal()
     finally:
-        for task in warming:
-            task.cancel()
+        await preprocessor.close()
         await registry.close()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from services.common.flags import FlagParser, add_common_flags
+from services.common.flags import FlagParser, Flags, add_common_flags, config_from
 from services.router.core.policies import POLICY_NAMES
 
 DEFAULT_PORT = 9300
@@ -34,6 +35,12 @@ class RouterConfig:
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> RouterConfig:
     p = FlagParser("router", "Chooses a worker for each request.", env)
     add_common_flags(p, port=DEFAULT_PORT)
+    add_flags(p)
+    return from_args(p.parse(argv))
+
+
+def add_flags(p: Flags) -> None:
+    """The router's own flags (not the common ones); the all-in-one process offers them too."""
     p.add("--router-mode", default="round-robin", choices=POLICY_NAMES, help="routing policy")
     p.add("--kv-overlap-weight", default=5.0, type=float, help="kv: weight of prefill blocks against decode load")
     p.add("--router-temperature", default=0.0, type=float, help="kv: 0 = cheapest worker; > 0 = softmax sampling")
@@ -47,4 +54,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     p.add("--max-in-flight-per-worker", default=0, type=int,
           help="in-flight requests (booked by this router) that make a worker busy; when every worker "
                "of a model is busy, requests fail fast with 503 / RESOURCE_EXHAUSTED (0 = no limit)")
-    return RouterConfig(**vars(p.parse(argv)))
+
+
+def from_args(args: argparse.Namespace) -> RouterConfig:
+    return config_from(RouterConfig, args)

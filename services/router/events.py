@@ -24,9 +24,9 @@ from collections.abc import Callable
 import orjson
 
 from services.common.discovery import WorkerCard, connect_retrying
+from services.common.kv_events import EVENTS_PREFIX, dump_subject
 from services.router.core.kv_ingest import KvEventIngest, Verdict
 from services.router.core.lifecycle import LifecycleEvent
-from services.workers.kv_events import EVENTS_PREFIX, dump_subject
 
 log = logging.getLogger(__name__)
 

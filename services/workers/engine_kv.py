@@ -26,7 +26,7 @@ import logging
 from collections.abc import Hashable, Sequence
 
 from services.common.hashing import block_hashes, chain_hash
-from services.workers.mocker.kv_cache import KvEventListener, StoredBlock
+from services.common.kv_events import KvEventListener, StoredBlock
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,8 @@ event-loop tick leave together in one message (an engine step can store and evic
 numbered ``seq`` = 1, 2, 3 ... per worker so that a router notices a lost message. The message
 shape is documented in services/router/core/kv_ingest.py; blocks follow Dynamo's ``KvCacheEvent``
 field names (``block_hash`` = the engine's own hash, here the sequence hash; ``tokens_hash`` = the
-local hash of the block's tokens, which routers navigate by).
+local hash of the block's tokens, which routers navigate by). The wire format (subjects, message and
+event shapes) lives in services/common/kv_events.py, shared with the routers.
 
 A router that lost track (a gap, or it just started) asks on ``meshfront.kv.dump.<worker_id>``
 (NATS request-reply, so the worker API needs no new RPC). The publisher mirrors its own events,
@@ -21,37 +22,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 
 import orjson
 
 from services.common.discovery import connect_retrying
-from services.workers.mocker.kv_cache import StoredBlock
+from services.common.kv_events import (
+    DUMP_PREFIX,
+    EVENTS_PREFIX,
+    StoredBlock,
+    cleared_event,
+    dump_subject,
+    events_subject,
+    removed_event,
+    stored_event,
+    subject_token,
+)
 
 log = logging.getLogger(__name__)
 
-EVENTS_PREFIX = "meshfront.kv.events"
-DUMP_PREFIX = "meshfront.kv.dump"
+__all__ = ["DUMP_PREFIX", "EVENTS_PREFIX", "BlockMirror", "KvEventPublisher", "dump_subject", "events_subject",
+           "mocker_load", "subject_token"]
 # Events held while NATS is unreachable; past this they are dropped and seq skips one, so every
 # router sees a gap and asks for a dump once messages flow again.
 MAX_PENDING_EVENTS = 20_000
 LOAD_INTERVAL_S = 0.5
 
 LoadReader = Callable[[], dict[str, int]]
-
-
-def subject_token(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_-]", "_", name) or "_"
-
-
-def events_subject(model: str, worker_id: str) -> str:
-    return f"{EVENTS_PREFIX}.{subject_token(model)}.{subject_token(worker_id)}"
-
-
-def dump_subject(worker_id: str) -> str:
-    return f"{DUMP_PREFIX}.{subject_token(worker_id)}"
 
 
 class BlockMirror:
@@ -98,7 +96,7 @@ class BlockMirror:
 
 
 class KvEventPublisher:
-    """Implements the mocker's ``KvEventListener``; ``start`` connects, ``close`` stops."""
+    """Implements ``KvEventListener`` (services/common/kv_events.py); ``start`` connects, ``close`` stops."""
 
     def __init__(self, nats_url: str, worker_id: str, model: str, load: LoadReader | None = None):
         self.nats_url = nats_url
@@ -120,16 +118,15 @@ class KvEventPublisher:
 
     def stored(self, blocks: Sequence[StoredBlock], parent_hash: int | None) -> None:
         self.mirror.stored(blocks, parent_hash)
-        self._add({"stored": {"parent_hash": parent_hash, "blocks": [
-            {"block_hash": b.block_hash, "tokens_hash": b.tokens_hash} for b in blocks]}})
+        self._add(stored_event(blocks, parent_hash))
 
     def removed(self, block_hashes: Sequence[int]) -> None:
         self.mirror.removed(block_hashes)
-        self._add({"removed": {"block_hashes": list(block_hashes)}})
+        self._add(removed_event(block_hashes))
 
     def cleared(self) -> None:
         self.mirror.cleared()
-        self._add({"cleared": {}})
+        self._add(cleared_event())
 
     def _add(self, event: dict) -> None:
         if len(self._pending) >= MAX_PENDING_EVENTS:

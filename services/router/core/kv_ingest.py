@@ -1,6 +1,6 @@
 """Applies workers' KV event batches to the index, in order, and notices when any went missing.
 
-Wire shape (one NATS message per engine tick, built by services/workers/kv_events.py)::
+Wire shape (services/common/kv_events.py; one NATS message per engine tick)::
 
     {"worker_id": str, "model": str, "seq": int, "published_at_ms": int,
      "events": [{"stored": {"parent_hash": int | None, "blocks": [{"block_hash": int, "tokens_hash": int}]}}

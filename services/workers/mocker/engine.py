@@ -16,9 +16,10 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Sequence
 
+from services.common.kv_events import KvEventListener
 from services.workers.engine import EngineBusy, EngineError, EngineOutput, EngineRequest, RequestRejected, TokenStream
 from services.workers.mocker.config import MockerEngineConfig
-from services.workers.mocker.kv_cache import KvCache, KvEventListener
+from services.workers.mocker.kv_cache import KvCache
 from services.workers.mocker.outputs import OutputPolicy, synthetic_logprob
 from services.workers.mocker.scheduler import Scheduler, SchedulerLimits, StepOutcome
 from services.workers.mocker.sequence import Sequence as Seq

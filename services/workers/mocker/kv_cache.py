@@ -7,40 +7,20 @@ block stays cached in an *inactive* pool, ordered least recently used first, and
 when a new block needs its slot. A *partial* block (the tail of a sequence, not yet full) is private
 and only counted.
 
-Every change that a router would want to know about is reported to a ``KvEventListener``:
+Every change that a router would want to know about is reported to a ``KvEventListener``
+(services/common/kv_events.py, with ``StoredBlock``):
 ``stored`` when blocks enter the cache, ``removed`` when evicted ones leave it, ``cleared`` on reset.
 Reactivating an inactive block (a prefix hit) is not an event: the block never left.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Protocol
 
+from services.common.kv_events import KvEventListener, StoredBlock
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class StoredBlock:
-    """A block as the KV event plane describes it."""
-
-    # Sequence hash: identifies the block together with its whole prefix.
-    block_hash: int
-    # Local hash of the block's own tokens (what Dynamo calls tokens_hash).
-    tokens_hash: int
-
-
-class KvEventListener(Protocol):
-    """Receives cache changes in the order they happen (synchronously, on the engine's thread)."""
-
-    def stored(self, blocks: Sequence[StoredBlock], parent_hash: int | None) -> None:
-        """``blocks`` now form a chain in the cache, following ``parent_hash`` (None: the root)."""
-
-    def removed(self, block_hashes: Sequence[int]) -> None:
-        """These blocks (sequence hashes) were evicted."""
-
-    def cleared(self) -> None:
-        """Every cached block is gone."""
+__all__ = ["KvCache", "KvEventListener", "StoredBlock"]
 
 
 class KvCache:

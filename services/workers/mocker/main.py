@@ -6,11 +6,11 @@ import sys
 from collections.abc import Sequence
 
 from services.common.grpc_server import run, setup_logging
+from services.common.kv_events import KvEventListener
 from services.workers.config import ConfigError
 from services.workers.mocker.config import MockerConfig, parse_config
 from services.workers.kv_events import KvEventPublisher, mocker_load
 from services.workers.mocker.engine import MockerEngine
-from services.workers.mocker.kv_cache import KvEventListener
 from services.workers.mocker.outputs import OutputPolicy
 from services.workers.model_dir import load_tokenizer, read_model_info
 from services.workers.server import serve_worker

@@ -22,8 +22,9 @@ import dataclasses
 import logging
 from collections import deque
 
+from services.common.kv_events import StoredBlock
 from services.workers.engine import FinishReason
-from services.workers.mocker.kv_cache import KvCache, StoredBlock
+from services.workers.mocker.kv_cache import KvCache
 from services.workers.mocker.sequence import SeqState, Sequence
 
 log = logging.getLogger(__name__)

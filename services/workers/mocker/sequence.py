@@ -8,8 +8,8 @@ from collections.abc import Sequence as Seq
 from typing import Protocol
 
 from services.common.hashing import block_hashes, sequence_hashes
+from services.common.kv_events import StoredBlock
 from services.workers.engine import FinishReason, TokenStream
-from services.workers.mocker.kv_cache import StoredBlock
 
 
 class OutputPlan(Protocol):

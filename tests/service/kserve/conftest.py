@@ -2,7 +2,7 @@
 
 Everything but NATS is real: the worker is a gRPC server, the preprocessor,
 router and postprocessor run in-process behind the gateway's own client seam
-(the ``--inproc`` shape), and a fixed worker table stands in for discovery.
+(the all-in-one shape's clients, services/allinone/clients.py), and a fixed worker table stands in for discovery.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import dataclasses
 
 import pytest
 
+from services.allinone import clients
 from services.common.grpc_server import GrpcServer
-from services.gateway import clients
 from services.gateway.kserve.server import KServeServicer, add_to_server
 from services.gateway.pipeline import Pipeline
 from services.models import default_test_model_dir

@@ -8,11 +8,11 @@ import time
 import pytest
 
 from services.common.hashing import block_hashes, chain_hash, sequence_hashes
+from services.common.kv_events import StoredBlock
 from services.router.core.approximate import ApproximateCache
 from services.router.core.index import RadixIndex
 from services.router.core.kv_ingest import KvEventIngest, Verdict
 from services.workers.kv_events import BlockMirror
-from services.workers.mocker.kv_cache import StoredBlock
 
 pytestmark = pytest.mark.unit
 

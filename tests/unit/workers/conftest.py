@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from services.common.kv_events import StoredBlock
 from services.models import default_test_model_dir
-from services.workers.mocker.kv_cache import StoredBlock
 from services.workers.model_dir import load_tokenizer
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.workers.mocker.kv_cache import KvCache, StoredBlock
+from services.common.kv_events import StoredBlock
+from services.workers.mocker.kv_cache import KvCache
 from services.workers.mocker.sequence import chain_hash, full_blocks
 
 pytestmark = pytest.mark.unit

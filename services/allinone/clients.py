@@ -1,0 +1,47 @@
+"""The gateway's stage clients as direct calls on the stage service objects (the all-in-one shape).
+
+They implement the client interface of services/gateway/clients.py on the very objects the stages'
+gRPC servers wrap; the seam passes proto messages, plain Python objects in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from services.postprocessor.service import Postprocessor
+from services.preprocessor.service import Preprocessor
+from services.router.service import Router
+
+
+class InProcessPreprocessor:
+    def __init__(self, service: Preprocessor):
+        self._service = service
+
+    async def preprocess(self, req):
+        return await self._service.preprocess(req)
+
+
+class InProcessRouter:
+    def __init__(self, service: Router):
+        self._service = service
+
+    async def route(self, req):
+        return await self._service.route(req)
+
+    async def release(self, req):
+        await self._service.release(req)
+
+
+class InProcessPostprocessor:
+    def __init__(self, service: Postprocessor):
+        self._service = service
+
+    async def generate(self, req):
+        gen = self._service.generate(req)
+        try:
+            async for resp in gen:
+                yield resp
+        finally:
+            with contextlib.suppress(RuntimeError, asyncio.CancelledError):
+                await gen.aclose()

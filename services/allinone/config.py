@@ -1,0 +1,93 @@
+"""All-in-one configuration: the common flags once, then every stage's own flags with its env twins.
+
+``--host``, ``--port`` (the gateway's gRPC port), ``--nats-url``, ``--log-level``, ``--metrics-port``
+and ``--tls-*`` exist once (env ``MESHFRONT_ALLINONE_HOST/PORT/METRICS_PORT``, and the shared
+``MESHFRONT_NATS_URL``, ``MESHFRONT_LOG_LEVEL``, ``MESHFRONT_TLS_*``). Every other flag is a stage's
+own, added by that stage's ``add_flags`` and parsed by its ``from_args``, with the stage's env twin
+(``--kv-overlap-weight`` is also ``MESHFRONT_ROUTER_KV_OVERLAP_WEIGHT``), so a flag added to a stage
+appears here without an edit. Two stages defining one flag name fails at parser construction
+(``FlagCollision``) unless ``FIXED`` below resolves it. The resolutions:
+
+- ``--router``: the gateway's router target and the postprocessor's (asked for another worker when a
+  request migrates). Both are the in-process router here; neither flag is offered.
+- ``--preprocessor``, ``--postprocessor`` (gateway targets): in-process; not offered.
+- ``--router-mode``: the router's own. (The gateway used to copy it for its in-process router; it no
+  longer has it.)
+- ``--grace-s`` (preprocessor) and ``--drain-grace-s`` (postprocessor) differ in name, but both set a
+  gRPC server's drain grace; this process has one server, and it waits the longer of the two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from services.common.flags import FlagParser, add_common_flags
+from services.gateway import config as gateway_config
+from services.postprocessor import config as postprocessor_config
+from services.preprocessor import config as preprocessor_config
+from services.router import config as router_config
+
+DEFAULT_PORT = gateway_config.DEFAULT_PORT
+_IN_PROCESS = "the all-in-one process runs this stage in-process; it takes no gRPC target"
+
+# Stage name -> its config module (add_flags, from_args), in the order the flags appear in --help.
+STAGES = {"gateway": gateway_config, "preprocessor": preprocessor_config, "router": router_config,
+          "postprocessor": postprocessor_config}
+# Stage -> flag -> (the value this process fixes, why giving the flag is an error).
+FIXED: dict[str, dict[str, tuple[Any, str]]] = {
+    "gateway": {"--preprocessor": ("", _IN_PROCESS), "--router": ("", _IN_PROCESS),
+                "--postprocessor": ("", _IN_PROCESS)},
+    "postprocessor": {"--router": ("", "migrations ask the all-in-one's in-process router")},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AllInOneConfig:
+    gateway: gateway_config.GatewayConfig
+    preprocessor: preprocessor_config.PreprocessorConfig
+    router: router_config.RouterConfig
+    postprocessor: postprocessor_config.PostprocessorConfig
+
+    # The common flags, the same in every stage's config.
+    @property
+    def host(self) -> str:
+        return self.gateway.host
+
+    @property
+    def port(self) -> int:
+        return self.gateway.port
+
+    @property
+    def nats_url(self) -> str:
+        return self.gateway.nats_url
+
+    @property
+    def log_level(self) -> str:
+        return self.gateway.log_level
+
+    @property
+    def metrics_port(self) -> int:
+        return self.gateway.metrics_port
+
+    @property
+    def grace_s(self) -> float:
+        """The one server's drain grace: the longer of the preprocessor's and the postprocessor's."""
+        return max(self.preprocessor.grace_s, self.postprocessor.drain_grace_s)
+
+
+def parser(env: Mapping[str, str] | None = None) -> FlagParser:
+    p = FlagParser("allinone", "The gateway with the preprocessor, router and postprocessor in its process; "
+                   "every stage's flags.", env, allow_abbrev=False)  # no abbreviations: stage flags share prefixes
+    add_common_flags(p, port=DEFAULT_PORT)
+    for name, module in STAGES.items():
+        module.add_flags(p.stage(name, FIXED.get(name)))
+    return p
+
+
+def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> AllInOneConfig:
+    """Raises ValueError for an invalid stage setting (argparse exits for an unknown or refused flag)."""
+    args = parser(env).parse(argv)
+    return AllInOneConfig(gateway=gateway_config.from_args(args), preprocessor=preprocessor_config.from_args(args),
+                          router=router_config.from_args(args), postprocessor=postprocessor_config.from_args(args))

@@ -1,0 +1,44 @@
+"""What a service's ``build(config, ...)`` returns: the service object and what runs and closes with it.
+
+Each service builds itself from its config in one function (services/<svc>/assembly.py) that both
+its own process (``main``) and the all-in-one process (services/allinone) call, so both shapes
+honour every flag. The caller owns the event loop, the gRPC server and the worker registry: it
+calls ``start`` once the loop runs (background work such as NATS subscriptions that retry until
+NATS is up) and ``close`` after the server stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, TypeVar
+
+S = TypeVar("S")
+
+
+@dataclasses.dataclass
+class Built(Generic[S]):
+    service: S
+    # Coroutine factories run as tasks by ``start`` and cancelled by ``close``.
+    background: list[Callable[[], Coroutine[Any, Any, None]]] = dataclasses.field(default_factory=list)
+    # Run in order by ``close``, after the background tasks are cancelled.
+    closers: list[Callable[[], Awaitable[None]]] = dataclasses.field(default_factory=list)
+    # Named parts for the caller and tests (the router's KV event ingest, its metrics, ...).
+    parts: dict[str, Any] = dataclasses.field(default_factory=dict)
+    _tasks: list[asyncio.Task] = dataclasses.field(default_factory=list, init=False, repr=False)
+
+    def start(self) -> None:
+        """Starts the background work; needs a running event loop."""
+        self._tasks += [asyncio.get_running_loop().create_task(make()) for make in self.background]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        for close in self.closers:
+            await close()

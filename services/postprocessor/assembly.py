@@ -1,0 +1,37 @@
+"""Builds the postprocessor from its config: chat processor, worker transport, migration, idle timeout.
+
+Used by the postprocessor's own process (main.py) and by the all-in-one process (services/allinone),
+so both shapes honour every postprocessor flag.
+"""
+
+from __future__ import annotations
+
+from services.common import tls as mesh_tls
+from services.common.assembly import Built
+from services.postprocessor.config import PostprocessorConfig
+from services.postprocessor.core.parsers.backends import load_chat_processor
+from services.postprocessor.migration import Migrator, RouterClient
+from services.postprocessor.mux_client import MuxWorkerClient
+from services.postprocessor.router_client import GrpcRouterClient
+from services.postprocessor.service import Postprocessor
+from services.postprocessor.worker_client import GrpcWorkerClient
+
+
+def build(cfg: PostprocessorConfig, tls: mesh_tls.MeshTls | None = None,
+          router: RouterClient | None = None) -> Built[Postprocessor]:
+    """The postprocessor; migrations ask ``router`` (the all-in-one's in-process router) or else a gRPC
+    client of ``--router`` (none when it is empty or ``--migration-limit`` is 0).
+
+    Raises ``ChatProcessorUnavailable`` when ``--chat-processor`` names an extra that is not installed.
+    """
+    chat_processor = load_chat_processor(cfg.chat_processor)  # vllm / sglang: their import takes seconds
+    closers = []
+    if router is None and cfg.router and cfg.migration_limit:
+        grpc_router = GrpcRouterClient(cfg.router, tls)
+        router = grpc_router
+        closers.append(grpc_router.close)
+    workers = MuxWorkerClient(tls) if cfg.worker_transport == "mux" else GrpcWorkerClient(tls)
+    postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit),
+                                  idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor)
+    return Built(postprocessor, closers=[postprocessor.close, workers.close, *closers],
+                 parts={"workers": workers, "router": router})

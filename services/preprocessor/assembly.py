@@ -1,0 +1,36 @@
+"""Builds the preprocessor from its config, warming each newly served model's tokenizer.
+
+Used by the preprocessor's own process (server.py) and by the all-in-one process (services/allinone),
+so both shapes honour every preprocessor flag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.common.assembly import Built
+from services.common.discovery import WorkerCard, WorkerRegistry
+from services.preprocessor.config import PreprocessorConfig
+from services.preprocessor.service import Preprocessor
+
+
+def build(cfg: PreprocessorConfig, registry: WorkerRegistry) -> Built[Preprocessor]:
+    """The preprocessor over ``registry``'s model cards (subscribed to it; the caller starts it after building)."""
+    preprocessor = Preprocessor(registry.model, offload_threshold=cfg.offload_threshold,
+                                default_template_kwargs=cfg.default_chat_template_kwargs,
+                                hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none)
+    warming: set[asyncio.Task] = set()
+
+    def warm_on_register(_worker_id: str, card: WorkerCard | None) -> None:
+        # Load a newly served model's tokenizer now rather than on its first request.
+        if card is not None:
+            task = asyncio.get_running_loop().create_task(preprocessor.warm(card.model))
+            warming.add(task)
+            task.add_done_callback(warming.discard)
+
+    async def stop_warming() -> None:
+        for task in list(warming):
+            task.cancel()
+
+    registry.subscribe(warm_on_register)
+    return Built(preprocessor, closers=[stop_warming])
