@@ -42,6 +42,10 @@ CHANNEL_OPTIONS = [
     # Dead peers must be noticed quickly so streams fail (and migrate) instead of hanging.
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.enable_retries", 0),
+    # A restarted peer (the launcher restarts within a second or two) is reached again promptly,
+    # instead of on gRPC's default schedule of 1, 2.6, 5.2 s ... after the connection was lost.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 

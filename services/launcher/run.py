@@ -1,15 +1,20 @@
-"""``meshfront run``: the whole mesh on this machine, supervised by honcho.
+"""``meshfront run``: the whole mesh on this machine, supervised as Kubernetes would.
 
 Builds the demo model directory from packaged tokenizer files, starts NATS,
 the workers, the stage services, the gateway(s) and Envoy with prefixed logs,
-prints the URL once /health answers 200, and stops everything on Ctrl-C (or
-when any one process dies, as a supervisor should).
+and prints the URL once /health answers 200. A process that dies is restarted
+(exponential backoff; the others keep serving); one that keeps failing right
+after its start stops the whole mesh with exit status 1. Ctrl-C or SIGTERM
+stops everything.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
 import os
+import pathlib
 import shlex
 import shutil
 import ssl
@@ -18,11 +23,10 @@ import threading
 import time
 import urllib.request
 
-from honcho.manager import Manager
-
 from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
-from services.launcher.plan import ROOT, MeshPlan, WorkerSpec, specs
+from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, WorkerSpec, free_port, specs
+from services.launcher.supervise import RestartPolicy, Spec, Supervisor
 from services.router.core.policies import POLICY_NAMES
 
 DEMO_MODEL_NAME = "meshfront/demo-qwen"
@@ -33,6 +37,10 @@ DEMO_SCRIPT = ROOT / "deploy" / "local" / "demo_script.json"
 VLLM_CPU_ARGS = "--gpu-memory-utilization 0.1"
 # How long the first start may take before the launcher stops waiting to announce the URL.
 READY_TIMEOUT_S = {"mocker": 120.0, "hf": 120.0, "vllm": 600.0}
+# Stopped group after group: the edge first (no new requests; gateways drain their streams while the
+# stages and workers still serve them), then the stages, the workers (they deregister from NATS), NATS.
+STOP_ORDER = (("envoy", "gateway-*"), ("preprocessor", "router", "router-*", "postprocessor"),
+              tuple(f"{kind}-*" for kind in WORKER_MODULES), ("nats",))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,7 +66,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mesh-tls-cert", default="", help="PEM certificate every service presents (serverAuth and "
                    "clientAuth, naming 127.0.0.1)")
     p.add_argument("--mesh-tls-key", default="", help="PEM private key for --mesh-tls-cert")
+    p.add_argument("--crash-window-s", type=float, default=RestartPolicy.crash_window_s,
+                   help="a process that exits within this many seconds of its start failed fast (engine "
+                   "workers: at least their load time)")
+    p.add_argument("--crash-limit", type=int, default=RestartPolicy.max_fast_failures,
+                   help="fast failures in a row after which the launcher gives up and stops the mesh")
+    p.add_argument("--free-ports", action="store_true",
+                   help="internal ports (NATS, gateways, stages, workers, Envoy admin) on free ports instead "
+                   "of 4222 and 9100-9901; --http-port stays as given (a second mesh beside a running one)")
+    p.add_argument("--run-dir", default="", help=f"NATS store and Envoy config (default {ROOT / '.run'})")
     args = p.parse_args(argv)
+    if args.crash_window_s <= 0 or args.crash_limit < 1:
+        p.error("--crash-window-s must be positive and --crash-limit at least 1")
     if args.engine_args is not None and args.worker_kind not in ENGINES:
         p.error(f"--engine-args is for engine workers ({', '.join(ENGINES)}), not {args.worker_kind}")
     mesh_tls = (args.mesh_tls_ca, args.mesh_tls_cert, args.mesh_tls_key)
@@ -115,22 +134,40 @@ def main(argv: list[str] | None = None) -> int:
             extra = (*extra, "--script", os.path.abspath(args.mocker_script))
     if not args.model_dir:  # the demo model's template speaks Hermes tool calls and Qwen3 thinking
         extra = (*extra, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+    ports = _placement(args)
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
-                    gateway_ports=[9100 + i for i in range(args.gateways)],
                     workers=[WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)] * args.workers,
-                    worker_ports=[9500 + i for i in range(args.workers)], log_level=args.log_level,
-                    tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
-                    tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls)
+                    log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
+                    tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls, **ports)
+    # A fresh JetStream store per launch; a restarted NATS keeps it (-sd), so discovery survives it.
     shutil.rmtree(plan.run_dir / f"nats-{plan.nats_port}", ignore_errors=True)
-    manager = Manager()
-    for spec in specs(plan):
-        # honcho runs a shell command line (exec: signals reach the service, not a shell)
-        # and takes env as the whole environment.
-        manager.add_process(spec.name, "exec " + shlex.join(spec.argv), env={**os.environ, **spec.env})
+    process_specs = specs(plan)
+    policy = RestartPolicy(crash_window_s=args.crash_window_s, max_fast_failures=args.crash_limit)
+    policies = {}
+    if args.worker_kind in ENGINES:  # an engine that fails while loading the model failed fast too
+        slow = dataclasses.replace(policy, crash_window_s=max(policy.crash_window_s, READY_TIMEOUT_S[args.worker_kind]))
+        policies = {name: slow for name in plan.service_names() if name.startswith(f"{args.worker_kind}-")}
+    supervisor = Supervisor([Spec(s.name, s.argv, {**os.environ, **s.env}) for s in process_specs], policy,
+                            policies=policies, stop_order=STOP_ORDER, adopt_orphans=True)
     stop = threading.Event()
     scheme = "https" if plan.tls else "http"
     threading.Thread(target=_announce_when_ready, args=(f"{scheme}://127.0.0.1:{args.http_port}", stop,
                                                         READY_TIMEOUT_S[args.worker_kind]), daemon=True).start()
-    manager.loop()
-    stop.set()
-    return manager.returncode or 0
+    try:
+        return asyncio.run(supervisor.run())
+    finally:
+        stop.set()
+
+
+def _placement(args: argparse.Namespace) -> dict:
+    """The plan's fixed ports (9100 gateways, 9500 workers, ...), or free ones with --free-ports."""
+    ports: dict = {"gateway_ports": [9100 + i for i in range(args.gateways)],
+                   "worker_ports": [9500 + i for i in range(args.workers)]}
+    if args.free_ports:
+        ports = {"gateway_ports": [free_port() for _ in range(args.gateways)],
+                 "worker_ports": [free_port() for _ in range(args.workers)],
+                 **{k: free_port() for k in ("admin_port", "nats_port", "preprocessor_port", "router_port",
+                                             "postprocessor_port")}}
+    if args.run_dir:
+        ports["run_dir"] = pathlib.Path(args.run_dir).resolve()
+    return ports
