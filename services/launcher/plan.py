@@ -1,6 +1,6 @@
 """What the local mesh consists of: one process spec per service, ports decided up front.
 
-``meshfront run`` hands these specs to honcho; the mesh tests start the very
+``meshfront run`` hands these specs to its supervisor (supervise.py); the mesh tests start the very
 same specs, so what a newcomer runs is what the tests exercise.
 """
 

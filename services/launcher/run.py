@@ -32,6 +32,7 @@ from services.router.core.policies import POLICY_NAMES
 DEMO_MODEL_NAME = "meshfront/demo-qwen"
 # A readable demo: a greeting, a tool call for "weather in Paris", reasoning when asked to "think".
 DEMO_SCRIPT = ROOT / "deploy" / "local" / "demo_script.json"
+STAGES = ("preprocessor", "router", "postprocessor", "gateway")  # the plan's service_args keys
 # vLLM's CPU build reads --gpu-memory-utilization as the share of RAM to reserve; its 0.92 default
 # does not fit beside the mesh.
 VLLM_CPU_ARGS = "--gpu-memory-utilization 0.1"
@@ -53,7 +54,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"flags passed to every engine worker, as one string (vllm default: {VLLM_CPU_ARGS!r})")
     p.add_argument("--gateways", type=int, default=1, help="gateway replicas behind Envoy")
     p.add_argument("--router-mode", choices=POLICY_NAMES, default="round-robin")
-    p.add_argument("--inproc", action="store_true", help="run preprocessor, router, postprocessor in the gateway")
+    p.add_argument("--inproc", action="store_true",
+                   help="all-in-one: preprocessor, router and postprocessor in each gateway process (services.allinone)")
+    for stage in STAGES:
+        p.add_argument(f"--{stage}-flag", action="append", default=[], metavar="FLAG",
+                       help=f"a flag for every {stage} (repeatable, e.g. --{stage}-flag=--log-level=DEBUG); "
+                            "in the all-in-one shape too")
     p.add_argument("--speedup-ratio", type=float, default=10.0, help="mocker speed-up (0 = instant)")
     p.add_argument("--mocker-script", default=str(DEMO_SCRIPT),
                    help="mocker answers by prompt substring (JSON); empty for pseudo-random text")
@@ -138,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
                     workers=[WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)] * args.workers,
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
-                    tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls, **ports)
+                    tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
+                    service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES}, **ports)
     # A fresh JetStream store per launch; a restarted NATS keeps it (-sd), so discovery survives it.
     shutil.rmtree(plan.run_dir / f"nats-{plan.nats_port}", ignore_errors=True)
     process_specs = specs(plan)

@@ -21,3 +21,10 @@ def test_run_defaults_and_overrides():
     assert args.mocker_script == str(DEMO_SCRIPT) and args.workers == 2 and args.http_port == 8000
     args = parse_args(["--mocker-script", "", "--router-mode", "kv", "--workers", "4"])
     assert args.mocker_script == "" and args.router_mode == "kv" and args.workers == 4
+
+
+def test_stage_flags_are_repeatable_and_default_to_none():
+    args = parse_args(["--inproc", "--postprocessor-flag=--stream-idle-timeout-s=30",
+                       "--postprocessor-flag=--migration-limit=1", "--router-flag=--kv-overlap-weight=2"])
+    assert args.postprocessor_flag == ["--stream-idle-timeout-s=30", "--migration-limit=1"]
+    assert args.router_flag == ["--kv-overlap-weight=2"] and args.preprocessor_flag == [] == args.gateway_flag
