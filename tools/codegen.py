@@ -4,7 +4,7 @@ Usage: python tools/codegen.py [--check]
 
 Outputs (committed, never edited by hand):
   gen/python/meshfront/**      *_pb2.py, *_pb2.pyi, *_pb2_grpc.py
-  deploy/envoy/gateway.pb      FileDescriptorSet for grpc_json_transcoder
+  deploy/envoy/gateway.pb      FileDescriptorSet for grpc_json_transcoder (every protos/meshfront/gateway/v1/*.proto)
   gen/python/meshfront/kserve/inference.binpb
                                FileDescriptorSet of protos/inference (KServe v2). No
                                *_pb2.py for it: those would register `inference.*` in
@@ -30,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
 THIRD_PARTY = ROOT / "third_party"
 WKT = pathlib.Path(protoc.__file__).parent / "_proto"
-GATEWAY_PROTO = "meshfront/gateway/v1/gateway.proto"
+GATEWAY_PROTOS = "meshfront/gateway/v1"  # every HTTP-facing service Envoy transcodes lives here
 KSERVE_PROTOS = ("inference/model_config.proto", "inference/grpc_service.proto")
 
 
@@ -58,7 +58,8 @@ def generate(out: pathlib.Path) -> None:
     desc = out / "deploy" / "envoy" / "gateway.pb"
     desc.parent.mkdir(parents=True, exist_ok=True)
     # error_details lets convert_grpc_status render google.rpc.Status details.
-    _run(["--include_imports", f"--descriptor_set_out={desc}", GATEWAY_PROTO, "google/rpc/error_details.proto"])
+    gateway = sorted(str(p.relative_to(PROTOS)) for p in (PROTOS / GATEWAY_PROTOS).glob("*.proto"))
+    _run(["--include_imports", f"--descriptor_set_out={desc}", *gateway, "google/rpc/error_details.proto"])
 
 
 def _diff(a: pathlib.Path, b: pathlib.Path) -> list[str]:
