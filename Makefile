@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv gen lint unit service mesh deploy engine engine-env bench clean test-oracle
+.PHONY: run test venv gen lint unit service mesh deploy engine engine-env bench clean test-oracle release-protos
 
 $(STAMP): requirements/lock.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,10 @@ gen: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/buf lint
+	# Wire and JSON compatibility with the last released protos (refreshed by `make release-protos`).
+	$(BIN)/buf breaking protos --against tools/released-protos.binpb
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python tools/codegen.py --check
 	$(BIN)/python tools/k8s_envoy_config.py --check
 
@@ -32,6 +36,10 @@ test: lint engine-env
 	$(BIN)/pytest $(PYTEST_ARGS)
 	.venv-vllm/bin/python $(ENGINE_ENV_PYTEST) tests/engine_env/vllm $(PYTEST_ARGS)
 	.venv-sglang/bin/python $(ENGINE_ENV_PYTEST) tests/engine_env/sglang $(PYTEST_ARGS)
+
+# Run at a release: later proto changes must stay wire- and JSON-compatible with this snapshot.
+release-protos: $(STAMP)
+	$(BIN)/buf build protos -o tools/released-protos.binpb
 
 unit service mesh deploy: $(STAMP)
 	$(BIN)/pytest -m $@ $(PYTEST_ARGS)

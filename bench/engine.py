@@ -193,7 +193,7 @@ def cells(r: EngineRecord) -> list[str]:
 def text_table(records: list[EngineRecord]) -> str:
     grid = [HEADERS] + [cells(r) for r in records]
     widths = [max(len(line[i]) for line in grid) for i in range(len(HEADERS))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in grid)
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in grid)
 
 
 def markdown_table(records: list[EngineRecord]) -> str:
@@ -337,10 +337,10 @@ class ServerDeployment(Deployment):
     def _wait_ready(self, model: str, deadline: float) -> None:
         while time.monotonic() < deadline:
             self.check()
-            with contextlib.suppress(OSError, ValueError):
-                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=1) as r:
-                    if any(m.get("id") == model for m in orjson.loads(r.read()).get("data", [])):
-                        return
+            with contextlib.suppress(OSError, ValueError), \
+                    urllib.request.urlopen(f"{self.url}/v1/models", timeout=1) as r:  # noqa: S310 - our own http URL
+                if any(m.get("id") == model for m in orjson.loads(r.read()).get("data", [])):
+                    return
             time.sleep(0.5)
         raise RuntimeError(f"vLLM's server did not serve {model} in time:\n{self.logs()}")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 from urllib.parse import urlsplit
 
@@ -66,7 +67,7 @@ class RequestResult:
         per_chunk: list[float] = []
         per_token: list[float] = []
         tokens_per_event = self.completion_tokens / self.content_events if self.content_events else 1.0
-        for (t0, _), (t1, events) in zip(self.arrivals, self.arrivals[1:]):
+        for (t0, _), (t1, events) in itertools.pairwise(self.arrivals):
             gap = t1 - t0
             per_chunk.append(gap)
             tokens = events * tokens_per_event

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-WORDS = (
+WORDS = (  # noqa: SIM905 - a word list reads better as one string than as 200 quoted words
     "time year people way day man thing woman life child world school state family student group country "
     "problem hand part place case week company system program question work government number night point "
     "home water room mother area money story fact month lot right study book eye job word business issue "

@@ -43,7 +43,7 @@ def cells(row: Row) -> list[str]:
 def text_table(rows: list[Row]) -> str:
     grid = [HEADERS] + [cells(r) for r in rows]
     widths = [max(len(line[i]) for line in grid) for i in range(len(HEADERS))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in grid]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in grid]
     return "\n".join(lines)
 
 

@@ -75,7 +75,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             generate(pathlib.Path(tmp))
             problems = _diff(ROOT / "gen" / "python", pathlib.Path(tmp) / "gen" / "python")
-            if not filecmp.cmp(ROOT / "deploy/envoy/gateway.pb", pathlib.Path(tmp) / "deploy/envoy/gateway.pb", shallow=False):
+            fresh = pathlib.Path(tmp) / "deploy/envoy/gateway.pb"
+            if not filecmp.cmp(ROOT / "deploy/envoy/gateway.pb", fresh, shallow=False):
                 problems.append("differs: deploy/envoy/gateway.pb")
         for line in problems:
             print(line)

@@ -31,7 +31,8 @@ HTTP_PORT, ADMIN_PORT, GATEWAY_PORT = 8000, 9901, 9100
 
 
 def render_edge(namespace: str, tls: bool) -> str:
-    return render(listen_host="0.0.0.0", listen_port=HTTP_PORT, admin_port=ADMIN_PORT,
+    # The pod's edge listener serves the whole cluster, so it binds every interface.
+    return render(listen_host="0.0.0.0", listen_port=HTTP_PORT, admin_port=ADMIN_PORT,  # noqa: S104
                   gateways=[(f"gateway-headless.{namespace}.svc.cluster.local", GATEWAY_PORT)], gateway_dns=True,
                   descriptor=IMAGE_DESCRIPTOR, tls=(f"{TLS_DIR}/tls.crt", f"{TLS_DIR}/tls.key") if tls else None)
 

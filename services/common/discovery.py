@@ -18,7 +18,7 @@ import nats
 import orjson
 from nats.errors import NoServersError
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class Registrar:
                 self.registered.set()
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # NATS down or restarting: keep serving, retry soon
+            except Exception as e:  # noqa: BLE001 - NATS down or restarting: keep serving, retry soon
                 log.warning("registration heartbeat failed: %s", e)
                 ready = False
             await asyncio.sleep(self.ttl_s / 3)
@@ -233,7 +233,7 @@ class WorkerRegistry:
                             log.error("bad worker card under %s: %s", entry.key, e)
             except asyncio.CancelledError:
                 raise
-            except (NotFoundError, Exception) as e:  # NATS outage: keep the last view, retry
+            except Exception as e:  # noqa: BLE001 - NATS outage or a missing bucket: keep the last view, retry
                 log.warning("worker watch interrupted (%s); keeping %d known workers", e, len(self.workers))
                 await asyncio.sleep(1.0)
 

@@ -52,8 +52,8 @@ class FlagParser:
     def env_name(self, flag: str) -> str:
         return f"MESHFRONT_{self.service.upper()}_{flag.lstrip('-').replace('-', '_').upper()}"
 
-    def add(self, flag: str, *, default: Any = None, type: Any = str, help: str = "", choices: Sequence[Any] | None = None,
-            env: str | None = None, owner: str = "") -> None:
+    def add(self, flag: str, *, default: Any = None, type: Any = str, help: str = "",
+            choices: Sequence[Any] | None = None, env: str | None = None, owner: str = "") -> None:
         """Adds ``flag``; ``env`` overrides the twin's name for flags shared by all services."""
         owner = owner or self.service
         if flag in self.owners:

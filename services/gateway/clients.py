@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+import contextlib
 import grpc
 
 from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
@@ -67,10 +68,9 @@ class GrpcRouter:
             raise from_rpc_error(e) from None
 
     async def release(self, req):
-        try:
+        # The router forgets bookings of workers that leave; a lost release only skews load briefly.
+        with contextlib.suppress(grpc.aio.AioRpcError):
             await self._stub.Release(req, timeout=5)
-        except grpc.aio.AioRpcError:
-            pass  # the router forgets bookings of workers that leave; a lost release only skews load briefly
 
 
 class GrpcPostprocessor:

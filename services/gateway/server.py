@@ -23,7 +23,7 @@ from services.common.discovery import WorkerCard
 from services.common.errors import MeshError, NotFound, Overloaded, to_status
 from services.gateway import models_api
 from services.gateway.openai.errors import error_body, sse_error_frame
-from services.gateway.openai.requests import parse_chat, parse_completion
+from services.gateway.openai.requests import GenerationRequest, parse_chat, parse_completion
 from services.gateway.openai.responses import ResponseRenderer
 from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess
 from services.gateway.pipeline import Pipeline
@@ -77,16 +77,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         rid = uuid.uuid4().hex
         try:
             headers = _headers(context)
+            req: GenerationRequest
             if chat:
-                req = parse_chat(request.data, headers)
+                req = chat_req = parse_chat(request.data, headers)
                 self._check_model(req.model)
-                prep = [chat_to_preprocess(req, rid)]
+                prep = [chat_to_preprocess(chat_req, rid)]
                 echo = None
             else:
-                req = parse_completion(request.data, headers)
+                req = completion = parse_completion(request.data, headers)
                 self._check_model(req.model)
-                prep = [completion_to_preprocess(req, p, rid) for p in req.prompts]
-                echo = [p for p in req.prompts] if req.echo else None
+                prep = [completion_to_preprocess(completion, p, rid) for p in completion.prompts]
+                # parse_completion refuses echo for token-id prompts, so these are all strings
+                echo = [p for p in completion.prompts if isinstance(p, str)] if completion.echo else None
             renderer = ResponseRenderer(chat=chat, request_id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
                                         model=req.model, n_choices=len(prep) * req.n,
                                         want_logprobs=req.sampling.logprobs is not None,

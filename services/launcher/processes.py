@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import pathlib
 import signal
@@ -81,12 +82,10 @@ class Mesh:
 
     def wait_models(self, count: int, deadline: float) -> None:
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError):
-                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=1) as r:
-                    import json
-
-                    if len(json.loads(r.read())["data"]) >= count:
-                        return
+            with contextlib.suppress(OSError, ValueError), \
+                    urllib.request.urlopen(f"{self.url}/v1/models", timeout=1) as r:  # noqa: S310 - our own http URL
+                if len(json.loads(r.read())["data"]) >= count:
+                    return
             time.sleep(0.1)
         raise RuntimeError(f"models did not register in time\n{self.all_logs()}")
 

@@ -55,7 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gateways", type=int, default=1, help="gateway replicas behind Envoy")
     p.add_argument("--router-mode", choices=POLICY_NAMES, default="round-robin")
     p.add_argument("--inproc", action="store_true",
-                   help="all-in-one: preprocessor, router and postprocessor in each gateway process (services.allinone)")
+                   help="all-in-one: preprocessor, router and postprocessor in each gateway process "
+                        "(services.allinone)")
     for stage in STAGES:
         p.add_argument(f"--{stage}-flag", action="append", default=[], metavar="FLAG",
                        help=f"a flag for every {stage} (repeatable, e.g. --{stage}-flag=--log-level=DEBUG); "
@@ -105,7 +106,7 @@ def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float) -> N
     context = ssl._create_unverified_context() if url.startswith("https") else None  # noqa: S323
     while not stop.is_set() and time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1, context=context) as r:
+            with urllib.request.urlopen(f"{url}/health", timeout=1, context=context) as r:  # noqa: S310 - ours
                 if r.status == 200:
                     print(f"\n  Meshfront is up: {url}/v1  (OpenAI API and KServe gRPC on this port)\n"
                           f"  try: curl {url}/v1/models\n  Ctrl-C stops everything.\n", flush=True)

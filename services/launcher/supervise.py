@@ -213,7 +213,7 @@ async def wait_exit(proc: subprocess.Popen) -> int:
         return proc.returncode
     try:
         exited = loop.create_future()
-        loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+        loop.add_reader(fd, lambda: None if exited.done() else exited.set_result(None))
         try:
             await exited
         finally:
@@ -242,8 +242,9 @@ class _Child:
         self.restarts = 0
         self.task: asyncio.Task | None = None
 
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+    def running_pid(self) -> int | None:
+        """The pid while the process runs, else None."""
+        return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
 
 
 class Supervisor:
@@ -278,7 +279,7 @@ class Supervisor:
 
     def pids(self) -> dict[str, int]:
         """The current pid of every running process."""
-        return {n: c.proc.pid for n, c in self.children.items() if c.running()}
+        return {n: pid for n, c in self.children.items() if (pid := c.running_pid()) is not None}
 
     def request_stop(self, reason: str, returncode: int = 0) -> None:
         if self._stopping is None or self._stopping.is_set():
@@ -419,8 +420,8 @@ class Supervisor:
         for group in self.order:
             children = [self.children[n] for n in group]
             for child in children:
-                if child.running():
-                    _killpg(child.proc.pid, signal.SIGTERM)
+                if (pid := child.running_pid()) is not None:
+                    _killpg(pid, signal.SIGTERM)
             tasks = [c.task for c in children if c.task is not None and not c.task.done()]
             if not tasks:
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
@@ -39,8 +40,9 @@ def finish_from_proto(value: int) -> FinishReason | None:
     return None if value == _UNSPECIFIED else FinishReason(value)
 
 
-def finish_to_proto(finish: FinishReason | None) -> int:
-    return _UNSPECIFIED if finish is None else int(finish)
+def finish_to_proto(finish: FinishReason | None) -> common_pb2.FinishReason:
+    # The values are equal by construction (services/workers/engine.py); the stubs type enums as classes.
+    return cast(common_pb2.FinishReason, _UNSPECIFIED if finish is None else int(finish))
 
 
 def token_texts(logprobs: Sequence[common_pb2.TokenLogprob], texts: TokenTexts) -> list[postprocessor_pb2.TokenText]:

@@ -13,6 +13,7 @@ the next ``generate`` for that address opens a fresh stream on the same channel.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator
@@ -127,10 +128,8 @@ class _WorkerStream:
     async def close(self) -> None:
         self._call.cancel()
         self._task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await self._task
-        except asyncio.CancelledError:
-            pass
 
 
 class MuxWorkerClient:

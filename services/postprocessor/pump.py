@@ -56,7 +56,7 @@ class StreamPump(Generic[T]):
             put(_END)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # handed to the consumer, which decides what a failure means
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, which decides what a failure means
             put(e)
 
     async def next_batch(self) -> Batch[T]:

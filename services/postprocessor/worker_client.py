@@ -9,6 +9,7 @@ and are closed with the client.
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import grpc
 
@@ -45,7 +46,7 @@ class GrpcWorkerCall:
             if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
                 return None  # our own cancel (stop string, client gone), not a worker failure
             raise worker_error(e, self._address) from None
-        return None if message is grpc.aio.EOF else message
+        return None if message is grpc.aio.EOF else cast(worker_pb2.GenerateResponse, message)
 
     def cancel(self) -> None:
         self._cancelled = True

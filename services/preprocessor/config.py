@@ -80,5 +80,5 @@ def _json_object(raw: str, flag: str) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"{flag} is not valid JSON: {e}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{flag} must be a JSON object")
+        raise ValueError(f"{flag} must be a JSON object")  # noqa: TRY004 - a flag error, reported as usage
     return value

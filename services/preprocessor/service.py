@@ -7,6 +7,7 @@ Domain errors (``services.common.errors``) are raised, never returned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -102,10 +103,8 @@ class Preprocessor:
 
     async def warm(self, card: ModelCard) -> None:
         """Loads a model's artifacts ahead of its first request; failures are logged, not raised."""
-        try:
+        with contextlib.suppress(Internal):  # already logged by _artifacts; the first request reports it
             await self._artifacts(card)
-        except Internal:
-            pass  # already logged by _artifacts; the first request will report it
 
     async def _artifacts(self, card: ModelCard) -> ModelArtifacts:
         cached = self._cache.peek(card.model_dir)

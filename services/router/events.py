@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 import orjson
+from nats.aio.client import Client as NatsClient
 
 from services.common.discovery import WorkerCard, connect_retrying
 from services.common.kv_events import EVENTS_PREFIX, dump_subject
@@ -45,15 +46,15 @@ class KvEventSubscriber:
         self.ingest = ingest
         self._is_known = is_known
         self._on_lag = on_lag or (lambda _s: None)
-        self._nc = None
+        self._nc: NatsClient | None = None
         self._dumping: dict[str, asyncio.Task] = {}
         self._waiting_for_nats: set[str] = set()
         self.ready = asyncio.Event()
 
     async def start(self) -> None:
-        self._nc = await connect_retrying(self.nats_url, "router-kv-events")
-        await self._nc.subscribe(f"{EVENTS_PREFIX}.>", cb=self._on_message)
-        await self._nc.flush()
+        self._nc = nc = await connect_retrying(self.nats_url, "router-kv-events")
+        await nc.subscribe(f"{EVENTS_PREFIX}.>", cb=self._on_message)
+        await nc.flush()
         self.ready.set()
         for worker_id in self._waiting_for_nats:
             self._fetch_dump(worker_id)
@@ -103,6 +104,7 @@ class KvEventSubscriber:
         for _ in range(DUMP_ATTEMPTS):
             if not self._is_known(worker_id):
                 return
+            assert self._nc is not None  # dumps are fetched only once connected (see start)
             try:
                 reply = await self._nc.request(dump_subject(worker_id), b"", timeout=DUMP_TIMEOUT_S)
                 data = orjson.loads(reply.data)
@@ -136,15 +138,15 @@ class ReplicaSync:
         self.nats_url = nats_url
         self.router_id = router_id or f"router-{secrets.token_hex(4)}"
         self._apply = apply
-        self._nc = None
+        self._nc: NatsClient | None = None
         self._outbox: list[bytes] = []
         self._flush_task: asyncio.Task | None = None
         self.received = 0
 
     async def start(self) -> None:
-        self._nc = await connect_retrying(self.nats_url, self.router_id)
-        await self._nc.subscribe(LIFECYCLE_SUBJECT, cb=self._on_message)
-        await self._nc.flush()  # the subscription is live before we publish or report ready
+        self._nc = nc = await connect_retrying(self.nats_url, self.router_id)
+        await nc.subscribe(LIFECYCLE_SUBJECT, cb=self._on_message)
+        await nc.flush()  # the subscription is live before we publish or report ready
 
     def on_lifecycle(self, event: LifecycleEvent, remote: bool = False) -> None:
         if self._nc is None or remote:

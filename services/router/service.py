@@ -21,13 +21,13 @@ class Router:
     """Chooses a worker per request with one policy and books it until release."""
 
     def __init__(self, workers_for: WorkerLookup, mode: str = "round-robin", policy: Policy | None = None,
-                 busy: BusyThreshold = BusyThreshold()):
+                 busy: BusyThreshold | None = None):
         self._workers_for = workers_for
         self.mode = mode
         self._policy = policy or make_policy(mode)
         self._direct = Direct()
         self.bookings = Bookings()
-        self.busy = busy
+        self.busy = busy or BusyThreshold()
         # kv keeps per-request state (blocks, prefill) beside the bookings; see core/lifecycle.py.
         self._tracker = self._policy if isinstance(self._policy, TracksRequests) else None
         self.listeners: list[LifecycleListener] = []

@@ -51,7 +51,7 @@ class WorkerConfig:
     def advertised_address(self, port: int) -> str:
         """host:port as registered for other services; ``port`` is the one actually bound."""
         host = self.advertise_host or self.host
-        if host in ("0.0.0.0", "::", "[::]", ""):
+        if host in ("0.0.0.0", "::", "[::]", ""):  # noqa: S104 - recognising a wildcard bind, not binding
             host = socket.gethostname()
         return f"{host}:{port}"
 

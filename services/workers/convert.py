@@ -5,6 +5,8 @@ The only module of the worker glue that knows both worlds.
 
 from __future__ import annotations
 
+from typing import cast
+
 from meshfront.common.v1 import common_pb2
 from meshfront.worker.v1 import worker_pb2
 
@@ -65,7 +67,9 @@ def guided_from_proto(s: common_pb2.SamplingOptions) -> GuidedDecoding | None:
 
 
 def output_to_proto(output: EngineOutput) -> worker_pb2.GenerateResponse:
-    response = worker_pb2.GenerateResponse(token_ids=output.token_ids, finish_reason=int(output.finish_reason))
+    # FinishReason's values equal the proto enum's (services/workers/engine.py); the stubs type enums as classes.
+    finish = cast(common_pb2.FinishReason, int(output.finish_reason))
+    response = worker_pb2.GenerateResponse(token_ids=output.token_ids, finish_reason=finish)
     if output.prompt_tokens is not None:
         response.prompt_tokens = output.prompt_tokens
         response.cached_tokens = output.cached_tokens or 0

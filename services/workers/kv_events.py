@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import orjson
+from nats.aio.client import Client as NatsClient
 
 from services.common.discovery import connect_retrying
 from services.common.kv_events import (
@@ -110,7 +111,7 @@ class KvEventPublisher:
         self._pending: list[dict] = []
         self._flush_scheduled = False
         self._lock = asyncio.Lock()
-        self._nc = None
+        self._nc: NatsClient | None = None
         self._tasks: list[asyncio.Task] = []
         self.connected = asyncio.Event()
 

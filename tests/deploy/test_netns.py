@@ -108,7 +108,8 @@ def split_mesh(lab, tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     # The postprocessor calls the router when it migrates a stream.
     lab.start("postprocessor", _service(lab, "postprocessor", "services.postprocessor", 9400, "--router",
                                         f"{h['router']}:9300"), logs / "postprocessor.log", env)
-    lab.start("gateway", _service(lab, "gateway", "services.gateway", 9100, "--preprocessor", f"{h['preprocessor']}:9200",
+    lab.start("gateway", _service(lab, "gateway", "services.gateway", 9100,
+                                  "--preprocessor", f"{h['preprocessor']}:9200",
                                   "--router", f"{h['router']}:9300", "--postprocessor", f"{h['postprocessor']}:9400"),
               logs / "gateway.log", env)
     envoy_yaml = logs / "envoy.yaml"

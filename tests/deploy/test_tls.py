@@ -7,6 +7,7 @@ starts), in the all-in-one shape to keep the process count small.
 
 from __future__ import annotations
 
+import pathlib
 import json
 import ssl
 import subprocess
@@ -123,7 +124,7 @@ def test_untrusted_and_cleartext_clients_are_refused(tls_mesh):
 def test_grpc_over_tls_through_envoy(tls_mesh):
     from meshfront.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
-    credentials = grpc.ssl_channel_credentials(root_certificates=open(tls_mesh.ca_path, "rb").read())
+    credentials = grpc.ssl_channel_credentials(root_certificates=pathlib.Path(tls_mesh.ca_path).read_bytes())
     with grpc.secure_channel(f"localhost:{tls_mesh.plan.http_port}", credentials) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         body = stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=10)
@@ -133,9 +134,10 @@ def test_grpc_over_tls_through_envoy(tls_mesh):
 def test_grpc_without_the_ca_fails_the_handshake(tls_mesh):
     from meshfront.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 
-    with grpc.secure_channel(f"localhost:{tls_mesh.plan.http_port}", grpc.ssl_channel_credentials()) as channel:
-        with pytest.raises(grpc.RpcError) as err:
-            gateway_pb2_grpc.GatewayServiceStub(channel).ListModels(gateway_pb2.ListModelsRequest(), timeout=5)
+    address = f"localhost:{tls_mesh.plan.http_port}"
+    with grpc.secure_channel(address, grpc.ssl_channel_credentials()) as channel, \
+            pytest.raises(grpc.RpcError) as err:
+        gateway_pb2_grpc.GatewayServiceStub(channel).ListModels(gateway_pb2.ListModelsRequest(), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
 
 

@@ -135,7 +135,7 @@ async def test_cancelled_stream_stops_the_worker(mesh):
     stream = client.stream_infer(endless())
     try:
         seen = 0
-        async for result, error in stream:
+        async for _result, error in stream:
             assert error is None, error
             seen += 1
             if seen == 2:

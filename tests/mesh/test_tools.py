@@ -77,8 +77,9 @@ def test_reasoning_content_is_split_from_content(client):
 
 
 def test_tool_choice_named_is_forced_through_guided_decoding(client):
+    named = {"type": "function", "function": {"name": "get_weather"}}
     r = client.chat.completions.create(model=DEMO, messages=[{"role": "user", "content": "Count to ten"}],
-                                       tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+                                       tools=TOOLS, tool_choice=named)
     [call] = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), TOOLS[0]["function"]["parameters"])

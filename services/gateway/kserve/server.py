@@ -22,6 +22,7 @@ from services.common.errors import InvalidRequest, MeshError, ModelNotFound, Not
 from services.gateway.kserve import metadata, protocol
 from services.gateway.kserve.requests import KServeRequest, parse_request
 from services.gateway.kserve.responses import ResponseBuilder
+from services.gateway.openai.requests import ChatRequest
 from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess
 from services.gateway.pipeline import Pipeline
 
@@ -85,10 +86,8 @@ class KServeServicer:
         self._check_model(request.model_name, request.model_version)
         rid = uuid.uuid4().hex
         req = parsed.parsed
-        if parsed.chat:
-            prep = [chat_to_preprocess(req, rid)]
-        else:
-            prep = [completion_to_preprocess(req, req.prompts[0], rid)]
+        prep = [chat_to_preprocess(req, rid) if isinstance(req, ChatRequest)
+                else completion_to_preprocess(req, req.prompts[0], rid)]
         log.debug("kserve request %r runs as %s", request.id, rid)
         return parsed, self._pipeline.run(prep, req.n, req.worker_id)
 

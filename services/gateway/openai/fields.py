@@ -14,6 +14,7 @@ to 2**53, where floats stop being exact.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -46,7 +47,8 @@ TOKEN_ID = UINT32
 
 
 def _type_name(v: Any) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(v), type(v).__name__)
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(v), type(v).__name__)
 
 
 def as_int(v: Any) -> int | None:
@@ -149,7 +151,8 @@ class Fields:
         v = self.raw(key)
         return None if v is None else check_float(v, self._name(key), lo, hi)
 
-    def str(self, key: str, *, required: bool = False, allowed: tuple[str, ...] | None = None) -> str | None:
+    def str(self, key: builtins.str, *, required: builtins.bool = False,
+            allowed: tuple[builtins.str, ...] | None = None) -> builtins.str | None:
         v = self.raw(key)
         if v is None:
             if required:
@@ -164,13 +167,19 @@ class Fields:
                                  param=self._name(key))
         return v
 
-    def obj(self, key: str) -> dict[str, Any] | None:
+    def required_str(self, key: builtins.str) -> builtins.str:
+        """A non-empty string that must be present."""
+        v = self.str(key, required=True)
+        assert v is not None  # str(required=True) raises instead of returning None
+        return v
+
+    def obj(self, key: builtins.str) -> dict[builtins.str, Any] | None:
         v = self.raw(key)
         if v is not None and not isinstance(v, dict):
             raise InvalidRequest(f"'{self._name(key)}' must be an object, got {_type_name(v)}", param=self._name(key))
         return v
 
-    def list(self, key: str) -> list[Any] | None:
+    def list(self, key: builtins.str) -> list[Any] | None:
         v = self.raw(key)
         if v is not None and not isinstance(v, list):
             raise InvalidRequest(f"'{self._name(key)}' must be an array, got {_type_name(v)}", param=self._name(key))

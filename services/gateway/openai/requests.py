@@ -107,7 +107,7 @@ def _stop(f: Fields) -> list[str]:
 
 
 def _common(f: Fields, headers: dict[str, str], *, max_tokens_key: str) -> GenerationRequest:
-    model = f.str("model", required=True)
+    model = f.required_str("model")
     stream = f.bool("stream")
     stream_options = f.obj("stream_options")
     include_usage = False

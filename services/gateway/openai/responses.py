@@ -140,7 +140,8 @@ class ResponseRenderer:
             lp = _chat_logprobs(d.logprobs) if self.want_logprobs and d.logprobs else None
         else:
             out = {"index": d.index, "text": text}
-            lp = _completion_logprobs(d.logprobs, self._text_len[d.index]) if self.want_logprobs and d.logprobs else None
+            want = self.want_logprobs and d.logprobs
+            lp = _completion_logprobs(d.logprobs, self._text_len[d.index]) if want else None
         choice.started = True
         self._text_len[d.index] += len(text)
         out["logprobs"] = lp

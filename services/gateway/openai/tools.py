@@ -77,8 +77,9 @@ def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
     fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(name, str):
-        raise InvalidRequest("'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}",
-                             param="tool_choice")
+        raise InvalidRequest(
+            "'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+            param="tool_choice")
     if not any(t["function"]["name"] == name for t in tools or ()):
         raise InvalidRequest(f"'tool_choice' names function {name!r}, which is not in 'tools'", param="tool_choice")
     return choice

@@ -34,7 +34,7 @@ class ApproximateCache:
         now = self._clock()
         self.expire(now)
         expires = now + self.ttl_s
-        self.index.store(worker_id, None, zip(seq_hashes, local_hashes))
+        self.index.store(worker_id, None, zip(seq_hashes, local_hashes, strict=True))
         for h in seq_hashes:
             self._expiry[(worker_id, h)] = expires
             self._queue.append((expires, worker_id, h))

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any, Protocol
 
 BOOK = "book"
-FIRST_TOKEN = "first_token"
+FIRST_TOKEN = "first_token"  # noqa: S105 - a lifecycle event name, not a credential
 FREE = "free"
 
 

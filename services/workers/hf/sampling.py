@@ -86,5 +86,5 @@ def pick_token(logits: torch.Tensor, params: SamplingParams, *, generator: torch
 def logprob_of(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
     logprobs = torch.log_softmax(logits, dim=-1)
     best = torch.topk(logprobs, top) if top > 0 else None
-    alternatives = () if best is None else tuple(zip(best.indices.tolist(), best.values.tolist()))
+    alternatives = () if best is None else tuple(zip(best.indices.tolist(), best.values.tolist(), strict=True))
     return TokenLogprob(token, float(logprobs[token]), alternatives)

@@ -12,6 +12,7 @@ A consumer that stops iterating aborts its sequence on the spot (blocks freed sy
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Sequence
@@ -60,10 +61,8 @@ class MockerEngine:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         self._fail_all(EngineError("the worker is shutting down"))
 

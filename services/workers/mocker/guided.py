@@ -55,7 +55,8 @@ def _string(schema: dict, name: str, depth: int) -> str:
 
 
 def _number(schema: dict, name: str, depth: int) -> float:
-    return float(schema.get("minimum", schema.get("exclusiveMinimum", 0) + 0.5 if "exclusiveMinimum" in schema else 1.5))
+    fallback = schema["exclusiveMinimum"] + 0.5 if "exclusiveMinimum" in schema else 1.5
+    return float(schema.get("minimum", fallback))
 
 
 def _integer(schema: dict, name: str, depth: int) -> int:

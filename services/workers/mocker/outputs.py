@@ -4,7 +4,8 @@ Default mode (like Dynamo's mocker): exactly ``max_tokens`` pseudo-random tokens
 Each token is a function of the request's seed (0 when unset) and *every token before it*, prompt
 and output alike (a rolling hash over the context), so the same request always gets the same tokens,
 another seed gets others, and a migrated request (prompt + the tokens generated so far, sent to
-another worker) continues exactly as the undisturbed one would have (docs/architecture.md, Migration). Ids come from ordinary text tokens of the vocabulary
+another worker) continues exactly as the undisturbed one would have (docs/architecture.md,
+Migration). Ids come from ordinary text tokens of the vocabulary
 (ids 1000..29999 whose single-token decode is printable ASCII without markup characters), so the
 text is readable and never opens a tool call or a reasoning block by accident.
 
@@ -44,7 +45,7 @@ def text_vocab(tokenizer: Any | None, lo: int = TEXT_TOKEN_RANGE[0], hi: int = T
     hi = min(hi, tokenizer.get_vocab_size())
     ids = list(range(lo, hi))
     texts = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
-    vocab = [i for i, t in zip(ids, texts)
+    vocab = [i for i, t in zip(ids, texts, strict=True)
              if t.strip() and t.isascii() and t.isprintable() and not _MARKUP.intersection(t)]
     if not vocab:
         raise ValueError(f"no printable text tokens in ids {lo}..{hi - 1}")

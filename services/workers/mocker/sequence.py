@@ -37,7 +37,7 @@ def chain_hash(parent: int | None, tokens_hash: int) -> int:
 def full_blocks(token_ids: Seq[int], block_size: int) -> list[StoredBlock]:
     """The full blocks of ``token_ids`` with their sequence and local hashes."""
     local = block_hashes(token_ids, block_size)
-    return [StoredBlock(s, t) for s, t in zip(sequence_hashes(local), local)]
+    return [StoredBlock(s, t) for s, t in zip(sequence_hashes(local), local, strict=True)]
 
 
 @dataclasses.dataclass(eq=False, slots=True)

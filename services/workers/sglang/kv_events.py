@@ -1,4 +1,5 @@
-"""SGLang's KV event batches (msgpack, SGLang's own classes) as engine-neutral events, and the config that turns them on.
+"""SGLang's KV event batches (msgpack, SGLang's own classes) as engine-neutral events, and the config
+that turns them on.
 
 SGLang's radix cache reports one ``BlockStored`` per page, chained by ``parent_block_hash`` and
 merged into runs before publishing; its hashes are its own (the ``default`` format: no Dynamo

@@ -144,7 +144,7 @@ def _literal(text: str) -> str:
     return "".join("\\" + c if c in _REGEX_META else c for c in text)
 
 
-def finish_reason(reason: Mapping[str, Any] | None, eos_token_ids: Sequence[int],
+def finish_reason(reason: Mapping[str, Any] | None, eos_token_ids: Sequence[int],  # noqa: PLR0911 - a table
                   stop_token_ids: Sequence[int]) -> FinishReason:
     """SGLang's ``meta_info["finish_reason"]`` as the mocker reports it.
 

@@ -71,9 +71,8 @@ def test_what_vllm_refuses_is_the_clients_fault(knobs):
     (QueueOverflowError(), EngineBusy), (EngineDeadError(), EngineError),
 ])
 def test_vllms_errors_map_to_the_worker_glues(raised, expected):
-    with pytest.raises(expected):
-        with vllm_errors():
-            raise raised
+    with pytest.raises(expected), vllm_errors():
+        raise raised
 
 
 def test_vllms_own_event_batches_become_meshfront_hashes():

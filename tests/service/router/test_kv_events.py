@@ -111,7 +111,7 @@ async def test_replica_sync_shares_bookings(nats_url):
     cards = [card("w0"), card("w1")]
     routers = [Router(lambda _m: cards, "kv") for _ in range(2)]
     syncs = [ReplicaSync(nats_url, r.apply) for r in routers]
-    for r, s in zip(routers, syncs):
+    for r, s in zip(routers, syncs, strict=True):
         await s.start()
         r.listeners.append(s)
     local = tuple(block_hashes(tokens(5), BS))

@@ -15,8 +15,8 @@ from services.workers.server import build_server
 from tests.conftest import require_module
 
 require_module("torch")
-from services.workers.hf.config import parse_config
-from services.workers.hf.main import build_engine
+from services.workers.hf.config import parse_config  # noqa: E402
+from services.workers.hf.main import build_engine  # noqa: E402
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 

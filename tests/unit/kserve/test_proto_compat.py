@@ -69,7 +69,7 @@ def test_service_methods_and_data_types_match():
         t = theirs.methods_by_name[m.name]
         assert (m.input_type.full_name, m.output_type.full_name, m.client_streaming, m.server_streaming) == (
             t.input_type.full_name, t.output_type.full_name, t.client_streaming, t.server_streaming)
-    assert protocol.DATA_TYPE == {v.name: v.number for v in model_config_pb2.DataType.DESCRIPTOR.values}
+    assert {v.name: v.number for v in model_config_pb2.DataType.DESCRIPTOR.values} == protocol.DATA_TYPE
 
 
 def test_bytes_round_trip_between_our_classes_and_tritonclients():

@@ -43,7 +43,8 @@ FORMATS = {
     "required": (ParserConfig("hermes", tools=True, tool_choice="required"),
                  lambda s: f'[{{"name": "f", "parameters": {{"data": "{s}"}}}}]'),
     "qwen3+hermes": (ParserConfig("hermes", "qwen3", tools=True),
-                     lambda s: f'<think>{s}</think><tool_call>{{"name": "f", "arguments": {{"d": "{s}"}}}}</tool_call>'),
+                     lambda s: f'<think>{s}</think><tool_call>{{"name": "f", "arguments": {{"d": "{s}"}}}}'
+                               '</tool_call>'),
     "deepseek_r1": (ParserConfig(reasoning_parser="deepseek_r1"), lambda s: f"{s}</think>{s}"),
 }
 

@@ -82,7 +82,8 @@ def test_an_overloaded_worker_is_retried_elsewhere():
 def test_limit_and_exhausted_fleet_raise_the_original_failure():
     failure = WorkerFailed("worker failed")
     with pytest.raises(WorkerFailed):
-        asyncio.run(Migrator(RecordingRouter(["w1", "w2", "w3"]), limit=1).next_route(request(), ["w1", "w2"], failure, 0))
+        migrator = Migrator(RecordingRouter(["w1", "w2", "w3"]), limit=1)
+        asyncio.run(migrator.next_route(request(), ["w1", "w2"], failure, 0))
     with pytest.raises(WorkerFailed) as info:
         asyncio.run(Migrator(RecordingRouter(["w1"])).next_route(request(), ["w1"], failure, 0))
     assert info.value is failure

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -30,7 +31,7 @@ def chunkings(text, rng, count=30):
     yield [text]
     for _ in range(count):
         cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, min(6, len(text) - 1))))
-        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
 
 
 @pytest.mark.parametrize("include", [False, True])
@@ -111,7 +112,7 @@ def reference(text, stops, include):
        cuts=st.lists(st.integers(0, 30), max_size=8), include=st.booleans())
 def test_any_chunking_matches_the_whole_text_answer(text, stops, cuts, include):
     bounds = sorted({c for c in cuts if c < len(text)} | {0, len(text)})
-    chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [text[a:b] for a, b in itertools.pairwise(bounds)]
     pieces, matched, tail = run(stops, chunks, include)
     expected_text, expected_stop = reference(text, stops, include)
     assert matched == expected_stop

@@ -34,8 +34,8 @@ def test_chain_hash_matches_sequence_hashes():
 def test_find_matches_counts_leading_blocks_per_worker():
     index = RadixIndex()
     seq, local = chain(list(range(16)))  # 4 blocks
-    assert index.store("a", None, zip(seq, local))
-    assert index.store("b", None, zip(seq[:2], local[:2]))
+    assert index.store("a", None, zip(seq, local, strict=True))
+    assert index.store("b", None, zip(seq[:2], local[:2], strict=True))
     assert index.find_matches(local) == {"a": 4, "b": 2}
     assert index.find_matches(local[:1]) == {"a": 1, "b": 1}
     # A different first block shares nothing, even if later blocks are equal.
@@ -51,8 +51,8 @@ def test_store_after_unknown_parent_is_refused():
 def test_removal_prunes_and_keeps_other_workers():
     index = RadixIndex()
     seq, local = chain(list(range(16)))
-    index.store("a", None, zip(seq, local))
-    index.store("b", None, zip(seq, local))
+    index.store("a", None, zip(seq, local, strict=True))
+    index.store("b", None, zip(seq, local, strict=True))
     index.remove("a", seq[2:])
     assert index.find_matches(local) == {"a": 2, "b": 4}
     index.drop_worker("b")
@@ -68,7 +68,7 @@ def test_position_matters_same_block_under_another_parent():
     tokens_y = [5, 6, 7, 8, 9, 9, 9, 9]
     for w, toks in (("a", tokens_x), ("b", tokens_y)):
         seq, local = chain(toks)
-        index.store(w, None, zip(seq, local))
+        index.store(w, None, zip(seq, local, strict=True))
     _, local_x = chain(tokens_x)
     assert index.find_matches(local_x) == {"a": 2}
 
@@ -88,7 +88,7 @@ def test_churn_keeps_memory_bounded_and_time_small():
         n += 1
         local = prefixes[rng.randrange(64)] + [rng.randrange(1 << 62) for _ in range(8)]
         seq = sequence_hashes(local)
-        index.store(w, None, zip(seq, local))
+        index.store(w, None, zip(seq, local, strict=True))
         held[w].append(seq)
         events += len(seq)
         if len(held[w]) > 20:  # each worker's cache holds ~20 prompts: evict the oldest
@@ -114,7 +114,7 @@ def _msg(worker, seq, events):
 
 def _stored(seq_hashes, local, parent=None):
     return {"stored": {"parent_hash": parent, "blocks": [{"block_hash": s, "tokens_hash": t}
-                                                         for s, t in zip(seq_hashes, local)]}}
+                                                         for s, t in zip(seq_hashes, local, strict=True)]}}
 
 
 def test_ingest_new_worker_buffers_until_dump_then_replays_newer():
@@ -165,7 +165,7 @@ def test_ingest_drop_worker_forgets_everything():
 def test_block_mirror_dump_orders_parents_first_and_skips_orphans():
     m = BlockMirror()
     seq, local = chain(list(range(16)))
-    m.stored([StoredBlock(s, t) for s, t in zip(seq, local)], None)
+    m.stored([StoredBlock(s, t) for s, t in zip(seq, local, strict=True)], None)
     m.removed([seq[0]])  # orphan the rest
     m.stored([StoredBlock(seq[0], local[0])], None)  # re-stored after its children
     dump = m.dump()

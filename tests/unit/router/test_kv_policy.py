@@ -34,7 +34,7 @@ def prompt(group: int, unique: int, blocks: int = 10, shared: int = 8) -> tuple[
 
 
 def store(index: RadixIndex, worker: str, local) -> None:
-    index.store(worker, None, zip(sequence_hashes(local), local))
+    index.store(worker, None, zip(sequence_hashes(local), local, strict=True))
 
 
 def route(policy: KvAware, rid: str, local, candidates=WORKERS) -> str:

@@ -10,7 +10,7 @@ from services.workers.engine import SamplingParams
 from tests.conftest import require_module
 
 torch = require_module("torch")
-from services.workers.hf.sampling import TokenHistory, filter_logits, pick_token
+from services.workers.hf.sampling import TokenHistory, filter_logits, pick_token  # noqa: E402
 
 pytestmark = pytest.mark.unit
 

@@ -101,7 +101,7 @@ class KvAware:
     def _not_hot(self, candidates: Sequence[Candidate]) -> list[Candidate]:
         loads = [self.active.load(c.worker_id).in_flight for c in candidates]
         cap = max(1, math.ceil(self.hotspot_ratio * (sum(loads) + 1) / len(candidates)))
-        cool = [c for c, n in zip(candidates, loads) if n < cap]
+        cool = [c for c, n in zip(candidates, loads, strict=True) if n < cap]
         return cool or list(candidates)
 
     def _logit(self, worker_id: str, prompt_blocks: int, overlap: int, seq: Sequence[int]) -> float:
@@ -119,7 +119,7 @@ class KvAware:
         if self.temperature > 0 and hi > lo:
             weights = [math.exp(-((x - lo) / (hi - lo)) / self.temperature) for x in logits]
             return rng.choices(list(candidates), weights=weights)[0]
-        best = [c for c, x in zip(candidates, logits) if x == lo]
+        best = [c for c, x in zip(candidates, logits, strict=True) if x == lo]
         fewest = min(self.active.load(c.worker_id).in_flight for c in best)
         tied = sorted((c for c in best if self.active.load(c.worker_id).in_flight == fewest),
                       key=lambda c: c.worker_id)

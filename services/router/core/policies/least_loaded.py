@@ -19,5 +19,6 @@ class LeastLoaded:
 
     def choose(self, candidates: Sequence[Candidate], query: RouteQuery) -> Decision:
         best = min((c.in_flight, c.booked_prompt_tokens) for c in candidates)
-        tied = sorted((c for c in candidates if (c.in_flight, c.booked_prompt_tokens) == best), key=lambda c: c.worker_id)
+        tied = sorted((c for c in candidates if (c.in_flight, c.booked_prompt_tokens) == best),
+                      key=lambda c: c.worker_id)
         return Decision(tied[next(self._counter) % len(tied)].worker_id)

@@ -36,7 +36,7 @@ class DeepSeekToolParser(TextParser):
         self._header: list[str] = []
         self._arguments = ArgumentStream()
 
-    def _step(self, final: bool) -> bool:
+    def _step(self, final: bool) -> bool:  # noqa: PLR0911 - one return per state of the scanner
         buf, pos = self._buf, self._pos
         state = self._state
         if state == "content":

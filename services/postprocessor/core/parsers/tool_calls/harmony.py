@@ -40,7 +40,7 @@ class HarmonyParser(TextParser):
         self._header: list[str] = []
         self._route = self.out.content
 
-    def _step(self, final: bool) -> bool:
+    def _step(self, final: bool) -> bool:  # noqa: PLR0911 - one return per state of the scanner
         buf, pos = self._buf, self._pos
         state = self._state
         if state == "plain":

@@ -27,7 +27,7 @@ class TaggedJsonToolParser(TextParser):
         self._reader: JsonCallReader | None = None
         self._raw: list[str] = []  # the block's text while no call has started (shown if it fails)
 
-    def _step(self, final: bool) -> bool:
+    def _step(self, final: bool) -> bool:  # noqa: PLR0911 - one return per state of the scanner
         buf, pos = self._buf, self._pos
         if self._state == "content":
             end, marker = find_marker(buf, pos, (self.start_tag,), final)

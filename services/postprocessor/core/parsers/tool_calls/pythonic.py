@@ -155,7 +155,8 @@ class PythonicToolParser(TextParser):
         if not self._value.done:
             return False
         sep = ", " if self._members else ""
-        self.out.arguments(f"{sep}{json.dumps(self._arg_name, ensure_ascii=False)}: {_json_value(''.join(self._parts).strip())}")
+        name = json.dumps(self._arg_name, ensure_ascii=False)
+        self.out.arguments(f"{sep}{name}: {_json_value(''.join(self._parts).strip())}")
         self._members += 1
         self._state = "after_value"
         return True
