@@ -8,7 +8,6 @@ meaning across hops. The gateway renders them as OpenAI error bodies.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncGenerator
 
 import grpc
@@ -120,52 +119,41 @@ def to_status(err: MeshError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, by
     return err.grpc_code, err.message, (("grpc-status-details-bin", status.SerializeToString()),)
 
 
-def from_status_proto(status: status_pb2.Status) -> MeshError:
-    """Rebuilds the domain error ``status_proto`` encoded (Internal when it carries none of ours)."""
+def _ours(status: status_pb2.Status) -> MeshError | None:
+    """The domain error ``status_proto`` encoded in ``status``, if it carries our ErrorInfo."""
     for detail in status.details:
         info = error_details_pb2.ErrorInfo()
         if detail.Unpack(info) and info.domain == DOMAIN and info.reason in _BY_REASON:
             return _BY_REASON[info.reason](status.message, param=info.metadata.get("param") or None,
                                            code=info.metadata.get("code") or None)
-    return Internal(status.message or "internal error")
+    return None
 
 
-async def abort(context: grpc.aio.ServicerContext, err: MeshError) -> None:
-    code, message, trailers = to_status(err)
-    await context.abort(code, message, trailing_metadata=trailers)
+def from_status_proto(status: status_pb2.Status) -> MeshError:
+    """Rebuilds the domain error ``status_proto`` encoded (Internal when it carries none of ours)."""
+    return _ours(status) or Internal(status.message or "internal error")
 
 
 def from_rpc_error(e: grpc.aio.AioRpcError) -> MeshError:
     """Rebuilds the domain error a peer raised (or the closest one for transport failures)."""
     for key, value in e.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            status = status_pb2.Status.FromString(value)
-            for detail in status.details:
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info) and info.domain == DOMAIN and info.reason in _BY_REASON:
-                    return _BY_REASON[info.reason](status.message, param=info.metadata.get("param") or None,
-                                                   code=info.metadata.get("code") or None)
+        if key == "grpc-status-details-bin" and (ours := _ours(status_pb2.Status.FromString(value))):
+            return ours
     cls = _BY_CODE.get(e.code(), Internal)
     return cls(e.details() or e.code().name)
 
 
-async def relay(responses: AsyncGenerator, context: grpc.aio.ServicerContext, *, service: str,
-                request_id: str) -> None:
+async def relay(responses: AsyncGenerator, context: grpc.aio.ServicerContext) -> None:
     """Writes a service's response stream to a gRPC server stream.
 
-    Domain errors leave as their status; anything else is a bug: logged, and answered INTERNAL with a
-    fixed message (no internals to the client). It writes with ``context.write`` rather than being a
-    generator itself so that the handler task owns the stream: a caller's cancel lands here, and the
-    ``finally`` closes ``responses`` (aborting the work below) at once, not whenever an abandoned
-    generator is collected.
+    Failures propagate to the server's ErrorInterceptor (services/common/error_interceptor.py), which
+    turns them into the call's status. It writes with ``context.write`` rather than being a generator
+    itself so that the handler task owns the stream: a caller's cancel lands here, and the ``finally``
+    closes ``responses`` (aborting the work below) at once, not whenever an abandoned generator is
+    collected.
     """
     try:
         async for response in responses:
             await context.write(response)
-    except MeshError as e:
-        await abort(context, e)
-    except Exception:
-        logging.getLogger(service).exception("%s failed on request %s", service, request_id)
-        await abort(context, Internal(f"internal error in the {service}"))
     finally:
         await responses.aclose()

@@ -17,6 +17,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common import tls as mesh_tls
+from services.common.error_interceptor import ErrorInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class GrpcServer:
     def __init__(self, name: str, host: str, port: int, grace_s: float = 10.0,
                  tls: mesh_tls.MeshTls | None = None):
         self.name = name
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[ErrorInterceptor(name)])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         # tls: None = cleartext; with a CA, clients must present a certificate it signed (mTLS).

@@ -10,16 +10,17 @@ Python objects in-process, so the two shapes run the same code.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-import contextlib
 import grpc
 
 from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
 from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
 from services.common import tls as mesh_tls
+from services.common.error_interceptor import request_id_metadata
 from services.common.errors import from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS
 
@@ -52,7 +53,7 @@ class GrpcPreprocessor:
 
     async def preprocess(self, req):
         try:
-            return await self._stub.Preprocess(req)
+            return await self._stub.Preprocess(req, metadata=request_id_metadata(req.request.request_id))
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
 
@@ -63,14 +64,14 @@ class GrpcRouter:
 
     async def route(self, req):
         try:
-            return await self._stub.Route(req)
+            return await self._stub.Route(req, metadata=request_id_metadata(req.request_id))
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
 
     async def release(self, req):
         # The router forgets bookings of workers that leave; a lost release only skews load briefly.
         with contextlib.suppress(grpc.aio.AioRpcError):
-            await self._stub.Release(req, timeout=5)
+            await self._stub.Release(req, timeout=5, metadata=request_id_metadata(req.request_id))
 
 
 class GrpcPostprocessor:
@@ -78,7 +79,7 @@ class GrpcPostprocessor:
         self._stub = postprocessor_pb2_grpc.PostprocessorServiceStub(channel(target, tls))
 
     async def generate(self, req):
-        call = self._stub.Generate(req)
+        call = self._stub.Generate(req, metadata=request_id_metadata(req.request.request_id))
         try:
             async for resp in call:
                 yield resp

@@ -6,6 +6,7 @@ import grpc
 
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
 from services.common import tls as mesh_tls
+from services.common.error_interceptor import request_id_metadata
 from services.common.errors import from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS
 
@@ -22,7 +23,8 @@ class GrpcRouterClient:
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         try:
-            return await self._stub.Route(req, timeout=_ROUTE_TIMEOUT_S)
+            return await self._stub.Route(req, timeout=_ROUTE_TIMEOUT_S,
+                                          metadata=request_id_metadata(req.request_id))
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
 

@@ -15,5 +15,4 @@ class PostprocessorServicer(postprocessor_pb2_grpc.PostprocessorServiceServicer)
 
     async def Generate(self, request: postprocessor_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         # A caller's cancel closes the generator, whose cleanup cancels the worker call.
-        await relay(self._postprocessor.generate(request), context, service="postprocessor",
-                    request_id=request.request.request_id)
+        await relay(self._postprocessor.generate(request), context)

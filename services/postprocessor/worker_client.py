@@ -15,6 +15,7 @@ import grpc
 
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common import tls as mesh_tls
+from services.common.error_interceptor import request_id_metadata
 from services.common.errors import Cancelled, Internal, MeshError, WorkerFailed, from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS
 
@@ -67,7 +68,8 @@ class GrpcWorkerClient:
             channel = mesh_tls.channel(address, WORKER_CHANNEL_OPTIONS, self._tls)
             self._channels.append(channel)
             stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
-        return GrpcWorkerCall(stub.Generate(request), address)
+        call = stub.Generate(request, metadata=request_id_metadata(request.request.request_id))
+        return GrpcWorkerCall(call, address)
 
     async def close(self) -> None:
         """Closes every channel (in-flight calls are cancelled)."""

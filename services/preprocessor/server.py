@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import logging
-
 import grpc
 from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
 from services.common import tls as mesh_tls
 from services.common.discovery import WorkerRegistry
-from services.common.errors import Internal, MeshError, abort
+from services.common.errors import MeshError
 from services.common.metrics import preprocessor_metrics
 from services.common.grpc_server import GrpcServer
 from services.preprocessor.assembly import build
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.service import Preprocessor
-
-log = logging.getLogger(__name__)
 
 
 class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServiceServicer):
@@ -33,13 +29,9 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServiceServicer):
             return response
         except MeshError as e:
             outcome = e.reason
-            await abort(context, e)
-        except Exception:
-            log.exception("preprocess failed for request %s", request.request.request_id)
-            await abort(context, Internal("internal error in the preprocessor"))
+            raise  # the ErrorInterceptor turns it into the call's status
         finally:
             metrics.requests.labels(outcome).inc()
-        raise AssertionError("unreachable: abort raises")
 
 
 def add_to_server(server: GrpcServer, preprocessor: Preprocessor) -> None:

@@ -1,11 +1,10 @@
-"""gRPC glue for the router: proto in, Router, proto out; errors through one mapping."""
+"""gRPC glue for the router: proto in, Router, proto out (errors: services/common/error_interceptor.py)."""
 
 from __future__ import annotations
 
 import grpc
 
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
-from services.common.errors import MeshError, abort
 from services.router.service import Router
 
 
@@ -14,10 +13,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         self._router = router
 
     async def Route(self, request: router_pb2.RouteRequest, context: grpc.aio.ServicerContext):
-        try:
-            return await self._router.route(request)
-        except MeshError as e:
-            await abort(context, e)
+        return await self._router.route(request)
 
     async def Release(self, request: router_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
         return await self._router.release(request)

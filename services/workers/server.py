@@ -34,8 +34,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         # A caller's cancel closes the generator, which aborts the sequence and frees its KV blocks.
-        await relay(self._service.generate(request), context, service="worker",
-                    request_id=request.request.request_id)
+        await relay(self._service.generate(request), context)
 
     async def GenerateStream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         # Like Generate, this task owns the stream: when the caller goes away grpc.aio cancels it,

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from services.common.discovery import WorkerCard
-from services.common.errors import InvalidRequest, MeshError, ModelNotFound, NotFound, abort
+from services.common.errors import InvalidRequest, MeshError, ModelNotFound, NotFound
 from services.gateway.kserve import metadata, protocol
 from services.gateway.kserve.requests import KServeRequest, parse_request
 from services.gateway.kserve.responses import ResponseBuilder
@@ -67,17 +67,11 @@ class KServeServicer:
         return metadata.server_metadata()
 
     async def ModelMetadata(self, request, context):
-        try:
-            self._check_model(request.name, request.version)
-        except MeshError as e:
-            await abort(context, e)
+        self._check_model(request.name, request.version)
         return metadata.model_metadata(request.name)
 
     async def ModelConfig(self, request, context):
-        try:
-            self._check_model(request.name, request.version)
-        except MeshError as e:
-            await abort(context, e)
+        self._check_model(request.name, request.version)
         return metadata.model_config(request.name)
 
     def _start(self, request, context) -> tuple[KServeRequest, AsyncIterator]:
@@ -92,16 +86,12 @@ class KServeServicer:
         return parsed, self._pipeline.run(prep, req.n, req.worker_id)
 
     async def ModelInfer(self, request, context):
-        try:
-            parsed, stream = self._start(request, context)
-            if parsed.stream:
-                raise InvalidRequest("ModelInfer returns one response; use ModelStreamInfer to stream",
-                                     param="stream")
-            builder = ResponseBuilder(request.model_name, request.id, parsed.outputs, decoupled=False)
-            deltas = [d async for batch in stream for d in batch]
-            return builder.data(deltas)
-        except MeshError as e:
-            await abort(context, e)
+        parsed, stream = self._start(request, context)
+        if parsed.stream:
+            raise InvalidRequest("ModelInfer returns one response; use ModelStreamInfer to stream", param="stream")
+        builder = ResponseBuilder(request.model_name, request.id, parsed.outputs, decoupled=False)
+        deltas = [d async for batch in stream for d in batch]
+        return builder.data(deltas)
 
     async def _serve_one(self, request, context, put: Callable) -> None:
         """Answers one request of a ModelStreamInfer call; errors become its error_message."""

@@ -7,6 +7,7 @@ import pytest
 
 from meshfront.postprocessor.v1 import postprocessor_pb2_grpc
 from meshfront.worker.v1 import worker_pb2_grpc
+from services.common.error_interceptor import ErrorInterceptor
 from services.common.grpc_server import GrpcServer
 from services.postprocessor.server import PostprocessorServicer
 from services.postprocessor.service import Postprocessor
@@ -16,7 +17,7 @@ from tests.service.postprocessor.fake_worker import FakeWorker
 @pytest.fixture(scope="module")
 async def fake_worker():
     worker = FakeWorker()
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[ErrorInterceptor("worker")])
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(worker, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

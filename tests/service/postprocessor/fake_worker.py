@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
-from services.common.errors import MeshError, abort
+from services.common.errors import MeshError
 
 
 @dataclass
@@ -55,7 +55,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServiceServicer):
                     await asyncio.sleep(step)
                 elif isinstance(step, Fail):
                     if step.error is not None:
-                        await abort(context, step.error)
+                        raise step.error  # as a real worker does; its ErrorInterceptor sets the status
                     await context.abort(step.code, "scripted failure")
                 elif isinstance(step, Forever):
                     while True:

@@ -1,0 +1,91 @@
+"""The one place where a service's exceptions become gRPC statuses.
+
+Every ``GrpcServer`` installs :class:`ErrorInterceptor`. A :class:`MeshError` leaves as its status with
+``google.rpc.ErrorInfo`` details (services/common/errors.py), so the caller rebuilds the same error. Any
+other exception is a bug: it is logged with its traceback and the request id, and the caller gets
+INTERNAL with a fixed message naming the service and the request id, never the exception's text.
+
+Servicers therefore raise and never catch to abort. What stays in servicers is in-band error handling
+that is not a call's status: one request's failure inside a multiplexed stream, or the gateway's HTTP
+error trailers for Envoy (services/gateway/server.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from services.common.errors import Internal, MeshError, to_status
+
+# Callers that know the request id send it, so that a log line and a client's error meet.
+REQUEST_ID_KEY = "x-request-id"
+
+Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]
+
+
+def request_id_metadata(request_id: str) -> tuple[tuple[str, str]]:
+    """Call metadata that names the request in the callee's error logs."""
+    return ((REQUEST_ID_KEY, request_id),)
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, service: str):
+        self.service = service
+        self._log = logging.getLogger(f"services.{service}")
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        sent = dict(details.invocation_metadata or ()).get(REQUEST_ID_KEY)
+        rid = sent if isinstance(sent, str) else ""  # only keys ending in -bin carry bytes
+        io = {"request_deserializer": handler.request_deserializer,
+              "response_serializer": handler.response_serializer}
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method, rid), **io)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, method, rid), **io)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(self._unary(handler.stream_unary, method, rid), **io)
+        return grpc.stream_stream_rpc_method_handler(self._stream(handler.stream_stream, method, rid), **io)
+
+    async def _fail(self, context: grpc.aio.ServicerContext, err: Exception, method: str, rid: str) -> None:
+        if isinstance(err, MeshError):
+            code, message, trailers = to_status(err)
+            await context.abort(code, message, trailing_metadata=trailers)
+        # No request id from the caller: a fresh one still ties the client's message to this log line.
+        rid = rid or f"unnamed-{uuid.uuid4().hex[:12]}"
+        self._log.error("%s failed on request %s", method, rid, exc_info=err)
+        code, message, trailers = to_status(Internal(f"internal error in the {self.service} (request {rid})"))
+        await context.abort(code, message, trailing_metadata=trailers)
+
+    def _unary(self, behavior: Behavior, method: str, rid: str) -> Behavior:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                return await behavior(request, context)
+            except grpc.aio.AbortError:
+                raise  # the servicer set the status itself
+            except Exception as e:  # noqa: BLE001 - every failure becomes a status here, and only here
+                await self._fail(context, e, method, rid)
+        return call
+
+    def _stream(self, behavior: Behavior, method: str, rid: str) -> Behavior:
+        if not inspect.isasyncgenfunction(behavior):  # writes with context.write (errors.relay)
+            return self._unary(behavior, method, rid)
+
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except grpc.aio.AbortError:
+                raise
+            except Exception as e:  # noqa: BLE001 - every failure becomes a status here, and only here
+                await self._fail(context, e, method, rid)
+        return call
