@@ -263,7 +263,10 @@ def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatPr
         raise InvalidRequest(str(e), param="tools") from e
     context = ParseContext(options.model_dir, options.tools_json, options.tool_choice_json,
                            request.token_ids if request is not None else ())  # not copied: ours never read it
-    parser = (chat_processor or OursChatProcessor()).output_parser(config, context)
+    try:
+        parser = (chat_processor or OursChatProcessor()).output_parser(config, context)
+    except LookupError as e:
+        raise Internal(str(e)) from None
     return SingleToolCall(parser) if options.single_tool_call else parser
 
 

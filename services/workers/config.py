@@ -8,6 +8,7 @@ import secrets
 import socket
 from pathlib import Path
 
+from services.common.parser_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 from services.common.flags import FlagParser, add_common_flags
 from services.workers.model_dir import read_model_info
 
@@ -71,8 +72,10 @@ def add_worker_flags(p: FlagParser, *, engine_sized: bool = False) -> None:
     if not engine_sized:
         p.add("--context-length", default=0, type=int, help="context window (default: config.json's)")
         p.add("--block-size", default=16, type=int, help="KV block size in tokens (for routing hashes)")
-    p.add("--tool-call-parser", default="", help="tool-call parser name to register (e.g. hermes)")
-    p.add("--reasoning-parser", default="", help="reasoning parser name to register (e.g. qwen3)")
+    p.add("--tool-call-parser", default="", choices=("", *TOOL_CALL_PARSER_NAMES),
+          help="tool-call parser name to register (e.g. hermes)")
+    p.add("--reasoning-parser", default="", choices=("", *REASONING_PARSER_NAMES),
+          help="reasoning parser name to register (e.g. qwen3)")
 
 
 def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_length: int | None = None,

@@ -7,7 +7,6 @@ reasoning parser), so plain requests carry no parser at all.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable, Sequence
 
 import orjson
@@ -21,7 +20,6 @@ from services.postprocessor.core.parsers.tool_calls import (
 )
 from services.postprocessor.core.parsers.types import ParsedDelta, TextParser, concat, new_call_id
 
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,9 +97,9 @@ def _tool_parser(cfg: ParserConfig, new_id: Callable[[], str]) -> TextParser | N
     if not cfg.tool_call_parser:
         return None
     cls = TOOL_CALL_PARSERS.get(cfg.tool_call_parser)
-    if cls is None:
-        log.warning("unknown tool-call parser %r: tool calls are not parsed", cfg.tool_call_parser)
-        return None
+    if cls is None:  # workers check the name at start (services/common/parser_names.py): a version skew
+        raise LookupError(f"the worker registered tool-call parser {cfg.tool_call_parser!r}, "
+                          "which this postprocessor does not know")
     return cls(new_id=new_id)
 
 
@@ -113,9 +111,8 @@ def _reasoning_parser(cfg: ParserConfig, tools_in_harmony: bool,
     if name == HARMONY:
         return HarmonyParser(tools_enabled=tools_in_harmony, new_id=new_id)
     cls = REASONING_PARSERS.get(name)
-    if cls is None:
-        log.warning("unknown reasoning parser %r: using basic", name)
-        cls = REASONING_PARSERS["basic"]
+    if cls is None:  # workers check the name at start (services/common/parser_names.py): a version skew
+        raise LookupError(f"the worker registered reasoning parser {name!r}, which this postprocessor does not know")
     return cls(prompt_opens_reasoning=cfg.prompt_opens_reasoning)
 
 

@@ -1,0 +1,20 @@
+"""The output-parser names a worker may register (``--tool-call-parser``, ``--reasoning-parser``).
+
+Workers check their flags against these at start, so a typo fails the worker instead of every request
+it serves quietly going unparsed. The postprocessor's registries (services/postprocessor/core/parsers)
+implement exactly these names; tests/unit/parsers/test_parser_names.py keeps the two equal. With
+``--chat-processor vllm|sglang`` the postprocessor maps the same names onto the engine's own parsers.
+"""
+
+from __future__ import annotations
+
+TOOL_CALL_PARSER_NAMES = (
+    "hermes", "qwen", "qwen25", "qwen3",
+    "llama3_json", "llama",
+    "mistral",
+    "pythonic", "llama4_pythonic",
+    "deepseek_v3", "deepseek_v3_1", "deepseek_v31", "deepseek_r1",
+    "harmony", "gpt_oss",
+)
+
+REASONING_PARSER_NAMES = ("basic", "qwen3", "glm45", "deepseek_r1", "mistral", "kimi", "gpt_oss")
