@@ -40,6 +40,16 @@ def finish_from_proto(value: int) -> FinishReason | None:
     return None if value == _UNSPECIFIED else FinishReason(value)
 
 
+_TOOL_CHOICES = {common_pb2.TOOL_CHOICE_MODE_UNSPECIFIED: "auto", common_pb2.TOOL_CHOICE_MODE_AUTO: "auto",
+                 common_pb2.TOOL_CHOICE_MODE_NONE: "none", common_pb2.TOOL_CHOICE_MODE_REQUIRED: "required",
+                 common_pb2.TOOL_CHOICE_MODE_NAMED: "named"}
+
+
+def tool_choice_from_proto(choice: common_pb2.ToolChoice) -> tuple[str, str]:
+    """(mode as the parsers name it, the named function); unset is "auto", as without tools it is moot."""
+    return _TOOL_CHOICES[choice.mode], choice.function_name
+
+
 def finish_to_proto(finish: FinishReason | None) -> common_pb2.FinishReason:
     # The values are equal by construction (services/workers/engine.py); the stubs type enums as classes.
     return cast(common_pb2.FinishReason, _UNSPECIFIED if finish is None else int(finish))

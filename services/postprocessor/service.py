@@ -256,13 +256,14 @@ def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatPr
     if not (options.reasoning_parser or options.tools_json):
         return None
     try:
-        config = parser_config(options.tool_call_parser, options.reasoning_parser, options.tools_json,
-                               options.tool_choice_json, prompt_opens_reasoning=options.prompt_opens_reasoning,
+        choice, named = convert.tool_choice_from_proto(options.tool_choice)
+        config = parser_config(options.tool_call_parser, options.reasoning_parser, options.tools_json, choice,
+                               named, prompt_opens_reasoning=options.prompt_opens_reasoning,
                                thinking_disabled=options.thinking_disabled)
     except ValueError as e:
         raise InvalidRequest(str(e), param="tools") from e
-    context = ParseContext(options.model_dir, options.tools_json, options.tool_choice_json,
-                           request.token_ids if request is not None else ())  # not copied: ours never read it
+    prompt_ids = request.token_ids if request is not None else ()  # not copied: ours never read it
+    context = ParseContext(options.model_dir, options.tools_json, prompt_ids)
     try:
         parser = (chat_processor or OursChatProcessor()).output_parser(config, context)
     except LookupError as e:

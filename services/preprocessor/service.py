@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 
 from services.common.discovery import ModelCard
@@ -69,7 +70,8 @@ class Preprocessor:
         artifacts = await self._artifacts(card)
         kind = req.WhichOneof("prompt")
         if kind == "messages_json":
-            chat = core.ChatInput(req.messages_json, req.tools_json, req.tool_choice_json,
+            choice_none = req.tool_choice.mode == common_pb2.TOOL_CHOICE_MODE_NONE
+            chat = core.ChatInput(req.messages_json, req.tools_json, choice_none,
                                   self._template_kwargs_json(req.chat_template_kwargs_json),
                                   hide_tools_for_choice_none=self._hide_tools_for_none)
             prepared = await self._run(chat.size(), core.prepare_chat, artifacts, chat)
@@ -143,5 +145,5 @@ class Preprocessor:
         post.reasoning_parser = card.reasoning_parser
         post.prompt_opens_reasoning = prepared.prompt_opens_reasoning
         post.tools_json = req.tools_json
-        post.tool_choice_json = req.tool_choice_json
+        post.tool_choice.CopyFrom(req.tool_choice)
         return out

@@ -7,7 +7,7 @@ import orjson
 from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 from services.gateway.openai.requests import ChatRequest, CompletionRequest, GenerationRequest
-from services.gateway.openai.tools import guided_decoding
+from services.gateway.openai.tools import guided_decoding, tool_choice_proto
 
 
 def _base(req: GenerationRequest, request_id: str) -> common_pb2.PreprocessedRequest:
@@ -38,7 +38,7 @@ def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.Pr
         out.tools_json = orjson.dumps(req.tools).decode()
         out.single_tool_call = not req.parallel_tool_calls
     if req.tool_choice is not None:
-        out.tool_choice_json = orjson.dumps(req.tool_choice).decode()
+        out.tool_choice.CopyFrom(tool_choice_proto(req.tool_choice))
     if req.chat_template_kwargs:
         out.chat_template_kwargs_json = orjson.dumps(req.chat_template_kwargs).decode()
     guided = guided_decoding(req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format) \

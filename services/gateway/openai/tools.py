@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from meshfront.common.v1 import common_pb2
 from services.common.errors import InvalidRequest
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -83,6 +84,17 @@ def check_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
     if not any(t["function"]["name"] == name for t in tools or ()):
         raise InvalidRequest(f"'tool_choice' names function {name!r}, which is not in 'tools'", param="tool_choice")
     return choice
+
+
+_MODES = {"auto": common_pb2.TOOL_CHOICE_MODE_AUTO, "none": common_pb2.TOOL_CHOICE_MODE_NONE,
+          "required": common_pb2.TOOL_CHOICE_MODE_REQUIRED}
+
+
+def tool_choice_proto(choice: Any) -> common_pb2.ToolChoice:
+    """A ``tool_choice`` that ``check_tool_choice`` accepted, as the mesh carries it."""
+    if isinstance(choice, str):
+        return common_pb2.ToolChoice(mode=_MODES[choice])
+    return common_pb2.ToolChoice(mode=common_pb2.TOOL_CHOICE_MODE_NAMED, function_name=choice["function"]["name"])
 
 
 def check_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:

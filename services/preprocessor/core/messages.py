@@ -119,7 +119,3 @@ def normalise_tools(raw: Any) -> list[dict]:
         out.append(tool)
     return out
 
-
-def tools_disabled(tool_choice: Any) -> bool:
-    """``tool_choice: "none"`` hides the tools from the template (Dynamo's default)."""
-    return tool_choice == "none"

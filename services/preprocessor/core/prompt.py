@@ -32,7 +32,7 @@ class ChatInput:
 
     messages_json: str
     tools_json: str = ""
-    tool_choice_json: str = ""
+    tool_choice_none: bool = False  # tool_choice "none"
     chat_template_kwargs_json: str = ""
     # Dynamo's exclude_tools_when_tool_choice_none: tool_choice "none" hides the tools from the template.
     hide_tools_for_choice_none: bool = True
@@ -57,8 +57,7 @@ def _optional_json(raw: str, name: str) -> Any:
 def render_chat_prompt(artifacts: ModelArtifacts, chat: ChatInput) -> str:
     """The rendered prompt text for a chat request."""
     raw_tools = _optional_json(chat.tools_json, "tools")
-    tool_choice = _optional_json(chat.tool_choice_json, "tool_choice")
-    hidden = chat.hide_tools_for_choice_none and msgs.tools_disabled(tool_choice)
+    hidden = chat.hide_tools_for_choice_none and chat.tool_choice_none
     tools = [] if hidden else msgs.normalise_tools(raw_tools)
     template = artifacts.template_for(has_tools=bool(tools))
     if template is None:

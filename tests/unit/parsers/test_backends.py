@@ -91,7 +91,7 @@ def test_single_tool_call_keeps_the_first_call_only():
 
     text = ('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
             '<tool_call>\n{"name": "b", "arguments": {"y": 2}}\n</tool_call>')
-    config = parser_config("hermes", "", '[{"type": "function", "function": {"name": "a"}}]', "")
+    config = parser_config("hermes", "", '[{"type": "function", "function": {"name": "a"}}]')
     for chunk_size in (1, 7, len(text)):
         parser = SingleToolCall(build_output_parser(config))
         deltas = [parser.feed(text[i:i + chunk_size]) for i in range(0, len(text), chunk_size)] + [parser.finish()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import InvalidRequest
-from services.preprocessor.core.messages import normalise_messages, normalise_tools, tools_disabled
+from services.preprocessor.core.messages import normalise_messages, normalise_tools
 
 pytestmark = pytest.mark.unit
 
@@ -84,13 +84,6 @@ def test_bad_tools():
         normalise_tools({"type": "function"})
     with pytest.raises(InvalidRequest):
         normalise_tools(["f"])
-
-
-def test_tool_choice_none_disables_tools():
-    assert tools_disabled("none")
-    assert not tools_disabled("auto")
-    assert not tools_disabled({"type": "function", "function": {"name": "f"}})
-    assert not tools_disabled(None)
 
 
 def test_developer_role_becomes_system():

@@ -35,7 +35,8 @@ def chat_request(**stop) -> preprocessor_pb2.PreprocessRequest:
     return preprocessor_pb2.PreprocessRequest(
         request=common_pb2.PreprocessedRequest(request_id="r1", model="demo", stop=common_pb2.StopConditions(**stop),
                                                sampling=common_pb2.SamplingOptions(temperature=0.5)),
-        messages_json=json.dumps(MESSAGES), tools_json=json.dumps(TOOLS), tool_choice_json='"auto"')
+        messages_json=json.dumps(MESSAGES), tools_json=json.dumps(TOOLS),
+        tool_choice=common_pb2.ToolChoice(mode=common_pb2.TOOL_CHOICE_MODE_NAMED, function_name="f"))
 
 
 async def test_chat(demo_model_dir, cache, hf_tokenizer):
@@ -53,7 +54,8 @@ async def test_chat(demo_model_dir, cache, hf_tokenizer):
     post = resp.postprocess
     assert post.model_dir == str(demo_model_dir)
     assert (post.tool_call_parser, post.reasoning_parser) == ("hermes", "qwen3")
-    assert post.tools_json == json.dumps(TOOLS) and post.tool_choice_json == '"auto"'
+    assert post.tools_json == json.dumps(TOOLS)
+    assert (post.tool_choice.mode, post.tool_choice.function_name) == (common_pb2.TOOL_CHOICE_MODE_NAMED, "f")
     assert not post.prompt_opens_reasoning
 
 

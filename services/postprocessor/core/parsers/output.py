@@ -128,28 +128,20 @@ def build_output_parser(cfg: ParserConfig, new_id: Callable[[], str] = new_call_
     return OutputParser(reasoning, tools, named=cfg.tools and cfg.tool_choice == "named")
 
 
-def parser_config(tool_call_parser: str, reasoning_parser: str, tools_json: str, tool_choice_json: str, *,
-                  prompt_opens_reasoning: bool = False, thinking_disabled: bool = False) -> ParserConfig:
-    """A ``ParserConfig`` from the OpenAI JSON the preprocessor passes on.
+def parser_config(tool_call_parser: str, reasoning_parser: str, tools_json: str, tool_choice: str = "auto",
+                  named_function: str = "", *, prompt_opens_reasoning: bool = False,
+                  thinking_disabled: bool = False) -> ParserConfig:
+    """A ``ParserConfig`` from the options the preprocessor passes on (tool choice already decided).
 
     Raises:
-        ValueError: the JSON is not what the gateway validated (a broken caller).
+        ValueError: the tools JSON is not what the gateway validated (a broken caller).
     """
     try:
         tools = orjson.loads(tools_json) if tools_json else None
-        choice = orjson.loads(tool_choice_json) if tool_choice_json else "auto"
     except orjson.JSONDecodeError as e:
-        raise ValueError(f"tools or tool_choice is not valid JSON: {e}") from e
-    named = ""
-    if isinstance(choice, dict):
-        named = str((choice.get("function") or {}).get("name", ""))
-        if not named:
-            raise ValueError("a named tool_choice needs function.name")
-        choice = "named"
-    elif choice not in ("auto", "none", "required"):
-        raise ValueError(f"unknown tool_choice {choice!r}")
-    return ParserConfig(tool_call_parser, reasoning_parser, tools=bool(tools), tool_choice=choice,
-                        named_function=named, prompt_opens_reasoning=prompt_opens_reasoning,
+        raise ValueError(f"tools is not valid JSON: {e}") from e
+    return ParserConfig(tool_call_parser, reasoning_parser, tools=bool(tools), tool_choice=tool_choice,
+                        named_function=named_function, prompt_opens_reasoning=prompt_opens_reasoning,
                         thinking_disabled=thinking_disabled)
 
 

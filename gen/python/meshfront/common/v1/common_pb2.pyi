@@ -16,6 +16,14 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
     FINISH_REASON_TOOL_CALLS: _ClassVar[FinishReason]
+
+class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_NONE: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_NAMED: _ClassVar[ToolChoiceMode]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_EOS: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -23,6 +31,11 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_ERROR: FinishReason
 FINISH_REASON_TOOL_CALLS: FinishReason
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
+TOOL_CHOICE_MODE_NAMED: ToolChoiceMode
 
 class SamplingOptions(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_p", "guided_decoding")
@@ -120,14 +133,22 @@ class PreprocessedRequest(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class ToolChoice(_message.Message):
+    __slots__ = ("mode", "function_name")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    mode: ToolChoiceMode
+    function_name: str
+    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function_name: _Optional[str] = ...) -> None: ...
+
 class PostprocessOptions(_message.Message):
-    __slots__ = ("model_dir", "tool_call_parser", "reasoning_parser", "prompt_opens_reasoning", "tools_json", "tool_choice_json", "thinking_disabled", "single_tool_call")
+    __slots__ = ("model_dir", "tool_call_parser", "reasoning_parser", "prompt_opens_reasoning", "tools_json", "tool_choice", "thinking_disabled", "single_tool_call")
     MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
     PROMPT_OPENS_REASONING_FIELD_NUMBER: _ClassVar[int]
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
-    TOOL_CHOICE_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     THINKING_DISABLED_FIELD_NUMBER: _ClassVar[int]
     SINGLE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     model_dir: str
@@ -135,7 +156,7 @@ class PostprocessOptions(_message.Message):
     reasoning_parser: str
     prompt_opens_reasoning: bool
     tools_json: str
-    tool_choice_json: str
+    tool_choice: ToolChoice
     thinking_disabled: bool
     single_tool_call: bool
-    def __init__(self, model_dir: _Optional[str] = ..., tool_call_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tools_json: _Optional[str] = ..., tool_choice_json: _Optional[str] = ..., thinking_disabled: _Optional[bool] = ..., single_tool_call: _Optional[bool] = ...) -> None: ...
+    def __init__(self, model_dir: _Optional[str] = ..., tool_call_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., thinking_disabled: _Optional[bool] = ..., single_tool_call: _Optional[bool] = ...) -> None: ...

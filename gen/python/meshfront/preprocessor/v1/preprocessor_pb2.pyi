@@ -8,13 +8,13 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PreprocessRequest(_message.Message):
-    __slots__ = ("request", "messages_json", "text", "tokens", "tools_json", "tool_choice_json", "chat_template_kwargs_json", "single_tool_call")
+    __slots__ = ("request", "messages_json", "text", "tokens", "tools_json", "tool_choice", "chat_template_kwargs_json", "single_tool_call")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
-    TOOL_CHOICE_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     SINGLE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     request: _common_pb2.PreprocessedRequest
@@ -22,10 +22,10 @@ class PreprocessRequest(_message.Message):
     text: str
     tokens: TokenIds
     tools_json: str
-    tool_choice_json: str
+    tool_choice: _common_pb2.ToolChoice
     chat_template_kwargs_json: str
     single_tool_call: bool
-    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., messages_json: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., tools_json: _Optional[str] = ..., tool_choice_json: _Optional[str] = ..., chat_template_kwargs_json: _Optional[str] = ..., single_tool_call: _Optional[bool] = ...) -> None: ...
+    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., messages_json: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[_common_pb2.ToolChoice, _Mapping]] = ..., chat_template_kwargs_json: _Optional[str] = ..., single_tool_call: _Optional[bool] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)

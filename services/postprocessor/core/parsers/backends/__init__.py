@@ -39,13 +39,11 @@ class ParseContext:
     Attributes:
         model_dir: the model directory (its tokenizer gives the engines their marker token ids).
         tools_json: the request's ``tools`` as OpenAI JSON ("" for none).
-        tool_choice_json: the request's ``tool_choice`` as OpenAI JSON ("" for auto).
         prompt_ids: the rendered prompt's last ids (engines tell from them whether reasoning is open).
     """
 
     model_dir: str = ""
     tools_json: str = ""
-    tool_choice_json: str = ""
     prompt_ids: Sequence[int] = ()
 
 

@@ -81,10 +81,11 @@ def _vllm_names(config: ParserConfig) -> tuple[str, str]:
     return tool, reasoning
 
 
-def chat_request(tools_json: str, tool_choice_json: str) -> ChatCompletionRequest:
-    """The vLLM request object its parsers read tools and tool_choice from."""
+def chat_request(tools_json: str, tool_choice: str = "auto", named_function: str = "") -> ChatCompletionRequest:
+    """The vLLM request object its parsers read tools and tool_choice from (ParserConfig's choice)."""
     tools = orjson.loads(tools_json) if tools_json else None
-    choice = orjson.loads(tool_choice_json) if tool_choice_json else ("auto" if tools else "none")
+    choice: Any = {"type": "function", "function": {"name": named_function}} if tool_choice == "named" \
+        else tool_choice if tools else "none"
     return ChatCompletionRequest(model="meshfront", messages=[{"role": "user", "content": ""}],
                                  tools=tools, tool_choice=choice, include_reasoning=True)
 
@@ -164,7 +165,8 @@ class VllmChatProcessor:
             return None
         if parser_cls is None:
             return None
-        request = chat_request(context.tools_json if tool else "", context.tool_choice_json if tool else "")
+        request = chat_request(context.tools_json, config.tool_choice, config.named_function) if tool \
+            else chat_request("")
         parser = parser_cls(_tokenizer(context.model_dir), request.tools)
         return VllmOutputParser(parser, request, context.prompt_ids, named=config.tool_choice == "named",
                                 new_id=new_id)
