@@ -17,8 +17,8 @@ import openai
 import orjson
 import pytest
 from google.api import httpbody_pb2
-
 from meshfront.gateway.v1 import responses_pb2, responses_pb2_grpc
+
 from tests.conftest import sdk_client, stop_cleanly
 from tests.mesh.conftest import DEMO, DEMO_PARSERS, mocker, start_mesh
 

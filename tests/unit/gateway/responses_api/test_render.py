@@ -2,8 +2,8 @@
 
 import orjson
 import pytest
-
 from meshfront.postprocessor.v1 import postprocessor_pb2
+
 from services.common.errors import WorkerFailed
 from services.gateway.openai.responses import Delta
 from services.gateway.responses_api.render import ResponseBuilder, echo_fields, sse

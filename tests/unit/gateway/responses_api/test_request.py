@@ -2,8 +2,8 @@
 
 import orjson
 import pytest
-
 from meshfront.common.v1 import common_pb2
+
 from services.common.errors import InvalidRequest
 from services.gateway.openai.to_proto import chat_to_preprocess
 from services.gateway.responses_api.conversation import output_as_input, to_chat, to_messages
