@@ -8,6 +8,7 @@ on another replica than the one that wrote it, and that it expires.
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import grpc
@@ -32,6 +33,8 @@ WEATHER = "What is the weather in Paris?"
 ARGS = {"city": "Paris", "unit": "°C"}
 SUNNY = "It is sunny and 21 °C in Paris."
 SHORT_TTL_S = 6
+# Served by the replicas' mesh only, by one slow worker (about 0.1 s a token): a stream to freeze.
+SLOW = "demo-slow"
 
 
 def test_non_stream_text_and_usage(client):
@@ -250,8 +253,10 @@ def test_unknown_model_and_unknown_id_are_404(mesh):
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
-    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS)], gateways=2, inproc=True,
-                   service_args={"gateway": ("--responses-ttl-s", str(SHORT_TTL_S))})
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS),
+                                      mocker(demo_model_dir, SLOW, "0.05")], gateways=2, inproc=True,
+                   service_args={"gateway": ("--responses-ttl-s", str(SHORT_TTL_S)),
+                                 "postprocessor": ("--stream-idle-timeout-s", "1")})
     yield m
     stop_cleanly(m)
 
@@ -313,3 +318,30 @@ def test_stored_responses_expire(replicas):
             client.responses.create(model=DEMO, input="Hi", previous_response_id=r.id)
     finally:
         client.close()
+
+
+def test_backend_failure_mid_stream_is_response_failed(replicas):
+    """The only worker of the model freezes after the first tokens: no worker to migrate to, so the
+    stream (already 200) ends with response.failed, and nothing is stored."""
+    events = []
+    try:
+        with httpx.stream("POST", f"{replicas.url}/v1/responses", timeout=60,
+                          json={"model": SLOW, "input": "Tell me a story", "stream": True}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(orjson.loads(line[6:]))
+                    if events[-1]["type"] == "response.output_text.delta" and len(events) == 5:
+                        replicas.kill("mocker-1", signal.SIGSTOP)
+    finally:
+        replicas.kill("mocker-1", signal.SIGCONT)
+    types = [e["type"] for e in events]
+    assert types[:5] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added", "response.output_text.delta"]
+    assert types[-1] == "response.failed" and "response.completed" not in types, types
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error" and failed["error"]["message"]
+    assert failed["output"][0]["status"] == "incomplete"
+    r = httpx.get(f"{replicas.url}/v1/responses/{failed['id']}", timeout=10)
+    assert r.status_code == 404
