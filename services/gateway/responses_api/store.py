@@ -115,7 +115,8 @@ class ResponseStore:
             return False
         kv = await self._bucket()
         try:
-            await asyncio.wait_for(kv.purge(response_id), self.wait_s)
+            # The purge marker expires too, so deleted records leave nothing behind.
+            await asyncio.wait_for(kv.purge(response_id, msg_ttl=self.ttl_s), self.wait_s)
         except (TimeoutError, nats.errors.Error) as e:
             raise StoreUnavailable(f"could not delete response {response_id} ({e or type(e).__name__})") from None
         return True
