@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from meshfront.gateway.v1 import gateway_pb2_grpc
+from meshfront.gateway.v1 import gateway_pb2_grpc, responses_pb2_grpc
 
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
@@ -18,6 +18,8 @@ from services.gateway import clients
 from services.gateway.config import GatewayConfig
 from services.gateway.kserve import server as kserve
 from services.gateway.pipeline import Pipeline
+from services.gateway.responses_api.server import ResponsesServicer
+from services.gateway.responses_api.store import ResponseStore
 from services.gateway.server import GatewayServicer
 
 
@@ -25,18 +27,23 @@ from services.gateway.server import GatewayServicer
 class Gateway:
     pipeline: Pipeline
     registry: WorkerRegistry
+    # Stored /v1/responses responses (NATS JetStream KV, shared by every replica).
+    response_store: ResponseStore
     draining: bool = False
 
     def __post_init__(self) -> None:
         self.servicer = GatewayServicer(self.pipeline, self.registry.models, lambda: self.draining)
         self.kserve = kserve.KServeServicer(self.pipeline, self.registry.models, lambda: self.draining)
+        self.responses = ResponsesServicer(self.pipeline, self.registry.models, self.response_store)
 
     async def start_drain(self) -> None:
         self.draining = True
 
     def add_to(self, server: GrpcServer) -> None:
-        """Serves the OpenAI (HttpBody) and KServe services on ``server``; draining starts with its drain."""
+        """Serves the OpenAI (HttpBody: chat and completions, Responses) and KServe services on ``server``;
+        draining starts with its drain."""
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self.servicer, server.server)
+        responses_pb2_grpc.add_ResponsesServiceServicer_to_server(self.responses, server.server)
         kserve.add_to_server(self.kserve, server.server)
         server.on_drain(self.start_drain)
 
@@ -44,8 +51,12 @@ class Gateway:
 def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | None = None, *,
           preprocessor: clients.PreprocessorClient | None = None, router: clients.RouterClient | None = None,
           postprocessor: clients.PostprocessorClient | None = None) -> Built[Gateway]:
-    """The gateway; a stage client not handed in is a gRPC client of the stage's configured target."""
+    """The gateway; a stage client not handed in is a gRPC client of the stage's configured target.
+
+    The response store connects to ``cfg.nats_url`` in the background (``start``), in both shapes.
+    """
     pre = preprocessor or clients.GrpcPreprocessor(cfg.preprocessor, tls)
     route = router or clients.GrpcRouter(cfg.router, tls)
     post = postprocessor or clients.GrpcPostprocessor(cfg.postprocessor, tls)
-    return Built(Gateway(Pipeline(pre, route, post), registry))
+    store = ResponseStore(cfg.nats_url, cfg.responses_ttl_s)
+    return Built(Gateway(Pipeline(pre, route, post), registry, store), background=[store.run], closers=[store.close])

@@ -18,6 +18,7 @@ DEFAULT_PORT = 9100
 STAGES = ("preprocessor", "router", "postprocessor")
 # What these flags took before the all-in-one process existed; now refused with a pointer to it.
 _OLD_INPROC = "inproc"
+DEFAULT_RESPONSES_TTL_S = 3600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,12 +34,17 @@ class GatewayConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    # How long a stored Responses API response (and the conversation behind it) stays in NATS.
+    responses_ttl_s: int = DEFAULT_RESPONSES_TTL_S
 
     def validate(self) -> None:
         inproc = [f"--{s}" for s in STAGES if getattr(self, s) == _OLD_INPROC]
         if inproc:
             raise ValueError(f"{', '.join(inproc)} {_OLD_INPROC}: the all-in-one shape is its own process now, "
                              "with every stage's flags: python -m services.allinone (meshfront allinone)")
+        if self.responses_ttl_s < 1:
+            # NATS per-message TTLs are whole seconds; 0 would mean "never expires" there.
+            raise ValueError(f"--responses-ttl-s must be at least 1; got {self.responses_ttl_s}")
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
@@ -53,6 +59,8 @@ def add_flags(p: Flags) -> None:
     p.add("--preprocessor", default="127.0.0.1:9200", help="preprocessor gRPC target")
     p.add("--router", default="127.0.0.1:9300", help="router gRPC target")
     p.add("--postprocessor", default="127.0.0.1:9400", help="postprocessor gRPC target")
+    p.add("--responses-ttl-s", default=DEFAULT_RESPONSES_TTL_S, type=int,
+          help="seconds a stored /v1/responses response stays retrievable and continuable (NATS KV TTL)")
 
 
 def from_args(args: argparse.Namespace) -> GatewayConfig:

@@ -1,0 +1,138 @@
+"""Stored responses in a NATS JetStream key-value bucket, shared by every gateway replica.
+
+A record is the response object and the whole conversation behind it (every input item of the chain,
+the earlier outputs included), so a continuation on any replica rebuilds the prompt from one read. Each
+record expires on its own per-message TTL (``--responses-ttl-s`` of the gateway that wrote it; whole
+seconds, as NATS counts them). Records are zlib-compressed JSON: a conversation is mostly text and
+NATS refuses messages over its max payload (1 MiB by default).
+
+NATS is reached on its own connection, opened in the background so the gateway starts without NATS;
+a call made before NATS answers waits up to ``wait_s`` and then fails with 503 instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import zlib
+from typing import Any
+
+import grpc
+import nats
+import nats.errors
+import orjson
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from services.common.discovery import connect_retrying
+from services.common.errors import MeshError
+
+log = logging.getLogger(__name__)
+
+BUCKET = "meshfront_responses"
+# What NATS accepts as a key; an id with anything else was never stored (and would be a client error).
+_KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
+
+
+class StoreUnavailable(MeshError):
+    """NATS did not answer: a 503 like every other missing dependency."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    openai_type = "service_unavailable"
+    reason = "STORE_UNAVAILABLE"
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    return zlib.compress(orjson.dumps(record))
+
+
+def decode(raw: bytes) -> dict[str, Any]:
+    return orjson.loads(zlib.decompress(raw))
+
+
+def valid_key(response_id: str) -> bool:
+    return bool(_KEY.match(response_id)) and not response_id.startswith(".") and not response_id.endswith(".")
+
+
+class ResponseStore:
+    def __init__(self, nats_url: str, ttl_s: int, *, wait_s: float = 5.0):
+        self.nats_url = nats_url
+        self.ttl_s = ttl_s
+        self.wait_s = wait_s
+        self._nc: nats.NATS | None = None
+        self._kv: KeyValue | None = None
+        self._ready = asyncio.Event()
+
+    async def run(self) -> None:
+        """Background: connects (retrying until NATS answers) and opens the bucket."""
+        self._nc = await connect_retrying(self.nats_url, "gateway-responses")
+        delay = 0.2
+        while self._kv is None:
+            try:
+                self._kv = await _open_bucket(self._nc)
+            except Exception as e:  # noqa: BLE001 - NATS restarting: retry, requests meanwhile get 503
+                log.warning("responses bucket not ready (%s); retrying", e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        self._ready.set()
+
+    async def _bucket(self) -> KeyValue:
+        try:
+            await asyncio.wait_for(self._ready.wait(), self.wait_s)
+        except TimeoutError:
+            raise StoreUnavailable(f"the response store (NATS at {self.nats_url}) is not reachable") from None
+        assert self._kv is not None
+        return self._kv
+
+    async def put(self, response_id: str, record: dict[str, Any]) -> None:
+        kv = await self._bucket()
+        try:
+            await asyncio.wait_for(kv.create(response_id, encode(record), msg_ttl=self.ttl_s), self.wait_s)
+        except (TimeoutError, nats.errors.Error) as e:
+            raise StoreUnavailable(f"could not store response {response_id} ({e or type(e).__name__}); "
+                                   "send 'store': false to skip storing") from None
+
+    async def get(self, response_id: str) -> dict[str, Any] | None:
+        """The record, or None when there is none (never stored, expired or deleted)."""
+        if not valid_key(response_id):
+            return None
+        kv = await self._bucket()
+        try:
+            entry = await asyncio.wait_for(kv.get(response_id), self.wait_s)
+        except KeyNotFoundError:
+            return None
+        except (TimeoutError, nats.errors.Error) as e:
+            raise StoreUnavailable(f"could not read response {response_id} ({e or type(e).__name__})") from None
+        return decode(entry.value) if entry.value else None
+
+    async def delete(self, response_id: str) -> bool:
+        """Forgets a record; False when there was none."""
+        if await self.get(response_id) is None:
+            return False
+        kv = await self._bucket()
+        try:
+            # The purge marker expires too, so deleted records leave nothing behind.
+            await asyncio.wait_for(kv.purge(response_id, msg_ttl=self.ttl_s), self.wait_s)
+        except (TimeoutError, nats.errors.Error) as e:
+            raise StoreUnavailable(f"could not delete response {response_id} ({e or type(e).__name__})") from None
+        return True
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._nc.close(), 2.0)
+
+
+async def _open_bucket(nc: nats.NATS) -> KeyValue:
+    js = nc.jetstream()
+    try:
+        return await js.key_value(BUCKET)
+    except BucketNotFoundError:
+        # history 1: a record is written once; per-message TTLs are on (nats-py sets allow_msg_ttl).
+        with contextlib.suppress(Exception):  # another replica may create it at the same moment
+            return await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1))
+        return await js.key_value(BUCKET)
