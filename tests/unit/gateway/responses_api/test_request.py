@@ -157,14 +157,16 @@ def test_output_items_feed_the_next_turn():
 
 
 def test_request_maps_onto_the_chat_proto():
-    req = parse_responses(body(instructions="sys", tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"},
+    named = {"type": "function", "name": "get_weather"}
+    req = parse_responses(body(instructions="sys", tools=[TOOL], tool_choice=named,
                                parallel_tool_calls=False, max_output_tokens=7, temperature=0.5, top_p=0.9,
                                reasoning={"effort": "low"}, metadata={"k": "v"}, user="u", store=False))
     prep = chat_to_preprocess(to_chat(req, req.items), "rid")
     assert orjson.loads(prep.messages_json) == [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
     assert orjson.loads(prep.tools_json) == [{"type": "function", "function": {
         "name": "get_weather", "description": "weather", "parameters": TOOL["parameters"]}}]
-    assert orjson.loads(prep.tool_choice_json) == {"type": "function", "function": {"name": "get_weather"}}
+    assert (prep.tool_choice.mode, prep.tool_choice.function_name) == \
+        (common_pb2.TOOL_CHOICE_MODE_NAMED, "get_weather")
     assert prep.single_tool_call
     assert orjson.loads(prep.chat_template_kwargs_json) == {"reasoning_effort": "low"}
     r = prep.request
