@@ -122,3 +122,27 @@ async def test_replica_sync_shares_bookings(nats_url):
     await wait_for(lambda: routers[0].bookings.in_flight("w1") == 0, 15, "the release on the first")
     for s in syncs:
         await s.close()
+
+
+async def test_busy_threshold_counts_the_bookings_of_every_replica(nats_url):
+    """docs/architecture.md (Overload): with replica sync, a worker another replica filled is busy here too."""
+    from meshfront.router.v1 import router_pb2
+    from services.common.errors import Overloaded
+    from services.common.overload import BusyThreshold
+
+    cards = [card("w0")]
+    routers = [Router(lambda _m: cards, "round-robin", busy=BusyThreshold(2)) for _ in range(2)]
+    syncs = [ReplicaSync(nats_url, r.apply) for r in routers]
+    for r, s in zip(routers, syncs, strict=True):
+        await s.start()
+        r.listeners.append(s)
+    for rid in ("a", "b"):
+        await routers[0].route(router_pb2.RouteRequest(request_id=rid, model="m", prompt_tokens=1))
+    await wait_for(lambda: routers[1].bookings.in_flight("w0") == 2, 15, "the bookings on the other replica")
+    with pytest.raises(Overloaded):
+        await routers[1].route(router_pb2.RouteRequest(request_id="c", model="m", prompt_tokens=1))
+    await routers[0].release(router_pb2.ReleaseRequest(request_id="a"))
+    await wait_for(lambda: routers[1].bookings.in_flight("w0") == 1, 15, "the release on the other replica")
+    assert (await routers[1].route(router_pb2.RouteRequest(request_id="c", model="m", prompt_tokens=1))).worker_id == "w0"
+    for s in syncs:
+        await s.close()
