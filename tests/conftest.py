@@ -88,10 +88,31 @@ async def wait_for(predicate, timeout: float, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-def stop_cleanly(mesh) -> None:
-    """Stops a test mesh and fails if a process ignored SIGTERM (every process must drain and exit)."""
+TRACEBACK = "Traceback (most recent call last):"
+
+
+def unexpected_tracebacks(log_dir: pathlib.Path, expected: tuple[str, ...] = ()) -> list[str]:
+    """Every traceback a service logged under ``log_dir``, less those containing an ``expected`` text."""
+    found = []
+    for log in sorted(log_dir.glob("*.log")):
+        text = log.read_text(errors="replace")
+        for chunk in text.split(TRACEBACK)[1:]:
+            # A traceback ends at the exception line: the first line that is not indented.
+            lines = chunk.splitlines()
+            end = next((i for i, line in enumerate(lines[1:], 1) if line and not line.startswith(" ")), len(lines))
+            tb = "\n".join(lines[: end + 1])
+            if not any(e in tb for e in expected):
+                found.append(f"{log.name}:{tb}")
+    return found
+
+
+def stop_cleanly(mesh, expected_tracebacks: tuple[str, ...] = ()) -> None:
+    """Stops a test mesh; fails if a process ignored SIGTERM (every process must drain and exit) or if a
+    service logged a traceback the test did not expect (a bug the client may never have seen)."""
     problems = mesh.stop()
     assert not problems, problems
+    tracebacks = unexpected_tracebacks(mesh.log_dir, expected_tracebacks)
+    assert not tracebacks, "services logged unexpected tracebacks:\n" + "\n\n".join(tracebacks)
 
 
 def sdk_client(mesh, timeout: float = 30):

@@ -134,8 +134,7 @@ class Printer:
         names = [SYSTEM, *names]
         self.width = max(len(n) for n in names)
         if colour is None:
-            isatty = getattr(self.out, "isatty", None)
-            colour = bool(isatty and isatty()) and os.environ.get("NO_COLOR") is None
+            colour = self.out.isatty() and os.environ.get("NO_COLOR") is None
         self.colour = colour
         self.colours = {n: COLOURS[i % len(COLOURS)] for i, n in enumerate(n for n in names if n != SYSTEM)}
 

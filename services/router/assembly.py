@@ -14,6 +14,7 @@ from services.common.overload import BusyThreshold
 from services.router.config import RouterConfig
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.policies import make_policy
+from services.router.core.policies.kv_aware import KvAware
 from services.router.events import KvEventSubscriber, ReplicaSync
 from services.router.metrics import RouterMetrics
 from services.router.service import Router
@@ -31,7 +32,7 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
                     busy=BusyThreshold(cfg.max_in_flight_per_worker))
     registry.subscribe(router.on_worker_change)
     metrics = RouterMetrics(registry=metrics_registry, ingest=ingest,
-                            policy_stats=getattr(router._policy, "stats", None))
+                            policy_stats=router._policy.stats if isinstance(router._policy, KvAware) else None)
     router.listeners.append(metrics)
     built = Built(router, parts={"ingest": ingest, "events": None, "sync": None, "metrics": metrics})
     if ingest is not None:

@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from services.launcher.plan import ProcessSpec, free_port
+from tests.conftest import stop_cleanly
 from tests.mesh.conftest import DEMO, mocker, start_mesh
 
 pytestmark = [pytest.mark.mesh, pytest.mark.timeout(120)]
@@ -34,9 +35,9 @@ def kv_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
         else:
             os.environ["MESHFRONT_ROUTER_METRICS_PORT"] = old
     # The plan may give the router its own --metrics-port (which wins over the env twin).
-    m.metrics_port = getattr(m.plan, "metrics_ports", {}).get("router", metrics_port)
+    m.metrics_port = m.plan.metrics_ports.get("router", metrics_port)
     yield m
-    assert not m.stop()
+    stop_cleanly(m)
 
 
 def metrics(mesh) -> dict[str, float]:

@@ -143,6 +143,7 @@ async def test_busy_threshold_counts_the_bookings_of_every_replica(nats_url):
         await routers[1].route(router_pb2.RouteRequest(request_id="c", model="m", prompt_tokens=1))
     await routers[0].release(router_pb2.ReleaseRequest(request_id="a"))
     await wait_for(lambda: routers[1].bookings.in_flight("w0") == 1, 15, "the release on the other replica")
-    assert (await routers[1].route(router_pb2.RouteRequest(request_id="c", model="m", prompt_tokens=1))).worker_id == "w0"
+    routed = await routers[1].route(router_pb2.RouteRequest(request_id="c", model="m", prompt_tokens=1))
+    assert routed.worker_id == "w0"
     for s in syncs:
         await s.close()
