@@ -66,12 +66,20 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         code, message, trailers = to_status(Internal(f"internal error in the {self.service} (request {rid})"))
         await context.abort(code, message, trailing_metadata=trailers)
 
+    def _peer_gone(self, err: grpc.aio.InternalError, method: str, rid: str) -> None:
+        # grpc's own write failed: the caller cancelled or went away between our check and the send.
+        # Nobody is left to answer, and it is not a bug of ours.
+        self._log.info("%s for request %s ended by the transport: %s", method, rid or "(unnamed)", err)
+
     def _unary(self, behavior: Behavior, method: str, rid: str) -> Behavior:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 return await behavior(request, context)
             except grpc.aio.AbortError:
                 raise  # the servicer set the status itself
+            except grpc.aio.InternalError as e:
+                self._peer_gone(e, method, rid)
+                return None
             except Exception as e:  # noqa: BLE001 - every failure becomes a status here, and only here
                 await self._fail(context, e, method, rid)
         return call
@@ -86,6 +94,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     yield response
             except grpc.aio.AbortError:
                 raise
+            except grpc.aio.InternalError as e:
+                self._peer_gone(e, method, rid)
             except Exception as e:  # noqa: BLE001 - every failure becomes a status here, and only here
                 await self._fail(context, e, method, rid)
         return call

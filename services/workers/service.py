@@ -37,6 +37,10 @@ class WorkerService:
             async for output in outputs:
                 sent += len(output.token_ids)
                 finished = output.finish_reason != FinishReason.NONE
+                if finished:
+                    # Counted before the last yield: a caller that closes the stream as soon as it holds
+                    # the final chunk ends this generator at that yield.
+                    outcome = "finished"
                 yield convert.output_to_proto(output)
             outcome = "finished"
         except EngineError as e:

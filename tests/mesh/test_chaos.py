@@ -63,7 +63,10 @@ def wait_workers(mesh, count: int, timeout: float = 15) -> None:
     while time.monotonic() < deadline:
         models = httpx.get(f"{mesh.url}/v1/models", timeout=5).json()["data"]
         live = sum(1 for name in WORKERS if mesh.procs[name].poll() is None)
-        if models and live >= count and _registered(mesh) >= count:
+        # Exactly: a SIGKILLed worker stays registered until its key's TTL ends, and counting it would let a
+        # test start before the restarted process has joined (then nothing is routed to the worker it
+        # disturbs next).
+        if models and live == count and _registered(mesh) == count:
             return
         time.sleep(0.2)
     raise AssertionError(f"{count} workers not registered in {timeout} s")
