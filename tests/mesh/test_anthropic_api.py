@@ -167,6 +167,16 @@ def test_forced_tool_choice_gives_a_tool_use_block(claude):
     jsonschema.validate(call.input, TOOLS[0]["input_schema"])
 
 
+def test_output_config_format_is_structured_output(claude):
+    schema = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 4},
+                                               "why": {"type": "string", "minLength": 3}},
+              "required": ["answer", "why"], "additionalProperties": False}
+    m = claude.messages.create(model=DEMO, max_tokens=256, messages=ask("Say hello"),
+                               output_config={"format": {"type": "json_schema", "schema": schema}})
+    assert [b.type for b in m.content] == ["text"]
+    jsonschema.validate(json.loads(m.content[0].text), schema)
+
+
 def test_thinking_blocks_streaming_and_not(claude):
     kw = {"model": DEMO, "max_tokens": 2048, "messages": ask("What is 2+2?"),
           "thinking": {"type": "enabled", "budget_tokens": 1024}}

@@ -49,11 +49,10 @@ def _string(block: dict[str, Any], key: str, where: str) -> str:
     return v
 
 
-def check_cache_control(v: Any, where: str) -> None:
+def check_cache_control(v: Any, param: str) -> None:
     """Prompt-caching breakpoints are accepted: the workers' prefix cache already reuses every shared prefix."""
     if v is None:
         return
-    param = f"{where}.cache_control"
     if not isinstance(v, dict) or v.get("type") != "ephemeral":
         raise InvalidRequest(f"'{param}' must be {{\"type\": \"ephemeral\"}}", param=param)
     _check_keys(v, {"type", "ttl"}, param)
@@ -63,7 +62,7 @@ def check_cache_control(v: Any, where: str) -> None:
 
 def _text_block(block: dict[str, Any], where: str) -> str:
     _check_keys(block, {"type", "text", "cache_control", "citations"}, where)
-    check_cache_control(block.get("cache_control"), where)
+    check_cache_control(block.get("cache_control"), f"{where}.cache_control")
     if block.get("citations"):
         raise InvalidRequest(f"'{where}.citations' are not supported", param=f"{where}.citations")
     return _string(block, "text", where)
@@ -99,7 +98,7 @@ def system_text(system: Any) -> str | None:
 
 def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     _check_keys(block, {"type", "tool_use_id", "content", "is_error", "cache_control"}, where)
-    check_cache_control(block.get("cache_control"), where)
+    check_cache_control(block.get("cache_control"), f"{where}.cache_control")
     tool_use_id = _string(block, "tool_use_id", where)
     content = block.get("content", "")
     texts = []
@@ -150,7 +149,7 @@ def _assistant(content: Any, where: str) -> dict[str, Any]:
             reasoning.append(_string(block, "thinking", path))
         elif kind == "tool_use":
             _check_keys(block, {"type", "id", "name", "input", "cache_control"}, path)
-            check_cache_control(block.get("cache_control"), path)
+            check_cache_control(block.get("cache_control"), f"{path}.cache_control")
             args = block.get("input")
             if not isinstance(args, dict):
                 raise InvalidRequest(f"'{path}.input' must be an object", param=f"{path}.input")
@@ -213,7 +212,7 @@ def to_chat_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
             raise InvalidRequest(f"'{where}.type': only custom tools are supported; got {tool.get('type')!r}",
                                  param=f"{where}.type")
         _check_keys(tool, {"type", "name", "description", "input_schema", "cache_control", "strict"}, where)
-        check_cache_control(tool.get("cache_control"), where)
+        check_cache_control(tool.get("cache_control"), f"{where}.cache_control")
         name = tool.get("name")
         if not isinstance(name, str) or not _TOOL_NAME.match(name):
             raise InvalidRequest(f"'{where}.name' must be 1-128 letters, digits, '_' or '-'", param=f"{where}.name")

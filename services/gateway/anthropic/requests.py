@@ -8,7 +8,9 @@ are the mesh's one chat path. Every field is read or refused: unknown ones are a
 follows: ``enabled`` (or ``adaptive``) turns it on, ``disabled`` off; absent leaves the model's
 default (the parser still splits any reasoning the model emits into ``thinking`` blocks).
 ``budget_tokens`` is checked as Anthropic checks it (>= 1024 and below ``max_tokens``) but no
-engine here can cap thinking alone, so it bounds nothing beyond ``max_tokens``.
+engine here can cap thinking alone, so it bounds nothing beyond ``max_tokens``. ``output_config``
+is structured output (``format``) and ``effort``; ``cache_control`` markers are accepted (the
+workers' prefix cache reuses shared prefixes without them).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from services.common.errors import InvalidRequest
 from services.gateway.anthropic import content
+from services.gateway.openai import tools as tools_checks
 from services.gateway.openai.fields import INT32, UINT32, Fields
 from services.gateway.openai.requests import ChatRequest, Sampling, load_json
 
@@ -74,6 +77,39 @@ def _thinking(f: Fields, max_tokens: int | None) -> dict[str, Any]:
     return {"enable_thinking": True}
 
 
+def _output_config(f: Fields) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(response_format, chat_template_kwargs) for ``output_config``.
+
+    ``format`` (a JSON schema) is the OpenAI path's ``response_format`` json_schema: guided decoding
+    on the worker. ``effort`` low/medium/high is the template's ``reasoning_effort``, as the OpenAI
+    path passes it; xhigh and max have no counterpart there, so they are refused.
+    """
+    raw = f.obj("output_config")
+    if raw is None:
+        return None, {}
+    o = Fields(raw, "output_config.")
+    kwargs: dict[str, Any] = {}
+    effort = o.str("effort", allowed=("low", "medium", "high", "xhigh", "max"))
+    if effort in ("xhigh", "max"):
+        raise InvalidRequest(f"'output_config.effort' {effort!r} is not supported; use low, medium or high",
+                             param="output_config.effort")
+    if effort is not None:
+        kwargs["reasoning_effort"] = effort
+    response_format = None
+    fmt = o.obj("format")
+    if fmt is not None:
+        fo = Fields(fmt, "output_config.format.")
+        fo.str("type", required=True, allowed=("json_schema",))
+        schema = fo.obj("schema")
+        if schema is None:
+            raise InvalidRequest("'output_config.format.schema' is required", param="output_config.format.schema")
+        tools_checks.check_schema(schema, "output_config.format.schema")
+        fo.reject_unknown()
+        response_format = {"type": "json_schema", "schema": schema}
+    o.reject_unknown()
+    return response_format, kwargs
+
+
 def _chat(f: Fields, headers: dict[str, str], *, counting: bool) -> ChatRequest:
     """The fields both endpoints share, and for ``/v1/messages`` the generation ones."""
     model = f.str("model", required=True)
@@ -92,11 +128,15 @@ def _chat(f: Fields, headers: dict[str, str], *, counting: bool) -> ChatRequest:
         stream = f.bool("stream")
         _metadata(f)
         f.str("service_tier", allowed=_SERVICE_TIERS)  # bookkeeping: one tier here
-    kwargs = _thinking(f, sampling.max_tokens)
+    # Top-level automatic caching, like a block's marker: the workers' prefix cache already applies.
+    content.check_cache_control(f.obj("cache_control"), "cache_control")
+    response_format, kwargs = _output_config(f)
+    kwargs.update(_thinking(f, sampling.max_tokens))
     f.reject_unknown()
     return ChatRequest(model=model, stream=stream, include_usage=True, n=1, sampling=sampling,
                        worker_id=headers.get("x-worker-instance-id", ""), messages=messages, tools=tools,
-                       tool_choice=tool_choice, chat_template_kwargs=kwargs, parallel_tool_calls=parallel)
+                       tool_choice=tool_choice, chat_template_kwargs=kwargs, parallel_tool_calls=parallel,
+                       response_format=response_format)
 
 
 def parse_messages(raw: bytes, headers: dict[str, str] | None = None) -> ChatRequest:

@@ -104,6 +104,16 @@ def test_thinking_maps_to_the_template_switch(thinking, kwargs):
     assert orjson.loads(chat_to_preprocess(req, "rid").chat_template_kwargs_json) == kwargs
 
 
+def test_output_config_and_top_level_cache_control():
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    req = parse_messages(body(output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"},
+                              cache_control={"type": "ephemeral", "ttl": "1h"}))
+    assert req.response_format == {"type": "json_schema", "schema": schema}
+    assert req.chat_template_kwargs == {"reasoning_effort": "low"}
+    guided = chat_to_preprocess(req, "rid").request.sampling.guided_decoding
+    assert orjson.loads(guided.json_schema) == schema
+
+
 def test_count_tokens_takes_the_prompt_fields_only():
     req = parse_count_tokens(orjson.dumps({"model": "m", "messages": MSG, "system": "s", "tools": [TOOL],
                                            "tool_choice": {"type": "auto"}, "thinking": {"type": "disabled"}}))
@@ -171,6 +181,13 @@ BAD = [
                                                                              "budget_tokens": 2000}),
      "thinking.budget_tokens"),
     ("thinking bad type", body(thinking={"type": "sometimes"}), "thinking.type"),
+    ("output_config effort max", body(output_config={"effort": "max"}), "output_config.effort"),
+    ("output_config bad format type", body(output_config={"format": {"type": "regex", "schema": {}}}),
+     "output_config.format.type"),
+    ("output_config bad schema", body(output_config={"format": {"type": "json_schema", "schema": {"type": 1}}}),
+     "output_config.format.schema"),
+    ("output_config unknown field", body(output_config={"verbosity": "low"}), "output_config.verbosity"),
+    ("top-level cache_control bad", body(cache_control={"type": "ephemeral", "ttl": "1d"}), "cache_control.ttl"),
     ("thinking unknown field", body(thinking={"type": "disabled", "budget_tokens": 1024}),
      "thinking.budget_tokens"),
 ]
