@@ -57,6 +57,16 @@ def test_non_stream_message_text_stop_reason_and_usage(claude):
     assert m.usage.cache_creation_input_tokens == 0
 
 
+def test_models_route_answers_the_anthropic_sdk_in_its_shape(claude):
+    ids = [m.id for m in claude.models.list()]
+    assert DEMO in ids and ids == sorted(ids)
+    model = claude.models.retrieve(DEMO)  # an id with a slash
+    assert model.id == DEMO and model.type == "model" and model.display_name == DEMO
+    with pytest.raises(anthropic.NotFoundError) as e:
+        claude.models.retrieve("no-such-model")
+    assert e.value.body["error"]["type"] == "not_found_error"
+
+
 def test_count_tokens_is_the_rendered_prompt(claude):
     plain = count(claude, ask("Say hello"))
     assert plain > 5
