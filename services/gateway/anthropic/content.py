@@ -75,6 +75,8 @@ def _blocks(content: Any, where: str) -> list[tuple[dict[str, Any], str]]:
     if not isinstance(content, list):
         raise InvalidRequest(f"'{where}' must be a string or an array of content blocks, got {_type_name(content)}",
                              param=where)
+    if not content:
+        raise InvalidRequest(f"'{where}' must hold at least one content block", param=where)
     out = []
     for j, block in enumerate(content):
         path = f"{where}[{j}]"
@@ -100,7 +102,7 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     _check_keys(block, {"type", "tool_use_id", "content", "is_error", "cache_control"}, where)
     check_cache_control(block.get("cache_control"), f"{where}.cache_control")
     tool_use_id = _string(block, "tool_use_id", where)
-    content = block.get("content", "")
+    content = block.get("content") or ""  # absent, null or [] : a result with no output
     texts = []
     for part, path in _blocks(content, f"{where}.content"):
         if part["type"] != "text":

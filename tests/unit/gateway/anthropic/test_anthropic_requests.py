@@ -138,6 +138,7 @@ BAD = [
     ("missing content", body(messages=[{"role": "user"}]), "messages[0].content"),
     ("unknown message field", body(messages=[{"role": "user", "content": "x", "name": "bob"}]), "messages[0].name"),
     ("content wrong type", body(messages=[{"role": "user", "content": 3}]), "messages[0].content"),
+    ("content empty array", body(messages=[{"role": "user", "content": []}]), "messages[0].content"),
     ("image block", body(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
      "messages[0].content[0]"),
     ("text block without text", body(messages=[{"role": "user", "content": [{"type": "text"}]}]),
