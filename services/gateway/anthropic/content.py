@@ -250,7 +250,7 @@ def to_chat_tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> tupl
     kind = choice.get("type")
     allowed = {"auto": {"type", "disable_parallel_tool_use"}, "any": {"type", "disable_parallel_tool_use"},
                "tool": {"type", "name", "disable_parallel_tool_use"}, "none": {"type"}}
-    if kind not in allowed:
+    if not isinstance(kind, str) or kind not in allowed:
         raise InvalidRequest(f"'tool_choice.type' must be one of auto, any, tool, none; got {kind!r}",
                              param="tool_choice.type")
     _check_keys(choice, allowed[kind], "tool_choice")
