@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from meshfront.gateway.v1 import gateway_pb2_grpc, responses_pb2_grpc
+from meshfront.gateway.v1 import anthropic_pb2_grpc, gateway_pb2_grpc, responses_pb2_grpc
 
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer
 from services.gateway import clients
+from services.gateway.anthropic.server import AnthropicServicer
 from services.gateway.config import GatewayConfig
 from services.gateway.kserve import server as kserve
 from services.gateway.pipeline import Pipeline
@@ -35,15 +36,17 @@ class Gateway:
         self.servicer = GatewayServicer(self.pipeline, self.registry.models, lambda: self.draining)
         self.kserve = kserve.KServeServicer(self.pipeline, self.registry.models, lambda: self.draining)
         self.responses = ResponsesServicer(self.pipeline, self.registry.models, self.response_store)
+        self.anthropic = AnthropicServicer(self.pipeline, self.registry.models)
 
     async def start_drain(self) -> None:
         self.draining = True
 
     def add_to(self, server: GrpcServer) -> None:
-        """Serves the OpenAI (HttpBody: chat and completions, Responses) and KServe services on ``server``;
-        draining starts with its drain."""
+        """Serves the OpenAI (HttpBody: chat and completions, Responses), Anthropic (HttpBody) and KServe
+        services on ``server``; draining starts with its drain."""
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self.servicer, server.server)
         responses_pb2_grpc.add_ResponsesServiceServicer_to_server(self.responses, server.server)
+        anthropic_pb2_grpc.add_AnthropicServiceServicer_to_server(self.anthropic, server.server)
         kserve.add_to_server(self.kserve, server.server)
         server.on_drain(self.start_drain)
 

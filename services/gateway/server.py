@@ -22,6 +22,7 @@ from meshfront.gateway.v1 import gateway_pb2_grpc
 from services.common.discovery import WorkerCard
 from services.common.errors import MeshError, NotFound, Overloaded, to_status
 from services.gateway import models_api
+from services.gateway.anthropic import models as anthropic_models
 from services.gateway.openai.errors import error_body, sse_error_frame
 from services.gateway.openai.requests import GenerationRequest, parse_chat, parse_completion
 from services.gateway.openai.responses import ResponseRenderer
@@ -133,6 +134,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def ListModels(self, request, context):
         async def build():
+            if anthropic_models.VERSION_HEADER in _headers(context):
+                return 200, anthropic_models.list_models(self._models())
             return 200, models_api.list_models(self._models())
         return await self._json(context, build)
 
@@ -140,6 +143,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         async def build():
             # Clients escape the slash in ids like org/model; the transcoder leaves %2F as is.
             model_id = urllib.parse.unquote(request.model_id)
+            if anthropic_models.VERSION_HEADER in _headers(context):
+                found = anthropic_models.get_model(self._models(), model_id)
+                return (200, found) if found else (404, anthropic_models.not_found(model_id))
             entry = models_api.get_model(self._models(), model_id)
             if entry is None:
                 err = NotFound(f"The model `{model_id}` does not exist.", param="model",

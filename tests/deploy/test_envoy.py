@@ -1,4 +1,4 @@
-"""The shipped Envoy config validates, renders for any ports, and boots with OpenAI-shaped local replies."""
+"""The shipped Envoy config validates, renders for any ports, and boots with OpenAI- or Anthropic-shaped errors."""
 
 from __future__ import annotations
 
@@ -73,3 +73,20 @@ def test_local_replies_are_openai_errors(lone_envoy):
     down = httpx.get(f"{lone_envoy}/v1/models", timeout=10)
     assert down.status_code == 503 and down.json()["error"]["message"]
     assert down.headers["content-type"] == "application/json"
+
+
+def test_local_replies_on_the_anthropic_routes_are_anthropic_errors(lone_envoy):
+    """No gateway: Anthropic's 529 overloaded_error (its SDK retries it), not an OpenAI 503."""
+    import anthropic
+
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        down = httpx.post(f"{lone_envoy}{path}", json={"model": "m", "max_tokens": 5, "messages": []}, timeout=10)
+        assert down.status_code == 529, down.text
+        assert down.headers["content-type"] == "application/json"
+        body = down.json()
+        assert body["type"] == "error" and body["error"]["type"] == "overloaded_error" and body["error"]["message"]
+    client = anthropic.Anthropic(base_url=lone_envoy, api_key="unused", max_retries=0, timeout=10)
+    with pytest.raises(anthropic.OverloadedError):
+        client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    client.close()
+    assert httpx.get(f"{lone_envoy}/v1/models", timeout=10).status_code == 503  # the OpenAI routes keep theirs

@@ -50,3 +50,19 @@ def test_hf_worker_generates_real_tokens(client):
     stream = list(client.completions.create(model=TINY, prompt="The mesh", max_tokens=6, stream=True,
                                             extra_body={"ignore_eos": True}))
     assert sum(1 for c in stream if c.choices and c.choices[0].text) >= 1
+
+
+def test_inproc_shape_serves_the_anthropic_api(inproc_mesh):
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=inproc_mesh.url, api_key="unused", max_retries=0, timeout=60)
+    try:
+        ask = [{"role": "user", "content": "Count to ten"}]
+        m = claude.messages.create(model=DEMO, max_tokens=64, messages=ask)
+        assert m.content[0].text == "one two three four five six seven eight nine ten" and m.stop_reason == "end_turn"
+        with claude.messages.stream(model=DEMO, max_tokens=64, messages=ask) as s:
+            assert "".join(s.text_stream) == m.content[0].text
+        assert claude.messages.count_tokens(model=DEMO, messages=ask).input_tokens == m.usage.input_tokens + (
+            m.usage.cache_read_input_tokens or 0)
+    finally:
+        claude.close()
