@@ -1,4 +1,5 @@
-"""Builds the gateway from its config: the pipeline over the three stage clients and both servicers.
+"""Builds the gateway from its config: the pipeline over the three stage clients and its servicers
+(OpenAI over HttpBody, KServe, and the edge documents: /metrics, /openapi.json, /docs).
 
 Used by the gateway's own process (main.py, gRPC clients from ``--preprocessor/--router/--postprocessor``)
 and by the all-in-one process (services/allinone), which hands in in-process clients instead.
@@ -7,15 +8,18 @@ and by the all-in-one process (services/allinone), which hands in in-process cli
 from __future__ import annotations
 
 import dataclasses
+import socket
 
-from meshfront.gateway.v1 import gateway_pb2_grpc
+from meshfront.gateway.v1 import edge_pb2_grpc, gateway_pb2_grpc
 
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer
-from services.gateway import clients
+from services.gateway import clients, frontend_metrics
 from services.gateway.config import GatewayConfig
+from services.gateway.edge.replicas import ReplicaMetrics
+from services.gateway.edge.server import EdgeServicer
 from services.gateway.kserve import server as kserve
 from services.gateway.pipeline import Pipeline
 from services.gateway.server import GatewayServicer
@@ -25,18 +29,21 @@ from services.gateway.server import GatewayServicer
 class Gateway:
     pipeline: Pipeline
     registry: WorkerRegistry
+    metrics: ReplicaMetrics
     draining: bool = False
 
     def __post_init__(self) -> None:
         self.servicer = GatewayServicer(self.pipeline, self.registry.models, lambda: self.draining)
         self.kserve = kserve.KServeServicer(self.pipeline, self.registry.models, lambda: self.draining)
+        self.edge = EdgeServicer(self.metrics)
 
     async def start_drain(self) -> None:
         self.draining = True
 
     def add_to(self, server: GrpcServer) -> None:
-        """Serves the OpenAI (HttpBody) and KServe services on ``server``; draining starts with its drain."""
+        """Serves the OpenAI (HttpBody), edge and KServe services on ``server``; draining starts with its drain."""
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self.servicer, server.server)
+        edge_pb2_grpc.add_EdgeServiceServicer_to_server(self.edge, server.server)
         kserve.add_to_server(self.kserve, server.server)
         server.on_drain(self.start_drain)
 
@@ -48,4 +55,8 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     pre = preprocessor or clients.GrpcPreprocessor(cfg.preprocessor, tls)
     route = router or clients.GrpcRouter(cfg.router, tls)
     post = postprocessor or clients.GrpcPostprocessor(cfg.postprocessor, tls)
-    return Built(Gateway(Pipeline(pre, route, post), registry))
+    # Every request family exists from the first scrape; /metrics at the edge gathers all replicas'.
+    recorder = frontend_metrics.configure(cfg.metrics_prefix)
+    metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry)
+    return Built(Gateway(Pipeline(pre, route, post), registry, metrics), background=[metrics.run],
+                 closers=[metrics.close])

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, config_from
+from services.gateway.frontend_metrics import DEFAULT_PREFIX, check_prefix
 
 DEFAULT_PORT = 9100
 STAGES = ("preprocessor", "router", "postprocessor")
@@ -33,8 +34,10 @@ class GatewayConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    metrics_prefix: str = DEFAULT_PREFIX
 
     def validate(self) -> None:
+        check_prefix(self.metrics_prefix)
         inproc = [f"--{s}" for s in STAGES if getattr(self, s) == _OLD_INPROC]
         if inproc:
             raise ValueError(f"{', '.join(inproc)} {_OLD_INPROC}: the all-in-one shape is its own process now, "
@@ -53,6 +56,9 @@ def add_flags(p: Flags) -> None:
     p.add("--preprocessor", default="127.0.0.1:9200", help="preprocessor gRPC target")
     p.add("--router", default="127.0.0.1:9300", help="router gRPC target")
     p.add("--postprocessor", default="127.0.0.1:9400", help="postprocessor gRPC target")
+    p.add("--metrics-prefix", default=DEFAULT_PREFIX,
+          help=f"names of the request metrics (--metrics-port and /metrics at the edge): {DEFAULT_PREFIX} for "
+               "ours, dynamo_frontend (or any other prefix) for Dynamo's frontend families and labels")
 
 
 def from_args(args: argparse.Namespace) -> GatewayConfig:
