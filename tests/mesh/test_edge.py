@@ -156,7 +156,7 @@ def wait_gateways_healthy(mesh, within_s: float = 30) -> None:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         text = httpx.get(f"http://127.0.0.1:{mesh.plan.admin_port}/clusters", timeout=5).text
-        healthy = re.findall(r"^gateway::[\d.]+:(\d+)::health_flags::healthy$", text, re.M)
+        healthy = re.findall(r"^gateway::[\d.]+:(\d+)::health_flags::healthy$", text, re.MULTILINE)
         if len(healthy) == len(mesh.plan.gateway_ports):
             return
         time.sleep(0.2)

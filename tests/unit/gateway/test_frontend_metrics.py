@@ -19,8 +19,8 @@ def value(recorder, name: str, **labels) -> float:
 
 
 def outcome(**kw) -> Outcome:
-    base = dict(model="m", endpoint="chat", stream=True, status="200", reason="", started=True, duration_s=0.5,
-                prompt_tokens=10, completion_tokens=5, cached_tokens=4, itl_s=0.01)
+    base = {"model": "m", "endpoint": "chat", "stream": True, "status": "200", "reason": "", "started": True,
+            "duration_s": 0.5, "prompt_tokens": 10, "completion_tokens": 5, "cached_tokens": 4, "itl_s": 0.01}
     return Outcome(**{**base, **kw})
 
 
