@@ -1,8 +1,8 @@
 """The edge's documents through Envoy on the API's port: /openapi.json, /docs and its assets, /metrics.
 
-/metrics is checked twice: on the session mesh (our names, one gateway) and on a mesh of two gateway
-replicas with ``--metrics-prefix dynamo_frontend`` (Dynamo's names, every replica's series whichever
-replica Envoy asks).
+/metrics is checked twice: on the session mesh (split shape, our names, one gateway) and on a mesh of
+two all-in-one replicas with ``--metrics-prefix dynamo_frontend`` (Dynamo's names, every replica's
+series whichever replica Envoy asks).
 """
 
 from __future__ import annotations
@@ -76,6 +76,16 @@ def scrape(mesh) -> tuple[httpx.Response, dict[str, object]]:
     return r, families(r.text)
 
 
+def settled(mesh, prefix: str, within_s: float = 5.0) -> dict[str, object]:
+    """A scrape once nothing is in flight: a request is recorded just after its last byte went out."""
+    deadline = time.monotonic() + within_s
+    while True:
+        _, fams = scrape(mesh)
+        if total(fams, f"{prefix}inflight_requests") == 0 or time.monotonic() > deadline:
+            return fams
+        time.sleep(0.05)
+
+
 def chats(client, streams: tuple[bool, ...]) -> tuple[int, int]:
     """Runs chat requests one by one; (prompt tokens, completion tokens) summed from their usage."""
     tokens_in = tokens_out = 0
@@ -97,8 +107,9 @@ def test_metrics_through_envoy_count_requests(mesh, client):
     tokens_in, tokens_out = chats(client, streams)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=CHAT, max_tokens=4)
-    r, after = scrape(mesh)
+    r, _ = scrape(mesh)
     assert r.headers["content-type"].startswith("text/plain")
+    after = settled(mesh, "meshfront_gateway_")
 
     def moved(name: str, suffix: str = "", **labels) -> float:
         return total(after, name, suffix, **labels) - total(before, name, suffix, **labels)
@@ -125,8 +136,9 @@ def test_metrics_through_envoy_count_requests(mesh, client):
 
 @pytest.fixture(scope="module")
 def dynamo_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
-    """Two gateway replicas behind Envoy, with Dynamo's metric names."""
-    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "20")], gateways=2,
+    """Two all-in-one gateway replicas behind Envoy, with Dynamo's metric names (the session mesh covers
+    the split shape and our names)."""
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "20")], gateways=2, inproc=True,
                    service_args={"gateway": ("--metrics-prefix", "dynamo_frontend")})
     yield m
     stop_cleanly(m)
@@ -151,27 +163,23 @@ async def _concurrent_streams(mesh, count: int) -> int:
         await client.close()
 
 
-def wait_gateways_healthy(mesh, within_s: float = 30) -> None:
-    """Envoy routes only to gateways its health checks passed: wait until every replica gets traffic."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        text = httpx.get(f"http://127.0.0.1:{mesh.plan.admin_port}/clusters", timeout=5).text
-        healthy = re.findall(r"^gateway::[\d.]+:(\d+)::health_flags::healthy$", text, re.MULTILINE)
-        if len(healthy) == len(mesh.plan.gateway_ports):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"Envoy never saw every gateway healthy:\n{text}")
-
-
 def test_dynamo_names_from_every_replica(dynamo_mesh):
-    wait_gateways_healthy(dynamo_mesh)
-    count = 16
-    tokens_out = asyncio.run(_concurrent_streams(dynamo_mesh, count))
     p = "dynamo_frontend_"
     replicas = {f"{socket.gethostname()}:{port}" for port in dynamo_mesh.plan.gateway_ports}
+    # Batches of concurrent streams until both replicas served some (Envoy balances only over gateways
+    # whose health checks passed, and least-request needs streams in flight to spread them).
+    count = tokens_out = 0
+    deadline = time.monotonic() + 60
+    while True:
+        tokens_out += asyncio.run(_concurrent_streams(dynamo_mesh, 8))
+        count += 8
+        fams = settled(dynamo_mesh, p)
+        if {s.labels["gateway"] for s in fams[f"{p}requests"].samples} == replicas:
+            break
+        assert time.monotonic() < deadline, "Envoy never spread streams over both gateways"
     # Whichever replica Envoy asks, the body holds both replicas' series: the totals never move between scrapes.
     totals = []
-    for _ in range(4):
+    for _ in range(6):
         _, fams = scrape(dynamo_mesh)
         assert not any(name.startswith("meshfront_") for name in fams)
         ok = total(fams, f"{p}requests", "_total", model=DEMO, endpoint="chat_completions", request_type="stream",
