@@ -5,7 +5,8 @@ peers on ``meshfront.gateway.metrics`` and merges their replies with its own (ex
 scraper sees the same coherent set whichever replica answers. Peers announce themselves every
 ``HEARTBEAT_S`` on ``meshfront.gateway.presence``: a scrape waits for every peer heard from within
 ``PEER_TTL_S`` and no longer than ``WAIT_S``; a single gateway answers at once. Without NATS a
-gateway answers with its own families only.
+gateway answers with its own families only. Answers are zlib-compressed JSON: a model's families
+are a few KiB, and NATS caps a message at 1 MiB by default.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import zlib
 
 import nats
 import orjson
@@ -66,7 +68,7 @@ class ReplicaMetrics:
         if msg.data.decode() == self.replica or not msg.reply:  # our own gather: answered locally
             return
         with contextlib.suppress(Exception):
-            await msg.respond(orjson.dumps(snapshot(self._registry, self.replica)))
+            await msg.respond(zlib.compress(orjson.dumps(snapshot(self._registry, self.replica))))
 
     def live_peers(self) -> set[str]:
         now = time.monotonic()
@@ -82,7 +84,7 @@ class ReplicaMetrics:
 
         async def collect(msg: Msg) -> None:
             with contextlib.suppress(Exception):
-                replies.put_nowait(orjson.loads(msg.data))
+                replies.put_nowait(orjson.loads(zlib.decompress(msg.data)))
 
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox, cb=collect)

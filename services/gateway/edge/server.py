@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 from google.api import httpbody_pb2
-
 from meshfront.gateway.v1 import edge_pb2, edge_pb2_grpc
+
 from services.common.errors import NotFound
 from services.gateway.edge import swagger_ui
 from services.gateway.edge.replicas import ReplicaMetrics
