@@ -142,3 +142,19 @@ def test_request_schema_lists_exactly_the_accepted_fields(endpoint):
                       if f not in listed and not _unsupported(parse, body, f))
     assert not unlisted, f"accepted by the {endpoint} parser but missing from its schema: {unlisted}"
     assert set(schema["required"]) <= listed and not schema["additionalProperties"]
+
+
+def envoy_http_routes() -> list[dict]:
+    cfg = yaml.safe_load(ENVOY_YAML.read_text())
+    hcm = cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    (vhost,) = hcm["route_config"]["virtual_hosts"]
+    return [r["match"] for r in vhost["routes"] if "grpc" not in r["match"]]
+
+
+def test_every_spec_route_reaches_the_gateway_through_envoy():
+    """A route the transcoder knows but no Envoy route sends to the gateway would be a 404 at the edge."""
+    matches = envoy_http_routes()
+    for method, path in spec_routes():
+        concrete = re.sub(r"\{\w+\}", "x", path)
+        assert any(m.get("path") == concrete or concrete.startswith(m.get("prefix", "\0")) for m in matches), \
+            f"{method.upper()} {path}: no route in deploy/envoy/envoy.yaml"
