@@ -188,7 +188,7 @@ def test_dynamo_names_from_every_replica(dynamo_mesh):
         totals.append((ok, total(fams, f"{p}time_to_first_token_seconds", "_count", model=DEMO),
                        total(fams, f"{p}output_tokens", "_total", model=DEMO),
                        total(fams, f"{p}output_sequence_tokens", "_sum", model=DEMO), frozenset(seen)))
-    assert set(totals) == {(count, count, tokens_out, tokens_out, frozenset(replicas))}
+    assert set(totals) == {(count, count, tokens_out, tokens_out, frozenset(replicas))}, (count, tokens_out, totals)
     for name in ("inflight_requests", "request_duration_seconds", "input_sequence_tokens", "cached_tokens",
                  "inter_token_latency_seconds"):
         assert f"{p}{name}" in fams, name

@@ -31,7 +31,8 @@ GATHER_SUBJECT = "meshfront.gateway.metrics"
 PRESENCE_SUBJECT = "meshfront.gateway.presence"
 HEARTBEAT_S = 2.0
 PEER_TTL_S = 3 * HEARTBEAT_S
-WAIT_S = 1.0
+# A live peer starved of CPU may answer late; a dead one costs a scrape this much, once.
+WAIT_S = 3.0
 
 
 class ReplicaMetrics:

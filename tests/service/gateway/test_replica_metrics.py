@@ -37,6 +37,7 @@ async def wait_for(cond, within_s: float = 10.0) -> None:
 async def test_gather_holds_every_replica_and_survives_a_dead_one(nats_url, monkeypatch):
     monkeypatch.setattr(replicas_module, "HEARTBEAT_S", 0.2)
     monkeypatch.setattr(replicas_module, "PEER_TTL_S", 1.0)
+    monkeypatch.setattr(replicas_module, "WAIT_S", 1.0)
     recs = [MeshfrontRecorder("rep") for _ in range(3)]
     for rec, n in zip(recs, (1, 2, 3), strict=True):
         served(rec, n)
