@@ -9,7 +9,7 @@ from services.allinone.config import parse_config
 from services.common import tls as mesh_tls
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer, run, setup_logging
-from services.common.metrics import gateway_metrics, postprocessor_metrics, serve_metrics
+from services.common.metrics import postprocessor_metrics, serve_metrics
 from services.postprocessor.core.parsers.backends import ChatProcessorUnavailable
 
 
@@ -27,7 +27,6 @@ async def serve(argv: list[str]) -> None:
         raise SystemExit(f"allinone: {e}") from None
     # One /metrics for the process: the gateway's, the postprocessor's and the router's names.
     serve_metrics(cfg.metrics_port, cfg.host)
-    gateway_metrics()  # every documented name from the first scrape, not the first request
     postprocessor_metrics()
     mesh.start()  # NATS may come up after us
     await registry.start()

@@ -9,9 +9,11 @@ the request's mean gap, and load gauges are read from the live objects at scrape
 The router's own metrics (decisions, KV prediction accuracy, event lag, per-worker load) live in
 services/router/metrics.py with their own registry.
 
-Each set is created once per process (``gateway_metrics()`` ...) so that the all-in-one gateway,
-which hosts the router and postprocessor in-process, and tests that build several service objects
-register every name exactly once.
+Each set is created once per process (``postprocessor_metrics()`` ...) so that the all-in-one
+gateway, which hosts the router and postprocessor in-process, and tests that build several service
+objects register every name exactly once. The gateway's request metrics are in
+services/gateway/frontend_metrics.py: their names follow ``--metrics-prefix`` and the edge's
+``/metrics`` serves them.
 """
 
 from __future__ import annotations
@@ -39,40 +41,6 @@ def serve_metrics(port: int, host: str = "0.0.0.0") -> bool:  # noqa: S104 - scr
     start_http_server(port, addr=host)
     log.info("metrics on http://%s:%d/metrics", host, port)
     return True
-
-
-@dataclasses.dataclass(frozen=True)
-class GatewayMetrics:
-    requests: Counter
-    in_flight: Gauge
-    duration: Histogram
-    ttft: Histogram
-    itl: Histogram
-    input_tokens: Counter
-    output_tokens: Counter
-    cached_tokens: Counter
-    errors: Counter
-
-
-@functools.cache
-def gateway_metrics() -> GatewayMetrics:
-    p = "meshfront_gateway_"
-    return GatewayMetrics(
-        requests=Counter(f"{p}requests", "Requests by model, endpoint, streaming and HTTP status",
-                         ["model", "endpoint", "stream", "status"]),
-        in_flight=Gauge(f"{p}inflight_requests", "Requests being served", ["model"]),
-        duration=Histogram(f"{p}request_duration_seconds", "Request duration, arrival to last byte",
-                           ["model", "endpoint"], buckets=LATENCY_BUCKETS),
-        ttft=Histogram(f"{p}time_to_first_token_seconds", "Arrival to the first generated text",
-                       ["model"], buckets=LATENCY_BUCKETS),
-        itl=Histogram(f"{p}inter_token_latency_seconds", "Mean gap between output tokens, one sample per request",
-                      ["model"], buckets=ITL_BUCKETS),
-        input_tokens=Counter(f"{p}input_tokens", "Prompt tokens of finished requests", ["model"]),
-        output_tokens=Counter(f"{p}output_tokens", "Generated tokens of finished requests", ["model"]),
-        cached_tokens=Counter(f"{p}cached_tokens", "Prompt tokens served from a worker's KV cache", ["model"]),
-        errors=Counter(f"{p}errors", "Failed requests by error reason (INVALID_REQUEST, OVERLOADED, ...)",
-                       ["model", "reason"]),
-    )
 
 
 @dataclasses.dataclass(frozen=True)

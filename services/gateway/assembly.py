@@ -1,4 +1,5 @@
-"""Builds the gateway from its config: the pipeline over the three stage clients and both servicers.
+"""Builds the gateway from its config: the pipeline over the three stage clients and its servicers
+(OpenAI over HttpBody, KServe, and the edge documents: /metrics, /openapi.json, /docs).
 
 Used by the gateway's own process (main.py, gRPC clients from ``--preprocessor/--router/--postprocessor``)
 and by the all-in-one process (services/allinone), which hands in in-process clients instead.
@@ -7,16 +8,19 @@ and by the all-in-one process (services/allinone), which hands in in-process cli
 from __future__ import annotations
 
 import dataclasses
+import socket
 
-from meshfront.gateway.v1 import anthropic_pb2_grpc, gateway_pb2_grpc, responses_pb2_grpc
+from meshfront.gateway.v1 import anthropic_pb2_grpc, edge_pb2_grpc, gateway_pb2_grpc, responses_pb2_grpc
 
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer
-from services.gateway import clients
+from services.gateway import clients, frontend_metrics
 from services.gateway.anthropic.server import AnthropicServicer
 from services.gateway.config import GatewayConfig
+from services.gateway.edge.replicas import ReplicaMetrics
+from services.gateway.edge.server import EdgeServicer
 from services.gateway.kserve import server as kserve
 from services.gateway.pipeline import Pipeline
 from services.gateway.responses_api.server import ResponsesServicer
@@ -30,6 +34,7 @@ class Gateway:
     registry: WorkerRegistry
     # Stored /v1/responses responses (NATS JetStream KV, shared by every replica).
     response_store: ResponseStore
+    metrics: ReplicaMetrics
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -37,16 +42,18 @@ class Gateway:
         self.kserve = kserve.KServeServicer(self.pipeline, self.registry.models, lambda: self.draining)
         self.responses = ResponsesServicer(self.pipeline, self.registry.models, self.response_store)
         self.anthropic = AnthropicServicer(self.pipeline, self.registry.models)
+        self.edge = EdgeServicer(self.metrics)
 
     async def start_drain(self) -> None:
         self.draining = True
 
     def add_to(self, server: GrpcServer) -> None:
-        """Serves the OpenAI (HttpBody: chat and completions, Responses), Anthropic (HttpBody) and KServe
-        services on ``server``; draining starts with its drain."""
+        """Serves the OpenAI (HttpBody: chat and completions, Responses), Anthropic (HttpBody), edge
+        (/metrics, /openapi.json, /docs) and KServe services on ``server``; draining starts with its drain."""
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self.servicer, server.server)
         responses_pb2_grpc.add_ResponsesServiceServicer_to_server(self.responses, server.server)
         anthropic_pb2_grpc.add_AnthropicServiceServicer_to_server(self.anthropic, server.server)
+        edge_pb2_grpc.add_EdgeServiceServicer_to_server(self.edge, server.server)
         kserve.add_to_server(self.kserve, server.server)
         server.on_drain(self.start_drain)
 
@@ -62,4 +69,8 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     route = router or clients.GrpcRouter(cfg.router, tls)
     post = postprocessor or clients.GrpcPostprocessor(cfg.postprocessor, tls)
     store = ResponseStore(cfg.nats_url, cfg.responses_ttl_s)
-    return Built(Gateway(Pipeline(pre, route, post), registry, store), background=[store.run], closers=[store.close])
+    # Every request family exists from the first scrape; /metrics at the edge gathers all replicas'.
+    recorder = frontend_metrics.configure(cfg.metrics_prefix)
+    metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry)
+    gateway = Gateway(Pipeline(pre, route, post), registry, response_store=store, metrics=metrics)
+    return Built(gateway, background=[store.run, metrics.run], closers=[store.close, metrics.close])

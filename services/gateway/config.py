@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, config_from
+from services.gateway.frontend_metrics import DEFAULT_PREFIX, check_prefix
 
 DEFAULT_PORT = 9100
 STAGES = ("preprocessor", "router", "postprocessor")
@@ -36,8 +37,10 @@ class GatewayConfig:
     tls_ca: str = ""
     # How long a stored Responses API response (and the conversation behind it) stays in NATS.
     responses_ttl_s: int = DEFAULT_RESPONSES_TTL_S
+    metrics_prefix: str = DEFAULT_PREFIX
 
     def validate(self) -> None:
+        check_prefix(self.metrics_prefix)
         inproc = [f"--{s}" for s in STAGES if getattr(self, s) == _OLD_INPROC]
         if inproc:
             raise ValueError(f"{', '.join(inproc)} {_OLD_INPROC}: the all-in-one shape is its own process now, "
@@ -61,6 +64,9 @@ def add_flags(p: Flags) -> None:
     p.add("--postprocessor", default="127.0.0.1:9400", help="postprocessor gRPC target")
     p.add("--responses-ttl-s", default=DEFAULT_RESPONSES_TTL_S, type=int,
           help="seconds a stored /v1/responses response stays retrievable and continuable (NATS KV TTL)")
+    p.add("--metrics-prefix", default=DEFAULT_PREFIX,
+          help=f"names of the request metrics (--metrics-port and /metrics at the edge): {DEFAULT_PREFIX} for "
+               "ours, dynamo_frontend (or any other prefix) for Dynamo's frontend families and labels")
 
 
 def from_args(args: argparse.Namespace) -> GatewayConfig:

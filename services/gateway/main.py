@@ -7,7 +7,7 @@ import sys
 from services.common import tls as mesh_tls
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer, run, setup_logging
-from services.common.metrics import gateway_metrics, serve_metrics
+from services.common.metrics import serve_metrics
 from services.gateway.assembly import build
 from services.gateway.config import parse_config
 
@@ -19,7 +19,6 @@ async def serve(argv: list[str]) -> None:
         raise SystemExit(f"gateway: {e}") from None
     setup_logging(cfg.log_level)
     serve_metrics(cfg.metrics_port, cfg.host)
-    gateway_metrics()  # every documented name from the first scrape, not the first request
     registry = WorkerRegistry(cfg.nats_url, "gateway")
     tls = mesh_tls.from_config(cfg)
     gateway = build(cfg, registry, tls)

@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.request
 
+from services.gateway.frontend_metrics import check_prefix
 from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
 from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, WorkerSpec, free_port, specs
@@ -61,6 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument(f"--{stage}-flag", action="append", default=[], metavar="FLAG",
                        help=f"a flag for every {stage} (repeatable, e.g. --{stage}-flag=--log-level=DEBUG); "
                             "in the all-in-one shape too")
+    p.add_argument("--metrics-prefix", default="",
+                   help="names of the request metrics at /metrics: dynamo_frontend for Dynamo's (forwarded to "
+                        "every gateway as --metrics-prefix; default: the gateway's own, meshfront_gateway)")
     p.add_argument("--speedup-ratio", type=float, default=10.0, help="mocker speed-up (0 = instant)")
     p.add_argument("--mocker-script", default=str(DEMO_SCRIPT),
                    help="mocker answers by prompt substring (JSON); empty for pseudo-random text")
@@ -91,6 +95,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if any(mesh_tls) and not all(mesh_tls):
         p.error("--mesh-tls-ca, --mesh-tls-cert and --mesh-tls-key go together")
     args.mtls = tuple(os.path.abspath(f) for f in mesh_tls) if all(mesh_tls) else None
+    if args.metrics_prefix:
+        try:
+            check_prefix(args.metrics_prefix)
+        except ValueError as e:
+            p.error(str(e))
+        args.gateway_flag.append(f"--metrics-prefix={args.metrics_prefix}")
     # Both or neither, and readable now rather than when Envoy fails to load them.
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together")

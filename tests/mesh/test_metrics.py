@@ -29,15 +29,17 @@ PROCESSES = {"meshfront_gateway_": "gateway-", "meshfront_preprocessor_": "prepr
 KV_ONLY = "*kv mode*"
 
 
-def documented() -> dict[str, dict[str, tuple[str, bool]]]:
-    """prefix -> {family name: (type, kv mode only)} from the doc's tables; counters lose ``_total``."""
+def documented(naming: str = "meshfront_") -> dict[str, dict[str, tuple[str, bool]]]:
+    """prefix -> {family name: (type, kv mode only)} from the doc's tables whose prefix starts with
+    ``naming``; counters lose ``_total``. Other sections' rows belong to no table."""
     out: dict[str, dict[str, tuple[str, bool]]] = {}
     prefix = None
     for line in DOC.read_text().splitlines():
-        heading = re.match(r"## .*\(`(meshfront_\w+_)`\)", line)
-        if heading:
-            prefix = heading.group(1)
-            out[prefix] = {}
+        if line.startswith("## "):
+            heading = re.match(r"## .*\(`(\w+_)`\)", line)
+            prefix = heading.group(1) if heading and heading.group(1).startswith(naming) else None
+            if prefix:
+                out[prefix] = {}
             continue
         row = re.match(r"\| `(\w+)` \| (\w+) \|[^|]*\|(.*)\|$", line)
         if row and prefix:
@@ -101,6 +103,17 @@ def test_kv_mode_router_names_match_the_doc():
     RouterMetrics(registry, ingest=ingest, policy_stats=make_policy("kv", approximate=True).stats)
     exported = {n: f.type for n, f in parse(generate_latest(registry).decode()).items()}
     docs = documented()["meshfront_router_"]
+    assert exported == {n: kind for n, (kind, _) in docs.items()}
+
+
+@pytest.mark.parametrize("prefix", ["meshfront_gateway", "dynamo_frontend"])
+def test_gateway_namings_match_the_doc(prefix):
+    """Both namings of the gateway's request metrics (--metrics-prefix), without a mesh."""
+    from services.gateway.frontend_metrics import DynamoRecorder, MeshfrontRecorder
+
+    recorder = MeshfrontRecorder(prefix) if prefix == "meshfront_gateway" else DynamoRecorder(prefix)
+    exported = {n: f.type for n, f in parse(generate_latest(recorder.registry).decode()).items()}
+    docs = documented(prefix)[f"{prefix}_"]
     assert exported == {n: kind for n, (kind, _) in docs.items()}
 
 

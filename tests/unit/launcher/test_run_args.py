@@ -28,3 +28,11 @@ def test_stage_flags_are_repeatable_and_default_to_none():
                        "--postprocessor-flag=--migration-limit=1", "--router-flag=--kv-overlap-weight=2"])
     assert args.postprocessor_flag == ["--stream-idle-timeout-s=30", "--migration-limit=1"]
     assert args.router_flag == ["--kv-overlap-weight=2"] and args.preprocessor_flag == [] == args.gateway_flag
+
+
+def test_metrics_prefix_is_forwarded_to_every_gateway():
+    args = parse_args(["--metrics-prefix", "dynamo_frontend", "--gateway-flag=--log-level=DEBUG"])
+    assert args.gateway_flag == ["--log-level=DEBUG", "--metrics-prefix=dynamo_frontend"]
+    assert parse_args([]).gateway_flag == []
+    with pytest.raises(SystemExit):
+        parse_args(["--metrics-prefix", "dynamo-frontend"])  # not a Prometheus name

@@ -1,0 +1,1 @@
+"""The edge's own documents, served through Envoy (EdgeService): /metrics, /openapi.json, /docs."""

@@ -1,0 +1,107 @@
+"""Gathers every gateway replica's frontend metrics over NATS for the edge's /metrics.
+
+Envoy sends a scrape of /metrics to any one gateway (least-request balancing). That gateway asks its
+peers on ``meshfront.gateway.metrics`` and merges their replies with its own (exposition.py), so a
+scraper sees the same coherent set whichever replica answers. Peers announce themselves every
+``HEARTBEAT_S`` on ``meshfront.gateway.presence``: a scrape waits for every peer heard from within
+``PEER_TTL_S`` and no longer than ``WAIT_S``; a single gateway answers at once. Without NATS a
+gateway answers with its own families only. Answers are zlib-compressed JSON: a model's families
+are a few KiB, and NATS caps a message at 1 MiB by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import zlib
+
+import nats
+import orjson
+from nats.aio.msg import Msg
+from prometheus_client import CollectorRegistry
+
+from services.common.discovery import connect_retrying
+from services.gateway.edge.exposition import Snapshot, render, snapshot
+
+log = logging.getLogger(__name__)
+
+GATHER_SUBJECT = "meshfront.gateway.metrics"
+PRESENCE_SUBJECT = "meshfront.gateway.presence"
+HEARTBEAT_S = 2.0
+PEER_TTL_S = 3 * HEARTBEAT_S
+# A live peer starved of CPU may answer late; a dead one costs a scrape this much, once.
+WAIT_S = 3.0
+
+
+class ReplicaMetrics:
+    def __init__(self, nats_url: str, replica: str, registry: CollectorRegistry):
+        self.replica = replica
+        self._url = nats_url
+        self._registry = registry
+        self._nc: nats.NATS | None = None
+        self._peers: dict[str, float] = {}  # replica -> when last heard
+
+    async def run(self) -> None:
+        """Background: connect, answer peers' gathers, announce ourselves until cancelled."""
+        nc = await connect_retrying(self._url, f"gateway-metrics-{self.replica}")
+        self._nc = nc
+        await nc.subscribe(GATHER_SUBJECT, cb=self._answer)
+        await nc.subscribe(PRESENCE_SUBJECT, cb=self._heard)
+        while True:
+            with contextlib.suppress(Exception):  # NATS down: the client reconnects on its own
+                await nc.publish(PRESENCE_SUBJECT, self.replica.encode())
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+            self._nc = None
+
+    async def _heard(self, msg: Msg) -> None:
+        peer = msg.data.decode()
+        if peer != self.replica:
+            self._peers[peer] = time.monotonic()
+
+    async def _answer(self, msg: Msg) -> None:
+        if msg.data.decode() == self.replica or not msg.reply:  # our own gather: answered locally
+            return
+        with contextlib.suppress(Exception):
+            await msg.respond(zlib.compress(orjson.dumps(snapshot(self._registry, self.replica))))
+
+    def live_peers(self) -> set[str]:
+        now = time.monotonic()
+        return {p for p, seen in self._peers.items() if now - seen < PEER_TTL_S}
+
+    async def gather(self) -> bytes:
+        """The /metrics body: our families and every live peer's that answered within ``WAIT_S``."""
+        snapshots = {self.replica: snapshot(self._registry, self.replica)}
+        nc, expected = self._nc, self.live_peers()
+        if nc is None or not nc.is_connected or not expected:
+            return render(snapshots.values())
+        replies: asyncio.Queue[Snapshot] = asyncio.Queue()
+
+        async def collect(msg: Msg) -> None:
+            with contextlib.suppress(Exception):
+                replies.put_nowait(orjson.loads(zlib.decompress(msg.data)))
+
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox, cb=collect)
+        try:
+            await nc.publish(GATHER_SUBJECT, self.replica.encode(), reply=inbox)
+            deadline = time.monotonic() + WAIT_S
+            while not expected <= snapshots.keys():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("metrics: no answer within %.1f s from %s", WAIT_S,
+                                ", ".join(sorted(expected - snapshots.keys())))
+                    break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    snap = await asyncio.wait_for(replies.get(), left)
+                    snapshots[snap["replica"]] = snap
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return render(snapshots.values())

@@ -1,0 +1,94 @@
+"""Every HTTP route of the API, with its request and response schemas: the one list to extend.
+
+Adding an endpoint is one entry here (plus its RPC with an http annotation, which is what Envoy
+serves). tests/unit/gateway/test_openapi.py reads the routes Envoy's transcoder serves from
+deploy/envoy/gateway.pb and fails for a served route without an entry, so /openapi.json cannot fall
+behind the API. ``method`` and ``path`` use OpenAPI's template form (``{model_id}``, no ``=**``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.gateway.http_api.schema import Schema, ref, string
+
+JSON = "application/json"
+SSE = "text/event-stream"
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+HTML = "text/html; charset=utf-8"
+
+
+@dataclasses.dataclass(frozen=True)
+class Body:
+    """One response body: its content type and schema."""
+
+    schema: Schema
+    content_type: str = JSON
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    method: str  # get | post | delete
+    path: str
+    operation_id: str
+    summary: str
+    tag: str
+    ok: tuple[Body, ...]  # 200 bodies: JSON, and the event stream where the route streams
+    request: Schema | None = None  # a JSON request body
+    errors: tuple[int, ...] = ()  # statuses that answer with ``error_schema``
+    error_schema: str = "Error"
+    path_params: tuple[tuple[str, str], ...] = ()  # (name, description)
+    description: str = ""
+
+
+_GENERATION_ERRORS = (400, 404, 413, 499, 500, 501, 503)
+
+OPENAI = "OpenAI"
+ANTHROPIC = "Anthropic"
+SERVICE = "Service"
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("post", "/v1/chat/completions", "createChatCompletion", "Chat completion, streamed or not", OPENAI,
+             ok=(Body(ref("ChatCompletion")), Body(ref("ChatCompletionChunk"), SSE)),
+             request=ref("ChatCompletionRequest"), errors=_GENERATION_ERRORS,
+             description="`stream: true` answers `text/event-stream`: `data: <ChatCompletionChunk>` frames and "
+                         "`data: [DONE]`. A failure after the first frame is an in-band `data: {\"error\": ...}`."),
+    Endpoint("post", "/v1/completions", "createCompletion", "Text completion, streamed or not", OPENAI,
+             ok=(Body(ref("Completion")), Body(ref("Completion"), SSE)),
+             request=ref("CompletionRequest"), errors=_GENERATION_ERRORS),
+    Endpoint("post", "/v1/embeddings", "createEmbedding", "Embeddings of texts or token ids", OPENAI,
+             ok=(Body(ref("EmbeddingList")),), request=ref("EmbeddingRequest"), errors=_GENERATION_ERRORS),
+    Endpoint("post", "/v1/responses", "createResponse", "A response (OpenAI Responses API), streamed or not",
+             OPENAI, ok=(Body(ref("Response")), Body(ref("Response"), SSE)), request=ref("ResponseRequest"),
+             errors=_GENERATION_ERRORS,
+             description="`stream: true` answers typed events (`event: response.output_text.delta` ...)."),
+    Endpoint("get", "/v1/responses/{response_id}", "retrieveResponse", "A stored response", OPENAI,
+             ok=(Body(ref("Response")),), errors=(404,), path_params=(("response_id", "resp_..."),)),
+    Endpoint("delete", "/v1/responses/{response_id}", "deleteResponse", "Delete a stored response", OPENAI,
+             ok=(Body(ref("ResponseDeleted")),), errors=(404,), path_params=(("response_id", "resp_..."),)),
+    Endpoint("post", "/v1/messages", "createMessage", "A message (Anthropic Messages API), streamed or not",
+             ANTHROPIC, ok=(Body(ref("AnthropicMessagesResponse")), Body(ref("AnthropicMessagesResponse"), SSE)),
+             request=ref("AnthropicMessagesRequest"), errors=_GENERATION_ERRORS, error_schema="AnthropicError"),
+    Endpoint("post", "/v1/messages/count_tokens", "countMessageTokens", "Prompt tokens of a Messages request",
+             ANTHROPIC, ok=(Body(ref("AnthropicCountTokensResponse")),),
+             request=ref("AnthropicCountTokensRequest"), errors=(400, 404, 503), error_schema="AnthropicError"),
+    Endpoint("get", "/v1/models", "listModels", "Models with at least one live worker", OPENAI,
+             ok=(Body(ref("ModelList")),)),
+    Endpoint("get", "/v1/models/{model_id}", "retrieveModel", "One model", OPENAI, ok=(Body(ref("Model")),),
+             errors=(404,), path_params=(("model_id", "The model id; may contain '/', escaped or not"),)),
+    Endpoint("get", "/health", "health", "Ready: 200 when a model has a live worker, else 503", SERVICE,
+             ok=(Body(ref("Health")),), errors=(503,), error_schema="Health"),
+    Endpoint("get", "/live", "live", "Alive: 200 while the gateway serves, 503 once it drains", SERVICE,
+             ok=(Body(ref("Live")),), errors=(503,), error_schema="Live"),
+    Endpoint("get", "/metrics", "metrics", "Frontend request metrics of every gateway replica (Prometheus)",
+             SERVICE, ok=(Body(string("Prometheus text exposition format 0.0.4"), PROMETHEUS),),
+             description="docs/metrics.md lists the families; `--metrics-prefix dynamo_frontend` gives Dynamo's."),
+    Endpoint("get", "/openapi.json", "openapi", "This document", SERVICE,
+             ok=(Body({"type": "object", "description": "OpenAPI 3.0"}),)),
+    Endpoint("get", "/docs", "docs", "Swagger UI over /openapi.json", SERVICE,
+             ok=(Body(string("An HTML page"), HTML),)),
+    Endpoint("get", "/docs/assets/{name}", "docsAsset", "Swagger UI's scripts, style sheets and icons", SERVICE,
+             ok=(Body(string(format="binary"), "application/javascript"), Body(string(format="binary"), "text/css"),
+                 Body(string(format="binary"), "image/png")),
+             errors=(404,), path_params=(("name", "A file of the bundle, e.g. swagger-ui-bundle.js"),)),
+)

@@ -1,0 +1,71 @@
+"""The edge's /metrics gather over a real NATS: each replica's answer holds every live replica's series."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.gateway.edge import replicas as replicas_module
+from services.gateway.edge.replicas import ReplicaMetrics
+from services.gateway.frontend_metrics import MeshfrontRecorder, Outcome
+
+pytestmark = pytest.mark.service
+
+
+def requests_by_replica(text: bytes) -> dict[str, float]:
+    fams = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    return {s.labels["gateway"]: s.value for s in fams["rep_requests"].samples if s.name == "rep_requests_total"}
+
+
+def served(recorder: MeshfrontRecorder, n: int) -> None:
+    for _ in range(n):
+        recorder.started("m")
+        recorder.ended(Outcome(model="m", endpoint="chat", stream=False, status="200", reason="", started=True,
+                               duration_s=0.1, prompt_tokens=3, completion_tokens=2))
+
+
+async def wait_for(cond, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_gather_holds_every_replica_and_survives_a_dead_one(nats_url, monkeypatch):
+    monkeypatch.setattr(replicas_module, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(replicas_module, "PEER_TTL_S", 1.0)
+    monkeypatch.setattr(replicas_module, "WAIT_S", 1.0)
+    recs = [MeshfrontRecorder("rep") for _ in range(3)]
+    for rec, n in zip(recs, (1, 2, 3), strict=True):
+        served(rec, n)
+    gws = [ReplicaMetrics(nats_url, f"gw-{i}:9100", rec.registry) for i, rec in enumerate(recs)]
+    tasks = [asyncio.create_task(gw.run()) for gw in gws]
+    try:
+        await wait_for(lambda: all(len(gw.live_peers()) == 2 for gw in gws))
+        for gw in gws:  # whichever replica Envoy asks, the same series
+            assert requests_by_replica(await gw.gather()) == {"gw-0:9100": 1, "gw-1:9100": 2, "gw-2:9100": 3}
+        # One replica dies: a scrape waits for it no longer than WAIT_S, then its peers forget it.
+        tasks[2].cancel()
+        await gws[2].close()
+        started = time.monotonic()
+        assert requests_by_replica(await gws[0].gather()) == {"gw-0:9100": 1, "gw-1:9100": 2}
+        assert time.monotonic() - started < replicas_module.WAIT_S + 0.5
+        await wait_for(lambda: gws[0].live_peers() == {"gw-1:9100"})
+        started = time.monotonic()
+        assert requests_by_replica(await gws[0].gather()) == {"gw-0:9100": 1, "gw-1:9100": 2}
+        assert time.monotonic() - started < 0.5  # every live peer answered: no wait for the deadline
+    finally:
+        for task in tasks:
+            task.cancel()
+        for gw in gws:
+            await gw.close()
+
+
+async def test_without_nats_a_replica_answers_alone():
+    rec = MeshfrontRecorder("rep")
+    served(rec, 4)
+    gw = ReplicaMetrics("nats://127.0.0.1:1", "gw-solo:9100", rec.registry)  # never connected
+    assert requests_by_replica(await gw.gather()) == {"gw-solo:9100": 4}
