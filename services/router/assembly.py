@@ -28,7 +28,7 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
     """
     ingest = KvEventIngest() if cfg.router_mode == "kv" and cfg.kv_events else None
     router = Router(registry.workers_for, cfg.router_mode, policy=_policy(cfg, ingest),
-                    busy=BusyThreshold(cfg.max_in_flight_per_worker))
+                    busy=BusyThreshold(cfg.max_in_flight_per_worker), queue_timeout_s=cfg.queue_timeout_s)
     registry.subscribe(router.on_worker_change)
     metrics = RouterMetrics(registry=metrics_registry, ingest=ingest,
                             policy_stats=getattr(router._policy, "stats", None))
