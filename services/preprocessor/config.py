@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags
-from services.preprocessor.core.templates import check_template
+from services.preprocessor.core.template_check import read_chat_template
 from services.preprocessor.service import DEFAULT_OFFLOAD_THRESHOLD
 
 DEFAULT_PORT = 9200
@@ -79,25 +79,6 @@ def from_args(args: argparse.Namespace) -> PreprocessorConfig:
                              tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca)
     cfg.validate()
     return cfg
-
-
-def read_chat_template(path: str) -> str:
-    """The source of a ``--chat-template`` file, compiled once; "" for none.
-
-    Raises:
-        ValueError: the file is unreadable or the template does not compile (the service exits).
-    """
-    if not path:
-        return ""
-    try:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"--chat-template {path}: cannot read it: {e}") from None
-    if not source.strip():
-        raise ValueError(f"--chat-template {path} is empty")
-    check_template(source, f"--chat-template {path}")
-    return source
 
 
 def _json_object(raw: str, flag: str) -> dict:

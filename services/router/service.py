@@ -89,9 +89,14 @@ class Router:
 
     def _route_now(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         """Chooses and books a worker now, or raises (Overloaded when every worker is busy)."""
-        candidates = self._admissible(self._candidates(req.model), req)
+        every = self._candidates(req.model)
+        candidates = self._admissible(every, req)
         query = RouteQuery(req.request_id, req.model, tuple(req.block_hashes), req.prompt_tokens, req.worker_id)
         sticky = self.sessions.worker_for(req.session_id) if req.session_id and not req.worker_id else None
+        if sticky is not None and self.queue_timeout_s > 0 and sticky not in req.exclude_worker_ids \
+                and all(c.worker_id != sticky for c in candidates) and any(c.worker_id == sticky for c in every):
+            # The session's worker is busy and requests may wait: wait for it (its KV holds the session).
+            raise Overloaded(f"The worker of session {req.session_id!r} is busy.", code="overloaded")
         if sticky is not None and any(c.worker_id == sticky for c in candidates):
             decision = Decision(sticky)
         else:

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from services.common.errors import InvalidRequest
@@ -26,19 +24,6 @@ _RESERVED_KWARGS = frozenset({
     "messages", "conversations", "tools", "documents", "chat_template", "continue_final_message",
     "return_assistant_tokens_mask",
 })
-
-
-def check_template(source: str, origin: str) -> None:
-    """Compiles a chat template (``--chat-template``) so that a broken one stops the service at start.
-
-    Raises:
-        ValueError: the template does not compile; the message names ``origin`` and the line.
-    """
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    try:
-        env.parse(source)
-    except jinja2.TemplateSyntaxError as e:
-        raise ValueError(f"chat template {origin} does not compile: {e.message} (line {e.lineno})") from None
 
 
 def renders_media_parts(template: str) -> bool:

@@ -47,10 +47,14 @@ class SessionAffinity:
         return s.worker_id
 
     def bind(self, session_id: str, worker_id: str, timeout_s: float = 0.0) -> None:
-        """Binds (or renews) the session on ``worker_id``; ``timeout_s`` 0 keeps the session's own or the default."""
+        """A request of the session was booked on ``worker_id``: binds a new (or expired) session there,
+        renews a live one (which keeps its worker even if this request was passed elsewhere).
+        ``timeout_s`` 0 keeps the session's own timeout, or the default."""
+        live = self.worker_for(session_id)
         old = self._sessions.pop(session_id, None)
         timeout = timeout_s or (old.timeout_s if old is not None else DEFAULT_TIMEOUT_S)
-        self._sessions[session_id] = _Session(worker_id, timeout, self._clock() + timeout)
+        worker = live if live is not None else worker_id
+        self._sessions[session_id] = _Session(worker, timeout, self._clock() + timeout)
         while len(self._sessions) > self._max:
             del self._sessions[next(iter(self._sessions))]
 
