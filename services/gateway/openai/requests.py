@@ -271,6 +271,8 @@ def parse_completion(raw: bytes, headers: dict[str, str] | None = None) -> Compl
     if any(p == "" for p in prompts):
         raise InvalidRequest("'prompt' must not be empty", param="prompt")
     base = _common(f, headers or {}, max_tokens_key="max_tokens")
+    if base.nvext.token_data is not None:
+        prompts = [base.nvext.token_data]  # pinned and pre-tokenized: the one prompt
     if base.sampling.max_tokens is None:
         base.sampling.max_tokens = 16  # the OpenAI default for completions
     logprobs = f.int("logprobs", UINT32, 0, MAX_COMPLETION_LOGPROBS)

@@ -67,9 +67,7 @@ def completion_to_preprocess(req: CompletionRequest, prompt: str | list[int],
     out = preprocessor_pb2.PreprocessRequest(request=_base(req, request_id))
     if req.structured is not None:
         out.request.sampling.guided_decoding.CopyFrom(common_pb2.GuidedDecoding(**req.structured))
-    if req.nvext.token_data is not None:
-        out.tokens.ids.extend(req.nvext.token_data)
-    elif isinstance(prompt, str):
+    if isinstance(prompt, str):
         out.text = prompt
     else:
         out.tokens.ids.extend(prompt)
