@@ -1,6 +1,7 @@
 """nvext, current OpenAI and vendor fields, image parts and --chat-template, through Envoy with the openai SDK.
 
-Its own mesh, planned the way ``meshfront run --chat-template FILE`` plans one: two image-declaring
+Its own mesh, in both shapes (split and all-in-one), planned the way ``meshfront run --chat-template FILE``
+plans one: two image-declaring
 mockers for the demo model, one plain mocker (slow, one request at a time) for the second model,
 and a router that makes requests for a busy model wait in priority order.
 """
@@ -34,17 +35,18 @@ IMAGE_TOKENS = 64
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(32)).decode()
 
 
-@pytest.fixture(scope="module")
-def ext_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
+@pytest.fixture(scope="module", params=[False, True], ids=["split", "allinone"])
+def ext_mesh(request, tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     template = tmp_path_factory.mktemp("template") / "chat.jinja"
     template.write_text(TEMPLATE)
-    args = parse_args(["--chat-template", str(template)])
+    args = parse_args(["--chat-template", str(template), *(["--inproc"] if request.param else [])])
     service_args = {stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES}
     service_args["router"] = ("--max-in-flight-per-worker", "1", "--queue-timeout-s", "60")
     image = ("--input-modalities", "image", "--image-tokens", str(IMAGE_TOKENS))
     m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS, *image),
                                       mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS, *image),
-                                      mocker(demo_model_dir, SECOND, "1")], service_args=service_args)
+                                      mocker(demo_model_dir, SECOND, "1")], service_args=service_args,
+                   inproc=args.inproc)
     yield m
     stop_cleanly(m)
 
@@ -302,3 +304,16 @@ def test_malformed_image_urls_are_400(client, url):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=DEMO, messages=image_message(url))
     assert e.value.body["param"] == "messages[0].content"
+
+
+def test_max_thinking_tokens_reaches_the_worker(client):
+    """The mocker enforces a thinking budget: its scripted thinking is cut and closed, the answer stays."""
+    full = client.chat.completions.create(model=DEMO, messages=ask("What is 2+2"))
+    reasoning = full.choices[0].message.model_extra["reasoning_content"]
+    assert "Two plus two is four." in reasoning and full.choices[0].message.content.endswith("2 + 2 = 4.")
+    for body in ({"nvext": {"max_thinking_tokens": 2}}, {"thinking": {"type": "enabled", "budget_tokens": 2}}):
+        cut = client.chat.completions.create(model=DEMO, messages=ask("What is 2+2"), extra_body=body)
+        short = cut.choices[0].message.model_extra["reasoning_content"]
+        assert 0 < len(short) < len(reasoning) and reasoning.startswith(short.rstrip())
+        assert cut.choices[0].message.content == full.choices[0].message.content
+        assert cut.usage.completion_tokens < full.usage.completion_tokens

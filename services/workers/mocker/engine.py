@@ -120,7 +120,8 @@ class MockerEngine:
         eos_id = eos_ids[0] if eos_ids and not request.ignore_eos else None
         plan = self.outputs.plan(text_prompt, seed=request.sampling.seed, max_tokens=max_tokens,
                                  min_tokens=request.min_tokens, eos_id=eos_id, ignore_eos=request.ignore_eos,
-                                 guided_json_schema=_json_schema_only(request))
+                                 guided_json_schema=_json_schema_only(request),
+                                 max_thinking_tokens=request.max_thinking_tokens)
         seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size),
                   stream=TokenStream(logprobs=request.logprobs is not None))
         seq.top_logprobs = request.logprobs
