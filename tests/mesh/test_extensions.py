@@ -317,3 +317,17 @@ def test_max_thinking_tokens_reaches_the_worker(client):
         assert 0 < len(short) < len(reasoning) and reasoning.startswith(short.rstrip())
         assert cut.choices[0].message.content == full.choices[0].message.content
         assert cut.usage.completion_tokens < full.usage.completion_tokens
+
+
+def test_a_large_inline_image_crosses_every_hop(client):
+    big = base64.b64encode(bytes(3 * 1024 * 1024)).decode()  # a 4 MiB data URL, beyond gRPC's default limit
+    r = client.chat.completions.create(model=DEMO, messages=image_message(f"data:image/png;base64,{big}"),
+                                       max_tokens=2)
+    assert r.usage.prompt_tokens > IMAGE_TOKENS and r.usage.completion_tokens == 2
+
+
+def test_odd_annotation_names_are_echoed_safely(client):
+    r = client.chat.completions.with_raw_response.create(
+        model=DEMO, messages=ask("Say hello"), extra_body={"nvext": {"annotations": ["日本\r\nx-evil: 1"]}})
+    assert r.status_code == 200 and "x-evil" not in r.headers
+    assert r.headers["x-meshfront-ignored-fields"] == "nvext.annotations[%E6%97%A5%E6%9C%AC%0D%0Ax-evil:%201]"

@@ -25,6 +25,7 @@ named in the response header ``x-meshfront-ignored-fields``, never a 400.
 from __future__ import annotations
 
 import dataclasses
+import urllib.parse
 from typing import Any
 
 from services.common.errors import InvalidRequest
@@ -34,6 +35,9 @@ ANNOTATIONS = ("request_id", "formatted_prompt", "token_ids")
 EXTRA_FIELDS = ("worker_id", "timing")
 IGNORED_EXTRA_FIELDS = ("routed_experts",)
 SESSION_ACTIONS = ("open", "close")
+# Unknown annotation names are echoed in a response header; these bound its size.
+MAX_ANNOTATIONS = 32
+MAX_ANNOTATION_CHARS = 256
 DEFAULT_SESSION_TIMEOUT_S = 300
 # Dynamo's disaggregated pins and data-parallel ranks, and the headers that set them.
 _DISAGG_PINS = ("prefill_worker_id", "decode_worker_id")
@@ -122,8 +126,13 @@ def parse_nvext(raw: dict[str, Any] | None, headers: dict[str, str]) -> NvExt:
         ext.bool("use_raw_prompt")
         out.ignored.append("nvext.use_raw_prompt")
     annotations = _strings(ext, "annotations")
+    if len(annotations) > MAX_ANNOTATIONS or any(len(a) > MAX_ANNOTATION_CHARS for a in annotations):
+        raise InvalidRequest(f"'nvext.annotations' holds at most {MAX_ANNOTATIONS} names of at most "
+                             f"{MAX_ANNOTATION_CHARS} characters", param="nvext.annotations")
     out.annotations = tuple(dict.fromkeys(annotations))
-    out.ignored += [f"nvext.annotations[{a}]" for a in out.annotations if a not in ANNOTATIONS]
+    # Named in a response header: percent-encoded, so any string the client chose is a valid header value.
+    out.ignored += [f"nvext.annotations[{urllib.parse.quote(a, safe=':_-.')}]"
+                    for a in out.annotations if a not in ANNOTATIONS]
     # Headers win over the body, as in Dynamo.
     out.worker_id = headers.get("x-worker-instance-id") or worker_pin(ext, "backend_instance_id")
     data = ext.list("token_data")

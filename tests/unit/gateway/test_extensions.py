@@ -163,7 +163,16 @@ def test_disaggregated_and_engine_only_fields_are_listed_as_ignored():
         "x-prefill-instance-id"]
 
 
+def test_unknown_annotation_names_are_header_safe():
+    req = parse_chat(chat(nvext={"annotations": ["日本\r\nx-evil: 1", "query_instance_id:a b"]}))
+    assert req.nvext.ignored == ["nvext.annotations[%E6%97%A5%E6%9C%AC%0D%0Ax-evil:%201]",
+                                 "nvext.annotations[query_instance_id:a%20b]"]
+    assert all(h.isascii() and h.isprintable() for h in req.nvext.ignored)
+
+
 @pytest.mark.parametrize("nvext,param", [
+    ({"annotations": ["a"] * 33}, "nvext.annotations"),
+    ({"annotations": ["a" * 257]}, "nvext.annotations"),
     ({"greed_sampling": 1}, "nvext.greed_sampling"),
     ({"annotations": "request_id"}, "nvext.annotations"),
     ({"annotations": [1]}, "nvext.annotations"),
