@@ -97,7 +97,7 @@ class Pipeline:
                 async for delta in self._stream(choices[0]):
                     if trace is not None:
                         trace.on_output(delta.prompt_tokens if delta.counts_prompt else 0, delta.cached_tokens,
-                                        delta.finish_reason is not None)
+                                        delta.finish_reason is not None, delta.index, delta.worker_id)
                     yield [delta]
             else:
                 live = total
@@ -105,7 +105,8 @@ class Pipeline:
                     if trace is not None:
                         for d in batch:
                             live -= d.finish_reason is not None
-                            trace.on_output(d.prompt_tokens if d.counts_prompt else 0, d.cached_tokens, not live)
+                            trace.on_output(d.prompt_tokens if d.counts_prompt else 0, d.cached_tokens, not live,
+                                            d.index, d.worker_id)
                     yield batch
         finally:
             for c in choices:
@@ -128,7 +129,8 @@ class Pipeline:
                      finish_reason=FINISH.get(resp.finish_reason), stop_reason=resp.stop_reason,
                      completion_tokens=resp.completion_tokens,
                      prompt_tokens=(resp.prompt_tokens or prompt_len) if first else 0,
-                     cached_tokens=resp.cached_tokens if first else 0, counts_prompt=counts_prompt and first)
+                     cached_tokens=resp.cached_tokens if first else 0, counts_prompt=counts_prompt and first,
+                     worker_id=resp.worker_id)
 
     async def _merge(self, choices: list[_Choice]) -> AsyncIterator[list[Delta]]:
         """Runs every choice's stream at once and yields whatever is ready, across choices."""

@@ -47,8 +47,12 @@ class RequestTrace:
             self.routed = time.monotonic()
             self.queue_depth = queue_depth
 
-    def on_output(self, prompt_tokens: int, cached_tokens: int, finished: bool) -> None:
+    def on_output(self, prompt_tokens: int, cached_tokens: int, finished: bool, index: int = 0,
+                  moved_to: str = "") -> None:
+        """A choice's output arrived; ``moved_to``: the worker it migrated to, if it just did."""
         now = time.monotonic()
+        if moved_to:
+            self.workers[index] = moved_to
         if self.first_token is None:
             self.first_token = now
         if prompt_tokens:

@@ -39,6 +39,8 @@ class Delta:
     cached_tokens: int = 0
     # Set on a choice's first delta: its prompt counts once per prompt, not per choice.
     counts_prompt: bool = False
+    # Set when the choice moved to another worker (migration): that worker's id.
+    worker_id: str = ""
 
 
 @dataclasses.dataclass

@@ -227,6 +227,8 @@ def test_annotation_events_and_response_nvext():
     assert timing["kv_hit_rate"] == 0.4 and timing["ttft_ms"] <= timing["total_time_ms"]
     body = ext.body_nvext()
     assert body["request_id"] == "rid" and body["token_ids"] == [1, 2] and body["formatted_prompt"] == "<p>"
+    trace.on_output(0, 0, finished=True, index=0, moved_to="w2")  # migrated: the new worker is reported
+    assert ext.body_nvext()["worker_id"]["decode_worker_id"] == "w2"
 
 
 # --- content parts -----------------------------------------------------------------------------
