@@ -31,7 +31,8 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
                     busy=BusyThreshold(cfg.max_in_flight_per_worker), queue_timeout_s=cfg.queue_timeout_s)
     registry.subscribe(router.on_worker_change)
     metrics = RouterMetrics(registry=metrics_registry, ingest=ingest,
-                            policy_stats=getattr(router._policy, "stats", None))
+                            policy_stats=getattr(router._policy, "stats", None), queued=router.queue.depths,
+                            sessions=lambda: len(router.sessions))
     router.listeners.append(metrics)
     built = Built(router, parts={"ingest": ingest, "events": None, "sync": None, "metrics": metrics})
     if ingest is not None:

@@ -44,6 +44,10 @@ class WaitQueue(Generic[R]):
     def models(self) -> list[str]:
         return [m for m, heap in self._heaps.items() if heap]
 
+    def depths(self) -> dict[str, int]:
+        """Waiting requests per model (for the queued_requests gauge)."""
+        return {m: self.waiting(m) for m in self.models()}
+
     def push(self, model: str, request: Any, priority_jump_s: float = 0.0) -> asyncio.Future:
         """Queues ``request``; the future gets what ``drain``'s ``route`` returned for it, or its error."""
         future: asyncio.Future = asyncio.get_running_loop().create_future()

@@ -96,7 +96,7 @@ def test_waiting_requests_are_served_by_priority_then_arrival():
         for rid, jump in (("low-1", 0), ("low-2", 0), ("urgent", 60), ("mid", 0.5)):
             tasks.append(asyncio.create_task(wait(rid, jump)))
             await asyncio.sleep(0.01)
-        assert router.queue.waiting("m") == 4
+        assert router.queue.waiting("m") == 4 and router.queue.depths() == {"m": 4}
         await release(router, "running")
         await asyncio.gather(*tasks)
         assert order == ["urgent", "mid", "low-1", "low-2"]
