@@ -39,6 +39,8 @@ class ModelCard:
     reasoning_parser: str = ""
     # "chat" and/or "completions"
     endpoints: tuple[str, ...] = ("chat", "completions")
+    # Media the worker's engine takes in chat messages besides text: "image", "audio".
+    input_modalities: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,7 @@ class WorkerCard:
         d = orjson.loads(raw)
         m = d.pop("model")
         m["endpoints"] = tuple(m.get("endpoints", ("chat", "completions")))
+        m["input_modalities"] = tuple(m.get("input_modalities", ()))
         return cls(model=ModelCard(**m), **d)
 
 

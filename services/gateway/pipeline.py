@@ -19,8 +19,10 @@ from meshfront.router.v1 import router_pb2
 from services.common.errors import WorkerFailed
 from services.gateway.clients import PostprocessorClient, PreprocessorClient, RouterClient
 from services.gateway.openai.responses import FINISH, Delta
+from services.gateway.trace import PreparedPrompt, RequestTrace, RouteHints
 
 _DONE = object()
+_NO_HINTS = RouteHints()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +60,7 @@ class Pipeline:
                                                       prompt_tokens=resp.prompt_tokens))
 
     async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, request_id: str, index: int,
-                     choice: int, worker_id: str) -> _Choice:
+                     choice: int, worker_id: str, hints: RouteHints, trace: RequestTrace | None) -> _Choice:
         # The constructor copies the request once; each choice then edits only its own copy.
         gen = postprocessor_pb2.GenerateRequest(request=prepared.request, options=prepared.postprocess)
         req = gen.request
@@ -67,13 +69,21 @@ class Pipeline:
             req.sampling.seed = (req.sampling.seed + choice) % 2**64  # distinct but reproducible choices
         route = await self.router.route(router_pb2.RouteRequest(
             request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
-            prompt_tokens=len(req.token_ids), worker_id=worker_id))
+            prompt_tokens=len(req.token_ids), worker_id=worker_id, session_id=hints.session_id,
+            session_action=hints.session_action, session_timeout_s=hints.session_timeout_s,
+            priority_jump_s=hints.priority_jump_s))
         gen.worker_address, gen.worker_id = route.address, route.worker_id
+        if trace is not None:
+            trace.on_routed(index, route.worker_id, route.queue_depth)
         return _Choice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token)
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
-                  worker_id: str = "") -> AsyncIterator[list[Delta]]:
+                  worker_id: str = "", hints: RouteHints = _NO_HINTS,
+                  trace: RequestTrace | None = None) -> AsyncIterator[list[Delta]]:
+        """``trace`` (optional) records what the request went through, for nvext responses."""
         prepared = await asyncio.gather(*(self.pre.preprocess(r) for r in requests))
+        if trace is not None:
+            trace.prompts = [PreparedPrompt(list(p.request.token_ids), p.formatted_prompt) for p in prepared]
         base_id = requests[0].request.request_id
         total = len(requests) * n
         choices: list[_Choice] = []
@@ -82,12 +92,21 @@ class Pipeline:
                 for j in range(n):
                     index = p * n + j
                     rid = base_id if total == 1 else f"{base_id}-{index}"
-                    choices.append(await self._start(prep, rid, index, j, worker_id))
+                    choices.append(await self._start(prep, rid, index, j, worker_id, hints, trace))
             if total == 1:
                 async for delta in self._stream(choices[0]):
+                    if trace is not None:
+                        trace.on_output(delta.prompt_tokens if delta.counts_prompt else 0, delta.cached_tokens,
+                                        delta.finish_reason is not None, delta.index, delta.worker_id)
                     yield [delta]
             else:
+                live = total
                 async for batch in self._merge(choices):
+                    if trace is not None:
+                        for d in batch:
+                            live -= d.finish_reason is not None
+                            trace.on_output(d.prompt_tokens if d.counts_prompt else 0, d.cached_tokens, not live,
+                                            d.index, d.worker_id)
                     yield batch
         finally:
             for c in choices:
@@ -110,7 +129,8 @@ class Pipeline:
                      finish_reason=FINISH.get(resp.finish_reason), stop_reason=resp.stop_reason,
                      completion_tokens=resp.completion_tokens,
                      prompt_tokens=(resp.prompt_tokens or prompt_len) if first else 0,
-                     cached_tokens=resp.cached_tokens if first else 0, counts_prompt=counts_prompt and first)
+                     cached_tokens=resp.cached_tokens if first else 0, counts_prompt=counts_prompt and first,
+                     worker_id=resp.worker_id)
 
     async def _merge(self, choices: list[_Choice]) -> AsyncIterator[list[Delta]]:
         """Runs every choice's stream at once and yields whatever is ready, across choices."""

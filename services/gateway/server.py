@@ -24,11 +24,13 @@ from services.common.errors import MeshError, NotFound, Overloaded, to_status
 from services.gateway import models_api
 from services.gateway.anthropic import models as anthropic_models
 from services.gateway.openai.errors import error_body, sse_error_frame
+from services.gateway.openai.extensions import ResponseExtensions
 from services.gateway.openai.requests import GenerationRequest, parse_chat, parse_completion
 from services.gateway.openai.responses import ResponseRenderer
 from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess
 from services.gateway.pipeline import Pipeline
 from services.gateway.request_metrics import RequestTracker
+from services.gateway.trace import RequestTrace, RouteHints
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -45,6 +47,13 @@ async def abort_http(context: grpc.aio.ServicerContext, err: MeshError) -> None:
 
 def _headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+
+
+async def _send_headers(context: grpc.aio.ServicerContext, ext: ResponseExtensions) -> None:
+    """Response headers the request's extensions add (Envoy passes them on); sent with the first bytes."""
+    headers = ext.headers()
+    if headers:
+        await context.send_initial_metadata(headers)
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -76,6 +85,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def _generate(self, request, context, track: RequestTracker, *, chat: bool):
         rid = uuid.uuid4().hex
+        trace = RequestTrace()
         try:
             headers = _headers(context)
             req: GenerationRequest
@@ -90,19 +100,25 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 prep = [completion_to_preprocess(completion, p, rid) for p in completion.prompts]
                 # parse_completion refuses echo for token-id prompts, so these are all strings
                 echo = [p for p in completion.prompts if isinstance(p, str)] if completion.echo else None
+            ext = ResponseExtensions(req.nvext, trace, rid)
             renderer = ResponseRenderer(chat=chat, request_id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
                                         model=req.model, n_choices=len(prep) * req.n,
                                         want_logprobs=req.sampling.logprobs is not None,
-                                        include_usage=req.include_usage, echo_prompts=echo, n_per_prompt=req.n)
+                                        include_usage=req.include_usage, echo_prompts=echo, n_per_prompt=req.n,
+                                        nvext=ext)
             track.start(req.model, req.stream)
-            stream = self._pipeline.run(prep, req.n, req.worker_id)
+            hints = RouteHints(req.session_id, req.nvext.session_action, req.nvext.session_timeout_s,
+                               req.nvext.priority_jump_s)
+            stream = self._pipeline.run(prep, req.n, req.worker_id, hints, trace)
             if not req.stream:
                 async for batch in stream:
                     renderer.fold(batch)
                 track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
+                await _send_headers(context, ext)
                 yield httpbody_pb2.HttpBody(content_type=JSON, data=renderer.body())
                 return
             first = await anext(stream, None)
+            await _send_headers(context, ext)
         except MeshError as e:
             track.fail(e)
             await abort_http(context, e)
@@ -111,7 +127,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         try:
             if first is not None:
                 track.first_token()
-                yield httpbody_pb2.HttpBody(content_type=SSE, data=renderer.sse(first))
+                yield httpbody_pb2.HttpBody(content_type=SSE, data=ext.annotation_events() + renderer.sse(first))
             async for batch in stream:
                 data = renderer.sse(batch)
                 if data:

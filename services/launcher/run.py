@@ -28,6 +28,7 @@ from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
 from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, WorkerSpec, free_port, specs
 from services.launcher.supervise import RestartPolicy, Spec, Supervisor
+from services.preprocessor.core.template_check import read_chat_template
 from services.router.core.policies import POLICY_NAMES
 
 DEMO_MODEL_NAME = "meshfront/demo-qwen"
@@ -70,6 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="mocker answers by prompt substring (JSON); empty for pseudo-random text")
     p.add_argument("--model-dir", default="", help="model directory (default: build the demo model)")
     p.add_argument("--model-name", default=DEMO_MODEL_NAME)
+    p.add_argument("--chat-template", default="", metavar="FILE",
+                   help="Jinja chat template used instead of the model directory's (given to every "
+                        "preprocessor, the all-in-one shape's too); checked before anything starts")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--tls-cert", default="", help="PEM certificate (chain): Envoy serves HTTPS and gRPC over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
@@ -107,6 +111,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for path in filter(None, (args.tls_cert, args.tls_key, *mesh_tls)):
         if not os.path.isfile(path):
             p.error(f"{path} is not a file")
+    if args.chat_template:
+        try:
+            read_chat_template(args.chat_template)  # the preprocessor's own check, before any process starts
+        except ValueError as e:
+            p.error(str(e))
+        args.preprocessor_flag = [*args.preprocessor_flag, "--chat-template", os.path.abspath(args.chat_template)]
     return args
 
 

@@ -183,6 +183,7 @@ class Postprocessor:
         texts = model.texts if req.request.output.HasField("logprobs") else None
         builder = _ResponseBuilder(decoder, texts, output_parser(req.options, self._chat_processor, req.request))
         route, request, failed = WorkerRoute(req.worker_id, req.worker_address), req.request, []
+        moved_to = ""  # after a migration: the new worker, told to the caller with the next response
         metrics = postprocessor_metrics()
         metrics.in_flight.inc()
         outcome = "cancelled"  # unless it finishes or fails: the caller went away
@@ -191,6 +192,8 @@ class Postprocessor:
                 attempt = self._attempt(route.address, request, builder)
                 try:
                     async for response in attempt:
+                        if moved_to:
+                            response.worker_id, moved_to = moved_to, ""
                         yield response
                     outcome = "finished"
                     return
@@ -199,6 +202,7 @@ class Postprocessor:
                     failed.append(route.worker_id)
                     outcome = "failed"
                     route = await self.migrator.next_route(req.request, failed, e, len(decoder.generated_ids))
+                    moved_to = route.worker_id
                     metrics.migrations.inc()
                     outcome = "cancelled"
                     request = continuation(req.request, decoder.generated_ids)

@@ -7,18 +7,31 @@ so both shapes honour every preprocessor flag.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from services.common.assembly import Built
-from services.common.discovery import WorkerCard, WorkerRegistry
+from services.common.discovery import ModelCard, WorkerCard, WorkerRegistry
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.service import Preprocessor
 
 
 def build(cfg: PreprocessorConfig, registry: WorkerRegistry) -> Built[Preprocessor]:
     """The preprocessor over ``registry``'s model cards (subscribed to it; the caller starts it after building)."""
-    preprocessor = Preprocessor(registry.model, offload_threshold=cfg.offload_threshold,
+    def model_card(name: str) -> ModelCard | None:
+        """The model's card, accepting the media every one of its workers declares."""
+        cards = registry.workers_for(name)
+        if not cards:
+            return None
+        card = cards[0].model
+        common = set(card.input_modalities).intersection(*(c.model.input_modalities for c in cards[1:]))
+        if len(common) == len(card.input_modalities):
+            return card
+        return dataclasses.replace(card, input_modalities=tuple(m for m in card.input_modalities if m in common))
+
+    preprocessor = Preprocessor(model_card, offload_threshold=cfg.offload_threshold,
                                 default_template_kwargs=cfg.default_chat_template_kwargs,
-                                hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none)
+                                hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none,
+                                chat_template=cfg.chat_template)
     warming: set[asyncio.Task] = set()
 
     def warm_on_register(_worker_id: str, card: WorkerCard | None) -> None:

@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags
+from services.preprocessor.core.template_check import read_chat_template
 from services.preprocessor.service import DEFAULT_OFFLOAD_THRESHOLD
 
 DEFAULT_PORT = 9200
@@ -25,6 +26,9 @@ class PreprocessorConfig:
     # Chat template kwargs every request starts from, e.g. {"enable_thinking": false}.
     default_chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
     hide_tools_for_tool_choice_none: bool = True
+    # --chat-template: its path and source, which replaces every model directory's template.
+    chat_template_path: str = ""
+    chat_template: str = ""
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
@@ -58,15 +62,20 @@ def add_flags(p: Flags) -> None:
                "for a deployment whose default thinking mode is off")
     p.add("--hide-tools-for-tool-choice-none", default=True, type=bool,
           help="tool_choice none hides the tools from the chat template (Dynamo's default)")
+    p.add("--chat-template", default="",
+          help="Jinja chat template file used instead of the model directory's (every model this "
+               "preprocessor serves); checked at start")
 
 
 def from_args(args: argparse.Namespace) -> PreprocessorConfig:
     """The config from parsed flags (common and own ones); raises ValueError for invalid settings."""
     defaults = _json_object(args.default_chat_template_kwargs, "--default-chat-template-kwargs")
+    template = read_chat_template(args.chat_template)
     cfg = PreprocessorConfig(host=args.host, port=args.port, nats_url=args.nats_url, log_level=args.log_level,
                              metrics_port=args.metrics_port, offload_threshold=args.offload_threshold,
                              grace_s=args.grace_s, default_chat_template_kwargs=defaults,
                              hide_tools_for_tool_choice_none=args.hide_tools_for_tool_choice_none,
+                             chat_template_path=args.chat_template, chat_template=template,
                              tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca)
     cfg.validate()
     return cfg

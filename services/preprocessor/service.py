@@ -37,6 +37,15 @@ def thinking_disabled(kwargs_json: str) -> bool:
 
 ModelLookup = Callable[[str], ModelCard | None]
 
+
+def check_media(card: ModelCard, media) -> None:
+    """Images and audio only go to models whose workers declare the modality (card input_modalities)."""
+    for modality in dict.fromkeys(m.modality for m in media):
+        if modality not in card.input_modalities:
+            accepted = ", ".join(card.input_modalities) or "text only"
+            raise InvalidRequest(f"The model `{card.name}` does not accept {modality} input (it accepts: "
+                                 f"{accepted}).", param="messages", code="unsupported_modality")
+
 # A thread hop costs more than rendering and encoding a few hundred tokens, so only prompts
 # larger than this (in characters or token ids) are prepared off the event loop.
 DEFAULT_OFFLOAD_THRESHOLD = 16_384
@@ -53,13 +62,16 @@ class Preprocessor:
 
     def __init__(self, models: ModelLookup, cache: ArtifactCache | None = None,
                  offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD, *,
-                 default_template_kwargs: dict[str, Any] | None = None, hide_tools_for_choice_none: bool = True):
+                 default_template_kwargs: dict[str, Any] | None = None, hide_tools_for_choice_none: bool = True,
+                 chat_template: str = ""):
         self._models = models
         self._cache = cache or ArtifactCache()
         self._offload_threshold = offload_threshold
         # Per-deployment defaults (e.g. {"enable_thinking": false}); a request's own kwargs win.
         self._default_kwargs = dict(default_template_kwargs or {})
         self._hide_tools_for_none = hide_tools_for_choice_none
+        # --chat-template: replaces every model directory's template (checked at start).
+        self._chat_template = chat_template
 
     async def preprocess(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse:
         name = req.request.model
@@ -67,13 +79,15 @@ class Preprocessor:
         if card is None:
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
         core.check_stop_strings(req.request.stop.stop)
+        check_media(card, req.request.media)
         artifacts = await self._artifacts(card)
         kind = req.WhichOneof("prompt")
         if kind == "messages_json":
             choice_none = req.tool_choice.mode == common_pb2.TOOL_CHOICE_MODE_NONE
             chat = core.ChatInput(req.messages_json, req.tools_json, choice_none,
                                   self._template_kwargs_json(req.chat_template_kwargs_json),
-                                  hide_tools_for_choice_none=self._hide_tools_for_none)
+                                  hide_tools_for_choice_none=self._hide_tools_for_none,
+                                  template_override=self._chat_template)
             prepared = await self._run(chat.size(), core.prepare_chat, artifacts, chat)
             param = "messages"
         elif kind == "text":
@@ -92,6 +106,8 @@ class Preprocessor:
         response.postprocess.single_tool_call = req.single_tool_call
         if kind == "messages_json" and card.reasoning_parser:
             response.postprocess.thinking_disabled = thinking_disabled(chat.chat_template_kwargs_json)
+        if req.return_formatted_prompt:
+            response.formatted_prompt = prepared.text
         return response
 
     def _template_kwargs_json(self, raw: str) -> str:

@@ -29,10 +29,11 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
     """
     ingest = KvEventIngest() if cfg.router_mode == "kv" and cfg.kv_events else None
     router = Router(registry.workers_for, cfg.router_mode, policy=_policy(cfg, ingest),
-                    busy=BusyThreshold(cfg.max_in_flight_per_worker))
+                    busy=BusyThreshold(cfg.max_in_flight_per_worker), queue_timeout_s=cfg.queue_timeout_s)
     registry.subscribe(router.on_worker_change)
     metrics = RouterMetrics(registry=metrics_registry, ingest=ingest,
-                            policy_stats=router._policy.stats if isinstance(router._policy, KvAware) else None)
+                            policy_stats=router._policy.stats if isinstance(router._policy, KvAware) else None,
+                            queued=router.queue.depths, sessions=lambda: len(router.sessions))
     router.listeners.append(metrics)
     built = Built(router, parts={"ingest": ingest, "events": None, "sync": None, "metrics": metrics})
     if ingest is not None:

@@ -27,6 +27,7 @@ class RouterConfig:
     router_ttl_secs: float = 120.0
     hotspot_ratio: float = 3.0
     router_replica_sync: bool = True
+    queue_timeout_s: float = 0.0
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
@@ -54,6 +55,9 @@ def add_flags(p: Flags) -> None:
     p.add("--max-in-flight-per-worker", default=0, type=int,
           help="in-flight requests (booked by this router) that make a worker busy; when every worker "
                "of a model is busy, requests fail fast with 503 / RESOURCE_EXHAUSTED (0 = no limit)")
+    p.add("--queue-timeout-s", default=0.0, type=float,
+          help="with --max-in-flight-per-worker: how long a request may wait for a busy model, served in "
+               "priority order (nvext.agent_hints.priority), before the 503 (0 = fail at once)")
 
 
 def from_args(args: argparse.Namespace) -> RouterConfig:

@@ -11,6 +11,7 @@ request and prompt-token counters give each worker's load share.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -53,7 +54,8 @@ class RouterMetrics:
     """A ``LifecycleListener`` that records routing decisions and their outcomes."""
 
     def __init__(self, registry: CollectorRegistry | None = None, ingest: KvEventIngest | None = None,
-                 policy_stats: dict[str, int] | None = None):
+                 policy_stats: dict[str, int] | None = None, queued: Callable[[], dict[str, int]] | None = None,
+                 sessions: Callable[[], int] | None = None):
         self.registry = registry or CollectorRegistry()
         self.totals = PredictionTotals()
         self._open: dict[str, int] = {}  # request id -> predicted cached tokens
@@ -74,7 +76,7 @@ class RouterMetrics:
                                buckets=(-1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024), registry=r)
         self.lag = Histogram(f"{_PREFIX}_kv_event_lag_seconds", "Publish-to-receive delay of KV event messages",
                              buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1, 5), registry=r)
-        r.register(_LiveCollector(ingest, self, policy_stats))
+        r.register(_LiveCollector(ingest, self, policy_stats, queued, sessions))
 
     def on_lifecycle(self, event: LifecycleEvent, remote: bool = False) -> None:
         """Counts our own decisions; keeps every replica's predictions, so that whichever replica
@@ -118,13 +120,23 @@ class RouterMetrics:
 class _LiveCollector:
     """Reads live counters at scrape time (no bookkeeping on the event path)."""
 
-    def __init__(self, ingest: KvEventIngest | None, metrics: RouterMetrics, policy_stats: dict[str, int] | None):
+    def __init__(self, ingest: KvEventIngest | None, metrics: RouterMetrics, policy_stats: dict[str, int] | None,
+                 queued: Callable[[], dict[str, int]] | None = None, sessions: Callable[[], int] | None = None):
         self._ingest = ingest
         self._metrics = metrics
         self._policy_stats = policy_stats
+        self._queued = queued
+        self._sessions = sessions
 
     def collect(self):
         yield self._load_share()
+        queued = GaugeMetricFamily(f"{_PREFIX}_queued_requests", "Requests waiting for a busy model "
+                                   "(--queue-timeout-s), per model", labels=["model"])
+        for model, n in (self._queued() if self._queued else {}).items():
+            queued.add_metric([model], n)
+        yield queued
+        yield GaugeMetricFamily(f"{_PREFIX}_sessions", "Sticky sessions this replica remembers",
+                                value=self._sessions() if self._sessions else 0)
         for name, value in (self._policy_stats or {}).items():
             yield CounterMetricFamily(f"{_PREFIX}_kv_{name}", f"kv policy {name} (see policies/kv_aware.py)",
                                       value=value)

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Sequence
 
 from meshfront.router.v1 import router_pb2
+
 from services.common.discovery import WorkerCard
-from services.common.errors import ModelNotFound, NoWorkers
+from services.common.errors import ModelNotFound, NoWorkers, Overloaded
 from services.common.overload import BusyThreshold
 from services.router.core.bookings import Bookings
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent, LifecycleListener
 from services.router.core.policies import Policy, TracksRequests, make_policy
 from services.router.core.policies.direct import Direct
-from services.router.core.types import Candidate, RouteQuery
+from services.router.core.sessions import SessionAffinity
+from services.router.core.types import Candidate, Decision, RouteQuery
+from services.router.core.wait_queue import WaitQueue
 
+log = logging.getLogger(__name__)
 WorkerLookup = Callable[[str], Sequence[WorkerCard]]
 
 
@@ -21,7 +27,7 @@ class Router:
     """Chooses a worker per request with one policy and books it until release."""
 
     def __init__(self, workers_for: WorkerLookup, mode: str = "round-robin", policy: Policy | None = None,
-                 busy: BusyThreshold | None = None):
+                 busy: BusyThreshold | None = None, queue_timeout_s: float = 0.0):
         self._workers_for = workers_for
         self.mode = mode
         self._policy = policy or make_policy(mode)
@@ -31,12 +37,18 @@ class Router:
         # kv keeps per-request state (blocks, prefill) beside the bookings; see core/lifecycle.py.
         self._tracker = self._policy if isinstance(self._policy, TracksRequests) else None
         self.listeners: list[LifecycleListener] = []
+        self.sessions = SessionAffinity()
+        # Requests waiting for a busy model (0: none wait; every worker busy fails at once with 503).
+        self.queue_timeout_s = queue_timeout_s
+        self.queue: WaitQueue[router_pb2.RouteResponse] = WaitQueue()
 
     def on_worker_change(self, worker_id: str, card: WorkerCard | None) -> None:
         if card is None:
             self.bookings.drop_worker(worker_id)
+            self.sessions.drop_worker(worker_id)
             if self._tracker is not None:
                 self._tracker.drop_worker(worker_id)
+        self._drain_queue()  # a new worker is free capacity; a gone one may fail its waiters
 
     def _candidates(self, model: str) -> list[Candidate]:
         cards = self._workers_for(model)
@@ -46,18 +58,60 @@ class Router:
                           self.bookings.prompt_tokens(c.worker_id)) for c in cards]
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
-        candidates = self._admissible(self._candidates(req.model), req)
+        if self.queue_timeout_s <= 0:
+            return self._route_now(req)
+        if not self.queue.waiting(req.model):
+            try:
+                return self._route_now(req)
+            except Overloaded:
+                pass
+        # Every worker is busy, or others wait already: queue up (priority decides who goes first).
+        return await self._wait(req)
+
+    async def _wait(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
+        future = self.queue.push(req.model, req, req.priority_jump_s)
+        depth = self.queue.waiting(req.model)
+        try:
+            response = await asyncio.wait_for(future, self.queue_timeout_s)
+        except (TimeoutError, asyncio.CancelledError) as e:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.apply(LifecycleEvent(FREE, req.request_id))  # routed just as its caller gave up
+            if isinstance(e, asyncio.TimeoutError):
+                raise Overloaded(f"Every worker serving `{req.model}` stayed busy for {self.queue_timeout_s:g} s; "
+                                 "retry later.", code="overloaded") from None
+            raise
+        response.queue_depth = depth
+        return response
+
+    def _drain_queue(self) -> None:
+        for model in self.queue.models():
+            self.queue.drain(model, self._route_now)
+
+    def _route_now(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
+        """Chooses and books a worker now, or raises (Overloaded when every worker is busy)."""
+        every = self._candidates(req.model)
+        candidates = self._admissible(every, req)
         query = RouteQuery(req.request_id, req.model, tuple(req.block_hashes), req.prompt_tokens, req.worker_id)
-        # A pin wins in every mode (as in Dynamo); 'direct' only differs in requiring one.
-        policy = self._direct if req.worker_id else self._policy
-        decision = policy.choose(candidates, query)
+        sticky = self.sessions.worker_for(req.session_id) if req.session_id and not req.worker_id else None
+        if sticky is not None and self.queue_timeout_s > 0 and sticky not in req.exclude_worker_ids \
+                and all(c.worker_id != sticky for c in candidates) and any(c.worker_id == sticky for c in every):
+            # The session's worker is busy and requests may wait: wait for it (its KV holds the session).
+            raise Overloaded(f"The worker of session {req.session_id!r} is busy.", code="overloaded")
+        if sticky is not None and any(c.worker_id == sticky for c in candidates):
+            decision = Decision(sticky)
+        else:
+            # A pin wins in every mode (as in Dynamo); 'direct' only differs in requiring one.
+            policy = self._direct if req.worker_id else self._policy
+            decision = policy.choose(candidates, query)
         chosen = next((c for c in candidates if c.worker_id == decision.worker_id), None)
         if chosen is None:
             raise NoWorkers(f"routing policy chose unknown worker {decision.worker_id}")
         block_size = self._block_size(req.model, chosen.worker_id)
         self.apply(LifecycleEvent(BOOK, req.request_id, chosen.worker_id, req.model, query.block_hashes,
                                   req.prompt_tokens, decision.overlap_blocks,
-                                  min(req.prompt_tokens, decision.overlap_blocks * block_size)))
+                                  min(req.prompt_tokens, decision.overlap_blocks * block_size),
+                                  session_id=req.session_id, session_action=req.session_action,
+                                  session_timeout_s=req.session_timeout_s))
         return router_pb2.RouteResponse(worker_id=chosen.worker_id, address=chosen.address,
                                         overlap_blocks=decision.overlap_blocks,
                                         report_first_token=self._tracker is not None)
@@ -86,15 +140,22 @@ class Router:
             self.bookings.book(event.request_id, event.worker_id, event.prompt_tokens)
             if tracker is not None:
                 tracker.book(event.request_id, event.worker_id, event.local_hashes, event.overlap_blocks)
+            if event.session_id:
+                self.sessions.bind(event.session_id, event.worker_id, event.session_timeout_s)
+                if event.session_action == "close":
+                    self.sessions.close_after(event.request_id, event.session_id)
         elif event.kind == FIRST_TOKEN:
             if tracker is not None:
                 tracker.mark_prefilled(event.request_id)
         else:
             self.bookings.release(event.request_id)
+            self.sessions.on_release(event.request_id)
             if tracker is not None:
                 tracker.free(event.request_id)
         for listener in self.listeners:
             listener.on_lifecycle(event, remote)
+        if event.kind == FREE:
+            self._drain_queue()  # a worker may have room for whoever waits longest (or most urgently)
 
     def _block_size(self, model: str, worker_id: str) -> int:
         return next((c.model.block_size for c in self._workers_for(model) if c.worker_id == worker_id), 16)

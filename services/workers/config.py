@@ -31,6 +31,8 @@ class WorkerConfig:
     tool_call_parser: str
     reasoning_parser: str
     metrics_port: int = 0
+    # Media the engine takes in chat messages ("image", "audio"), declared on the card; none by default.
+    input_modalities: tuple[str, ...] = ()
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""

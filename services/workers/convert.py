@@ -12,7 +12,7 @@ from meshfront.worker.v1 import worker_pb2
 
 from services.common.errors import InvalidRequest, MeshError, Overloaded, WorkerFailed
 from services.workers.engine import (EngineBusy, EngineError, EngineOutput, EngineRequest, GuidedDecoding,
-                                     RequestRejected, SamplingParams)
+                                     MediaInput, RequestRejected, SamplingParams)
 
 
 def _opt(message, field: str):
@@ -50,6 +50,8 @@ def request_from_proto(request: worker_pb2.GenerateRequest) -> EngineRequest:
         ignore_eos=stop.ignore_eos,
         logprobs=_opt(r.output, "logprobs"),
         guided=guided_from_proto(r.sampling),
+        media=tuple(MediaInput(m.modality, m.url, m.data, m.format) for m in r.media),
+        max_thinking_tokens=_opt(stop, "max_thinking_tokens"),
     )
 
 

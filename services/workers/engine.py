@@ -85,6 +85,16 @@ class GuidedDecoding:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class MediaInput:
+    """One image (an http(s) or data: URL) or audio clip (base64 ``data`` in ``format``)."""
+
+    modality: str
+    url: str = ""
+    data: str = ""
+    format: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EngineRequest:
     """One sequence to generate."""
 
@@ -102,6 +112,10 @@ class EngineRequest:
     logprobs: int | None = None
     # Guided decoding; None: unconstrained.
     guided: GuidedDecoding | None = None
+    # Images and audio of the chat, in order (only for engines whose card declares the modality).
+    media: tuple[MediaInput, ...] = ()
+    # Reasoning-token budget (nvext.max_thinking_tokens); None: none.
+    max_thinking_tokens: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
                 max_num_batched_tokens: int = 0) -> WorkerCard:
     model = ModelCard(name=cfg.model_name, model_dir=cfg.model_dir, context_length=cfg.context_length,
                       block_size=cfg.block_size, tool_call_parser=cfg.tool_call_parser,
-                      reasoning_parser=cfg.reasoning_parser)
+                      reasoning_parser=cfg.reasoning_parser, input_modalities=cfg.input_modalities)
     return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind,
                       total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens)
 
@@ -54,7 +54,8 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
 def build_server(cfg: WorkerConfig, engine: Engine) -> GrpcServer:
     """A bound (not yet started) server exposing ``engine`` as WorkerService."""
     server = GrpcServer(f"worker-{cfg.kind}", cfg.host, cfg.port, tls=mesh_tls.from_config(cfg))
-    worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerServicer(WorkerService(engine)), server.server)
+    servicer = WorkerServicer(WorkerService(engine, cfg.input_modalities))
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server.server)
     return server
 
 

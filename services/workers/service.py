@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator
 
 from meshfront.worker.v1 import worker_pb2
 
+from services.common.errors import InvalidRequest
 from services.workers import convert
 from services.common.metrics import worker_metrics
 from services.workers.engine import Engine, EngineBusy, EngineError, FinishReason, RequestRejected
@@ -25,10 +26,16 @@ log = logging.getLogger(__name__)
 class WorkerService:
     """Serves one engine. Engine errors leave as ``MeshError``s; anything else is a bug and propagates."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, input_modalities: tuple[str, ...] = ()):
         self.engine = engine
+        self.input_modalities = input_modalities
 
     async def generate(self, request: worker_pb2.GenerateRequest) -> AsyncGenerator[worker_pb2.GenerateResponse, None]:
+        for item in request.request.media:
+            # The preprocessor only sends media to models whose cards declare it; a caller that
+            # reached this worker directly still gets a clear refusal rather than a text-only answer.
+            if item.modality not in self.input_modalities:
+                raise InvalidRequest(f"this worker does not accept {item.modality} input", param="messages")
         outputs = self.engine.generate(convert.request_from_proto(request))
         sent, finished, outcome = 0, False, "aborted"
         metrics = worker_metrics()

@@ -72,6 +72,13 @@ VALID_COMMON = {
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
     "structured_outputs": st.sampled_from([{"json_object": True}, {"choice": ["yes", "no"]}]),
     "logit_bias": st.just({}), "user": st.text(max_size=5),
+    "nvext": st.fixed_dictionaries({}, optional={
+        "greed_sampling": st.booleans(), "annotations": st.lists(st.sampled_from(["request_id", "token_ids",
+                                                                                  "formatted_prompt"])),
+        "extra_fields": st.lists(st.sampled_from(["worker_id", "timing", "routed_experts"])),
+        "max_thinking_tokens": st.integers(0, 64), "agent_hints": st.fixed_dictionaries({"priority": small_ints}),
+        "session_control": st.fixed_dictionaries({"session_id": st.text(min_size=1, max_size=6)}),
+        "dp_rank": st.integers(0, 3)}),
 }
 # A pin the gateway must refuse. A well-formed pin (a uint64) to a worker that does not exist is
 # routed, and the router answers 503 "worker N does not serve model" (NoWorkers): a routing question,
@@ -81,7 +88,12 @@ bad_pins = numbers.filter(lambda v: isinstance(v, (bool, float)) or not 0 <= v <
 # nested numbers: each is an object whose one field draws from every number.
 WILD_COMMON = {
     "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": numbers}), wild),
-    "nvext": st.one_of(st.fixed_dictionaries({"backend_instance_id": bad_pins}), wild),
+    "nvext": st.one_of(st.fixed_dictionaries({"backend_instance_id": bad_pins}),
+                       st.fixed_dictionaries({"max_thinking_tokens": numbers}),
+                       st.fixed_dictionaries({"agent_hints": st.fixed_dictionaries({"priority": numbers})}),
+                       st.fixed_dictionaries({"session_control": st.fixed_dictionaries(
+                           {"session_id": st.just("s"), "timeout": numbers})}),
+                       st.fixed_dictionaries({"dp_rank": numbers}), wild),
     "structured_outputs": st.one_of(st.fixed_dictionaries({"json_object": numbers}),
                                     st.fixed_dictionaries({"choice": st.lists(numbers, min_size=1, max_size=2)}),
                                     wild),
@@ -92,10 +104,25 @@ token_ids = st.lists(st.one_of(st.integers(0, 200000), st.integers(0, 2**32 - 1)
 VALID_CHAT = {**VALID_COMMON, "messages": st.lists(st.fixed_dictionaries(
     {"role": st.just("user"), "content": st.text(min_size=1, max_size=40)}), min_size=1, max_size=2),
     "max_completion_tokens": st.integers(1, 4), "logprobs": st.booleans(), "top_logprobs": st.integers(0, 20),
-    "parallel_tool_calls": st.booleans()}
+    "parallel_tool_calls": st.booleans(),
+    # Current OpenAI and vendor fields (docs/openai-extensions.md).
+    "reasoning_effort": st.sampled_from(["none", "minimal", "low", "medium", "high", "xhigh", "max"]),
+    "verbosity": st.sampled_from(["low", "medium", "high"]), "store": st.booleans(),
+    "service_tier": st.sampled_from(["auto", "default", "flex", "scale", "priority", "fast"]),
+    "prompt_cache_key": st.text(max_size=6), "safety_identifier": st.text(max_size=6),
+    "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+    "modalities": st.just(["text"]), "thinking": st.one_of(st.booleans(), st.fixed_dictionaries(
+        {"type": st.sampled_from(["enabled", "disabled", "auto"])}, optional={"budget_tokens": st.integers(1, 64)}))}
+image_parts = st.lists(st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": st.one_of(st.text(max_size=10), wild)}),
+    st.fixed_dictionaries({"type": st.just("image_url"), "image_url": st.one_of(st.fixed_dictionaries(
+        {"url": st.one_of(st.sampled_from(["https://example.com/a.png", "data:image/png;base64,iVBORw0K",
+                                           "data:image/png;base64,@@", "ftp://x"]), st.text(max_size=10))}), wild)}),
+    st.fixed_dictionaries({"type": st.just("input_audio"), "input_audio": wild})), max_size=3)
 WILD_CHAT = {**WILD_COMMON, "messages": st.one_of(st.lists(st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant", "tool", "developer", "bogus"]),
-     "content": st.one_of(st.text(max_size=40), wild)}), max_size=3), wild)}
+     "content": st.one_of(st.text(max_size=40), image_parts, wild)}), max_size=3), wild),
+    "thinking": st.one_of(st.fixed_dictionaries({"type": st.just("enabled"), "budget_tokens": numbers}), wild)}
 VALID_COMPLETIONS = {**VALID_COMMON, "prompt": st.one_of(
     st.text(min_size=1, max_size=30), st.lists(st.text(min_size=1, max_size=10), min_size=1, max_size=2),
     st.lists(st.integers(0, 1000), min_size=1, max_size=5)), "logprobs": st.integers(0, 5), "echo": st.booleans(),
@@ -104,7 +131,7 @@ WILD_COMPLETIONS = {**WILD_COMMON, "suffix": wild,
                     "prompt": st.one_of(token_ids, st.lists(token_ids, min_size=1, max_size=2), wild)}
 NUMERIC = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "min_p", "top_k", "seed", "n",
            "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
-           "best_of", "prompt", "stream_options", "nvext", "structured_outputs", "logit_bias"}
+           "best_of", "prompt", "stream_options", "nvext", "structured_outputs", "logit_bias", "thinking"}
 
 
 # A field that needs another one to be checked at all: the other gets this value (unless it is wild).

@@ -7,6 +7,7 @@ schema does not list are refused, so the two cannot drift.
 
 from __future__ import annotations
 
+from services.gateway.openai.openai_fields import REASONING_EFFORTS, VERBOSITIES
 from services.gateway.http_api.schema import Schema, array, boolean, integer, map_of, number, obj, one_of, ref, string
 
 UINT32_MAX = 2**32 - 1
@@ -106,9 +107,19 @@ CHAT_REQUEST = obj({
     "parallel_tool_calls": boolean(),
     "chat_template_kwargs": map_of({}, "Extra variables for the chat template (e.g. enable_thinking)"),
     "chat_template_args": map_of({}, "Alias of chat_template_kwargs"),
-    "reasoning_effort": string(enum=("minimal", "low", "medium", "high")),
+    "reasoning_effort": string("none turns thinking off", enum=REASONING_EFFORTS),
+    "verbosity": string("Passed to the chat template", enum=VERBOSITIES),
     "response_format": ref("ResponseFormat"),
-}, "POST /v1/chat/completions", required=("model", "messages"))
+    "prompt_cache_key": string("A sticky routing key: requests sharing it go to one worker"),
+    "prompt_cache_retention": string("Bookkeeping; does not change generation"),
+    "safety_identifier": string("Bookkeeping; does not change generation"),
+    "modalities": array(string(enum=("text", "audio")), "Only [\"text\"] is served"),
+    "audio": map_of({}, "Audio output is not served: a 400"),
+    "prediction": map_of({}, "Predicted outputs: accepted and ignored"),
+    "web_search_options": map_of({}, "Hosted web search is not served: a 400"),
+    "thinking": one_of(boolean(), map_of({}), description="vLLM/SGLang root field: turn thinking on or off"),
+    "enable_thinking": boolean("SGLang root field: turn thinking on or off"),
+}, "POST /v1/chat/completions (field details: docs/openai-extensions.md)", required=("model", "messages"))
 
 USAGE = obj({
     "prompt_tokens": integer(), "completion_tokens": integer(), "total_tokens": integer(),

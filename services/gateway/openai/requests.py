@@ -14,8 +14,12 @@ import orjson
 
 from services.common.errors import InvalidRequest
 from services.gateway.openai import tools as tools_checks
-from services.gateway.openai.fields import INT32, INT64, UINT32, UINT64, Fields, IntType, check_int, token_ids
+from services.gateway.openai.fields import INT32, INT64, UINT32, UINT64, Fields, IntType, token_ids
+from services.gateway.openai.media import Media, check_content_parts
+from services.gateway.openai.nvext import NvExt, parse_nvext
+from services.gateway.openai.openai_fields import parse_openai_options
 from services.gateway.openai.structured import parse_structured_outputs
+from services.gateway.openai.vendor import parse_vendor_chat_fields
 
 MAX_N = 128
 MAX_STOP = 32
@@ -25,7 +29,8 @@ MAX_BEST_OF = 20
 # A seed lands in a uint64; a negative one (int64, as vLLM and PyTorch take it) wraps around.
 _SEED = IntType("int64 or uint64", INT64.lo, UINT64.hi)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-# Accepted because they change nothing about generation (bookkeeping fields).
+# Accepted on /v1/completions because they change nothing about generation (bookkeeping fields);
+# chat checks them and the other current OpenAI fields in openai_fields.py.
 _NO_OP_FIELDS = ("user", "metadata", "store", "service_tier")
 
 
@@ -46,6 +51,8 @@ class Sampling:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = False
     logprobs: int | None = None  # number of alternatives; None = no logprobs
+    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
+    max_thinking_tokens: int | None = None
 
 
 @dataclasses.dataclass
@@ -60,6 +67,9 @@ class GenerationRequest:
     worker_id: str = ""
     # vLLM-style structured outputs as GuidedDecoding fields (structured.py); None: unconstrained.
     structured: dict[str, Any] | None = None
+    nvext: NvExt = dataclasses.field(default_factory=NvExt)
+    # Sticky routing key: nvext.session_control.session_id, else prompt_cache_key.
+    session_id: str = ""
 
 
 @dataclasses.dataclass
@@ -71,6 +81,7 @@ class ChatRequest(GenerationRequest):
     parallel_tool_calls: bool = True
     # Validated response_format: None (text), {"type": "json_object"} or {"type": "json_schema", "schema": {...}}.
     response_format: dict[str, Any] | None = None
+    media: list[Media] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -78,6 +89,11 @@ class CompletionRequest(GenerationRequest):
     # Each prompt is a string or a list of token ids.
     prompts: list[str | list[int]] = dataclasses.field(default_factory=list)
     echo: bool = False
+
+
+def _shared(base: GenerationRequest) -> dict[str, Any]:
+    """The fields both endpoints parse, as keyword arguments (shallow: nested objects are kept)."""
+    return {f.name: getattr(base, f.name) for f in dataclasses.fields(GenerationRequest)}
 
 
 def load_json(raw: bytes) -> dict[str, Any]:
@@ -116,6 +132,7 @@ def _common(f: Fields, headers: dict[str, str], *, max_tokens_key: str) -> Gener
             raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
         so = Fields(stream_options, "stream_options.")
         include_usage = so.bool("include_usage")
+        so.bool("include_obfuscation")  # no obfuscation padding is ever added; the field is accepted
         so.reject_unknown()
     # Each integer names the proto type it lands in (common.proto); ``n`` stays in the gateway.
     n = f.int("n", UINT32, 1, MAX_N) or 1
@@ -147,36 +164,27 @@ def _common(f: Fields, headers: dict[str, str], *, max_tokens_key: str) -> Gener
     s.max_tokens = max_tokens
     if s.min_tokens and s.max_tokens is not None and s.min_tokens > s.max_tokens:
         raise InvalidRequest("'min_tokens' must not exceed the maximum number of tokens", param="min_tokens")
-    if n > 1 and s.temperature == 0.0:
-        raise InvalidRequest("'n' > 1 needs a temperature above 0 (greedy choices would all be the same)", param="n")
     logit_bias = f.obj("logit_bias")
     if logit_bias:
         raise InvalidRequest("'logit_bias' is not supported by this server", param="logit_bias")
     for key in _NO_OP_FIELDS:
         f.raw(key)
-    nvext = f.obj("nvext") or {}
-    ext = Fields(nvext, "nvext.")
-    worker = _worker_pin(ext)
-    ext.reject_unknown()
-    worker_id = headers.get("x-worker-instance-id") or worker
+    stop_ids = f.list("stop_token_ids")
+    if stop_ids is not None:
+        s.stop_token_ids = token_ids(stop_ids, "stop_token_ids") if stop_ids else []
+    nvext = parse_nvext(f.obj("nvext"), headers)
+    s.max_thinking_tokens = nvext.max_thinking_tokens
+    if nvext.greedy:
+        # Greedy decoding: the most likely token every step, so no temperature and no nucleus cut.
+        s.temperature, s.top_p = 0.0, None
+    if n > 1 and s.temperature == 0.0:
+        raise InvalidRequest("'n' > 1 needs a temperature above 0 (greedy choices would all be the same)", param="n")
     return GenerationRequest(model=model, stream=stream, include_usage=include_usage, n=n, sampling=s,
-                             worker_id=worker_id, structured=parse_structured_outputs(f))
+                             worker_id=nvext.worker_id, structured=parse_structured_outputs(f), nvext=nvext,
+                             session_id=nvext.session_id)
 
 
-def _worker_pin(ext: Fields) -> str:
-    """``nvext.backend_instance_id``: a worker id, as a string or (Dynamo's form) an integer."""
-    v = ext.raw("backend_instance_id")
-    if v is None:
-        return ""
-    if isinstance(v, str):
-        return v
-    if isinstance(v, int) and not isinstance(v, bool):
-        return str(check_int(v, "nvext.backend_instance_id", UINT64))
-    raise InvalidRequest("'nvext.backend_instance_id' must be a string or a non-negative integer",
-                         param="nvext.backend_instance_id")
-
-
-def _message(i: int, m: Any) -> dict[str, Any]:
+def _message(i: int, m: Any, media: list[Media]) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise InvalidRequest(f"'{where}' must be an object", param=where)
@@ -189,11 +197,7 @@ def _message(i: int, m: Any) -> dict[str, Any]:
         if not (role == "assistant" and m.get("tool_calls")):
             raise InvalidRequest(f"'{where}.content' is required for role {role!r}", param=f"{where}.content")
     elif isinstance(content, list):
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise InvalidRequest(f"'{where}.content[{j}]': only text parts are supported; got {kind!r}",
-                                     param=f"{where}.content")
+        media.extend(check_content_parts(i, role, content))
     elif not isinstance(content, str):
         raise InvalidRequest(f"'{where}.content' must be a string or an array of parts", param=f"{where}.content")
     if role == "tool" and not isinstance(m.get("tool_call_id"), str):
@@ -210,8 +214,11 @@ def parse_chat(raw: bytes, headers: dict[str, str] | None = None) -> ChatRequest
     messages = f.list("messages")
     if not messages:
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
-    messages = [_message(i, m) for i, m in enumerate(messages)]
+    media: list[Media] = []
+    messages = [_message(i, m, media) for i, m in enumerate(messages)]
     base = _common(f, headers or {}, max_tokens_key="max_completion_tokens")
+    if base.nvext.token_data is not None:
+        media = []  # the pre-tokenized prompt replaces the messages, their media included
     logprobs = f.bool("logprobs")
     top = f.int("top_logprobs", UINT32, 0, MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
@@ -222,18 +229,23 @@ def parse_chat(raw: bytes, headers: dict[str, str] | None = None) -> ChatRequest
     parallel = f.bool("parallel_tool_calls", True)
     kwargs = dict(f.obj("chat_template_kwargs") or {})
     kwargs.update(f.obj("chat_template_args") or {})
-    effort = f.str("reasoning_effort", allowed=("minimal", "low", "medium", "high"))
-    if effort is not None:
-        kwargs.setdefault("reasoning_effort", effort)
+    # The client's own template variables win over those derived from OpenAI and vendor fields.
+    options = parse_openai_options(f)
+    vendor = parse_vendor_chat_fields(f)
+    for key, value in {**options.template_kwargs, **vendor.template_kwargs}.items():
+        kwargs.setdefault(key, value)
+    if vendor.max_thinking_tokens is not None and base.sampling.max_thinking_tokens is None:
+        base.sampling.max_thinking_tokens = vendor.max_thinking_tokens
+    base.session_id = base.session_id or options.prompt_cache_key
     response_format = tools_checks.check_response_format(f.obj("response_format"))
     if base.structured is not None and (response_format is not None or tool_choice == "required"
                                         or isinstance(tool_choice, dict)):
         raise InvalidRequest("structured outputs cannot be combined with 'response_format' or a forced "
                              "'tool_choice'", param="structured_outputs")
     f.reject_unknown()
-    return ChatRequest(**dataclasses.asdict(base) | {"sampling": base.sampling}, messages=messages, tools=tools,
+    return ChatRequest(**_shared(base), messages=messages, tools=tools,
                        tool_choice=tool_choice, chat_template_kwargs=kwargs, parallel_tool_calls=parallel,
-                       response_format=response_format)
+                       response_format=response_format, media=media)
 
 
 def _prompts(v: Any) -> list[str | list[int]]:
@@ -259,6 +271,8 @@ def parse_completion(raw: bytes, headers: dict[str, str] | None = None) -> Compl
     if any(p == "" for p in prompts):
         raise InvalidRequest("'prompt' must not be empty", param="prompt")
     base = _common(f, headers or {}, max_tokens_key="max_tokens")
+    if base.nvext.token_data is not None:
+        prompts = [base.nvext.token_data]  # pinned and pre-tokenized: the one prompt
     if base.sampling.max_tokens is None:
         base.sampling.max_tokens = 16  # the OpenAI default for completions
     logprobs = f.int("logprobs", UINT32, 0, MAX_COMPLETION_LOGPROBS)
@@ -274,4 +288,4 @@ def parse_completion(raw: bytes, headers: dict[str, str] | None = None) -> Compl
     if len(prompts) * base.n > MAX_N:
         raise InvalidRequest(f"batch size times 'n' must be at most {MAX_N}", param="n")
     f.reject_unknown()
-    return CompletionRequest(**dataclasses.asdict(base) | {"sampling": base.sampling}, prompts=prompts, echo=echo)
+    return CompletionRequest(**_shared(base), prompts=prompts, echo=echo)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -39,6 +39,8 @@ class Delta:
     cached_tokens: int = 0
     # Set on a choice's first delta: its prompt counts once per prompt, not per choice.
     counts_prompt: bool = False
+    # Set when the choice moved to another worker (migration): that worker's id.
+    worker_id: str = ""
 
 
 @dataclasses.dataclass
@@ -95,11 +97,20 @@ def _completion_logprobs(items: list[Any], offset: int) -> dict[str, Any]:
             "top_logprobs": [{a.token: a.logprob for a in t.top} for t in items], "text_offset": offsets}
 
 
+class NvextFields(Protocol):
+    """The response ``nvext`` a request asked for (openai/extensions.py)."""
+
+    def chunk_nvext(self, index: int, first: bool, final: bool) -> dict[str, Any] | None: ...
+
+    def body_nvext(self) -> dict[str, Any] | None: ...
+
+
 class ResponseRenderer:
     """Turns deltas into SSE frames or one folded body, for chat or completions."""
 
     def __init__(self, *, chat: bool, request_id: str, model: str, n_choices: int, want_logprobs: bool,
-                 include_usage: bool, echo_prompts: list[str] | None = None, n_per_prompt: int = 1):
+                 include_usage: bool, echo_prompts: list[str] | None = None, n_per_prompt: int = 1,
+                 nvext: NvextFields | None = None):
         self.chat = chat
         self.id = request_id
         self.model = model
@@ -114,6 +125,7 @@ class ResponseRenderer:
         self._n_per_prompt = n_per_prompt
         self._text_len = [0] * n_choices
         self._object = "chat.completion.chunk" if chat else "text_completion"
+        self._nvext = nvext
 
     def _account(self, d: Delta) -> None:
         self.completion_tokens += d.completion_tokens
@@ -158,10 +170,14 @@ class ResponseRenderer:
             if (not d.text and not d.finish_reason and not d.logprobs and not d.reasoning and not d.tool_calls
                     and self.choices[d.index].started):
                 continue
+            first = not self.choices[d.index].started
             chunk = {"id": self.id, "object": self._object, "created": self.created, "model": self.model,
                      "choices": [self._chunk_choice(d)]}
             if self.include_usage:
                 chunk["usage"] = None
+            ext = self._nvext.chunk_nvext(d.index, first, d.finish_reason is not None) if self._nvext else None
+            if ext:
+                chunk["nvext"] = ext
             frames.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
         return b"".join(frames)
 
@@ -208,6 +224,10 @@ class ResponseRenderer:
             if c.stop_reason:
                 out["stop_reason"] = c.stop_reason
             choices.append(out)
-        return orjson.dumps({"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                             "created": self.created, "model": self.model, "choices": choices,
-                             "usage": self.usage()})
+        body: dict[str, Any] = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                                "created": self.created, "model": self.model, "choices": choices,
+                                "usage": self.usage()}
+        ext = self._nvext.body_nvext() if self._nvext else None
+        if ext:
+            body["nvext"] = ext
+        return orjson.dumps(body)

@@ -6,6 +6,7 @@ import orjson
 
 from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
+from services.gateway.openai.media import Media
 from services.gateway.openai.requests import ChatRequest, CompletionRequest, GenerationRequest
 from services.gateway.openai.tools import guided_decoding, tool_choice_proto
 
@@ -24,16 +25,29 @@ def _base(req: GenerationRequest, request_id: str) -> common_pb2.PreprocessedReq
         stop.max_tokens = s.max_tokens
     if s.min_tokens:
         stop.min_tokens = s.min_tokens
+    if s.max_thinking_tokens is not None:
+        stop.max_thinking_tokens = s.max_thinking_tokens
+    stop.stop_token_ids_hidden.extend(s.stop_token_ids)
     output = common_pb2.OutputOptions(skip_special_tokens=s.skip_special_tokens)
     if s.logprobs is not None:
         output.logprobs = s.logprobs
     return common_pb2.PreprocessedRequest(request_id=request_id, model=req.model, sampling=sampling, stop=stop,
-                                          output=output)
+                                          output=output, annotations=req.nvext.annotations)
+
+
+def _media(item: Media) -> common_pb2.MediaItem:
+    return common_pb2.MediaItem(modality=item.modality, url=item.url, data=item.data, format=item.format,
+                                detail=item.detail, message_index=item.message_index, part_index=item.part_index)
 
 
 def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.PreprocessRequest:
     out = preprocessor_pb2.PreprocessRequest(request=_base(req, request_id),
-                                             messages_json=orjson.dumps(req.messages).decode())
+                                             return_formatted_prompt=req.nvext.wants("formatted_prompt"))
+    if req.nvext.token_data is not None:
+        out.tokens.ids.extend(req.nvext.token_data)  # pinned and pre-tokenized: no template
+    else:
+        out.messages_json = orjson.dumps(req.messages).decode()
+    out.request.media.extend(_media(m) for m in req.media)
     if req.tools:
         out.tools_json = orjson.dumps(req.tools).decode()
         out.single_tool_call = not req.parallel_tool_calls

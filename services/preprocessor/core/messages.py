@@ -3,7 +3,8 @@
 - Keys whose value is null are dropped (transformers does the same: templates handle a missing
   key but render ``None`` literally).
 - Text-only content arrays become one string joined with newlines; media parts become
-  ``{"type": "image"|"video"|"audio"}`` placeholders.
+  ``{"type": "image"|"video"|"audio"}`` placeholders when the template renders them, else the
+  content is its text parts joined (the media travel beside the prompt to the worker).
 - Assistant tool-call arguments given as JSON strings are parsed into objects, so templates that
   ``tojson`` them do not double-encode.
 - Assistant ``reasoning_content`` becomes a ``<think>…</think>`` prefix of the content, unless the
@@ -32,7 +33,7 @@ def parse_json(raw: str, what: str, param: str) -> Any:
         raise InvalidRequest(f"{what} is not valid JSON: {e}", param=param) from e
 
 
-def _flatten_content(content: list[Any]) -> str | list[dict]:
+def _flatten_content(content: list[Any], media_parts: bool) -> str | list[dict]:
     parts: list[dict] = []
     for part in content:
         if isinstance(part, str):
@@ -47,8 +48,10 @@ def _flatten_content(content: list[Any]) -> str | list[dict]:
             parts.append({"type": _MEDIA_PARTS[kind]})
         else:
             raise InvalidRequest(f"unsupported content part type {kind!r}", param="messages")
-    if all(p["type"] == "text" for p in parts):
-        return "\n".join(p["text"] for p in parts)
+    if not media_parts or all(p["type"] == "text" for p in parts):
+        # A template that expects string content gets the text; the media reach the worker as
+        # PreprocessedRequest.media, whose engine places them.
+        return "\n".join(p["text"] for p in parts if p["type"] == "text")
     return parts
 
 
@@ -66,14 +69,14 @@ def _parse_arguments(tool_calls: list[Any]) -> list[Any]:
     return out
 
 
-def _normalise_message(message: dict, template_reads_reasoning: bool) -> dict:
+def _normalise_message(message: dict, template_reads_reasoning: bool, media_parts: bool) -> dict:
     msg = {k: v for k, v in message.items() if v is not None}
     if msg.get("role") == "developer":
         # OpenAI's newer name for system instructions; most templates only know "system",
         # and a template that skips unknown roles would silently drop the message.
         msg["role"] = "system"
     if isinstance(msg.get("content"), list):
-        msg["content"] = _flatten_content(msg["content"])
+        msg["content"] = _flatten_content(msg["content"], media_parts)
     if msg.get("role") == "assistant":
         if isinstance(msg.get("tool_calls"), list):
             msg["tool_calls"] = _parse_arguments(msg["tool_calls"])
@@ -85,15 +88,18 @@ def _normalise_message(message: dict, template_reads_reasoning: bool) -> dict:
     return msg
 
 
-def normalise_messages(raw: Any, template_reads_reasoning: bool) -> list[dict]:
-    """Validates the shape of ``messages`` and returns normalised copies."""
+def normalise_messages(raw: Any, template_reads_reasoning: bool, media_parts: bool = True) -> list[dict]:
+    """Validates the shape of ``messages`` and returns normalised copies.
+
+    ``media_parts``: the template renders image/audio parts; otherwise content becomes its text.
+    """
     if not isinstance(raw, list) or not raw:
         raise InvalidRequest("messages must be a non-empty array", param="messages")
     out = []
     for message in raw:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidRequest("each message must be an object with a string role", param="messages")
-        out.append(_normalise_message(message, template_reads_reasoning))
+        out.append(_normalise_message(message, template_reads_reasoning, media_parts))
     return out
 
 

@@ -12,7 +12,12 @@ from typing import Any
 from services.common.errors import InvalidRequest
 from services.preprocessor.core import messages as msgs
 from services.preprocessor.core.artifacts import ModelArtifacts
-from services.preprocessor.core.templates import prompt_opens_reasoning, render_chat, template_reads
+from services.preprocessor.core.templates import (
+    prompt_opens_reasoning,
+    render_chat,
+    renders_media_parts,
+    template_reads,
+)
 
 MAX_STOP_STRINGS = 32
 # Above this many characters the Rust encoder runs through encode_batch, which releases the GIL,
@@ -24,6 +29,7 @@ GIL_FREE_ENCODE_CHARS = 16_384
 class PreparedPrompt:
     token_ids: list[int]
     prompt_opens_reasoning: bool = False
+    text: str = ""  # the rendered chat prompt (nvext annotation formatted_prompt)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +42,8 @@ class ChatInput:
     chat_template_kwargs_json: str = ""
     # Dynamo's exclude_tools_when_tool_choice_none: tool_choice "none" hides the tools from the template.
     hide_tools_for_choice_none: bool = True
+    # The deployment's --chat-template, used instead of the model directory's; empty for none.
+    template_override: str = ""
 
     def size(self) -> int:
         return len(self.messages_json) + len(self.tools_json)
@@ -59,12 +67,12 @@ def render_chat_prompt(artifacts: ModelArtifacts, chat: ChatInput) -> str:
     raw_tools = _optional_json(chat.tools_json, "tools")
     hidden = chat.hide_tools_for_choice_none and chat.tool_choice_none
     tools = [] if hidden else msgs.normalise_tools(raw_tools)
-    template = artifacts.template_for(has_tools=bool(tools))
+    template = chat.template_override or artifacts.template_for(has_tools=bool(tools))
     if template is None:
         raise InvalidRequest(f"model directory {artifacts.model_dir} has no chat template; use /v1/completions",
                              param="messages")
     messages = msgs.normalise_messages(msgs.parse_json(chat.messages_json, "messages", "messages"),
-                                       template_reads(template, "reasoning_content"))
+                                       template_reads(template, "reasoning_content"), renders_media_parts(template))
     kwargs = _optional_json(chat.chat_template_kwargs_json, "chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise InvalidRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
@@ -73,7 +81,7 @@ def render_chat_prompt(artifacts: ModelArtifacts, chat: ChatInput) -> str:
 
 def prepare_chat(artifacts: ModelArtifacts, chat: ChatInput) -> PreparedPrompt:
     prompt = render_chat_prompt(artifacts, chat)
-    return PreparedPrompt(encode(artifacts, prompt), prompt_opens_reasoning(prompt))
+    return PreparedPrompt(encode(artifacts, prompt), prompt_opens_reasoning(prompt), prompt)
 
 
 def prepare_text(artifacts: ModelArtifacts, text: str) -> PreparedPrompt:

@@ -26,6 +26,13 @@ _RESERVED_KWARGS = frozenset({
 })
 
 
+def renders_media_parts(template: str) -> bool:
+    """Whether the template walks content parts for images or audio (Qwen2-VL style) rather than
+    expecting string content: vLLM's "openai" versus "string" content format, told by the part
+    type names the template compares against."""
+    return any(f"{q}{kind}{q}" in template for kind in ("image", "audio") for q in ("'", '"'))
+
+
 def template_reads(template: str, name: str) -> bool:
     """Whether ``template`` mentions variable/attribute ``name`` (Dynamo's reasoning_content probe)."""
     return name in template

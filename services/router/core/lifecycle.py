@@ -30,6 +30,10 @@ class LifecycleEvent:
     overlap_blocks: int = 0
     overlap_tokens: int = 0  # predicted cached prompt tokens
     cached_tokens: int = 0  # reported by the worker (FIRST_TOKEN)
+    # Sticky session of a BOOK (core/sessions.py); replicas bind it too.
+    session_id: str = ""
+    session_action: str = ""
+    session_timeout_s: int = 0
 
     def to_wire(self, router_id: str) -> dict[str, Any]:
         d = {k: v for k, v in dataclasses.asdict(self).items() if v not in ("", 0, ())}

@@ -14,6 +14,8 @@ from pathlib import Path
 from services.common.flags import FlagParser
 from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
 
+MODALITIES = ("image", "audio")
+
 
 @dataclasses.dataclass(frozen=True)
 class MockerEngineConfig:
@@ -31,6 +33,11 @@ class MockerEngineConfig:
     context_length: int = 4096
     script: str = ""
     output_text: str | None = None
+    # Media the simulated engine takes, and the prompt tokens each item stands for (a vision
+    # encoder's placeholder tokens), so media show in usage and in the KV cache.
+    input_modalities: tuple[str, ...] = ()
+    image_tokens: int = 64
+    audio_tokens: int = 32
 
     def validate(self) -> list[str]:
         errors = []
@@ -42,6 +49,11 @@ class MockerEngineConfig:
             errors.append("--max-waiting must be >= 0 (0 = unbounded)")
         if self.speedup_ratio < 0:
             errors.append("--speedup-ratio must be >= 0 (0 = no delays)")
+        for m in self.input_modalities:
+            if m not in MODALITIES:
+                errors.append(f"--input-modalities: {m!r} is not one of {', '.join(MODALITIES)}")
+        if self.image_tokens <= 0 or self.audio_tokens <= 0:
+            errors.append("--image-tokens and --audio-tokens must be positive")
         if self.script and not Path(self.script).is_file():
             errors.append(f"--script {self.script!r} is not a file")
         return errors
@@ -66,8 +78,14 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     p.add("--speedup-ratio", default=1.0, type=float, help="divides simulated time; 0 = no delays")
     p.add("--script", default="", help="JSON file of {match, text} rules and a {default} answer")
     p.add("--output-text", default=None, help="answer every prompt with this text (one default rule)")
+    p.add("--input-modalities", default="",
+          help="media chat messages may carry for this worker, comma-separated: image, audio (declared on "
+               "its card; default: text only)")
+    p.add("--image-tokens", default=64, type=int, help="prompt tokens one image stands for")
+    p.add("--audio-tokens", default=32, type=int, help="prompt tokens one audio clip stands for")
     args = p.parse(argv)
-    worker = worker_config_from_args(args, "mocker")
+    modalities = tuple(dict.fromkeys(m.strip() for m in args.input_modalities.split(",") if m.strip()))
+    worker = dataclasses.replace(worker_config_from_args(args, "mocker"), input_modalities=modalities)
     engine = MockerEngineConfig(
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks,
@@ -79,6 +97,9 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         context_length=worker.context_length,
         script=args.script,
         output_text=args.output_text,
+        input_modalities=modalities,
+        image_tokens=args.image_tokens,
+        audio_tokens=args.audio_tokens,
     )
     errors = worker.validate() + engine.validate()
     if errors:

@@ -17,8 +17,18 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Sequence
 
+import xxhash
+
 from services.common.kv_events import KvEventListener
-from services.workers.engine import EngineBusy, EngineError, EngineOutput, EngineRequest, RequestRejected, TokenStream
+from services.workers.engine import (
+    EngineBusy,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    MediaInput,
+    RequestRejected,
+    TokenStream,
+)
 from services.workers.mocker.config import MockerEngineConfig
 from services.workers.mocker.kv_cache import KvCache
 from services.workers.mocker.outputs import OutputPolicy, synthetic_logprob
@@ -31,6 +41,9 @@ log = logging.getLogger(__name__)
 
 # At speed-up 0, how long the loop may run steps before letting consumers in.
 _INSTANT_SLICE_S = 0.002
+# Placeholder ids of media tokens (ordinary vocabulary ids; only the KV cache and usage see them).
+_MEDIA_TOKEN_BASE = 1000
+_MEDIA_TOKEN_SPAN = 29000
 # A step that made no progress although work is queued (cannot happen while requests are
 # validated against capacity) backs off instead of spinning.
 _STALL_BACKOFF_S = 0.001
@@ -87,10 +100,11 @@ class MockerEngine:
     # -- request intake ---------------------------------------------------------------------------
 
     def _new_sequence(self, request: EngineRequest) -> Seq:
-        prompt = list(request.token_ids)
+        text_prompt = list(request.token_ids)
         cfg = self.config
-        if not prompt:
+        if not text_prompt:
             raise RequestRejected("the prompt is empty")
+        prompt = text_prompt + self._media_tokens(request.media)
         room = cfg.context_length - len(prompt)
         if room <= 0:
             raise RequestRejected(f"the prompt has {len(prompt)} tokens; the context window is {cfg.context_length}")
@@ -103,13 +117,27 @@ class MockerEngine:
                                   f"({capacity} tokens)")
         eos_ids = request.eos_token_ids or self.eos_token_ids
         eos_id = eos_ids[0] if eos_ids and not request.ignore_eos else None
-        plan = self.outputs.plan(prompt, seed=request.sampling.seed, max_tokens=max_tokens,
+        plan = self.outputs.plan(text_prompt, seed=request.sampling.seed, max_tokens=max_tokens,
                                  min_tokens=request.min_tokens, eos_id=eos_id, ignore_eos=request.ignore_eos,
-                                 guided_json_schema=_json_schema_only(request))
+                                 guided_json_schema=_json_schema_only(request),
+                                 max_thinking_tokens=request.max_thinking_tokens)
         seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size),
                   stream=TokenStream(logprobs=request.logprobs is not None))
         seq.top_logprobs = request.logprobs
         return seq
+
+    def _media_tokens(self, media: Sequence[MediaInput]) -> list[int]:
+        """Each image or clip as a fixed number of placeholder tokens, as a vision or audio encoder's
+        output takes prompt positions; the ids derive from the content, so the same image reuses
+        cached blocks and another one does not."""
+        out: list[int] = []
+        for item in media:
+            if item.modality not in self.config.input_modalities:
+                raise RequestRejected(f"this worker does not accept {item.modality} input")
+            n = self.config.image_tokens if item.modality == "image" else self.config.audio_tokens
+            seed = xxhash.xxh3_64_intdigest(f"{item.modality}:{item.url}:{item.format}:{item.data}".encode())
+            out += [_MEDIA_TOKEN_BASE + (seed + i) % _MEDIA_TOKEN_SPAN for i in range(n)]
+        return out
 
     # -- the loop ---------------------------------------------------------------------------------
 

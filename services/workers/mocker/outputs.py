@@ -14,7 +14,8 @@ rules and at most one ``{"default": t}``. The rule whose ``match`` occurs latest
 prompt wins (ties go to the earlier rule); its text is emitted token by token, then the first EOS
 id with finish EOS. ``min_tokens`` pads with pseudo-random tokens before the EOS; ``ignore_eos``
 continues with pseudo-random tokens up to ``max_tokens``; ``max_tokens`` truncates (finish LENGTH).
-A prompt no rule matches, without a default, gets default-mode output.
+A prompt no rule matches, without a default, gets default-mode output. A thinking budget
+(``max_thinking_tokens``) cuts a scripted ``<think>`` block to that many tokens and closes it.
 """
 
 from __future__ import annotations
@@ -219,9 +220,27 @@ class OutputPolicy:
             return None
         return tuple(self._tokenizer.encode(guided_text(json_schema), add_special_tokens=False).ids)
 
+    def _think_ids(self) -> tuple[int | None, int | None]:
+        if self._tokenizer is None:
+            return None, None
+        return self._tokenizer.token_to_id("<think>"), self._tokenizer.token_to_id("</think>")
+
+    def _within_budget(self, script: tuple[int, ...], budget: int) -> tuple[int, ...]:
+        """A scripted answer whose thinking block holds at most ``budget`` tokens: the rest of the
+        thinking is skipped and the block closes there, as an engine enforcing a thinking budget does."""
+        open_id, close_id = self._think_ids()
+        if open_id is None or close_id is None or open_id not in script or close_id not in script:
+            return script
+        start = script.index(open_id) + 1
+        end = script.index(close_id, start)
+        return script if end - start <= budget else script[:start + budget] + script[end:]
+
     def plan(self, prompt: Sequence[int], *, seed: int | None, max_tokens: int, min_tokens: int = 0,
-             eos_id: int | None = None, ignore_eos: bool = False, guided_json_schema: str | None = None) -> TokenPlan:
+             eos_id: int | None = None, ignore_eos: bool = False, guided_json_schema: str | None = None,
+             max_thinking_tokens: int | None = None) -> TokenPlan:
         state = chain_state(prompt, xxhash.xxh3_64_intdigest(b"meshfront-mocker", seed=(seed or 0) & _U64))
         script = self.select(prompt) if guided_json_schema is None else self._guided(guided_json_schema)
+        if script is not None and max_thinking_tokens is not None:
+            script = self._within_budget(tuple(script), max_thinking_tokens)
         return TokenPlan(script, PseudoRandomTokens(self.vocab, state), max_tokens=max_tokens,
                          min_tokens=min_tokens, eos_id=eos_id, ignore_eos=ignore_eos)

@@ -74,20 +74,22 @@ class GuidedDecoding(_message.Message):
     def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., choice: _Optional[_Iterable[str]] = ..., grammar: _Optional[str] = ...) -> None: ...
 
 class StopConditions(_message.Message):
-    __slots__ = ("max_tokens", "stop", "stop_token_ids_hidden", "min_tokens", "ignore_eos", "include_stop_str_in_output")
+    __slots__ = ("max_tokens", "stop", "stop_token_ids_hidden", "min_tokens", "ignore_eos", "include_stop_str_in_output", "max_thinking_tokens")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_THINKING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     stop: _containers.RepeatedScalarFieldContainer[str]
     stop_token_ids_hidden: _containers.RepeatedScalarFieldContainer[int]
     min_tokens: int
     ignore_eos: bool
     include_stop_str_in_output: bool
-    def __init__(self, max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids_hidden: _Optional[_Iterable[int]] = ..., min_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ...) -> None: ...
+    max_thinking_tokens: int
+    def __init__(self, max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids_hidden: _Optional[_Iterable[int]] = ..., min_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., max_thinking_tokens: _Optional[int] = ...) -> None: ...
 
 class OutputOptions(_message.Message):
     __slots__ = ("logprobs", "skip_special_tokens")
@@ -116,7 +118,7 @@ class TopLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class PreprocessedRequest(_message.Message):
-    __slots__ = ("request_id", "model", "token_ids", "sampling", "stop", "output", "eos_token_ids")
+    __slots__ = ("request_id", "model", "token_ids", "sampling", "stop", "output", "eos_token_ids", "media", "annotations")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +126,8 @@ class PreprocessedRequest(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -131,7 +135,27 @@ class PreprocessedRequest(_message.Message):
     stop: StopConditions
     output: OutputOptions
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    media: _containers.RepeatedCompositeFieldContainer[MediaItem]
+    annotations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., media: _Optional[_Iterable[_Union[MediaItem, _Mapping]]] = ..., annotations: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MediaItem(_message.Message):
+    __slots__ = ("modality", "url", "data", "format", "detail", "message_index", "part_index")
+    MODALITY_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PART_INDEX_FIELD_NUMBER: _ClassVar[int]
+    modality: str
+    url: str
+    data: str
+    format: str
+    detail: str
+    message_index: int
+    part_index: int
+    def __init__(self, modality: _Optional[str] = ..., url: _Optional[str] = ..., data: _Optional[str] = ..., format: _Optional[str] = ..., detail: _Optional[str] = ..., message_index: _Optional[int] = ..., part_index: _Optional[int] = ...) -> None: ...
 
 class ToolChoice(_message.Message):
     __slots__ = ("mode", "function_name")

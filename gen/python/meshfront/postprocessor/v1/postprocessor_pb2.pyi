@@ -20,7 +20,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., options: _Optional[_Union[_common_pb2.PostprocessOptions, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_id: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("text", "completion_tokens", "logprobs", "finish_reason", "stop_reason", "cached_tokens", "prompt_tokens", "reasoning_text", "tool_calls")
+    __slots__ = ("text", "completion_tokens", "logprobs", "finish_reason", "stop_reason", "cached_tokens", "prompt_tokens", "reasoning_text", "tool_calls", "worker_id")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class GenerateResponse(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REASONING_TEXT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     text: str
     completion_tokens: int
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenText]
@@ -39,7 +40,8 @@ class GenerateResponse(_message.Message):
     prompt_tokens: int
     reasoning_text: str
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCallDelta]
-    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenText, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reasoning_text: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ...) -> None: ...
+    worker_id: str
+    def __init__(self, text: _Optional[str] = ..., completion_tokens: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenText, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., stop_reason: _Optional[str] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reasoning_text: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., worker_id: _Optional[str] = ...) -> None: ...
 
 class ToolCallDelta(_message.Message):
     __slots__ = ("index", "id", "name", "arguments")

@@ -7,32 +7,42 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouteRequest(_message.Message):
-    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids")
+    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "session_id", "session_action", "session_timeout_s", "priority_jump_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ACTION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_JUMP_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     prompt_tokens: int
     worker_id: str
     exclude_worker_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    session_id: str
+    session_action: str
+    session_timeout_s: int
+    priority_jump_s: float
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token")
+    __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token", "queue_depth")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     overlap_blocks: int
     report_first_token: bool
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., report_first_token: _Optional[bool] = ...) -> None: ...
+    queue_depth: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., report_first_token: _Optional[bool] = ..., queue_depth: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("request_id", "first_token", "cached_tokens", "prompt_tokens")
