@@ -121,7 +121,7 @@ class EmbedBatcher:
         self.batch_sizes[len(batch)] += 1
         try:
             out = await asyncio.to_thread(self._run, [item.token_ids for item in batch])
-        except Exception as e:  # noqa: BLE001 - every caller in the batch gets the failure
+        except Exception as e:
             log.exception("embedding a batch of %d inputs failed", len(batch))
             for item in batch:
                 if not item.job.future.done():

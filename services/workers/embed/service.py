@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-
 from meshfront.worker.v1 import worker_pb2
+
 from services.common.errors import Internal, InvalidRequest
 from services.common.metrics import worker_metrics
 from services.workers.embed.batcher import EmbedBatcher
