@@ -12,6 +12,7 @@ import asyncio
 from meshfront.preprocessor.v1 import preprocessor_pb2
 from meshfront.router.v1 import router_pb2
 from meshfront.worker.v1 import worker_pb2
+
 from services.common.errors import NoWorkers, WorkerFailed
 from services.gateway.clients import PreprocessorClient, RouterClient
 from services.gateway.embeddings.request import EmbeddingsRequest

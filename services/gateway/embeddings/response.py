@@ -12,7 +12,6 @@ import base64
 
 import numpy as np
 import orjson
-
 from meshfront.worker.v1 import worker_pb2
 
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import grpc
 from google.api import httpbody_pb2
-
 from meshfront.gateway.v1 import embeddings_pb2_grpc
+
 from services.common.discovery import WorkerCard
 from services.common.errors import InvalidRequest, MeshError, NotFound
 from services.gateway.embeddings.pipeline import EmbeddingsPipeline

@@ -12,8 +12,8 @@ import logging
 from typing import Protocol
 
 import grpc
-
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
+
 from services.common import tls as mesh_tls
 from services.common.errors import Cancelled, Internal, MeshError, WorkerFailed, from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS

@@ -16,8 +16,11 @@ KIND = "embed"
 @dataclasses.dataclass(frozen=True)
 class EmbedConfig:
     worker: WorkerConfig
-    # torch intra-op threads; 0 keeps torch's default (one per core).
-    threads: int = 0
+    # torch intra-op threads; 0 keeps torch's default (one per core). One by default: a small model's
+    # forward pass gains little from intra-op threads, and when the cores are shared OpenMP's
+    # spin-waiting burns them (2 threads on a busy 2-core machine: 136 CPU ms per embedding against
+    # 10.5 with 1, bench/RESULTS.md). Scale out with more workers; batching fills each one.
+    threads: int = 1
     # Inputs per forward pass, and padded tokens (inputs x longest) per forward pass.
     max_batch_size: int = 32
     max_batch_tokens: int = 8192
@@ -27,7 +30,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     """Parses and validates; raises ConfigError listing every problem."""
     p = FlagParser(KIND, "A sentence-embedding model on the CPU behind WorkerService.Embed.", env)
     add_worker_flags(p)
-    p.add("--threads", default=0, type=int, help="torch threads (0 = torch's default)")
+    p.add("--threads", default=1, type=int, help="torch intra-op threads (0 = torch's default, one per core)")
     p.add("--max-batch-size", default=32, type=int, help="inputs per forward pass")
     p.add("--max-batch-tokens", default=8192, type=int, help="padded tokens per forward pass (inputs x longest)")
     args = p.parse(argv)
