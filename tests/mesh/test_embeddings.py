@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.tokenizer_files import load_tokenizer
 from services.launcher.plan import WorkerSpec
@@ -133,7 +134,17 @@ def test_models_lists_the_embedding_model(client):
     assert client.models.retrieve(EMBED).id == EMBED
 
 
-async def test_concurrent_requests_all_get_their_own_embeddings(embed_mesh):
+def batch_histogram(mesh) -> tuple[float, float]:
+    """(forward passes, inputs) so far, from the embedding worker's ``embed_batch_inputs`` histogram."""
+    [name] = [n for n in mesh.plan.metrics_ports if n.startswith("embed-")]
+    text = httpx.get(f"http://127.0.0.1:{mesh.plan.metrics_ports[name]}/metrics", timeout=5).text
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name.startswith("meshfront_worker_embed_batch_inputs")}
+    return samples["meshfront_worker_embed_batch_inputs_count"], samples["meshfront_worker_embed_batch_inputs_sum"]
+
+
+async def test_concurrent_requests_are_batched_and_all_get_their_own_embeddings(embed_mesh):
+    passes_before, inputs_before = batch_histogram(embed_mesh)
     async with openai.AsyncOpenAI(base_url=f"{embed_mesh.url}/v1", api_key="unused", max_retries=0,
                                   timeout=120) as aclient:
         texts = [f"request number {i} is about {['cats', 'finance', 'weather', 'music'][i % 4]}" for i in range(32)]
@@ -141,3 +152,7 @@ async def test_concurrent_requests_all_get_their_own_embeddings(embed_mesh):
                                          for t in texts))
         together = (await aclient.embeddings.create(model=EMBED, input=texts, encoding_format="float")).data
     assert np.allclose(np.stack([as_array(r.data)[0] for r in results]), as_array(together), atol=1e-5)
+    passes, inputs = batch_histogram(embed_mesh)
+    assert inputs - inputs_before == 64  # 32 single-input requests, then one of 32 inputs
+    # The 32 concurrent requests shared forward passes (the 32-input request takes one more).
+    assert passes - passes_before < 32, (passes - passes_before)

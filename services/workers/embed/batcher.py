@@ -70,7 +70,8 @@ def take_batch(queue: collections.deque[_Item], max_batch_size: int, max_batch_t
 class EmbedBatcher:
     """``await embed(inputs)`` -> float32 array ``[len(inputs), dimensions]``."""
 
-    def __init__(self, run: RunBatch, *, max_batch_size: int = 32, max_batch_tokens: int = 8192):
+    def __init__(self, run: RunBatch, *, max_batch_size: int = 32, max_batch_tokens: int = 8192,
+                 observe: Callable[[int], None] | None = None):
         if max_batch_size < 1 or max_batch_tokens < 1:
             raise ValueError("max_batch_size and max_batch_tokens must be positive")
         self._run = run
@@ -81,6 +82,7 @@ class EmbedBatcher:
         self._task: asyncio.Task[None] | None = None
         # Sizes of the batches run so far (the service test and the benchmark read how well it batched).
         self.batch_sizes: collections.Counter[int] = collections.Counter()
+        self._observe = observe  # each batch's size, for a metric
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="embed-batcher")
@@ -119,6 +121,8 @@ class EmbedBatcher:
 
     async def _run_one(self, batch: list[_Item]) -> None:
         self.batch_sizes[len(batch)] += 1
+        if self._observe is not None:
+            self._observe(len(batch))
         try:
             out = await asyncio.to_thread(self._run, [item.token_ids for item in batch])
         except Exception as e:

@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from services.common.grpc_server import run, setup_logging
+from services.common.metrics import embed_metrics
 from services.workers.config import ConfigError
 from services.workers.embed.batcher import EmbedBatcher
 from services.workers.embed.config import EmbedConfig, parse_config
@@ -17,7 +18,8 @@ from services.workers.embed.service import EmbedService
 def build_service(cfg: EmbedConfig) -> EmbedService:
     """Loads the weights (blocking, a few seconds) before the port opens: "port open" means "ready"."""
     embedder = SentenceEmbedder(cfg.worker.model_dir, threads=cfg.threads)
-    batcher = EmbedBatcher(embedder.embed, max_batch_size=cfg.max_batch_size, max_batch_tokens=cfg.max_batch_tokens)
+    batcher = EmbedBatcher(embedder.embed, max_batch_size=cfg.max_batch_size, max_batch_tokens=cfg.max_batch_tokens,
+                           observe=embed_metrics().batch_inputs.observe)
     return EmbedService(embedder.shape, batcher, cfg.worker.model_name)
 
 

@@ -18,7 +18,7 @@ from services.common import tls as mesh_tls
 from services.common.discovery import EMBEDDINGS, ModelCard, Registrar, WorkerCard
 from services.common.errors import Internal, MeshError, abort
 from services.common.grpc_server import GrpcServer
-from services.common.metrics import serve_metrics, worker_metrics
+from services.common.metrics import embed_metrics, serve_metrics, worker_metrics
 from services.workers.config import WorkerConfig
 from services.workers.embed.service import EmbedService
 
@@ -58,6 +58,7 @@ async def serve_embedder(cfg: WorkerConfig, service: EmbedService) -> None:
     """Serves until a signal, registered in discovery for as long as it serves (the model is loaded)."""
     serve_metrics(cfg.metrics_port, cfg.host)
     worker_metrics()
+    embed_metrics()  # every documented name from the first scrape
     server = build_server(cfg, service)
     registrar: Registrar | None = None
     if cfg.register:
