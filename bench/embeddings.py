@@ -24,7 +24,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import cpu
 from bench.http import Connection, HttpError
@@ -66,6 +68,7 @@ class EmbedRow:
     p50_ms: float
     p99_ms: float
     bg_cores: float
+    inputs_per_pass: float = 0.0  # mean inputs per forward pass (the worker's batch histogram)
 
     @property
     def per_s(self) -> float:
@@ -107,6 +110,15 @@ async def _post(conn: Connection, body: bytes) -> float:
     return (time.monotonic() - start) * 1000
 
 
+def _batch_histogram(mesh: Mesh) -> tuple[float, float]:
+    """(forward passes, inputs) of the embedding worker so far, from its Prometheus histogram."""
+    [name] = [n for n in mesh.plan.metrics_ports if n.startswith("embed-")]
+    text = httpx.get(f"http://127.0.0.1:{mesh.plan.metrics_ports[name]}/metrics", timeout=5).text
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return (samples.get("meshfront_worker_embed_batch_inputs_count", 0.0),
+            samples.get("meshfront_worker_embed_batch_inputs_sum", 0.0))
+
+
 async def _mesh_level(mesh: Mesh, shape: str, c: int, bodies: list[bytes]) -> EmbedRow:
     conns = [Connection("127.0.0.1", mesh.plan.http_port) for _ in range(c)]
     await asyncio.gather(*(conn.connect() for conn in conns))
@@ -126,16 +138,18 @@ async def _mesh_level(mesh: Mesh, shape: str, c: int, bodies: list[bytes]) -> Em
                 if errors == 1:
                     print(f"  first error: {e}", flush=True)
 
+    passes0, inputs0 = _batch_histogram(mesh)
     before, busy0, own0, t0 = cpu.sample(pids), cpu.read_machine_busy_ms(), _own_cpu_ms(), time.monotonic()
     await asyncio.gather(*(slot(conn) for conn in conns))
     after, busy1, own1, t1 = cpu.sample(pids), cpu.read_machine_busy_ms(), _own_cpu_ms(), time.monotonic()
+    passes1, inputs1 = _batch_histogram(mesh)
     for conn in conns:
         conn.close()
     usage = cpu.usage_between(before, after)
     worker = sum(ms for name, ms in usage.per_process_ms.items() if name.startswith("embed"))
     bg = max(0.0, (busy1 - busy0) - usage.total_ms - (own1 - own0)) / 1000 / (t1 - t0)
     return EmbedRow(shape, c, len(bodies), errors, t1 - t0, usage.total_ms, worker, _percentile(latencies, 0.5),
-                    _percentile(latencies, 0.99), bg)
+                    _percentile(latencies, 0.99), bg, (inputs1 - inputs0) / max(1.0, passes1 - passes0))
 
 
 def _own_cpu_ms() -> float:
@@ -154,7 +168,8 @@ def run_mesh(cfg: EmbedBenchConfig, shape: str, emit: Printer, log_dir: Path) ->
             texts = sentences(cfg.requests_for(c), cfg.words, cfg.seed + i)
             row = asyncio.run(_mesh_level(mesh, shape, c, [body(t) for t in texts]))
             emit(f"  {shape} c={c}: {row.per_s:.0f} emb/s, {row.cpu_per_request(row.cpu_ms):.1f} CPU ms/req "
-                 f"(worker {row.cpu_per_request(row.worker_cpu_ms):.1f}), p50 {row.p50_ms:.1f} ms, "
+                 f"(worker {row.cpu_per_request(row.worker_cpu_ms):.1f}), {row.inputs_per_pass:.1f} inputs per "
+                 f"forward pass, p50 {row.p50_ms:.1f} ms, "
                  f"errors {row.errors}, bg {row.bg_cores:.2f} cores")
             rows.append(row)
         return rows
@@ -186,7 +201,7 @@ def run_direct(cfg: EmbedBenchConfig, emit: Printer) -> list[EmbedRow]:
         own = own1 - own0
         bg = max(0.0, (busy1 - busy0) - own) / 1000 / (t1 - t0)
         row = EmbedRow("direct", c, len(texts), 0, t1 - t0, own, own, _percentile(latencies, 0.5),
-                       _percentile(latencies, 0.99), bg)
+                       _percentile(latencies, 0.99), bg, float(c))
         emit(f"  direct batch={c}: {row.per_s:.0f} emb/s, {row.cpu_per_request(own):.1f} CPU ms/emb, "
              f"p50 {row.p50_ms:.1f} ms per forward pass, bg {bg:.2f} cores")
         rows.append(row)
@@ -195,16 +210,18 @@ def run_direct(cfg: EmbedBenchConfig, emit: Printer) -> list[EmbedRow]:
 
 LEGEND = ("emb/s: embeddings (requests of one input) completed per second. CPU ms/req: CPU of every mesh "
           "process (Envoy, gateway, stages, worker, NATS) per request; worker: the embedding worker's share. "
+          "inputs/pass: mean inputs per forward pass, from the worker's meshfront_worker_embed_batch_inputs. "
           "direct: the same model in one process, c inputs tokenized and embedded per forward pass (latency "
           "is per forward pass). bg: cores other tenants used during the level.")
 
 
 def markdown_table(rows: list[EmbedRow]) -> str:
-    lines = ["| setting | c | requests | emb/s | CPU ms/req | worker CPU ms/req | p50 ms | p99 ms | errors | bg cores |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| setting | c | requests | emb/s | CPU ms/req | worker CPU ms/req | inputs/pass | p50 ms | p99 ms "
+             "| errors | bg cores |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.setting} | {r.concurrency} | {r.requests} | {r.per_s:.0f} | "
                      f"{r.cpu_per_request(r.cpu_ms):.1f} | {r.cpu_per_request(r.worker_cpu_ms):.1f} | "
+                     f"{r.inputs_per_pass:.1f} | "
                      f"{r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.errors} | {r.bg_cores:.2f} |")
     return "\n".join(lines)
 
