@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
 import pathlib
 import shlex
@@ -108,18 +109,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float) -> None:
+def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float,
+                         models: frozenset[str] = frozenset()) -> None:
+    """Prints the URL once /health answers 200 and lists every model in ``models`` (the embedding worker
+    loads torch and its weights after the mocker workers are long registered)."""
     deadline = time.monotonic() + timeout_s
     # Our own listener: with TLS the certificate may be self-signed, and this only asks "is it up".
     context = ssl._create_unverified_context() if url.startswith("https") else None  # noqa: S323
     while not stop.is_set() and time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=1, context=context) as r:
-                if r.status == 200:
+                if r.status == 200 and models <= set(json.loads(r.read()).get("models", {})):
                     print(f"\n  Meshfront is up: {url}/v1  (OpenAI API and KServe gRPC on this port)\n"
                           f"  try: curl {url}/v1/models\n  Ctrl-C stops everything.\n", flush=True)
                     return
-        except OSError:
+        except (OSError, ValueError):
             pass
         time.sleep(0.5)
 
@@ -169,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     scheme = "https" if plan.tls else "http"
     threading.Thread(target=_announce_when_ready, args=(f"{scheme}://127.0.0.1:{args.http_port}", stop,
-                                                        READY_TIMEOUT_S[args.worker_kind]), daemon=True).start()
+                                                        READY_TIMEOUT_S[args.worker_kind],
+                                                        frozenset(w.model_name for w in plan.workers)),
+                     daemon=True).start()
     try:
         return asyncio.run(supervisor.run())
     finally:

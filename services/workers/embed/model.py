@@ -83,6 +83,9 @@ class SentenceEmbedder:
     def __init__(self, model_dir: str | Path, *, threads: int = 0):
         import torch
         from transformers import AutoModel
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # a progress bar per start is noise in the mesh's log
 
         self.shape = read_shape(model_dir)
         if threads:
