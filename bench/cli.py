@@ -3,7 +3,8 @@
 ``mesh`` starts a fresh mesh per shape and tears it down; ``load`` drives a mesh that is already
 running (e.g. ``make run``) and accounts CPU for the pids given with ``--pid name=PID``; ``engine``
 puts vLLM CPU workers behind the split and inproc meshes and compares them with vLLM's own server
-(bench/engine.py); ``kv`` and ``soak`` are described by their own ``--help``.
+(bench/engine.py); ``kv``, ``soak`` and ``embeddings`` (POST /v1/embeddings vs the model in-process,
+bench/embeddings.py) are described by their own ``--help``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_kv_parser(sub)
     _add_soak_parser(sub)
     _add_engine_parser(sub)
+    _add_embeddings_parser(sub)
     args = p.parse_args(argv)
     if args.scenario == "engine":
         from bench.engine import DEPLOYMENTS
@@ -130,6 +132,49 @@ def _add_soak_parser(sub) -> None:
     s.add_argument("--shape", default=d.shape, choices=mesh.SHAPES)
     s.add_argument("--markdown", default="", help="append the table to this file")
     s.add_argument("--json", default="", help="write every RSS sample (KiB per process) and the counts to this file")
+
+
+def _add_embeddings_parser(sub) -> None:
+    from bench.embeddings import SHAPES as EMBED_SHAPES
+    from bench.embeddings import EmbedBenchConfig
+
+    d = EmbedBenchConfig()
+    e = sub.add_parser("embeddings", help="POST /v1/embeddings through a fresh mesh (one all-MiniLM-L6-v2 worker) "
+                       "vs the same model called in-process")
+    e.add_argument("--shape", default=",".join(d.shapes), help=f"comma list of {', '.join(EMBED_SHAPES)}")
+    e.add_argument("--concurrency", type=_ints, default=d.concurrency, help="comma list (default 1,8,32)")
+    e.add_argument("--requests", type=int, default=0, help="requests per level (default max(100, 8*c))")
+    e.add_argument("--words", type=int, default=d.words, help="words per input sentence")
+    e.add_argument("--warmup", type=int, default=d.warmup, help="warm-up requests before each level")
+    e.add_argument("--no-direct", action="store_true", help="skip the in-process baseline")
+    e.add_argument("--threads", type=int, default=d.threads, help="torch threads of the worker and the baseline")
+    e.add_argument("--log-level", default=d.log_level, help="log level of the mesh services")
+    e.add_argument("--markdown", default="", help="append a markdown section with the table to this file")
+
+
+def _run_embeddings(args: argparse.Namespace, command: str) -> int:
+    import tempfile
+
+    from bench import embeddings
+
+    shapes = tuple(s.strip() for s in args.shape.split(",") if s.strip())
+    bad = [s for s in shapes if s not in embeddings.SHAPES]
+    if bad:
+        raise SystemExit(f"unknown shape(s) {bad}; choose from {embeddings.SHAPES}")
+    cfg = embeddings.EmbedBenchConfig(shapes=shapes, concurrency=args.concurrency, requests=args.requests or None,
+                                      words=args.words, warmup=args.warmup, direct=not args.no_direct,
+                                      log_level=args.log_level, threads=args.threads)
+    started = datetime.datetime.now().astimezone()
+    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
+    with tempfile.TemporaryDirectory(prefix="bench-embeddings-") as logs:
+        rows = embeddings.run(cfg, _emit, Path(logs))
+    table = embeddings.markdown_table(rows)
+    _emit("\n" + table + "\n\n" + embeddings.LEGEND)
+    if args.markdown:
+        with Path(args.markdown).open("a") as f:
+            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
+                    f"Setting: {cfg}.\n\n{table}\n\n{embeddings.LEGEND}\n")
+    return 0
 
 
 def _add_engine_parser(sub) -> None:
@@ -272,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_soak(args, command)
     if args.scenario == "engine":
         return _run_engine(args, command)
+    if args.scenario == "embeddings":
+        return _run_embeddings(args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
     _emit(f"# {_setting_line(args, cfg)}")

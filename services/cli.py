@@ -15,6 +15,7 @@ COMMANDS = {
     "hf": "services.workers.hf",
     "vllm": "services.workers.vllm",
     "sglang": "services.workers.sglang",
+    "embed": "services.workers.embed",
     "build-model": "services.models",
 }
 

@@ -21,6 +21,9 @@ class InProcessPreprocessor:
     async def preprocess(self, req):
         return await self._service.preprocess(req)
 
+    async def preprocess_embeddings(self, req):
+        return await self._service.preprocess_embeddings(req)
+
 
 class InProcessRouter:
     def __init__(self, service: Router):

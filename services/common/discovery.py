@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 BUCKET = "meshfront_workers"
 DEFAULT_TTL_S = 6.0
 
+# The OpenAI endpoints a model card may list. A generating model serves the first two; an embedding
+# model (services/workers/embed) only the third, which is how the gateway tells the kinds apart.
+CHAT, COMPLETIONS, EMBEDDINGS = "chat", "completions", "embeddings"
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelCard:
@@ -37,10 +41,18 @@ class ModelCard:
     block_size: int = 16
     tool_call_parser: str = ""
     reasoning_parser: str = ""
-    # "chat" and/or "completions"
-    endpoints: tuple[str, ...] = ("chat", "completions")
+    # CHAT and/or COMPLETIONS for a generating model; (EMBEDDINGS,) for an embedding model. Cards
+    # written before embeddings existed lack the field and read as a generating model.
+    endpoints: tuple[str, ...] = (CHAT, COMPLETIONS)
     # Media the worker's engine takes in chat messages besides text: "image", "audio".
     input_modalities: tuple[str, ...] = ()
+
+    def serves(self, endpoint: str) -> bool:
+        return endpoint in self.endpoints
+
+    @property
+    def is_embedding(self) -> bool:
+        return EMBEDDINGS in self.endpoints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +73,7 @@ class WorkerCard:
     def from_json(cls, raw: bytes) -> WorkerCard:
         d = orjson.loads(raw)
         m = d.pop("model")
-        m["endpoints"] = tuple(m.get("endpoints", ("chat", "completions")))
+        m["endpoints"] = tuple(m.get("endpoints", (CHAT, COMPLETIONS)))
         m["input_modalities"] = tuple(m.get("input_modalities", ()))
         return cls(model=ModelCard(**m), **d)
 

@@ -60,6 +60,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if isinstance(err, MeshError):
             code, message, trailers = to_status(err)
             await context.abort(code, message, trailing_metadata=trailers)
+        if isinstance(err, NotImplementedError):  # a generated servicer base's method: not served here
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method} is not served by the {self.service}")
         # No request id from the caller: a fresh one still ties the client's message to this log line.
         rid = rid or f"unnamed-{uuid.uuid4().hex[:12]}"
         self._log.error("%s failed on request %s", method, rid, exc_info=err)

@@ -93,6 +93,19 @@ def worker_metrics() -> WorkerMetrics:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class EmbedMetrics:
+    batch_inputs: Histogram
+
+
+@functools.cache
+def embed_metrics() -> EmbedMetrics:
+    """The embedding worker's batching: how many inputs each forward pass carried."""
+    return EmbedMetrics(batch_inputs=Histogram(
+        "meshfront_worker_embed_batch_inputs", "Inputs per forward pass of an embedding worker",
+        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)))
+
+
 class LoadCollector(Collector):
     """Gauges read from live objects at scrape time: ``read()`` returns (name, help, labels, values).
 

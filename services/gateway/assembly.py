@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from meshfront.gateway.v1 import anthropic_pb2_grpc, edge_pb2_grpc, gateway_pb2_grpc, responses_pb2_grpc
+from meshfront.gateway.v1 import (anthropic_pb2_grpc, edge_pb2_grpc, embeddings_pb2_grpc, gateway_pb2_grpc,
+                                     responses_pb2_grpc)
 
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
@@ -21,6 +22,9 @@ from services.gateway.anthropic.server import AnthropicServicer
 from services.gateway.config import GatewayConfig
 from services.gateway.edge.replicas import ReplicaMetrics
 from services.gateway.edge.server import EdgeServicer
+from services.gateway.embeddings.pipeline import EmbeddingsPipeline
+from services.gateway.embeddings.server import EmbeddingsServicer
+from services.gateway.embeddings.worker_client import GrpcEmbedWorker
 from services.gateway.kserve import server as kserve
 from services.gateway.pipeline import Pipeline
 from services.gateway.responses_api.server import ResponsesServicer
@@ -35,6 +39,8 @@ class Gateway:
     # Stored /v1/responses responses (NATS JetStream KV, shared by every replica).
     response_store: ResponseStore
     metrics: ReplicaMetrics
+    # POST /v1/embeddings: the same preprocessor and router clients, then the embedding worker directly.
+    embeddings: EmbeddingsPipeline
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -43,6 +49,7 @@ class Gateway:
         self.responses = ResponsesServicer(self.pipeline, self.registry.models, self.response_store)
         self.anthropic = AnthropicServicer(self.pipeline, self.registry.models)
         self.edge = EdgeServicer(self.metrics)
+        self.embeddings_servicer = EmbeddingsServicer(self.embeddings, self.registry.models)
 
     async def start_drain(self) -> None:
         self.draining = True
@@ -54,6 +61,7 @@ class Gateway:
         responses_pb2_grpc.add_ResponsesServiceServicer_to_server(self.responses, server.server)
         anthropic_pb2_grpc.add_AnthropicServiceServicer_to_server(self.anthropic, server.server)
         edge_pb2_grpc.add_EdgeServiceServicer_to_server(self.edge, server.server)
+        embeddings_pb2_grpc.add_EmbeddingsServiceServicer_to_server(self.embeddings_servicer, server.server)
         kserve.add_to_server(self.kserve, server.server)
         server.on_drain(self.start_drain)
 
@@ -64,6 +72,7 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     """The gateway; a stage client not handed in is a gRPC client of the stage's configured target.
 
     The response store connects to ``cfg.nats_url`` in the background (``start``), in both shapes.
+    Embedding workers are always reached over gRPC (they are their own processes in both shapes).
     """
     pre = preprocessor or clients.GrpcPreprocessor(cfg.preprocessor, tls)
     route = router or clients.GrpcRouter(cfg.router, tls)
@@ -72,5 +81,8 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     # Every request family exists from the first scrape; /metrics at the edge gathers all replicas'.
     recorder = frontend_metrics.configure(cfg.metrics_prefix)
     metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry)
-    gateway = Gateway(Pipeline(pre, route, post), registry, response_store=store, metrics=metrics)
-    return Built(gateway, background=[store.run, metrics.run], closers=[store.close, metrics.close])
+    embed_workers = GrpcEmbedWorker(tls)
+    gateway = Gateway(Pipeline(pre, route, post), registry, response_store=store, metrics=metrics,
+                      embeddings=EmbeddingsPipeline(pre, route, embed_workers))
+    return Built(gateway, background=[store.run, metrics.run],
+                 closers=[store.close, metrics.close, embed_workers.close])

@@ -32,6 +32,9 @@ _LB_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
 class PreprocessorClient(Protocol):
     async def preprocess(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse: ...
 
+    async def preprocess_embeddings(self, req: preprocessor_pb2.PreprocessEmbeddingsRequest
+                                    ) -> preprocessor_pb2.PreprocessEmbeddingsResponse: ...
+
 
 class RouterClient(Protocol):
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse: ...
@@ -54,6 +57,12 @@ class GrpcPreprocessor:
     async def preprocess(self, req):
         try:
             return await self._stub.Preprocess(req, metadata=request_id_metadata(req.request.request_id))
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def preprocess_embeddings(self, req):
+        try:
+            return await self._stub.PreprocessEmbeddings(req)
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
 

@@ -20,7 +20,7 @@ from google.api import httpbody_pb2
 
 from meshfront.gateway.v1 import gateway_pb2_grpc
 from services.common.discovery import WorkerCard
-from services.common.errors import MeshError, NotFound, Overloaded, to_status
+from services.common.errors import InvalidRequest, MeshError, NotFound, Overloaded, to_status
 from services.gateway import models_api
 from services.gateway.anthropic import models as anthropic_models
 from services.gateway.openai.errors import error_body, sse_error_frame
@@ -64,8 +64,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self._draining = draining
 
     def _check_model(self, name: str) -> None:
-        if name not in self._models():
+        cards = self._models().get(name)
+        if not cards:
             raise NotFound(f"The model `{name}` does not exist.", param="model", code="model_not_found")
+        if cards[0].model.is_embedding:
+            raise InvalidRequest(f"The model `{name}` is an embedding model; use /v1/embeddings with it",
+                                 param="model")
 
     async def ChatCompletions(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
         track = RequestTracker("chat")

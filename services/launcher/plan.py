@@ -32,12 +32,12 @@ class ProcessSpec:
 class WorkerSpec:
     model_dir: str
     model_name: str
-    kind: str = "mocker"  # mocker | hf | vllm
+    kind: str = "mocker"  # mocker | hf | vllm | sglang | embed
     extra: tuple[str, ...] = ()
 
 
 WORKER_MODULES = {"mocker": "services.workers.mocker", "hf": "services.workers.hf", "vllm": "services.workers.vllm",
-                  "sglang": "services.workers.sglang"}
+                  "sglang": "services.workers.sglang", "embed": "services.workers.embed"}
 
 
 def worker_argv(kind: str, *args: str) -> list[str]:

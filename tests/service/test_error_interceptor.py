@@ -104,3 +104,10 @@ async def test_a_domain_error_arrives_as_the_same_error(served):
             rebuilt = from_rpc_error(err)
             assert (type(rebuilt), rebuilt.message, rebuilt.param, rebuilt.code) == \
                 (type(error), error.message, error.param, error.code)
+
+
+async def test_a_method_the_servicer_does_not_implement_is_unimplemented(served):
+    _, _, worker = served
+    err = await _fail(worker.Embed(worker_pb2.EmbedRequest()))
+    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert err.details() == "/meshfront.worker.v1.WorkerService/Embed is not served by the scripted"

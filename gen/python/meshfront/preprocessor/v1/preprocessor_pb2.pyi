@@ -46,3 +46,27 @@ class PreprocessResponse(_message.Message):
     postprocess: _common_pb2.PostprocessOptions
     formatted_prompt: str
     def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., postprocess: _Optional[_Union[_common_pb2.PostprocessOptions, _Mapping]] = ..., formatted_prompt: _Optional[str] = ...) -> None: ...
+
+class PreprocessEmbeddingsRequest(_message.Message):
+    __slots__ = ("request_id", "model", "inputs")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    inputs: _containers.RepeatedCompositeFieldContainer[EmbeddingInput]
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[EmbeddingInput, _Mapping]]] = ...) -> None: ...
+
+class EmbeddingInput(_message.Message):
+    __slots__ = ("text", "tokens")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    tokens: TokenIds
+    def __init__(self, text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
+
+class PreprocessEmbeddingsResponse(_message.Message):
+    __slots__ = ("inputs",)
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    inputs: _containers.RepeatedCompositeFieldContainer[TokenIds]
+    def __init__(self, inputs: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ...) -> None: ...

@@ -41,6 +41,11 @@ class PreprocessorServiceStub:
                 request_serializer=meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessRequest.SerializeToString,
                 response_deserializer=meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessResponse.FromString,
                 _registered_method=True)
+        self.PreprocessEmbeddings = channel.unary_unary(
+                '/meshfront.preprocessor.v1.PreprocessorService/PreprocessEmbeddings',
+                request_serializer=meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessEmbeddingsRequest.SerializeToString,
+                response_deserializer=meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessEmbeddingsResponse.FromString,
+                _registered_method=True)
 
 
 class PreprocessorServiceServicer:
@@ -55,6 +60,15 @@ class PreprocessorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PreprocessEmbeddings(self, request, context):
+        """Tokenizes the inputs of an embeddings request with the embedding model's
+        tokenizer (its special tokens added, as the model was trained) and checks
+        each against the model's maximum input length.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PreprocessorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -62,6 +76,11 @@ def add_PreprocessorServiceServicer_to_server(servicer, server):
                     servicer.Preprocess,
                     request_deserializer=meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessRequest.FromString,
                     response_serializer=meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessResponse.SerializeToString,
+            ),
+            'PreprocessEmbeddings': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreprocessEmbeddings,
+                    request_deserializer=meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessEmbeddingsRequest.FromString,
+                    response_serializer=meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessEmbeddingsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -93,6 +112,33 @@ class PreprocessorService:
             '/meshfront.preprocessor.v1.PreprocessorService/Preprocess',
             meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessRequest.SerializeToString,
             meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreprocessEmbeddings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshfront.preprocessor.v1.PreprocessorService/PreprocessEmbeddings',
+            meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessEmbeddingsRequest.SerializeToString,
+            meshfront_dot_preprocessor_dot_v1_dot_preprocessor__pb2.PreprocessEmbeddingsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,11 @@ class WorkerServiceStub:
                 request_serializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.GenerateStreamRequest.SerializeToString,
                 response_deserializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.GenerateStreamResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/meshfront.worker.v1.WorkerService/Embed',
+                request_serializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -72,6 +77,15 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embeds already tokenized inputs (embedding workers only; a generating
+        worker answers UNIMPLEMENTED, as an embedding worker does to Generate).
+        The worker batches the inputs of concurrent calls into one forward pass.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -84,6 +98,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.GenerateStream,
                     request_deserializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.GenerateStreamRequest.FromString,
                     response_serializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.GenerateStreamResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedRequest.FromString,
+                    response_serializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -142,6 +161,33 @@ class WorkerService:
             '/meshfront.worker.v1.WorkerService/GenerateStream',
             meshfront_dot_worker_dot_v1_dot_worker__pb2.GenerateStreamRequest.SerializeToString,
             meshfront_dot_worker_dot_v1_dot_worker__pb2.GenerateStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshfront.worker.v1.WorkerService/Embed',
+            meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedRequest.SerializeToString,
+            meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,70 @@
+"""The gateway's client of embedding workers: one channel per worker address, shared by all requests.
+
+Embeddings skip the postprocessor (nothing to detokenize or parse), so the gateway itself calls the
+worker the router chose. Failures keep their meaning: a worker's 400 stays a 400; a dead, frozen or
+unreachable worker (or one that is not an embedding worker after all) is ``WorkerFailed``, which the
+pipeline retries once on another worker and otherwise answers 503.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import grpc
+from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
+
+from services.common import tls as mesh_tls
+from services.common.errors import Cancelled, Internal, MeshError, WorkerFailed, from_rpc_error
+from services.common.grpc_server import CHANNEL_OPTIONS
+
+log = logging.getLogger(__name__)
+
+# A frozen worker keeps its connection open and stops answering: pinging every second and giving up
+# 2 s later fails the call within ~3 s instead of leaving the client waiting (as the postprocessor's
+# worker channels do).
+EMBED_CHANNEL_OPTIONS = [
+    *(o for o in CHANNEL_OPTIONS if o[0] not in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms")),
+    ("grpc.keepalive_time_ms", 1_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+class EmbedWorkerClient(Protocol):
+    async def embed(self, address: str, req: worker_pb2.EmbedRequest) -> worker_pb2.EmbedResponse: ...
+
+
+class GrpcEmbedWorker:
+    def __init__(self, tls: mesh_tls.MeshTls | None = None) -> None:
+        self._tls = tls
+        self._stubs: dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    async def embed(self, address: str, req: worker_pb2.EmbedRequest) -> worker_pb2.EmbedResponse:
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = mesh_tls.channel(address, EMBED_CHANNEL_OPTIONS, self._tls)
+            self._channels.append(channel)
+            stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
+        try:
+            return await stub.Embed(req)
+        except grpc.aio.AioRpcError as e:
+            raise worker_error(e, address) from None
+
+    async def close(self) -> None:
+        channels, self._channels, self._stubs = self._channels, [], {}
+        for channel in channels:
+            await channel.close()
+
+
+def worker_error(e: grpc.aio.AioRpcError, address: str) -> MeshError:
+    """The worker's own reasons (invalid request, overloaded) stay; anything else is ``WorkerFailed``.
+
+    The transport's details name hosts, so they go to the log, not the client.
+    """
+    err = from_rpc_error(e)
+    if isinstance(err, (WorkerFailed, Cancelled, Internal)):
+        log.warning("embedding worker %s failed: %s %s", address, e.code().name, e.details())
+        return WorkerFailed(f"embedding worker failed ({e.code().name})")
+    return err
