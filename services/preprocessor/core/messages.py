@@ -21,9 +21,11 @@ import orjson
 
 from services.common.errors import InvalidRequest
 
-_MEDIA_PARTS = {"image_url": "image", "input_image": "image", "video_url": "video", "audio_url": "audio",
-                "input_audio": "audio"}
-_TEXT_PARTS = ("text", "input_text", "output_text")
+# The gateway owns validation (services/gateway/openai/requests.py and media.py, for every API it
+# speaks): what reaches the preprocessor is well-formed, and this module only normalises it for the
+# template. Text-like parts keep their text under these keys; media parts become placeholders.
+_TEXT_KEYS = {"text": "text", "refusal": "refusal"}
+_MEDIA_PARTS = {"image_url": "image", "input_audio": "audio"}
 
 
 def parse_json(raw: str, what: str, param: str) -> Any:
@@ -33,21 +35,9 @@ def parse_json(raw: str, what: str, param: str) -> Any:
         raise InvalidRequest(f"{what} is not valid JSON: {e}", param=param) from e
 
 
-def _flatten_content(content: list[Any], media_parts: bool) -> str | list[dict]:
-    parts: list[dict] = []
-    for part in content:
-        if isinstance(part, str):
-            parts.append({"type": "text", "text": part})
-            continue
-        if not isinstance(part, dict):
-            raise InvalidRequest("message content parts must be objects", param="messages")
-        kind = part.get("type")
-        if kind in _TEXT_PARTS or (kind is None and "text" in part):
-            parts.append({"type": "text", "text": str(part.get("text", ""))})
-        elif kind in _MEDIA_PARTS:
-            parts.append({"type": _MEDIA_PARTS[kind]})
-        else:
-            raise InvalidRequest(f"unsupported content part type {kind!r}", param="messages")
+def _flatten_content(content: list[dict], media_parts: bool) -> str | list[dict]:
+    parts = [{"type": "text", "text": part[_TEXT_KEYS[part["type"]]]} if part["type"] in _TEXT_KEYS
+             else {"type": _MEDIA_PARTS[part["type"]]} for part in content]
     if not media_parts or all(p["type"] == "text" for p in parts):
         # A template that expects string content gets the text; the media reach the worker as
         # PreprocessedRequest.media, whose engine places them.
@@ -88,40 +78,27 @@ def _normalise_message(message: dict, template_reads_reasoning: bool, media_part
     return msg
 
 
-def normalise_messages(raw: Any, template_reads_reasoning: bool, media_parts: bool = True) -> list[dict]:
-    """Validates the shape of ``messages`` and returns normalised copies.
+def normalise_messages(messages: list[dict], template_reads_reasoning: bool, media_parts: bool = True) -> list[dict]:
+    """Normalised copies of ``messages`` (validated by the gateway).
 
     ``media_parts``: the template renders image/audio parts; otherwise content becomes its text.
     """
-    if not isinstance(raw, list) or not raw:
-        raise InvalidRequest("messages must be a non-empty array", param="messages")
-    out = []
-    for message in raw:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InvalidRequest("each message must be an object with a string role", param="messages")
-        out.append(_normalise_message(message, template_reads_reasoning, media_parts))
-    return out
+    return [_normalise_message(m, template_reads_reasoning, media_parts) for m in messages]
 
 
-def normalise_tools(raw: Any) -> list[dict]:
-    """Tools as the template sees them; parameters always carry ``type`` and ``properties``."""
-    if raw is None:
+def normalise_tools(tools: list[dict] | None) -> list[dict]:
+    """Tools (validated by the gateway) as the template sees them: parameters always carry ``type`` and
+    ``properties``."""
+    if tools is None:
         return []
-    if not isinstance(raw, list):
-        raise InvalidRequest("tools must be an array", param="tools")
     out = []
-    for tool in raw:
-        if not isinstance(tool, dict):
-            raise InvalidRequest("each tool must be an object", param="tools")
+    for tool in tools:
         tool = copy.deepcopy(tool)
-        fn = tool.get("function")
-        if isinstance(fn, dict):
-            params = fn.get("parameters")
-            if not isinstance(params, dict):
-                params = {}
-            params.setdefault("type", "object")
-            params.setdefault("properties", {})
-            fn["parameters"] = params
+        fn = tool["function"]
+        params = fn.get("parameters")
+        params = dict(params) if isinstance(params, dict) else {}
+        params.setdefault("type", "object")
+        params.setdefault("properties", {})
+        fn["parameters"] = params
         out.append(tool)
     return out
-

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from services.common.errors import InvalidRequest
+from services.gateway.openai.requests import parse_chat
 from services.preprocessor.core.messages import normalise_messages, normalise_tools
 
 pytestmark = pytest.mark.unit
@@ -27,9 +29,9 @@ def test_media_parts_become_placeholders():
     assert m["content"] == [{"type": "text", "text": "look"}, {"type": "image"}]
 
 
-def test_unknown_part_type_is_rejected():
-    with pytest.raises(InvalidRequest, match="unsupported content part"):
-        normalise_messages([{"role": "user", "content": [{"type": "hologram"}]}], True)
+def test_a_refusal_part_the_gateway_accepts_is_text_to_the_template():
+    [m] = normalise_messages([{"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]}], True)
+    assert m["content"] == "I can't."
 
 
 def test_tool_call_arguments_are_parsed():
@@ -59,11 +61,13 @@ def test_input_is_not_mutated():
     assert msg["content"] is None and msg["tool_calls"][0]["function"]["arguments"] == "{}"
 
 
-@pytest.mark.parametrize("bad", [[], {}, "hi", [{"content": "no role"}], ["text"]])
-def test_bad_messages(bad):
+@pytest.mark.parametrize("bad", [[], {}, "hi", [{"content": "no role"}], ["text"],
+                                 [{"role": "user", "content": [{"type": "hologram"}]}],
+                                 [{"role": "user", "content": ["bare string part"]}]])
+def test_bad_messages_are_refused_by_their_one_owner_the_gateway(bad):
     with pytest.raises(InvalidRequest) as e:
-        normalise_messages(bad, True)
-    assert e.value.param == "messages"
+        parse_chat(orjson.dumps({"model": "m", "messages": bad}))
+    assert e.value.param.startswith("messages")
 
 
 def test_tool_parameters_are_completed():
@@ -79,11 +83,12 @@ def test_tool_parameters_are_completed():
     ]
 
 
-def test_bad_tools():
-    with pytest.raises(InvalidRequest):
-        normalise_tools({"type": "function"})
-    with pytest.raises(InvalidRequest):
-        normalise_tools(["f"])
+@pytest.mark.parametrize("bad", [{"type": "function"}, ["f"]])
+def test_bad_tools_are_refused_by_the_gateway(bad):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": bad}
+    with pytest.raises(InvalidRequest) as e:
+        parse_chat(orjson.dumps(body))
+    assert e.value.param.startswith("tools")
 
 
 def test_developer_role_becomes_system():
