@@ -82,7 +82,7 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     recorder = frontend_metrics.configure(cfg.metrics_prefix)
     metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry)
     embed_workers = GrpcEmbedWorker(tls)
-    gateway = Gateway(Pipeline(pre, route, post), registry, response_store=store, metrics=metrics,
-                      embeddings=EmbeddingsPipeline(pre, route, embed_workers))
+    gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
+                      metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers))
     return Built(gateway, background=[store.run, metrics.run],
                  closers=[store.close, metrics.close, embed_workers.close])

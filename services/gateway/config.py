@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, config_from
 from services.gateway.frontend_metrics import DEFAULT_PREFIX, check_prefix
+from services.gateway.openai.nvext import MAX_STREAM_INTERVAL
 
 DEFAULT_PORT = 9100
 STAGES = ("preprocessor", "router", "postprocessor")
@@ -38,6 +39,8 @@ class GatewayConfig:
     # How long a stored Responses API response (and the conversation behind it) stays in NATS.
     responses_ttl_s: int = DEFAULT_RESPONSES_TTL_S
     metrics_prefix: str = DEFAULT_PREFIX
+    # Tokens the postprocessor gathers per response unless a request says (nvext.stream_interval).
+    stream_interval: int = 1
 
     def validate(self) -> None:
         check_prefix(self.metrics_prefix)
@@ -48,6 +51,8 @@ class GatewayConfig:
         if self.responses_ttl_s < 1:
             # NATS per-message TTLs are whole seconds; 0 would mean "never expires" there.
             raise ValueError(f"--responses-ttl-s must be at least 1; got {self.responses_ttl_s}")
+        if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
+            raise ValueError(f"--stream-interval must be 1 to {MAX_STREAM_INTERVAL}; got {self.stream_interval}")
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
@@ -64,6 +69,9 @@ def add_flags(p: Flags) -> None:
     p.add("--postprocessor", default="127.0.0.1:9400", help="postprocessor gRPC target")
     p.add("--responses-ttl-s", default=DEFAULT_RESPONSES_TTL_S, type=int,
           help="seconds a stored /v1/responses response stays retrievable and continuable (NATS KV TTL)")
+    p.add("--stream-interval", default=1, type=int,
+          help="tokens gathered into one streamed event unless a request sets nvext.stream_interval (1: every "
+               "engine step as it comes; more: fewer messages and less CPU per request, coarser streaming)")
     p.add("--metrics-prefix", default=DEFAULT_PREFIX,
           help=f"names of the request metrics (--metrics-port and /metrics at the edge): {DEFAULT_PREFIX} for "
                "ours, dynamo_frontend (or any other prefix) for Dynamo's frontend families and labels")

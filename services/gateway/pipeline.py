@@ -38,10 +38,12 @@ class _Choice:
 
 
 class Pipeline:
-    def __init__(self, pre: PreprocessorClient, router: RouterClient, post: PostprocessorClient):
+    def __init__(self, pre: PreprocessorClient, router: RouterClient, post: PostprocessorClient,
+                 stream_interval: int = 1):
         self.pre = pre
         self.router = router
         self.post = post
+        self.stream_interval = stream_interval  # unless the request set its own (nvext.stream_interval)
         self._background: set[asyncio.Task] = set()
 
     def _notify_router(self, release: router_pb2.ReleaseRequest) -> None:
@@ -63,6 +65,8 @@ class Pipeline:
                      choice: int, worker_id: str, hints: RouteHints, trace: RequestTrace | None) -> _Choice:
         # The constructor copies the request once; each choice then edits only its own copy.
         gen = postprocessor_pb2.GenerateRequest(request=prepared.request, options=prepared.postprocess)
+        if not gen.options.stream_interval:
+            gen.options.stream_interval = self.stream_interval
         req = gen.request
         req.request_id = request_id
         if choice and req.sampling.HasField("seed"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Protocol
 
 from meshfront.common.v1 import common_pb2
@@ -75,6 +75,11 @@ class _ResponseBuilder:
         self._first = True
         self._tokens = 0
         self._logprobs: list[common_pb2.TokenLogprob] = []
+
+    @property
+    def first(self) -> bool:
+        """No response was built yet (the first one carries the usage fields and goes at once)."""
+        return self._first
 
     def build(self, messages: list[worker_pb2.GenerateResponse]) -> postprocessor_pb2.GenerateResponse | None:
         ids: list[int] = []
@@ -189,7 +194,7 @@ class Postprocessor:
         outcome = "cancelled"  # unless it finishes or fails: the caller went away
         try:
             while True:
-                attempt = self._attempt(route.address, request, builder)
+                attempt = self._attempt(route.address, request, builder, req.options.stream_interval)
                 try:
                     async for response in attempt:
                         if moved_to:
@@ -212,11 +217,17 @@ class Postprocessor:
             metrics.in_flight.dec()
             metrics.streams.labels(outcome).inc()
 
-    async def _attempt(self, address: str, request: common_pb2.PreprocessedRequest,
-                       builder: _ResponseBuilder) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
-        """Runs ``request`` on one worker, feeding ``builder``; ends when the sequence finished."""
+    async def _attempt(self, address: str, request: common_pb2.PreprocessedRequest, builder: _ResponseBuilder,
+                       stream_interval: int = 1) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
+        """Runs ``request`` on one worker, feeding ``builder``; ends when the sequence finished.
+
+        Worker messages are built into a response as they come, or, with a ``stream_interval`` above 1,
+        once that many tokens are gathered (the first response, a finish and a failure never wait).
+        """
         call = self._workers.generate(address, worker_pb2.GenerateRequest(request=request))
         pump = StreamPump(call.read, call.cancel)
+        held: list[worker_pb2.GenerateResponse] = []  # worker messages not yet built into a response
+        gathered = _gather_rule(stream_interval, builder)
         try:
             timeout = None  # the prefill is not timed
             while True:
@@ -226,8 +237,10 @@ class Postprocessor:
                     log.warning("worker %s sent nothing for %.1f s; treating it as failed", address, timeout)
                     raise WorkerFailed("worker stopped responding") from None
                 timeout = self._idle_timeout_s
-                if batch.messages:
-                    response = builder.build(batch.messages)
+                held.extend(batch.messages)
+                if held and (gathered(held) or batch.error is not None or batch.ended):
+                    response = builder.build(held)
+                    held = []
                     if response is not None:
                         yield response
                     if builder.decoder.finish is not None:
@@ -273,6 +286,18 @@ def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatPr
     except LookupError as e:
         raise Internal(str(e)) from None
     return SingleToolCall(parser) if options.single_tool_call else parser
+
+
+def _gather_rule(stream_interval: int,
+                 builder: _ResponseBuilder) -> Callable[[list[worker_pb2.GenerateResponse]], bool]:
+    """Whether the held worker messages make a response now."""
+    if stream_interval <= 1:
+        return lambda _held: True
+
+    def ready(held: list[worker_pb2.GenerateResponse]) -> bool:
+        return (builder.first or held[-1].finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+                or sum(len(m.token_ids) for m in held) >= stream_interval)
+    return ready
 
 
 def _as_worker_error(error: BaseException, address: str) -> MeshError:

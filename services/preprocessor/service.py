@@ -182,4 +182,5 @@ class Preprocessor:
         post.prompt_opens_reasoning = prepared.prompt_opens_reasoning
         post.tools_json = req.tools_json
         post.tool_choice.CopyFrom(req.tool_choice)
+        post.stream_interval = req.stream_interval
         return out

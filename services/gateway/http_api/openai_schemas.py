@@ -21,9 +21,25 @@ ERROR = obj({"error": obj({
 
 STREAM_OPTIONS = obj({"include_usage": boolean("End the stream with a chunk carrying `usage`")},
                      "Only with `stream: true`")
-NVEXT = obj({"backend_instance_id": one_of(string(), integer(minimum=0),
-                                           description="Pin the request to this worker id")},
-            "Dynamo's extension object (header `x-worker-instance-id` does the same)")
+_WORKER_ID = one_of(string(), integer(minimum=0), description="A worker id")
+NVEXT = obj({
+    "backend_instance_id": one_of(string(), integer(minimum=0),
+                                  description="Pin the request to this worker id (header x-worker-instance-id)"),
+    "greed_sampling": boolean("Greedy decoding"),
+    "annotations": array(string(), "request_id, formatted_prompt, token_ids: sent before the first chunk"),
+    "token_data": array(integer(minimum=0), "The prompt's token ids (needs backend_instance_id)"),
+    "max_thinking_tokens": integer("Reasoning budget forwarded to the worker", minimum=0),
+    "stream_interval": integer("Tokens gathered into one streamed event (gateway --stream-interval by default)",
+                               minimum=1, maximum=1024),
+    "extra_fields": array(string(enum=("worker_id", "timing", "routed_experts")),
+                          "Response nvext fields to return"),
+    "agent_hints": map_of({}, "priority (seconds ahead in a busy model's queue); osl, speculative_prefill ignored"),
+    "session_control": map_of({}, "{session_id, action: open|close, timeout}: sticky routing"),
+    "prefill_worker_id": _WORKER_ID, "decode_worker_id": _WORKER_ID,
+    "dp_rank": integer(minimum=0), "prefill_dp_rank": integer(minimum=0),
+    "request_timestamp_ms": number(minimum=0), "use_raw_prompt": boolean(),
+}, "Dynamo's extension object (docs/openai-extensions.md); disaggregated-only fields are accepted and named in "
+   "x-meshfront-ignored-fields")
 STRUCTURED_OUTPUTS = obj({
     "json": one_of(map_of({}), string(), description="A JSON schema the output must follow"),
     "regex": string("A regular expression the output must match"),

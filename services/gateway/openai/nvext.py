@@ -33,6 +33,8 @@ from services.gateway.openai.fields import INT32, UINT32, UINT64, Fields, check_
 
 ANNOTATIONS = ("request_id", "formatted_prompt", "token_ids")
 EXTRA_FIELDS = ("worker_id", "timing")
+# nvext.stream_interval: Meshfront's own field (SGLang's server option of the same name, per request).
+MAX_STREAM_INTERVAL = 1024
 IGNORED_EXTRA_FIELDS = ("routed_experts",)
 SESSION_ACTIONS = ("open", "close")
 # Unknown annotation names are echoed in a response header; these bound its size.
@@ -59,6 +61,7 @@ class NvExt:
     session_id: str = ""
     session_action: str = ""
     session_timeout_s: int = 0
+    stream_interval: int = 0  # tokens the postprocessor gathers per response; 0: the deployment's default
     ignored: list[str] = dataclasses.field(default_factory=list)  # accepted, named in the response header
 
     def wants(self, annotation: str) -> bool:
@@ -142,6 +145,7 @@ def parse_nvext(raw: dict[str, Any] | None, headers: dict[str, str]) -> NvExt:
                                  "tokenized for)", param="nvext.token_data")
         out.token_data = token_ids(data, "nvext.token_data")
     out.max_thinking_tokens = ext.int("max_thinking_tokens", UINT32)
+    out.stream_interval = ext.int("stream_interval", UINT32, 1, MAX_STREAM_INTERVAL) or 0
     extra = _strings(ext, "extra_fields")
     for name in extra:
         if name not in EXTRA_FIELDS + IGNORED_EXTRA_FIELDS:

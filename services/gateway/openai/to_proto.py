@@ -42,7 +42,8 @@ def _media(item: Media) -> common_pb2.MediaItem:
 
 def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.PreprocessRequest:
     out = preprocessor_pb2.PreprocessRequest(request=_base(req, request_id),
-                                             return_formatted_prompt=req.nvext.wants("formatted_prompt"))
+                                             return_formatted_prompt=req.nvext.wants("formatted_prompt"),
+                                             stream_interval=req.nvext.stream_interval)
     if req.nvext.token_data is not None:
         out.tokens.ids.extend(req.nvext.token_data)  # pinned and pre-tokenized: no template
     else:
@@ -64,7 +65,7 @@ def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.Pr
 
 def completion_to_preprocess(req: CompletionRequest, prompt: str | list[int],
                              request_id: str) -> preprocessor_pb2.PreprocessRequest:
-    out = preprocessor_pb2.PreprocessRequest(request=_base(req, request_id))
+    out = preprocessor_pb2.PreprocessRequest(request=_base(req, request_id), stream_interval=req.nvext.stream_interval)
     if req.structured is not None:
         out.request.sampling.guided_decoding.CopyFrom(common_pb2.GuidedDecoding(**req.structured))
     if isinstance(prompt, str):

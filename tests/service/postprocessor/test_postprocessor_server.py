@@ -80,6 +80,33 @@ async def test_text_finish_reason_usage_and_coalescing(postprocessor_stub, fake_
     assert worker.received[-1].request.request_id == req.request.request_id
 
 
+@pytest.mark.parametrize("interval", [1, 8, 1000])
+async def test_stream_interval_gathers_tokens_and_keeps_the_text(postprocessor_stub, fake_worker, make_request,
+                                                                 tokenizer, interval):
+    """One token per worker message (a paced engine): the first goes at once, then every ``interval``."""
+    worker, _ = fake_worker
+    req = make_request()
+    req.options.stream_interval = interval
+    text = "One token per engine step, gathered into fewer responses."
+    ids = ids_of(tokenizer, text)
+    steps = [msg([i], prompt=3 if k == 0 else 0) for k, i in enumerate(ids)]
+    # The worker paces its steps, so each one reaches the postprocessor as its own message.
+    worker.script(req.request.request_id,
+                  [x for step in steps for x in (step, 0.005)] + [msg([EOS_TOKEN_IDS[0]], EOS)])
+    responses = [r async for r in postprocessor_stub.Generate(req)]
+    assert "".join(r.text for r in responses) == text
+    assert responses[0].prompt_tokens == 3
+    assert responses[0].completion_tokens < max(interval, 2)  # the first response is never held back
+    assert responses[-1].finish_reason == EOS
+    assert sum(r.completion_tokens for r in responses) == len(ids) + 1
+    if interval == 1:
+        assert len(responses) >= len(ids) // 2  # about one response per step
+    else:
+        # Every response between the first and the last carries at least ``interval`` tokens.
+        assert all(r.completion_tokens >= interval for r in responses[1:-1])
+        assert len(responses) <= 2 + len(ids) // interval
+
+
 async def test_length_finish_passes_through(postprocessor_stub, fake_worker, make_request, tokenizer):
     worker, _ = fake_worker
     req = make_request()
