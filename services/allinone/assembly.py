@@ -47,7 +47,7 @@ def build(cfg: AllInOneConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls |
     preprocessor = preprocessor_assembly.build(cfg.preprocessor, registry)
     router = router_assembly.build(cfg.router, registry, metrics_registry)
     # Migrations ask the in-process router, as the split postprocessor asks the router service.
-    postprocessor = postprocessor_assembly.build(cfg.postprocessor, tls, router=router.service)
+    postprocessor = postprocessor_assembly.build(cfg.postprocessor, registry, tls, router=router.service)
     gateway = gateway_assembly.build(cfg.gateway, registry, tls,
                                      preprocessor=InProcessPreprocessor(preprocessor.service),
                                      router=InProcessRouter(router.service),

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 import nats
+from nats.aio.client import Client as NatsClient
 import orjson
 from nats.errors import NoServersError
 from nats.js.api import KeyValueConfig
@@ -113,6 +114,27 @@ async def open_bucket(nc: nats.NATS, ttl_s: float = DEFAULT_TTL_S):
         return await js.key_value(BUCKET)
 
 
+async def close_nats(nc: NatsClient | None, *, flush: bool = False) -> None:
+    """Closes a NATS connection at shutdown, bounded, whatever state NATS is in.
+
+    NATS may be going down at the same moment: a failing close is nothing to report. Its transport can
+    even cancel the close waiter it hands us, and that CancelledError is not a cancel of this task,
+    so it must not escape as one (it ended worker processes with a traceback at shutdown).
+    """
+    if nc is None:
+        return
+    try:
+        if flush:
+            await nc.flush(timeout=1)
+        await asyncio.wait_for(nc.close(), 2.0)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    except Exception as e:  # noqa: BLE001 - see above
+        log.debug("closing NATS: %r", e)
+
+
 class Registrar:
     """Keeps one worker's card alive in the bucket until ``close``."""
 
@@ -160,8 +182,7 @@ class Registrar:
             with contextlib.suppress(Exception):
                 kv = await asyncio.wait_for(open_bucket(self._nc, self.ttl_s), 1.0)
                 await asyncio.wait_for(kv.purge(self.card.worker_id), 1.0)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._nc.close(), 2.0)
+        await close_nats(self._nc)
 
 
 Listener = Callable[[str, WorkerCard | None], None]
@@ -257,6 +278,4 @@ class WorkerRegistry:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.close()
+        await close_nats(self._nc)

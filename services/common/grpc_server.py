@@ -78,6 +78,8 @@ class GrpcServer:
         self.grace_s = grace_s
         self._on_drain: list[Callable[[], Awaitable[None]]] = []
         self._on_stopped: list[Callable[[], Awaitable[None]]] = []
+        self._gates: list[Callable[[], Awaitable[object]]] = []
+        self._gate_task: asyncio.Task | None = None
         self._stop = asyncio.Event()
 
     @property
@@ -92,12 +94,27 @@ class GrpcServer:
         """Runs ``hook`` once in-flight calls have finished (closing clients they used)."""
         self._on_stopped.append(hook)
 
+    def ready_when(self, gate: Callable[[], Awaitable[object]]) -> None:
+        """Health stays NOT_SERVING after start until ``gate`` returns (warm-ups): probes send no traffic."""
+        self._gates.append(gate)
+
     async def start(self) -> None:
         await self.server.start()
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        if self._gates:
+            await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+            self._gate_task = asyncio.create_task(self._serve_when_ready(), name=f"{self.name}-ready")
+        else:
+            await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         log.info("%s listening on %s", self.name, self.address)
 
+    async def _serve_when_ready(self) -> None:
+        await asyncio.gather(*(gate() for gate in self._gates))
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        log.info("%s ready", self.name)
+
     async def stop(self) -> None:
+        if self._gate_task is not None:
+            self._gate_task.cancel()
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         for hook in self._on_drain:
             await hook()

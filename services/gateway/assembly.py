@@ -30,6 +30,7 @@ from services.gateway.pipeline import Pipeline
 from services.gateway.responses_api.server import ResponsesServicer
 from services.gateway.responses_api.store import ResponseStore
 from services.gateway.server import GatewayServicer
+from services.gateway.warmup import Warmup
 
 
 @dataclasses.dataclass
@@ -44,7 +45,9 @@ class Gateway:
     draining: bool = False
 
     def __post_init__(self) -> None:
-        self.servicer = GatewayServicer(self.pipeline, self.registry.models, lambda: self.draining)
+        self.warmup = Warmup(self.pipeline, self.registry)
+        self.servicer = GatewayServicer(self.pipeline, self.registry.models, lambda: self.draining,
+                                        warming=lambda: self.warmup.warming if not self.warmup.ready.is_set() else [])
         self.kserve = kserve.KServeServicer(self.pipeline, self.registry.models, lambda: self.draining)
         self.responses = ResponsesServicer(self.pipeline, self.registry.models, self.response_store)
         self.anthropic = AnthropicServicer(self.pipeline, self.registry.models)
@@ -64,6 +67,7 @@ class Gateway:
         embeddings_pb2_grpc.add_EmbeddingsServiceServicer_to_server(self.embeddings_servicer, server.server)
         kserve.add_to_server(self.kserve, server.server)
         server.on_drain(self.start_drain)
+        server.ready_when(self.warmup.ready.wait)
 
 
 def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | None = None, *,
@@ -84,5 +88,5 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     embed_workers = GrpcEmbedWorker(tls)
     gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
                       metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers))
-    return Built(gateway, background=[store.run, metrics.run],
-                 closers=[store.close, metrics.close, embed_workers.close])
+    return Built(gateway, background=[store.run, metrics.run, gateway.warmup.run],
+                 closers=[gateway.warmup.close, store.close, metrics.close, embed_workers.close])

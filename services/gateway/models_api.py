@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from services.common.discovery import WorkerCard
@@ -26,8 +27,11 @@ def get_model(models: dict[str, list[WorkerCard]], name: str) -> dict[str, Any] 
     return _model_entry(name, cards, int(time.time())) if cards else None
 
 
-def health(models: dict[str, list[WorkerCard]]) -> tuple[bool, dict[str, Any]]:
-    """Ready when at least one model has a live worker."""
-    ready = bool(models)
-    return ready, {"status": "healthy" if ready else "unhealthy",
-                   "models": {name: len(cards) for name, cards in sorted(models.items())}}
+def health(models: dict[str, list[WorkerCard]], warming: Sequence[str] = ()) -> tuple[bool, dict[str, Any]]:
+    """Ready when at least one model has a live worker and the models known at start are warm."""
+    ready = bool(models) and not warming
+    body: dict[str, Any] = {"status": "healthy" if ready else "warming" if warming else "unhealthy",
+                            "models": {name: len(cards) for name, cards in sorted(models.items())}}
+    if warming:
+        body["warming"] = list(warming)
+    return ready, body

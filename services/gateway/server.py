@@ -58,10 +58,11 @@ async def _send_headers(context: grpc.aio.ServicerContext, ext: ResponseExtensio
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self, pipeline: Pipeline, models: Callable[[], dict[str, list[WorkerCard]]],
-                 draining: Callable[[], bool] = lambda: False):
+                 draining: Callable[[], bool] = lambda: False, warming: Callable[[], list[str]] = lambda: []):
         self._pipeline = pipeline
         self._models = models
         self._draining = draining
+        self._warming = warming  # models of the first discovery view still warming up (not ready yet)
 
     def _check_model(self, name: str) -> None:
         cards = self._models().get(name)
@@ -176,7 +177,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def Health(self, request, context):
         async def build():
-            ready, body = models_api.health(self._models())
+            ready, body = models_api.health(self._models(), self._warming())
             return (200 if ready else 503), body
         return await self._json(context, build)
 

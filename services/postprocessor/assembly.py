@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
+from services.common.discovery import WorkerRegistry
+from services.common.warmup import warm_each_new_model
 from services.postprocessor.config import PostprocessorConfig
 from services.postprocessor.core.parsers.backends import load_chat_processor
 from services.postprocessor.migration import Migrator, RouterClient
@@ -17,10 +19,11 @@ from services.postprocessor.service import Postprocessor
 from services.postprocessor.worker_client import GrpcWorkerClient
 
 
-def build(cfg: PostprocessorConfig, tls: mesh_tls.MeshTls | None = None,
+def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | None = None,
           router: RouterClient | None = None) -> Built[Postprocessor]:
     """The postprocessor; migrations ask ``router`` (the all-in-one's in-process router) or else a gRPC
-    client of ``--router`` (none when it is empty or ``--migration-limit`` is 0).
+    client of ``--router`` (none when it is empty or ``--migration-limit`` is 0). Each model that
+    ``registry`` discovers has its tokenizer loaded at once (the caller starts the registry).
 
     Raises ``ChatProcessorUnavailable`` when ``--chat-processor`` names an extra that is not installed.
     """
@@ -33,5 +36,6 @@ def build(cfg: PostprocessorConfig, tls: mesh_tls.MeshTls | None = None,
     workers = MuxWorkerClient(tls) if cfg.worker_transport == "mux" else GrpcWorkerClient(tls)
     postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit),
                                   idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor)
+    closers.append(warm_each_new_model(registry, postprocessor.warm))
     return Built(postprocessor, closers=[postprocessor.close, workers.close, *closers],
                  parts={"workers": workers, "router": router})

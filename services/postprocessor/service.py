@@ -13,6 +13,7 @@ budgets reduced, fed into the same decoder, so the caller sees one uninterrupted
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable
 from typing import Protocol
@@ -20,6 +21,7 @@ from typing import Protocol
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
+from services.common.discovery import ModelCard
 from services.common.errors import Internal, InvalidRequest, MeshError, WorkerFailed
 from services.common.metrics import postprocessor_metrics
 from services.postprocessor import convert
@@ -252,6 +254,12 @@ class Postprocessor:
         finally:
             # Also runs when the caller cancels or closes us: the worker must stop generating at once.
             pump.close()
+
+    async def warm(self, card: ModelCard) -> None:
+        """Loads a model's tokenizer ahead of its first request; a failure is logged, and the first
+        request reports it."""
+        with contextlib.suppress(Internal):
+            await self._tokenizer(card.model_dir)
 
     async def _tokenizer(self, model_dir: str) -> ModelTokenizer:
         cached = self._tokenizers.get(model_dir)

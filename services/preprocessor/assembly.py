@@ -6,11 +6,11 @@ so both shapes honour every preprocessor flag.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 from services.common.assembly import Built
-from services.common.discovery import ModelCard, WorkerCard, WorkerRegistry
+from services.common.discovery import ModelCard, WorkerRegistry
+from services.common.warmup import warm_each_new_model
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.service import Preprocessor
 
@@ -32,18 +32,5 @@ def build(cfg: PreprocessorConfig, registry: WorkerRegistry) -> Built[Preprocess
                                 default_template_kwargs=cfg.default_chat_template_kwargs,
                                 hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none,
                                 chat_template=cfg.chat_template)
-    warming: set[asyncio.Task] = set()
-
-    def warm_on_register(_worker_id: str, card: WorkerCard | None) -> None:
-        # Load a newly served model's tokenizer now rather than on its first request.
-        if card is not None:
-            task = asyncio.get_running_loop().create_task(preprocessor.warm(card.model))
-            warming.add(task)
-            task.add_done_callback(warming.discard)
-
-    async def stop_warming() -> None:
-        for task in list(warming):
-            task.cancel()
-
-    registry.subscribe(warm_on_register)
-    return Built(preprocessor, closers=[stop_warming])
+    # A newly served model's tokenizer and template load now, not on its first request.
+    return Built(preprocessor, closers=[warm_each_new_model(registry, preprocessor.warm)])

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import orjson
 from nats.aio.client import Client as NatsClient
 
-from services.common.discovery import WorkerCard, connect_retrying
+from services.common.discovery import WorkerCard, close_nats, connect_retrying
 from services.common.kv_events import EVENTS_PREFIX, dump_subject
 from services.router.core.kv_ingest import KvEventIngest, Verdict
 from services.router.core.lifecycle import LifecycleEvent
@@ -126,9 +126,7 @@ class KvEventSubscriber:
     async def close(self) -> None:
         for task in self._dumping.values():
             task.cancel()
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.close()
+        await close_nats(self._nc)
 
 
 class ReplicaSync:
@@ -178,7 +176,4 @@ class ReplicaSync:
             self._apply(event, True)
 
     async def close(self) -> None:
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.flush(timeout=1)
-                await self._nc.close()
+        await close_nats(self._nc, flush=True)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import orjson
 from nats.aio.client import Client as NatsClient
 
-from services.common.discovery import connect_retrying
+from services.common.discovery import close_nats, connect_retrying
 from services.common.kv_events import (
     DUMP_PREFIX,
     EVENTS_PREFIX,
@@ -193,10 +193,8 @@ class KvEventPublisher:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.close()
-            self._nc = None
+        await close_nats(self._nc)
+        self._nc = None
 
 
 def mocker_load(engine) -> LoadReader:

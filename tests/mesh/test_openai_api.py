@@ -184,3 +184,13 @@ def test_http2_cleartext_works(mesh):
         r = c.post(f"{mesh.url}/v1/chat/completions", json={"model": DEMO, "messages": ask("Say hello")})
     assert r.status_code == 200 and r.http_version == "HTTP/2"
     assert r.json()["choices"][0]["message"]["content"] == HELLO
+
+
+def test_the_gateway_warms_every_worker_and_is_ready_only_after_a_warm_up(mesh):
+    """services/gateway/warmup.py: one pinned request per worker; gRPC health (what Envoy probes) waited."""
+    import re
+
+    log = (mesh.log_dir / "gateway-0.log").read_text(errors="replace")
+    warmed = re.findall(r"worker (\S+) \((\S+)\) warm in", log)
+    assert sorted(model for _, model in warmed) == sorted([DEMO, DEMO, SECOND])  # every worker, once
+    assert re.search(r"worker \S+ \(\S+\) warm in", log[:log.index("gateway ready")])

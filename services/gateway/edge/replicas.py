@@ -22,7 +22,7 @@ import orjson
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
-from services.common.discovery import connect_retrying
+from services.common.discovery import close_nats, connect_retrying
 from services.gateway.edge.exposition import Snapshot, render, snapshot
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,8 @@ class ReplicaMetrics:
             await asyncio.sleep(HEARTBEAT_S)
 
     async def close(self) -> None:
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.close()
-            self._nc = None
+        await close_nats(self._nc)
+        self._nc = None
 
     async def _heard(self, msg: Msg) -> None:
         peer = msg.data.decode()

@@ -27,7 +27,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.common.discovery import connect_retrying
+from services.common.discovery import close_nats, connect_retrying
 from services.common.errors import MeshError
 
 log = logging.getLogger(__name__)
@@ -122,9 +122,7 @@ class ResponseStore:
         return True
 
     async def close(self) -> None:
-        if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._nc.close(), 2.0)
+        await close_nats(self._nc)
 
 
 async def _open_bucket(nc: nats.NATS) -> KeyValue:

@@ -1,0 +1,113 @@
+"""Warm before ready: one tiny request per worker through the whole path before the gateway serves.
+
+Every stage warms a model's artifacts when it discovers the model (services/common/warmup.py), but
+that races the first client: the gateway lists a model as soon as its worker registers, while the
+postprocessor may still be reading a 150k-token tokenizer. So the gateway sends each worker one
+request of one token through its own pipeline (preprocess, route pinned to that worker, generate,
+release): it waits for every stage to be warm and opens every channel on the way. Until the workers
+known at start are done, the gateway's gRPC health is NOT_SERVING (what Envoy and Kubernetes probe)
+and /health says "warming"; workers that register later are warmed as soon as they appear, while the
+gateway serves. A worker whose warm-up keeps failing is logged and does not hold readiness back past
+the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import orjson
+
+from meshfront.preprocessor.v1 import preprocessor_pb2
+from services.common.discovery import CHAT, COMPLETIONS, ModelCard, WorkerCard, WorkerRegistry
+from services.common.errors import InvalidRequest, MeshError
+from services.gateway.openai.requests import parse_chat, parse_completion
+from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess
+from services.gateway.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+SYNC_WAIT_S = 10.0  # how long the first discovery view may take before warming what is known
+DEADLINE_S = 60.0  # per model: then readiness stops waiting for it
+RETRY_S = 1.0
+EMPTY_WAIT_S = 10.0  # no model registered in this long: ready anyway (an empty mesh still answers)
+POLL_S = 0.05
+
+
+class Warmup:
+    def __init__(self, pipeline: Pipeline, registry: WorkerRegistry):
+        self._pipeline = pipeline
+        self._registry = registry
+        self._started: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self.ready = asyncio.Event()  # the models known at start are warm (or gave up)
+        registry.subscribe(self._on_change)
+
+    @property
+    def warming(self) -> list[str]:
+        """Workers whose warm-up request is still running."""
+        return sorted(t.get_name().removeprefix("warm-") for t in self._tasks)
+
+    async def run(self) -> None:
+        """Sets ``ready`` once the gateway knows a worker and every worker it knows is warm (or gave up).
+
+        At start the stages race each other and the workers register one by one, so "known" is
+        whatever discovery has shown by the time the warm-ups in flight end. A mesh with no model at
+        all is ready after ``EMPTY_WAIT_S``: it answers /v1/models with an empty list, as before.
+        """
+        try:
+            await asyncio.wait_for(self._registry.synced.wait(), SYNC_WAIT_S)
+        except asyncio.TimeoutError:
+            log.warning("no discovery view after %.0f s: waiting for models without it", SYNC_WAIT_S)
+        since = time.monotonic()
+        while not (self._started and not self._tasks) and (self._started or time.monotonic() - since < EMPTY_WAIT_S):
+            await asyncio.sleep(POLL_S)  # only while the gateway starts
+        self.ready.set()
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _on_change(self, worker_id: str, card: WorkerCard | None) -> None:
+        if card is None or worker_id in self._started:
+            return
+        self._started.add(worker_id)
+        if card.model.is_embedding:
+            return  # its one stage besides the worker (the preprocessor's tokenizer) warms itself
+        task = asyncio.get_running_loop().create_task(self._warm(worker_id, card.model),
+                                                      name=f"warm-{worker_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _warm(self, worker_id: str, model: ModelCard) -> None:
+        started = time.monotonic()
+        deadline = started + DEADLINE_S
+        kinds = [kind for kind in (CHAT, COMPLETIONS) if model.serves(kind)]
+        while kinds:
+            try:
+                # Pinned: each worker's own channels (postprocessor -> worker) open now too.
+                async for _ in self._pipeline.run([_request(model, kinds[0])], 1, worker_id):
+                    pass
+                log.info("worker %s (%s) warm in %.0f ms", worker_id, model.name,
+                         (time.monotonic() - started) * 1000)
+                return
+            except InvalidRequest as e:  # e.g. chat on a model without a template: try its other kind
+                log.info("warming worker %s with %s: %s", worker_id, kinds.pop(0), e.message)
+            except MeshError as e:
+                if time.monotonic() + RETRY_S > deadline:
+                    log.warning("worker %s (%s) did not warm up in %.0f s (%s); serving it cold", worker_id,
+                                model.name, DEADLINE_S, e.message)
+                    return
+                log.info("warming worker %s: %s; retrying", worker_id, e.message)
+                await asyncio.sleep(RETRY_S)
+
+
+def _request(model: ModelCard, kind: str) -> preprocessor_pb2.PreprocessRequest:
+    """One token: a chat turn or a completion."""
+    rid = f"warmup-{model.name}-{time.monotonic_ns()}"
+    if kind == CHAT:
+        body = {"model": model.name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+        return chat_to_preprocess(parse_chat(orjson.dumps(body)), rid)
+    req = parse_completion(orjson.dumps({"model": model.name, "prompt": "Hi", "max_tokens": 1}))
+    return completion_to_preprocess(req, req.prompts[0], rid)

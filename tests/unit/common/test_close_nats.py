@@ -1,0 +1,39 @@
+"""close_nats: shutdown never fails on NATS' account, and a real cancel of the caller still propagates."""
+
+import asyncio
+
+import pytest
+
+from services.common.discovery import close_nats
+
+pytestmark = pytest.mark.unit
+
+
+class Nats:
+    def __init__(self, close_raises: BaseException | None = None, hang: bool = False):
+        self.close_raises, self.hang, self.flushed = close_raises, hang, False
+
+    async def flush(self, timeout: float) -> None:
+        self.flushed = True
+
+    async def close(self) -> None:
+        if self.hang:
+            await asyncio.sleep(3600)
+        if self.close_raises is not None:
+            raise self.close_raises
+
+
+@pytest.mark.parametrize("raises", [asyncio.CancelledError(), ConnectionResetError(), RuntimeError("closed")])
+async def test_a_close_that_nats_fails_or_cancels_is_quiet(raises):
+    nc = Nats(raises)
+    await close_nats(nc, flush=True)  # type: ignore[arg-type]
+    assert nc.flushed
+    await close_nats(None)
+
+
+async def test_a_cancel_of_the_closing_task_still_cancels_it():
+    task = asyncio.create_task(close_nats(Nats(hang=True)))  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -1,0 +1,103 @@
+"""Warm before ready (services/gateway/warmup.py): the gateway is ready once every worker it knows has
+answered one pinned request through the pipeline, or given up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.common.discovery import ModelCard, WorkerCard
+from services.common.errors import InvalidRequest, NoWorkers
+from services.gateway import warmup as warmup_module
+from services.gateway.warmup import Warmup
+
+pytestmark = pytest.mark.unit
+
+
+class Registry:
+    """What Warmup reads of a WorkerRegistry: listeners and the first-view event."""
+
+    def __init__(self) -> None:
+        self.listeners = []
+        self.synced = asyncio.Event()
+
+    def subscribe(self, listener) -> None:
+        self.listeners.append(listener)
+
+    def register(self, worker_id: str, model: str = "m", endpoints=("chat", "completions")) -> None:
+        card = WorkerCard(worker_id, "127.0.0.1:1", ModelCard(model, "/m", endpoints=endpoints))
+        for listener in self.listeners:
+            listener(worker_id, card)
+
+
+class Pipeline:
+    """Records each warm-up request; ``gate`` holds them, ``failures`` scripts errors per call."""
+
+    def __init__(self, failures=()) -> None:
+        self.calls: list[tuple[str, str]] = []  # (worker pinned, prompt kind)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.failures = list(failures)
+
+    async def run(self, requests, n, worker_id=""):
+        [req] = requests
+        self.calls.append((worker_id, req.WhichOneof("prompt")))
+        await self.gate.wait()
+        if self.failures:
+            raise self.failures.pop(0)
+        yield []
+
+
+async def test_ready_waits_for_every_known_worker_pinned_one_by_one():
+    registry, pipeline = Registry(), Pipeline()
+    pipeline.gate.clear()
+    w = Warmup(pipeline, registry)
+    runner = asyncio.create_task(w.run())
+    registry.register("w1")
+    registry.synced.set()
+    registry.register("w2")  # registers while the first is still warming
+    await asyncio.sleep(0.2)
+    assert not w.ready.is_set() and w.warming == ["w1", "w2"]
+    pipeline.gate.set()
+    await asyncio.wait_for(runner, 2)
+    assert w.ready.is_set() and w.warming == []
+    assert sorted(pipeline.calls) == [("w1", "messages_json"), ("w2", "messages_json")]
+    registry.register("w1")  # a card refresh of a warm worker does not warm it again
+    await asyncio.sleep(0)
+    assert len(pipeline.calls) == 2
+
+
+async def test_a_model_without_chat_warms_with_a_completion_and_retries_what_is_transient(monkeypatch):
+    monkeypatch.setattr(warmup_module, "RETRY_S", 0.01)
+    registry = Registry()
+    pipeline = Pipeline([InvalidRequest("no chat template; use /v1/completions"), NoWorkers("not yet")])
+    w = Warmup(pipeline, registry)
+    registry.register("w1")
+    registry.synced.set()
+    await asyncio.wait_for(w.run(), 2)
+    assert pipeline.calls == [("w1", "messages_json"), ("w1", "text"), ("w1", "text")]
+
+
+async def test_a_worker_that_never_warms_does_not_hold_readiness_past_the_deadline(monkeypatch):
+    monkeypatch.setattr(warmup_module, "RETRY_S", 0.01)
+    monkeypatch.setattr(warmup_module, "DEADLINE_S", 0.1)
+    registry = Registry()
+    w = Warmup(Pipeline([NoWorkers("gone")] * 1000), registry)
+    registry.register("w1")
+    registry.synced.set()
+    await asyncio.wait_for(w.run(), 2)
+    assert w.ready.is_set()
+
+
+async def test_an_empty_mesh_is_ready_after_a_while_and_embedding_workers_need_no_request(monkeypatch):
+    monkeypatch.setattr(warmup_module, "EMPTY_WAIT_S", 0.1)
+    registry, pipeline = Registry(), Pipeline()
+    w = Warmup(pipeline, registry)
+    registry.synced.set()
+    await asyncio.wait_for(w.run(), 2)
+    assert w.ready.is_set()
+    w2 = Warmup(pipeline, registry)
+    registry.register("e1", "embed", endpoints=("embeddings",))
+    await asyncio.wait_for(w2.run(), 2)
+    assert pipeline.calls == []
