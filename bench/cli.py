@@ -62,6 +62,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "--worker-flag=--num-gpu-blocks=4096")
     m.add_argument("--postprocessor-flag", action="append", default=[], help="extra postprocessor flag "
                    "(repeatable), e.g. --postprocessor-flag=--worker-transport=mux")
+    m.add_argument("--gateway-flag", action="append", default=[], help="extra gateway flag (repeatable, both "
+                   "shapes), e.g. --gateway-flag=--stream-interval=4")
     m.add_argument("--log-level", default="WARNING", help="log level of the mesh services")
     _add_load_flags(m)
     ld = sub.add_parser("load", help="drive a running mesh")
@@ -283,6 +285,7 @@ def _config(args: argparse.Namespace, shapes: tuple[str, ...]) -> mesh.MeshBench
         level_timeout_s=args.level_timeout, router_mode=getattr(args, "router_mode", "round-robin"),
         model_name=args.model, worker_flags=tuple(getattr(args, "worker_flag", ())),
         postprocessor_flags=tuple(getattr(args, "postprocessor_flag", ())),
+        gateway_flags=tuple(getattr(args, "gateway_flag", ())),
         log_level=getattr(args, "log_level", "WARNING"), seed=args.seed,
         idle_s=args.idle_seconds)
 

@@ -42,6 +42,7 @@ class MeshBenchConfig:
     model_name: str = "meshfront/demo-qwen"
     worker_flags: tuple[str, ...] = ()
     postprocessor_flags: tuple[str, ...] = ()  # split shape only (inproc has no postprocessor process)
+    gateway_flags: tuple[str, ...] = ()  # both shapes (e.g. --stream-interval=4)
     log_level: str = "WARNING"
     seed: int | None = None
     idle_s: float = 3.0  # idle-CPU baseline measured after warm-up; 0 skips it
@@ -69,7 +70,7 @@ def start_mesh(cfg: MeshBenchConfig, shape: str, log_dir: Path) -> Mesh:
     workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", extra) for _ in range(cfg.workers)]
     plan = ephemeral_plan(workers, inproc=shape == "inproc", router_mode=cfg.router_mode,
                           run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level,
-                          service_args={"postprocessor": cfg.postprocessor_flags})
+                          service_args={"postprocessor": cfg.postprocessor_flags, "gateway": cfg.gateway_flags})
     mesh = Mesh(plan, log_dir)
     try:
         mesh.start(timeout=90)
@@ -127,6 +128,7 @@ async def drive(url: str, pids: dict[str, int], cfg: MeshBenchConfig, shape: str
                 check: Callable[[], None] = lambda: None) -> list[LevelRecord]:
     """Warm-up, then one measured level per concurrency; ``check`` raises if the mesh broke."""
     prompts = PromptFactory(cfg.prompt_tokens, shared_prefix_tokens=cfg.shared_prefix_tokens, seed=cfg.seed)
+    await cold_start(url, cfg, shape, prompts, emit)
     if cfg.warmup:
         warm = LoadSpec(url=url, model=cfg.model_name, concurrency=min(8, cfg.warmup), requests=cfg.warmup,
                         max_tokens=cfg.max_tokens, duration_s=cfg.level_timeout_s)
@@ -152,6 +154,17 @@ async def drive(url: str, pids: dict[str, int], cfg: MeshBenchConfig, shape: str
         records.append(rec)
     check()
     return records
+
+
+async def cold_start(url: str, cfg: MeshBenchConfig, shape: str, prompts: PromptFactory, emit: Printer) -> None:
+    """The first request a fresh mesh serves against the ten after it, one at a time (TTFT)."""
+    one = LoadSpec(url=url, model=cfg.model_name, concurrency=1, requests=1, max_tokens=cfg.max_tokens,
+                   duration_s=cfg.level_timeout_s)
+    first = summarize(await run_load(one, prompts))
+    after = summarize(await run_load(dataclasses.replace(one, requests=10), prompts))
+    cold, warm = first.ttft_ms[50], after.ttft_ms[50]
+    emit(f"[{shape}] cold start: first request TTFT {cold:.1f} ms, the next ten p50 {warm:.1f} ms "
+         f"(ratio {cold / warm:.2f})")
 
 
 async def idle_cpu_per_s(pids: dict[str, int], seconds: float) -> dict[str, float]:
