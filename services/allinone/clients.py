@@ -35,6 +35,9 @@ class InProcessRouter:
     async def release(self, req):
         await self._service.release(req)
 
+    async def release_batch(self, req):
+        await self._service.release_batch(req)
+
 
 class InProcessPostprocessor:
     def __init__(self, service: Postprocessor):

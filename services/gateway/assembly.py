@@ -29,6 +29,7 @@ from services.gateway.kserve import server as kserve
 from services.gateway.pipeline import Pipeline
 from services.gateway.responses_api.server import ResponsesServicer
 from services.gateway.responses_api.store import ResponseStore
+from services.gateway.releases import RidingReleases
 from services.gateway.server import GatewayServicer
 from services.gateway.warmup import Warmup
 
@@ -79,7 +80,7 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     Embedding workers are always reached over gRPC (they are their own processes in both shapes).
     """
     pre = preprocessor or clients.GrpcPreprocessor(cfg.preprocessor, tls)
-    route = router or clients.GrpcRouter(cfg.router, tls)
+    route = RidingReleases(router or clients.GrpcRouter(cfg.router, tls))
     post = postprocessor or clients.GrpcPostprocessor(cfg.postprocessor, tls)
     store = ResponseStore(cfg.nats_url, cfg.responses_ttl_s)
     # Every request family exists from the first scrape; /metrics at the edge gathers all replicas'.
@@ -89,4 +90,4 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
                       metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers))
     return Built(gateway, background=[store.run, metrics.run, gateway.warmup.run],
-                 closers=[gateway.warmup.close, store.close, metrics.close, embed_workers.close])
+                 closers=[gateway.warmup.close, route.close, store.close, metrics.close, embed_workers.close])

@@ -41,6 +41,8 @@ class RouterClient(Protocol):
 
     async def release(self, req: router_pb2.ReleaseRequest) -> None: ...
 
+    async def release_batch(self, req: router_pb2.ReleaseBatchRequest) -> None: ...
+
 
 class PostprocessorClient(Protocol):
     def generate(self, req: postprocessor_pb2.GenerateRequest) -> AsyncIterator[postprocessor_pb2.GenerateResponse]: ...
@@ -81,6 +83,10 @@ class GrpcRouter:
         # The router forgets bookings of workers that leave; a lost release only skews load briefly.
         with contextlib.suppress(grpc.aio.AioRpcError):
             await self._stub.Release(req, timeout=5, metadata=request_id_metadata(req.request_id))
+
+    async def release_batch(self, req):
+        with contextlib.suppress(grpc.aio.AioRpcError):  # as release: a lost one only skews load briefly
+            await self._stub.ReleaseBatch(req, timeout=5)
 
 
 class GrpcPostprocessor:

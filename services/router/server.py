@@ -17,3 +17,6 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
 
     async def Release(self, request: router_pb2.ReleaseRequest, context: grpc.aio.ServicerContext):
         return await self._router.release(request)
+
+    async def ReleaseBatch(self, request: router_pb2.ReleaseBatchRequest, context: grpc.aio.ServicerContext):
+        return await self._router.release_batch(request)

@@ -58,6 +58,8 @@ class Router:
                           self.bookings.prompt_tokens(c.worker_id)) for c in cards]
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
+        for release in req.releases:  # earlier requests' endings come first: they free what this one may take
+            self._release(release)
         if self.queue_timeout_s <= 0:
             return self._route_now(req)
         if not self.queue.waiting(req.model):
@@ -126,12 +128,20 @@ class Router:
         return self.busy.available(candidates, lambda c: c.in_flight, req.model)
 
     async def release(self, req: router_pb2.ReleaseRequest) -> router_pb2.ReleaseResponse:
+        self._release(req)
+        return router_pb2.ReleaseResponse()
+
+    async def release_batch(self, req: router_pb2.ReleaseBatchRequest) -> router_pb2.ReleaseBatchResponse:
+        for release in req.releases:
+            self._release(release)
+        return router_pb2.ReleaseBatchResponse()
+
+    def _release(self, req: router_pb2.ReleaseRequest) -> None:
         if req.first_token:
             self.apply(LifecycleEvent(FIRST_TOKEN, req.request_id, prompt_tokens=req.prompt_tokens,
                                       cached_tokens=req.cached_tokens))
         else:
             self.apply(LifecycleEvent(FREE, req.request_id))
-        return router_pb2.ReleaseResponse()
 
     def apply(self, event: LifecycleEvent, remote: bool = False) -> None:
         """One booking change, made here or (``remote``) by a replica (listeners are told which)."""

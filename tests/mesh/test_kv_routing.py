@@ -81,12 +81,13 @@ def test_repeated_prefix_hits_the_cache_and_workers_come_and_go(kv_mesh, demo_mo
     blocks = wait_until(lambda: {w: n for w, n in index_blocks(kv_mesh).items() if n >= 20}, 5, "stored events")
     assert len(blocks) == 1
     for tail in ("two", "three", "four"):
-        time.sleep(0.3)  # the gateway's Release of the previous request is fire-and-forget
+        time.sleep(0.3)  # the previous request's Release reaches the router with this Route at the latest
         r = ask(client, tail)
         assert r.usage.prompt_tokens_details.cached_tokens >= 320, r.usage
-    m = wait_until(lambda: (lambda d: d if d.get("meshfront_router_reported_prompt_tokens_total", 0) > 0 else None)(
-        metrics(kv_mesh)), 5, "first-token reports")
-    assert m["meshfront_router_actual_cached_tokens_total"] >= 3 * 320
+    # First-token reports ride on the next Route or follow within 20 ms (services/gateway/releases.py).
+    m = wait_until(lambda: (lambda d: d if d.get("meshfront_router_actual_cached_tokens_total", 0) >= 3 * 320
+                            else None)(metrics(kv_mesh)), 5, "first-token reports")
+    assert m["meshfront_router_reported_prompt_tokens_total"] > 0
     assert m["meshfront_router_predicted_cached_tokens_total"] >= 3 * 320
     assert m["meshfront_router_kv_event_gaps_total"] == 0
 

@@ -50,3 +50,20 @@ async def test_unknown_model_is_not_found_with_our_error_info(stub):
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
     err = from_rpc_error(e.value)
     assert isinstance(err, ModelNotFound) and err.param == "model"
+
+
+async def test_releases_riding_on_a_route_free_their_bookings_first():
+    """A worker full at --max-in-flight-per-worker 1 takes the next request when its release rides along."""
+    from services.common.errors import Overloaded
+    from services.common.overload import BusyThreshold
+
+    router = Router(lambda model: [w for w in WORKERS[:1] if w.model.name == model], "round-robin",
+                    busy=BusyThreshold(1))
+    await router.route(router_pb2.RouteRequest(request_id="a", model="m", prompt_tokens=1))
+    with pytest.raises(Overloaded):
+        await router.route(router_pb2.RouteRequest(request_id="b", model="m", prompt_tokens=1))
+    routed = await router.route(router_pb2.RouteRequest(
+        request_id="b", model="m", prompt_tokens=1, releases=[router_pb2.ReleaseRequest(request_id="a")]))
+    assert routed.worker_id == "w0" and router.bookings.in_flight("w0") == 1
+    await router.release_batch(router_pb2.ReleaseBatchRequest(releases=[router_pb2.ReleaseRequest(request_id="b")]))
+    assert router.bookings.in_flight("w0") == 0

@@ -45,6 +45,11 @@ class RouterServiceStub:
                 request_serializer=meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.ReleaseBatch = channel.unary_unary(
+                '/meshfront.router.v1.RouterService/ReleaseBatch',
+                request_serializer=meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseBatchRequest.SerializeToString,
+                response_deserializer=meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseBatchResponse.FromString,
+                _registered_method=True)
 
 
 class RouterServiceServicer:
@@ -66,6 +71,13 @@ class RouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseBatch(self, request, context):
+        """Several Releases at once: what a caller gathered when no Route call came to carry them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +90,11 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseRequest.FromString,
                     response_serializer=meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'ReleaseBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseBatch,
+                    request_deserializer=meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseBatchRequest.FromString,
+                    response_serializer=meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseBatchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -135,6 +152,33 @@ class RouterService:
             '/meshfront.router.v1.RouterService/Release',
             meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseRequest.SerializeToString,
             meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshfront.router.v1.RouterService/ReleaseBatch',
+            meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseBatchRequest.SerializeToString,
+            meshfront_dot_router_dot_v1_dot_router__pb2.ReleaseBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
