@@ -31,7 +31,7 @@ class PostprocessorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
-    worker_transport: str = "unary"
+    worker_transport: str = "mux"
 
     def validate(self) -> None:
         """Raises ValueError listing every invalid setting."""
@@ -69,9 +69,9 @@ def add_flags(p: Flags) -> None:
     p.add("--chat-processor", default=DEFAULT_CHAT_PROCESSOR,
           help=f"whose tool-call and reasoning parsers to use: {' | '.join(CHAT_PROCESSORS)} "
                "(vllm and sglang need that extra installed; see docs/parsers.md)")
-    p.add("--worker-transport", default="unary",
-          help="how requests reach workers: unary (a stream per request) | mux (one stream per worker, "
-               "the tokens of many requests per message)")
+    p.add("--worker-transport", default="mux",
+          help="how requests reach workers: mux (one stream per worker, the tokens of every request of an "
+               "engine step in one message; the default) | unary (a stream per request)")
 
 
 def from_args(args: argparse.Namespace) -> PostprocessorConfig:

@@ -1,13 +1,16 @@
 """The multiplexed ``WorkerClient``: one long-lived ``GenerateStream`` per worker, shared by all requests.
 
-Opt-in (``--worker-transport mux``). With per-request streams a paced engine costs one gRPC message
+The default (``--worker-transport mux``; ``unary`` is the per-request alternative). With per-request
+streams a paced engine costs one gRPC message
 per token per request on this hop; here the worker sends the tokens of every request that left the
 same engine step in one message, and a demultiplexer task routes its chunks to per-request queues.
 A request is a stream-local id: ``generate`` sends a start, ``cancel`` sends a cancel.
 
 A stream that breaks (worker dead, frozen past the keepalive, restarted) fails every call still
 open on it with the same ``WorkerFailed`` the unary client raises, so migration works unchanged;
-the next ``generate`` for that address opens a fresh stream on the same channel.
+the next ``generate`` for that address opens a fresh stream on the same channel. A draining worker
+refuses new sequences (``WorkerFailed``, so they go elsewhere) and ends the stream once its running
+ones finish (services/workers/mux.py): that ends the stream cleanly, as a broken one would end it.
 """
 
 from __future__ import annotations

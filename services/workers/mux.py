@@ -10,6 +10,11 @@ them all (the same back-pressure the unary ``Generate`` gets from ``context.writ
 
 A cancel message, or the stream ending under us (the caller went away), aborts the affected
 sequences through ``aclose()``, which logs "aborted by the caller" and frees their KV blocks.
+
+A draining worker (SIGTERM) refuses new sequences on the stream with WORKER_FAILED, which the
+postprocessor answers by routing them elsewhere, lets the running ones finish, and then ends the
+stream itself, so the server stops as soon as its work is done instead of after the whole grace
+period with the stream's last sequences failed into migration.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from meshfront.worker.v1 import worker_pb2
 
-from services.common.errors import Internal, InvalidRequest, MeshError, status_proto
+from services.common.errors import Internal, InvalidRequest, MeshError, WorkerFailed, status_proto
 from services.workers.service import WorkerService
 
 log = logging.getLogger(__name__)
@@ -46,6 +51,7 @@ class MuxSession:
         # cannot cancel what the others wait on, as a shared future would).
         self._flushed = asyncio.Event()
         self._reading = True
+        self._draining = False
         self.messages_sent = 0
 
     async def run(self, actions: AsyncIterator[worker_pb2.GenerateStreamRequest]) -> None:
@@ -53,7 +59,8 @@ class MuxSession:
         reader = asyncio.create_task(self._read(actions))
         try:
             await self._write_loop()
-            await reader  # re-raises a failed read
+            if not self._draining:
+                await reader  # re-raises a failed read
         finally:
             reader.cancel()
             for task in list(self._tasks.values()):
@@ -74,7 +81,15 @@ class MuxSession:
             self._reading = False
             self._ready.set()  # lets the writer notice the end
 
+    def drain(self) -> None:
+        """No new sequences; the stream ends once the running ones have."""
+        self._draining = True
+        self._ready.set()
+
     def _start(self, seq_id: int, request: worker_pb2.GenerateRequest) -> None:
+        if self._draining:
+            self._post(seq_id, None, WorkerFailed("the worker is draining; retry on another worker"))
+            return
         if seq_id in self._tasks:
             self._post(seq_id, None, InvalidRequest(f"sequence id {seq_id} is already running on this stream"))
             return
@@ -110,7 +125,7 @@ class MuxSession:
             await self._ready.wait()
             self._ready.clear()
             if not self._outbox:
-                if not self._reading and not self._tasks:
+                if not self._tasks and (not self._reading or self._draining):
                     return
                 continue
             chunks, self._outbox = self._outbox, []

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def __init__(self, service: WorkerService):
         self._service = service
+        self._sessions: set[MuxSession] = set()
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         # A caller's cancel closes the generator, which aborts the sequence and frees its KV blocks.
@@ -39,7 +40,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def GenerateStream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         # Like Generate, this task owns the stream: when the caller goes away grpc.aio cancels it,
         # and MuxSession aborts every sequence still running on the stream.
-        await MuxSession(self._service, context.write).run(request_iterator)
+        session = MuxSession(self._service, context.write)
+        self._sessions.add(session)
+        try:
+            await session.run(request_iterator)
+        finally:
+            self._sessions.discard(session)
+
+    async def drain(self) -> None:
+        """Multiplexed streams take no new sequences and end when their running ones have."""
+        for session in self._sessions:
+            session.drain()
 
 
 def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
@@ -56,6 +67,7 @@ def build_server(cfg: WorkerConfig, engine: Engine) -> GrpcServer:
     server = GrpcServer(f"worker-{cfg.kind}", cfg.host, cfg.port, tls=mesh_tls.from_config(cfg))
     servicer = WorkerServicer(WorkerService(engine, cfg.input_modalities))
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server.server)
+    server.on_drain(servicer.drain)
     return server
 
 

@@ -50,3 +50,61 @@ def test_a_stop_string_cancels_the_sequence_on_the_worker(client, mux_mesh):
     while mux_mesh.logs("mocker-0").count("aborted by the caller") == before:
         assert time.monotonic() < deadline, "the worker never heard of the cancel"
         time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def paced_mux(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
+    """Two paced workers (one token per engine step) on the default transport, which is mux."""
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "1"), mocker(demo_model_dir, DEMO, "1")])
+    yield m
+    stop_cleanly(m)
+
+
+def test_one_stream_carries_many_requests_and_a_cancel_ends_only_its_own(paced_mux):
+    import asyncio
+    import threading
+
+    from tests.mesh.chaos_client import chat, run_streams, stream_then_hang_up
+
+    bodies = [{**chat(DEMO, i, 48), "ignore_eos": True} for i in range(12)]
+    reference = asyncio.run(run_streams(paced_mux.url, bodies))
+    aborted = sum(paced_mux.logs(f"mocker-{i}").count("aborted by the caller") for i in range(2))
+    hung_up = threading.Thread(target=stream_then_hang_up, args=(paced_mux.plan.http_port, bodies[0], 3))
+    hung_up.start()
+    disturbed = asyncio.run(run_streams(paced_mux.url, bodies[1:]))
+    hung_up.join(30)
+    assert [r.text for r in disturbed] == [r.text for r in reference[1:]]
+    assert all(r.done and r.finish == "length" for r in disturbed)
+    deadline = time.monotonic() + 5
+    while sum(paced_mux.logs(f"mocker-{i}").count("aborted by the caller") for i in range(2)) != aborted + 1:
+        assert time.monotonic() < deadline, "the hung-up request was not aborted on its worker (alone)"
+        time.sleep(0.05)
+    assert "opened a GenerateStream to worker" in paced_mux.logs("postprocessor")
+
+
+def test_a_draining_worker_finishes_its_multiplexed_requests_and_exits_without_waiting_out_its_grace(paced_mux):
+    import asyncio
+    import signal
+
+    from tests.mesh.chaos_client import chat, run_streams
+
+    bodies = [{**chat(DEMO, 100 + i, 64), "ignore_eos": True} for i in range(16)]
+    reference = asyncio.run(run_streams(paced_mux.url, bodies))
+    stopped: list[float] = []
+
+    async def sigterm_when_streaming(events):
+        await asyncio.gather(*(e.wait() for e in events))
+        paced_mux.kill("mocker-1", signal.SIGTERM)
+        stopped.append(time.monotonic())
+
+    disturbed = asyncio.run(run_streams(paced_mux.url, bodies, sigterm_when_streaming))
+    assert [(r.status, r.error) for r in disturbed if not r.done or r.error] == []
+    assert [r.text for r in disturbed] == [r.text for r in reference]  # finished there, or moved token-exact
+    assert paced_mux.procs["mocker-1"].wait(30) == 0
+    # The worker's drain grace is 10 s; its streams ended with their work, so it exits well before.
+    assert time.monotonic() - stopped[0] < 8.0
+    restart_mesh_worker(paced_mux, "mocker-1")
+
+
+def restart_mesh_worker(mesh, name: str) -> None:
+    mesh.start_process(mesh.specs[name])

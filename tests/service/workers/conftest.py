@@ -8,7 +8,7 @@ import grpc
 import pytest
 from meshfront.worker.v1 import worker_pb2_grpc
 
-from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.grpc_server import CHANNEL_OPTIONS, GrpcServer
 from services.models import default_test_model_dir
 from services.workers.mocker.config import parse_config
 from services.workers.mocker.engine import MockerEngine
@@ -26,6 +26,7 @@ class RunningWorker:
     stub: worker_pb2_grpc.WorkerServiceStub
     engine: MockerEngine
     address: str
+    server: GrpcServer
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ async def start_mocker(model_dir):
         await server.start()
         channel = grpc.aio.insecure_channel(server.address, options=CHANNEL_OPTIONS)
         started.append((server, engine, channel))
-        return RunningWorker(worker_pb2_grpc.WorkerServiceStub(channel), engine, server.address)
+        return RunningWorker(worker_pb2_grpc.WorkerServiceStub(channel), engine, server.address, server)
 
     yield start
     for server, engine, channel in started:

@@ -10,7 +10,7 @@ import pytest
 from meshfront.common.v1 import common_pb2
 from meshfront.worker.v1 import worker_pb2
 
-from services.common.errors import InvalidRequest, from_status_proto
+from services.common.errors import InvalidRequest, WorkerFailed, from_status_proto
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
@@ -125,3 +125,27 @@ async def test_a_duplicate_id_and_an_invalid_request_fail_only_their_sequence(st
     assert isinstance(errors[1], InvalidRequest) and "already running" in errors[1].message
     assert isinstance(errors[2], InvalidRequest)
     call.cancel()
+
+
+async def test_a_draining_worker_finishes_running_sequences_refuses_new_ones_and_ends_the_stream(start_mocker):
+    """SIGTERM's path (GrpcServer.stop): drain hooks, then a graceful stop that needs no grace period."""
+    worker = await start_mocker("--speedup-ratio", "1")  # paced: the sequence is still running at the drain
+    running = generate_request(range(40), "running", max_tokens=48)
+    expected = await unary_tokens(worker.stub, running)
+    call = worker.stub.GenerateStream()
+    await call.write(start(1, running))
+    got = [t for c in (await asyncio.wait_for(call.read(), 10)).chunks for t in c.response.token_ids]
+    worker.server.grace_s = 60
+    stopping = asyncio.create_task(worker.server.stop())
+    await asyncio.sleep(0.05)
+    await call.write(start(2, generate_request(range(40), "late", max_tokens=4)))
+    refused = None
+    while (message := await asyncio.wait_for(call.read(), 10)) is not grpc.aio.EOF:
+        for chunk in message.chunks:
+            if chunk.id == 2:
+                refused = from_status_proto(chunk.error)
+            else:
+                got.extend(chunk.response.token_ids)
+    assert got == expected  # the running sequence finished on the draining worker
+    assert isinstance(refused, WorkerFailed) and "draining" in refused.message  # the postprocessor migrates it
+    await asyncio.wait_for(stopping, 10)  # the stream ended with its work: the 60 s grace was not waited out
