@@ -12,7 +12,7 @@ from services.launcher.run import STAGES, parse_args
 pytestmark = pytest.mark.unit
 
 
-def test_default_is_an_hour_and_the_flag_sets_the_store_ttl():
+async def test_default_is_an_hour_and_the_flag_sets_the_store_ttl():  # grpc.aio channels need a loop
     assert gateway_config.parse_config([], env={}).responses_ttl_s == 3600
     cfg = gateway_config.parse_config(["--responses-ttl-s", "90"], env={})
     built = build(cfg, WorkerRegistry(cfg.nats_url, "test"))
