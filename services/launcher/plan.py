@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import random
 import socket
 import sys
 
@@ -118,10 +119,40 @@ class MeshPlan:
         return f"nats://127.0.0.1:{self.nats_port}"
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out for port 0 and for outgoing connections' source ports."""
+    try:
+        low, high = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range.
+
+    The port is bound only later, by the process it is given to. A port from the ephemeral range (what
+    binding port 0 returns) can be taken in between by any process's outgoing connection or port-0
+    bind, which failed whole test meshes with "Address already in use"; below the range only another
+    free_port caller could take it, and this process never hands the same port out twice.
+    """
+    low = _ephemeral_range()[0]
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port between 10000 and {low}")
 
 
 def ephemeral_plan(workers: list[WorkerSpec], gateways: int = 1, **kw) -> MeshPlan:
