@@ -1,4 +1,4 @@
-"""close_nats: shutdown never fails on NATS' account, and a real cancel of the caller still propagates."""
+"""close_nats: shutdown never fails or hangs on NATS' account, and a real cancel of the caller still cancels."""
 
 import asyncio
 
@@ -10,13 +10,20 @@ pytestmark = pytest.mark.unit
 
 
 class Nats:
-    def __init__(self, close_raises: BaseException | None = None, hang: bool = False):
-        self.close_raises, self.hang, self.flushed = close_raises, hang, False
+    is_connected = True
+
+    def __init__(self, close_raises: BaseException | None = None, hang: bool = False, stubborn: bool = False):
+        self.close_raises, self.hang, self.stubborn, self.flushed = close_raises, hang, stubborn, False
 
     async def flush(self, timeout: float) -> None:
         self.flushed = True
 
     async def close(self) -> None:
+        if self.stubborn:  # nats-py's close swallows a cancel while it waits for its reconnect task
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                await asyncio.sleep(4)  # and carries on (ends by itself, after the test)
         if self.hang:
             await asyncio.sleep(3600)
         if self.close_raises is not None:
@@ -29,6 +36,13 @@ async def test_a_close_that_nats_fails_or_cancels_is_quiet(raises):
     await close_nats(nc, flush=True)  # type: ignore[arg-type]
     assert nc.flushed
     await close_nats(None)
+
+
+async def test_a_close_that_never_ends_is_left_behind_after_two_seconds():
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(close_nats(Nats(stubborn=True)), 5)  # type: ignore[arg-type]
+    assert loop.time() - started < 3
 
 
 async def test_a_cancel_of_the_closing_task_still_cancels_it():
