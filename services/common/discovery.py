@@ -89,6 +89,18 @@ async def connect(url: str, name: str) -> nats.NATS:
                               connect_timeout=2, allow_reconnect=True, error_cb=on_error)
 
 
+def stop_if_cancelled() -> None:
+    """For the ``except Exception`` of a loop that retries NATS until it works.
+
+    nats-py swallows a cancel in places (a flush, a JetStream publish) or turns it into one of its
+    own errors, so such a loop could outlive the cancel that was meant to end it and keep a stopping
+    service alive until SIGKILL. The task still counts the cancel (``Task.cancelling``): honour it.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def connect_retrying(url: str, name: str, stop: asyncio.Event | None = None) -> nats.NATS:
     """Keeps trying until NATS answers; services may start before it."""
     delay = 0.2
@@ -98,6 +110,7 @@ async def connect_retrying(url: str, name: str, stop: asyncio.Event | None = Non
         except (NoServersError, OSError, asyncio.TimeoutError) as e:
             if stop is not None and stop.is_set():
                 raise
+            stop_if_cancelled()
             log.info("waiting for NATS at %s (%s)", url, e)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
@@ -169,6 +182,7 @@ class Registrar:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - NATS down or restarting: keep serving, retry soon
+                stop_if_cancelled()
                 log.warning("registration heartbeat failed: %s", e)
                 ready = False
             await asyncio.sleep(self.ttl_s / 3)
@@ -176,8 +190,7 @@ class Registrar:
     async def close(self) -> None:
         if self._task:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=2.0)  # bounded: see stop_if_cancelled
         if self._nc is None:
             return
         if self._nc.is_connected:
@@ -273,12 +286,12 @@ class WorkerRegistry:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - NATS outage or a missing bucket: keep the last view, retry
+                stop_if_cancelled()
                 log.warning("worker watch interrupted (%s); keeping %d known workers", e, len(self.workers))
                 await asyncio.sleep(1.0)
 
     async def close(self) -> None:
         if self._task:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task}, timeout=2.0)  # bounded: see stop_if_cancelled
         await close_nats(self._nc)

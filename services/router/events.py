@@ -24,7 +24,7 @@ from collections.abc import Callable
 import orjson
 from nats.aio.client import Client as NatsClient
 
-from services.common.discovery import WorkerCard, close_nats, connect_retrying
+from services.common.discovery import WorkerCard, close_nats, connect_retrying, stop_if_cancelled
 from services.common.kv_events import EVENTS_PREFIX, dump_subject
 from services.router.core.kv_ingest import KvEventIngest, Verdict
 from services.router.core.lifecycle import LifecycleEvent
@@ -111,6 +111,7 @@ class KvEventSubscriber:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - no responder yet, timeout, garbage: retry
+                stop_if_cancelled()
                 log.info("KV dump from %s failed (%s); retrying", worker_id, e)
                 await asyncio.sleep(DUMP_RETRY_S)
                 continue

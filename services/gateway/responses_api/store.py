@@ -27,7 +27,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.common.discovery import close_nats, connect_retrying
+from services.common.discovery import close_nats, connect_retrying, stop_if_cancelled
 from services.common.errors import MeshError
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class ResponseStore:
             try:
                 self._kv = await _open_bucket(self._nc)
             except Exception as e:  # noqa: BLE001 - NATS restarting: retry, requests meanwhile get 503
+                stop_if_cancelled()
                 log.warning("responses bucket not ready (%s); retrying", e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

@@ -51,3 +51,27 @@ async def test_a_cancel_of_the_closing_task_still_cancels_it():
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_retry_loop_ends_on_its_cancel_even_when_nats_swallowed_it():
+    from services.common.discovery import stop_if_cancelled
+
+    attempts = 0
+
+    async def retrying():
+        nonlocal attempts
+        while True:
+            try:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:  # what nats-py does in places: the cancel becomes its error
+                    raise RuntimeError("nats: flush failed") from None
+            except Exception:  # noqa: BLE001 - the loop under test
+                attempts += 1
+                stop_if_cancelled()
+
+    task = asyncio.create_task(retrying())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=2)
+    assert done and task.cancelled() and attempts == 1
