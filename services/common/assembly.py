@@ -10,12 +10,14 @@ NATS is up) and ``close`` after the server stopped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 S = TypeVar("S")
+log = logging.getLogger(__name__)
+CLOSE_WAIT_S = 2.0
 
 
 @dataclasses.dataclass
@@ -31,14 +33,19 @@ class Built(Generic[S]):
 
     def start(self) -> None:
         """Starts the background work; needs a running event loop."""
-        self._tasks += [asyncio.get_running_loop().create_task(make()) for make in self.background]
+        loop = asyncio.get_running_loop()
+        self._tasks += [loop.create_task(make(), name=repr(make)) for make in self.background]
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._tasks:
+            # Bounded: a task that swallowed its cancel (nats-py does, in places) must not hold the
+            # process past its stop; it is named so that the next such hang has a culprit.
+            _, pending = await asyncio.wait(self._tasks, timeout=CLOSE_WAIT_S)
+            if pending:
+                log.warning("background tasks did not stop within %.0f s: %s", CLOSE_WAIT_S,
+                            ", ".join(t.get_name() for t in pending))
         self._tasks.clear()
         for close in self.closers:
             await close()

@@ -63,6 +63,9 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+SLOW_HOOK_S = 3.0
+
+
 class GrpcServer:
     """A grpc.aio server with health checking and graceful drain."""
 
@@ -116,11 +119,18 @@ class GrpcServer:
         if self._gate_task is not None:
             self._gate_task.cancel()
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        loop = asyncio.get_running_loop()
         for hook in self._on_drain:
             await hook()
+        started = loop.time()
         await self.server.stop(self.grace_s)
+        if self.grace_s and loop.time() - started >= self.grace_s - 0.1:
+            log.warning("%s: calls still running after the %.0f s drain grace were cancelled", self.name, self.grace_s)
         for hook in self._on_stopped:
+            started = loop.time()
             await hook()
+            if loop.time() - started > SLOW_HOOK_S:  # every hook is bounded; name the one that was slow
+                log.warning("%s: stopping %r took %.1f s", self.name, hook, loop.time() - started)
         log.info("%s stopped", self.name)
 
     async def serve_until_signal(self) -> None:
