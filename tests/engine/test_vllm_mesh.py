@@ -199,13 +199,19 @@ def test_killing_the_serving_worker_mid_stream_is_invisible_at_temperature_0(cli
     request = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about routers."}],
                "max_tokens": 160, "temperature": 0, "extra_body": {"ignore_eos": True}}
     undisturbed = client.chat.completions.create(**request).choices[0].message.content
-    stream = client.chat.completions.create(**request, stream=True)
-    parts = []
+    # The stream names its worker (nvext.extra_fields): the engines' own "running" gauges are sampled,
+    # and a fast engine could be past its last token before a scrape saw it running.
+    stream = client.chat.completions.create(**{**request, "extra_body": {
+        **request["extra_body"], "nvext": {"extra_fields": ["worker_id"]}}}, stream=True)
+    parts, serving = [], []
     for chunk in stream:
+        if not serving:
+            worker_id = chunk.model_extra["nvext"]["worker_id"]["decode_worker_id"]
+            serving = [w for w in WORKERS
+                       if f"registering {worker_id} " in (engine_mesh.log_dir / f"{w}.log").read_text(errors="replace")]
+            assert len(serving) == 1, (worker_id, serving)
         parts.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
-        if len(parts) == 20:
-            serving = [w for w in WORKERS if running(engine_mesh, w)]
-            assert len(serving) == 1, serving
+        if len(parts) == 4:  # a few tokens in: a fast CPU engine must not be done yet
             engine_mesh.kill(serving[0], signal.SIGKILL)
     assert "".join(parts) == undisturbed
     engine_mesh.procs[serving[0]].wait(10)
