@@ -9,6 +9,7 @@ error frame, because the HTTP status is already sent.
 
 from __future__ import annotations
 
+import functools
 import logging
 import urllib.parse
 import uuid
@@ -72,77 +73,70 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             raise InvalidRequest(f"The model `{name}` is an embedding model; use /v1/embeddings with it",
                                  param="model")
 
-    async def ChatCompletions(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
-        track = RequestTracker("chat")
+    async def _generate(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext, *, chat: bool):
+        """POST /v1/chat/completions and /v1/completions (the two RPCs below are this with ``chat`` set:
+        one generator per call rather than a wrapper re-yielding every message of the stream)."""
+        track = RequestTracker("chat" if chat else "completions")
         try:
-            async for body in self._generate(request, context, track, chat=True):
-                yield body
-        finally:
-            track.close()
-
-    async def Completions(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
-        track = RequestTracker("completions")
-        try:
-            async for body in self._generate(request, context, track, chat=False):
-                yield body
-        finally:
-            track.close()
-
-    async def _generate(self, request, context, track: RequestTracker, *, chat: bool):
-        rid = uuid.uuid4().hex
-        trace = RequestTrace()
-        try:
-            headers = _headers(context)
-            req: GenerationRequest
-            if chat:
-                req = chat_req = parse_chat(request.data, headers)
-                self._check_model(req.model)
-                prep = [chat_to_preprocess(chat_req, rid)]
-                echo = None
-            else:
-                req = completion = parse_completion(request.data, headers)
-                self._check_model(req.model)
-                prep = [completion_to_preprocess(completion, p, rid) for p in completion.prompts]
-                # parse_completion refuses echo for token-id prompts, so these are all strings
-                echo = [p for p in completion.prompts if isinstance(p, str)] if completion.echo else None
-            ext = ResponseExtensions(req.nvext, trace, rid)
-            renderer = ResponseRenderer(chat=chat, request_id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
-                                        model=req.model, n_choices=len(prep) * req.n,
-                                        want_logprobs=req.sampling.logprobs is not None,
-                                        include_usage=req.include_usage, echo_prompts=echo, n_per_prompt=req.n,
-                                        nvext=ext)
-            track.start(req.model, req.stream)
-            hints = RouteHints(req.session_id, req.nvext.session_action, req.nvext.session_timeout_s,
-                               req.nvext.priority_jump_s)
-            stream = self._pipeline.run(prep, req.n, req.worker_id, hints, trace)
-            if not req.stream:
-                async for batch in stream:
-                    renderer.fold(batch)
-                track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
+            rid = uuid.uuid4().hex
+            trace = RequestTrace()
+            try:
+                headers = _headers(context)
+                req: GenerationRequest
+                if chat:
+                    req = chat_req = parse_chat(request.data, headers)
+                    self._check_model(req.model)
+                    prep = [chat_to_preprocess(chat_req, rid)]
+                    echo = None
+                else:
+                    req = completion = parse_completion(request.data, headers)
+                    self._check_model(req.model)
+                    prep = [completion_to_preprocess(completion, p, rid) for p in completion.prompts]
+                    # parse_completion refuses echo for token-id prompts, so these are all strings
+                    echo = [p for p in completion.prompts if isinstance(p, str)] if completion.echo else None
+                ext = ResponseExtensions(req.nvext, trace, rid)
+                renderer = ResponseRenderer(chat=chat, request_id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
+                                            model=req.model, n_choices=len(prep) * req.n,
+                                            want_logprobs=req.sampling.logprobs is not None,
+                                            include_usage=req.include_usage, echo_prompts=echo, n_per_prompt=req.n,
+                                            nvext=ext)
+                track.start(req.model, req.stream)
+                hints = RouteHints(req.session_id, req.nvext.session_action, req.nvext.session_timeout_s,
+                                   req.nvext.priority_jump_s)
+                stream = self._pipeline.run(prep, req.n, req.worker_id, hints, trace)
+                if not req.stream:
+                    async for batch in stream:
+                        renderer.fold(batch)
+                    track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
+                    await _send_headers(context, ext)
+                    yield httpbody_pb2.HttpBody(content_type=JSON, data=renderer.body())
+                    return
+                first = await anext(stream, None)
                 await _send_headers(context, ext)
-                yield httpbody_pb2.HttpBody(content_type=JSON, data=renderer.body())
+            except MeshError as e:
+                track.fail(e)
+                await abort_http(context, e)
                 return
-            first = await anext(stream, None)
-            await _send_headers(context, ext)
-        except MeshError as e:
-            track.fail(e)
-            await abort_http(context, e)
-            return
-        # Streaming: headers go out with the first tokens, so early failures above kept a real status.
-        try:
-            if first is not None:
-                track.first_token()
-                yield httpbody_pb2.HttpBody(content_type=SSE, data=ext.annotation_events() + renderer.sse(first))
-            async for batch in stream:
-                data = renderer.sse(batch)
-                if data:
-                    yield httpbody_pb2.HttpBody(content_type=SSE, data=data)
-            track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
-            yield httpbody_pb2.HttpBody(content_type=SSE, data=renderer.sse_end())
-        except MeshError as e:
-            track.fail(e, mid_stream=True)
-            log.warning("request %s failed mid-stream: %s", rid, e.message)
-            yield httpbody_pb2.HttpBody(content_type=SSE, data=sse_error_frame(e))
+            # Streaming: headers go out with the first tokens, so early failures above kept a real status.
+            try:
+                if first is not None:
+                    track.first_token()
+                    yield httpbody_pb2.HttpBody(content_type=SSE, data=ext.annotation_events() + renderer.sse(first))
+                async for batch in stream:
+                    data = renderer.sse(batch)
+                    if data:
+                        yield httpbody_pb2.HttpBody(content_type=SSE, data=data)
+                track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
+                yield httpbody_pb2.HttpBody(content_type=SSE, data=renderer.sse_end())
+            except MeshError as e:
+                track.fail(e, mid_stream=True)
+                log.warning("request %s failed mid-stream: %s", rid, e.message)
+                yield httpbody_pb2.HttpBody(content_type=SSE, data=sse_error_frame(e))
+        finally:
+            track.close()
+
+    ChatCompletions = functools.partialmethod(_generate, chat=True)
+    Completions = functools.partialmethod(_generate, chat=False)
 
     async def _json(self, context, build: Callable[[], Awaitable[tuple[int, dict]]]):
         status, body = await build()
