@@ -65,6 +65,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     m.add_argument("--gateway-flag", action="append", default=[], help="extra gateway flag (repeatable, both "
                    "shapes), e.g. --gateway-flag=--stream-interval=4")
     m.add_argument("--log-level", default="WARNING", help="log level of the mesh services")
+    m.add_argument("--profile", default="", metavar="DIR", help="py-spy every measured level of the processes "
+                   "--profile-process names; collapsed stacks go to DIR, top frames are printed")
+    m.add_argument("--profile-process", type=lambda t: tuple(x for x in t.split(",") if x),
+                   default=("gateway", "postprocessor"), help="comma list of launcher names (default gateway,"
+                   "postprocessor; gateway matches gateway-0)")
+    m.add_argument("--profile-native", action="store_true", help="sample C and Cython frames too (grpc's core, "
+                   "uvloop): slower to record")
     _add_load_flags(m)
     ld = sub.add_parser("load", help="drive a running mesh")
     ld.add_argument("--url", required=True, help="Envoy's base URL, e.g. http://127.0.0.1:8000")
@@ -287,7 +294,8 @@ def _config(args: argparse.Namespace, shapes: tuple[str, ...]) -> mesh.MeshBench
         postprocessor_flags=tuple(getattr(args, "postprocessor_flag", ())),
         gateway_flags=tuple(getattr(args, "gateway_flag", ())),
         log_level=getattr(args, "log_level", "WARNING"), seed=args.seed,
-        idle_s=args.idle_seconds)
+        idle_s=args.idle_seconds, profile_dir=getattr(args, "profile", ""),
+        profile_processes=getattr(args, "profile_process", ()), profile_native=getattr(args, "profile_native", False))
 
 
 def _emit(line: str) -> None:

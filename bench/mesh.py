@@ -46,6 +46,9 @@ class MeshBenchConfig:
     log_level: str = "WARNING"
     seed: int | None = None
     idle_s: float = 3.0  # idle-CPU baseline measured after warm-up; 0 skips it
+    profile_dir: str = ""  # py-spy profiles of every measured level go here (bench/profile.py); "" = none
+    profile_processes: tuple[str, ...] = ("gateway", "postprocessor")
+    profile_native: bool = False  # C and Cython frames too (py-spy --native)
 
     def requests_for(self, concurrency: int) -> int:
         return self.requests if self.requests else max(200, 8 * concurrency)
@@ -92,7 +95,19 @@ async def measure_level(url: str, pids: dict[str, int], cfg: MeshBenchConfig, sh
     spec = LoadSpec(url=url, model=cfg.model_name, concurrency=concurrency,
                     requests=cfg.requests_for(concurrency), max_tokens=cfg.max_tokens,
                     duration_s=cfg.level_timeout_s, request_timeout_s=min(60.0, cfg.level_timeout_s))
-    m = await measured_load(spec, prompts, pids, f"[{shape}] c={concurrency}", emit)
+    profiler = None
+    if cfg.profile_dir:
+        from bench.profile import Profiler
+
+        profiler = Profiler(Path(cfg.profile_dir), pids, cfg.profile_processes, native=cfg.profile_native)
+        profiler.start(f"{shape}-c{concurrency}")
+    try:
+        m = await measured_load(spec, prompts, pids, f"[{shape}] c={concurrency}", emit)
+    finally:
+        if profiler is not None:
+            from bench.profile import report
+
+            emit(report(f"[{shape}] c={concurrency} profile", profiler.stop()))
     row = Row(shape=shape, stats=m.stats, cpu_per_request=m.usage.per_request(m.stats.ok),
               client_cpu_per_request=m.client_ms / max(1, m.stats.ok), window_cpu_ms=m.usage.total_ms)
     return LevelRecord(row, bg_cores=m.bg_cores, loadavg=os.getloadavg()[0])

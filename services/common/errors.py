@@ -74,6 +74,15 @@ class WorkerFailed(MeshError):
     reason = "WORKER_FAILED"
 
 
+class Draining(MeshError):
+    """A replica that is shutting down refused a new sequence on a multiplexed stream: start it on another."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    openai_type = "service_unavailable"
+    reason = "DRAINING"
+
+
 class Cancelled(MeshError):
     grpc_code = grpc.StatusCode.CANCELLED
     http_status = 499
@@ -87,7 +96,8 @@ class Internal(MeshError):
 
 _BY_REASON: dict[str, type[MeshError]] = {
     cls.reason: cls
-    for cls in (InvalidRequest, ModelNotFound, NotFound, NoWorkers, Overloaded, WorkerFailed, Cancelled, Internal)
+    for cls in (InvalidRequest, ModelNotFound, NotFound, NoWorkers, Overloaded, WorkerFailed, Draining, Cancelled,
+                Internal)
 }
 
 # Statuses that arrive without our ErrorInfo (a peer that died, a deadline, a transport error).

@@ -27,6 +27,7 @@ from services.gateway.embeddings.server import EmbeddingsServicer
 from services.gateway.embeddings.worker_client import GrpcEmbedWorker
 from services.gateway.kserve import server as kserve
 from services.gateway.pipeline import Pipeline
+from services.gateway.postprocessor_mux import MuxPostprocessor
 from services.gateway.responses_api.server import ResponsesServicer
 from services.gateway.responses_api.store import ResponseStore
 from services.gateway.releases import RidingReleases
@@ -81,7 +82,14 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     """
     pre = preprocessor or clients.GrpcPreprocessor(cfg.preprocessor, tls)
     route = RidingReleases(router or clients.GrpcRouter(cfg.router, tls))
-    post = postprocessor or clients.GrpcPostprocessor(cfg.postprocessor, tls)
+    closers = []
+    if postprocessor is not None:
+        post = postprocessor
+    elif cfg.postprocessor_transport == "mux":
+        post = mux_post = MuxPostprocessor(cfg.postprocessor, tls)
+        closers.append(mux_post.close)
+    else:
+        post = clients.GrpcPostprocessor(cfg.postprocessor, tls)
     store = ResponseStore(cfg.nats_url, cfg.responses_ttl_s)
     # Every request family exists from the first scrape; /metrics at the edge gathers all replicas'.
     recorder = frontend_metrics.configure(cfg.metrics_prefix)
@@ -90,4 +98,5 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
                       metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers))
     return Built(gateway, background=[store.run, metrics.run, gateway.warmup.run],
-                 closers=[gateway.warmup.close, route.close, store.close, metrics.close, embed_workers.close])
+                 closers=[gateway.warmup.close, route.close, store.close, metrics.close, embed_workers.close,
+                          *closers])

@@ -18,6 +18,8 @@ from services.gateway.openai.nvext import MAX_STREAM_INTERVAL
 
 DEFAULT_PORT = 9100
 STAGES = ("preprocessor", "router", "postprocessor")
+# mux: one GenerateStream per postprocessor replica carrying every request; unary: one stream per request.
+POSTPROCESSOR_TRANSPORTS = ("mux", "unary")
 # What these flags took before the all-in-one process existed; now refused with a pointer to it.
 _OLD_INPROC = "inproc"
 DEFAULT_RESPONSES_TTL_S = 3600
@@ -41,6 +43,7 @@ class GatewayConfig:
     metrics_prefix: str = DEFAULT_PREFIX
     # Tokens the postprocessor gathers per response unless a request says (nvext.stream_interval).
     stream_interval: int = 1
+    postprocessor_transport: str = "mux"
 
     def validate(self) -> None:
         check_prefix(self.metrics_prefix)
@@ -51,6 +54,9 @@ class GatewayConfig:
         if self.responses_ttl_s < 1:
             # NATS per-message TTLs are whole seconds; 0 would mean "never expires" there.
             raise ValueError(f"--responses-ttl-s must be at least 1; got {self.responses_ttl_s}")
+        if self.postprocessor_transport not in POSTPROCESSOR_TRANSPORTS:
+            raise ValueError(f"--postprocessor-transport must be one of {', '.join(POSTPROCESSOR_TRANSPORTS)}; "
+                             f"got {self.postprocessor_transport!r}")
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ValueError(f"--stream-interval must be 1 to {MAX_STREAM_INTERVAL}; got {self.stream_interval}")
 
@@ -67,6 +73,9 @@ def add_flags(p: Flags) -> None:
     p.add("--preprocessor", default="127.0.0.1:9200", help="preprocessor gRPC target")
     p.add("--router", default="127.0.0.1:9300", help="router gRPC target")
     p.add("--postprocessor", default="127.0.0.1:9400", help="postprocessor gRPC target")
+    p.add("--postprocessor-transport", default="mux",
+          help="how requests reach the postprocessor: mux (one stream per replica; the responses of every request "
+               "that are ready travel in one message) or unary (one stream per request)")
     p.add("--responses-ttl-s", default=DEFAULT_RESPONSES_TTL_S, type=int,
           help="seconds a stored /v1/responses response stays retrievable and continuable (NATS KV TTL)")
     p.add("--stream-interval", default=1, type=int,

@@ -131,7 +131,8 @@ DYNAMO_ENDPOINTS = {"chat": "chat_completions", "completions": "completions", "e
 # Our error reasons -> Dynamo's ``error_type``; a reason not listed is ``internal``.
 DYNAMO_ERROR_TYPES = {"INVALID_REQUEST": "validation", "MODEL_NOT_FOUND": "not_found", "NOT_FOUND": "not_found",
                       "OVERLOADED": "overload", "NO_WORKERS": "overload", "CANCELLED": "cancelled",
-                      "NOT_IMPLEMENTED": "not_implemented", "WORKER_FAILED": "internal", "INTERNAL": "internal"}
+                      "NOT_IMPLEMENTED": "not_implemented", "WORKER_FAILED": "internal", "DRAINING": "overload",
+                      "INTERNAL": "internal"}
 
 
 class DynamoRecorder:

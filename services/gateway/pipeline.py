@@ -127,14 +127,16 @@ class Pipeline:
     def _delta(index: int, counts_prompt: bool, prompt_len: int, resp: postprocessor_pb2.GenerateResponse) -> Delta:
         if resp.finish_reason == common_pb2.FINISH_REASON_ERROR:
             raise WorkerFailed("The worker failed while generating this response")
-        first = resp.prompt_tokens > 0
-        return Delta(index=index, text=resp.text, reasoning=resp.reasoning_text, tool_calls=list(resp.tool_calls),
-                     logprobs=list(resp.logprobs),
-                     finish_reason=FINISH.get(resp.finish_reason), stop_reason=resp.stop_reason,
-                     completion_tokens=resp.completion_tokens,
-                     prompt_tokens=(resp.prompt_tokens or prompt_len) if first else 0,
-                     cached_tokens=resp.cached_tokens if first else 0, counts_prompt=counts_prompt and first,
-                     worker_id=resp.worker_id)
+        # Once per token, and each proto field read costs: every field read once, positional arguments, and
+        # the repeated fields copied only when there is something in them (tool calls, logprobs when asked
+        # for); an empty one becomes the shared ().
+        prompt_tokens = resp.prompt_tokens
+        first = prompt_tokens > 0
+        tool_calls, logprobs = resp.tool_calls, resp.logprobs
+        return Delta(index, resp.text, resp.reasoning_text, list(tool_calls) if tool_calls else (),
+                     list(logprobs) if logprobs else (), FINISH.get(resp.finish_reason), resp.stop_reason,
+                     resp.completion_tokens, (prompt_tokens or prompt_len) if first else 0,
+                     resp.cached_tokens if first else 0, counts_prompt and first, resp.worker_id)
 
     async def _merge(self, choices: list[_Choice]) -> AsyncIterator[list[Delta]]:
         """Runs every choice's stream at once and yields whatever is ready, across choices."""

@@ -71,6 +71,9 @@ class MeshPlan:
     # after the first listen on extra_router_ports (default: the ports right after router_port).
     routers: int = 1
     extra_router_ports: list[int] = dataclasses.field(default_factory=list)
+    # Postprocessor replicas, likewise: the gateway keeps one multiplexed stream to each.
+    postprocessors: int = 1
+    extra_postprocessor_ports: list[int] = dataclasses.field(default_factory=list)
     # Extra flags per service name ("router", "postprocessor", "gateway", "preprocessor"); in the
     # all-in-one shape every stage's go to each all-in-one process (services/allinone/config.py).
     service_args: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
@@ -95,8 +98,8 @@ class MeshPlan:
         """Names of the Meshfront processes ``specs`` starts (not NATS or Envoy)."""
         names = [f"{w.kind}-{i}" for i, w in enumerate(self.workers)]
         if not self.inproc:
-            names += ["preprocessor", *("router" if i == 0 else f"router-{i}" for i in range(self.routers)),
-                      "postprocessor"]
+            names += ["preprocessor", *_replica_names("router", self.routers),
+                      *_replica_names("postprocessor", self.postprocessors)]
         return names + [f"gateway-{i}" for i in range(len(self.gateway_ports))]
 
     @property
@@ -107,8 +110,17 @@ class MeshPlan:
     @property
     def router_target(self) -> str:
         """One address, or every replica as a gRPC ``ipv4:`` list (round-robin in the clients)."""
-        addrs = [f"127.0.0.1:{p}" for p in self.router_ports]
-        return addrs[0] if len(addrs) == 1 else "ipv4:" + ",".join(addrs)
+        return _target(self.router_ports)
+
+    @property
+    def postprocessor_ports(self) -> list[int]:
+        extra = self.extra_postprocessor_ports or [self.postprocessor_port + i for i in range(1, self.postprocessors)]
+        return [self.postprocessor_port, *extra[:self.postprocessors - 1]]
+
+    @property
+    def postprocessor_target(self) -> str:
+        """One address, or every replica as an ``ipv4:`` list (a multiplexed stream to each)."""
+        return _target(self.postprocessor_ports)
 
     @property
     def tls(self) -> tuple[str, str] | None:
@@ -158,6 +170,7 @@ def free_port() -> int:
 def ephemeral_plan(workers: list[WorkerSpec], gateways: int = 1, **kw) -> MeshPlan:
     """A plan on free ports, for tests and benchmarks that must not clash with a running mesh."""
     kw.setdefault("extra_router_ports", [free_port() for _ in range(kw.get("routers", 1) - 1)])
+    kw.setdefault("extra_postprocessor_ports", [free_port() for _ in range(kw.get("postprocessors", 1) - 1)])
     plan = MeshPlan(http_port=free_port(), admin_port=free_port(), nats_port=free_port(),
                     gateway_ports=[free_port() for _ in range(gateways)], preprocessor_port=free_port(),
                     router_port=free_port(), postprocessor_port=free_port(),
@@ -165,6 +178,16 @@ def ephemeral_plan(workers: list[WorkerSpec], gateways: int = 1, **kw) -> MeshPl
     if "metrics_ports" not in kw:  # every service scrapeable, as on Kubernetes
         plan.metrics_ports = {name: free_port() for name in plan.service_names()}
     return plan
+
+
+def _replica_names(service: str, count: int) -> list[str]:
+    """``router``, ``router-1``, ...: the first replica keeps the plain name."""
+    return [service if i == 0 else f"{service}-{i}" for i in range(count)]
+
+
+def _target(ports: list[int]) -> str:
+    addrs = [f"127.0.0.1:{p}" for p in ports]
+    return addrs[0] if len(addrs) == 1 else "ipv4:" + ",".join(addrs)
 
 
 def _py(module: str, *args: str) -> list[str]:
@@ -206,20 +229,19 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
             ProcessSpec("preprocessor", _py("services.preprocessor", "--port", str(plan.preprocessor_port), *common,
                                             *plan.service_args.get("preprocessor", ()),
                                             *plan.process_flags("preprocessor")), plan.preprocessor_port, env),
-            *(ProcessSpec("router" if i == 0 else f"router-{i}",
-                          _py("services.router", "--port", str(port), "--router-mode", plan.router_mode, *common,
-                              *plan.service_args.get("router", ()),
-                              *plan.process_flags("router" if i == 0 else f"router-{i}")), port, env)
-              for i, port in enumerate(plan.router_ports)),
-            ProcessSpec("postprocessor", _py("services.postprocessor", "--port", str(plan.postprocessor_port),
-                                             "--router", plan.router_target, *common,
-                                             *plan.service_args.get("postprocessor", ()),
-                                             *plan.process_flags("postprocessor")),
-                        plan.postprocessor_port, env),
+            *(ProcessSpec(name, _py("services.router", "--port", str(port), "--router-mode", plan.router_mode,
+                                    *common, *plan.service_args.get("router", ()), *plan.process_flags(name)),
+                          port, env)
+              for name, port in zip(_replica_names("router", plan.routers), plan.router_ports, strict=True)),
+            *(ProcessSpec(name, _py("services.postprocessor", "--port", str(port), "--router", plan.router_target,
+                                    *common, *plan.service_args.get("postprocessor", ()), *plan.process_flags(name)),
+                          port, env)
+              for name, port in zip(_replica_names("postprocessor", plan.postprocessors), plan.postprocessor_ports,
+                                    strict=True)),
         ]
         gateway_module = "services.gateway"
         stage = ["--preprocessor", f"127.0.0.1:{plan.preprocessor_port}", "--router",
-                 plan.router_target, "--postprocessor", f"127.0.0.1:{plan.postprocessor_port}",
+                 plan.router_target, "--postprocessor", plan.postprocessor_target,
                  *plan.service_args.get("gateway", ())]
     for i, port in enumerate(plan.gateway_ports):
         out.append(ProcessSpec(f"gateway-{i}", _py(gateway_module, "--port", str(port), *common, *stage,

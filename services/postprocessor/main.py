@@ -30,6 +30,7 @@ async def serve(argv: list[str]) -> None:
     server = GrpcServer("postprocessor", cfg.host, cfg.port, grace_s=cfg.drain_grace_s, tls=tls)
     servicer = PostprocessorServicer(postprocessor.service)
     postprocessor_pb2_grpc.add_PostprocessorServiceServicer_to_server(servicer, server.server)
+    server.on_drain(servicer.sessions.drain)  # multiplexed streams end when their running requests have
     postprocessor.start()
     try:
         await server.serve_until_signal()

@@ -1,7 +1,8 @@
 """The postprocessor as a transport-free service: proto in, proto stream out.
 
-``Postprocessor.generate`` opens the worker call, reads it ahead into a queue (``StreamPump``), and
-turns every group of worker messages that is ready into at most one response. The gRPC server wraps
+``Postprocessor.generate`` opens the worker call, whose messages queue up as they arrive (a
+multiplexed call's own queue, or a ``StreamPump`` reading a per-request stream ahead), and turns
+every group of worker messages that is ready into at most one response. The gRPC server wraps
 it; the gateway can also call it in-process (then it must ``aclose()`` the generator when it stops
 early, which cancels the worker call).
 
@@ -24,6 +25,7 @@ from meshfront.worker.v1 import worker_pb2
 from services.common.discovery import ModelCard
 from services.common.errors import Internal, InvalidRequest, MeshError, WorkerFailed
 from services.common.metrics import postprocessor_metrics
+from services.common.pump import Batch
 from services.postprocessor import convert
 from services.postprocessor.core.logprobs import TokenTexts
 from services.postprocessor.core.parsers import parser_config
@@ -37,8 +39,8 @@ from services.postprocessor.core.parsers.backends import (
 from services.postprocessor.core.parsers.types import concat
 from services.postprocessor.core.sequence import Delta, FinishReason, SequenceDecoder
 from services.postprocessor.core.tokenizers_cache import ModelTokenizer, TokenizerCache, TokenizerLoadError
+from services.postprocessor.idle_watch import IdleWatch
 from services.postprocessor.migration import Migrator, WorkerRoute, continuation
-from services.postprocessor.pump import StreamPump
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +48,17 @@ DEFAULT_IDLE_TIMEOUT_S = 5.0
 
 
 class WorkerCall(Protocol):
-    """One running ``WorkerService.Generate`` call."""
+    """One running sequence on a worker."""
 
-    async def read(self) -> worker_pb2.GenerateResponse | None:
-        """The next message; None when the stream ended cleanly; raises ``MeshError`` on failure."""
+    async def next_batch(self) -> Batch[worker_pb2.GenerateResponse]:
+        """Every message that arrived since the last call (at least one), and whether the stream then
+        ended cleanly or failed (``error``, a ``MeshError`` for a worker failure)."""
 
     def cancel(self) -> None:
-        """Aborts the call (the worker stops generating); a no-op once it has ended."""
+        """Aborts the call (the worker stops generating); safe once it has ended."""
+
+    def fail(self, error: MeshError) -> None:
+        """Ends the call with ``error`` as its next outcome (the idle watch's verdict on a silent worker)."""
 
 
 class WorkerClient(Protocol):
@@ -166,11 +172,13 @@ class Postprocessor:
         self._workers = workers
         self._tokenizers = tokenizers or TokenizerCache()
         self.migrator = migrator or Migrator(None, 0)
-        self._idle_timeout_s = idle_timeout_s or None
+        self._idle = IdleWatch(idle_timeout_s) if idle_timeout_s else None
         self._chat_processor = chat_processor or OursChatProcessor()
 
     async def close(self) -> None:
         """Closes the worker channels this object opened (none when ``workers`` was given)."""
+        if self._idle is not None:
+            await self._idle.close()
         if self._owned_client is not None:
             await self._owned_client.close()
 
@@ -227,18 +235,18 @@ class Postprocessor:
         once that many tokens are gathered (the first response, a finish and a failure never wait).
         """
         call = self._workers.generate(address, worker_pb2.GenerateRequest(request=request))
-        pump = StreamPump(call.read, call.cancel)
         held: list[worker_pb2.GenerateResponse] = []  # worker messages not yet built into a response
         gathered = _gather_rule(stream_interval, builder)
+        watched = None  # the prefill is not timed: the watch starts with the first tokens
         try:
-            timeout = None  # the prefill is not timed
             while True:
-                try:
-                    batch = await asyncio.wait_for(pump.next_batch(), timeout)
-                except asyncio.TimeoutError:
-                    log.warning("worker %s sent nothing for %.1f s; treating it as failed", address, timeout)
-                    raise WorkerFailed("worker stopped responding") from None
-                timeout = self._idle_timeout_s
+                if watched is not None:
+                    watched.waiting()
+                batch = await call.next_batch()
+                if watched is not None:
+                    watched.got()
+                elif self._idle is not None:
+                    watched = self._idle.watch(address, call.fail)
                 held.extend(batch.messages)
                 if held and (gathered(held) or batch.error is not None or batch.ended):
                     response = builder.build(held)
@@ -253,7 +261,9 @@ class Postprocessor:
                     raise WorkerFailed("worker ended the stream without a finish reason")
         finally:
             # Also runs when the caller cancels or closes us: the worker must stop generating at once.
-            pump.close()
+            if watched is not None and self._idle is not None:
+                self._idle.forget(watched)
+            call.cancel()
 
     async def warm(self, card: ModelCard) -> None:
         """Loads a model's tokenizer ahead of its first request; a failure is logged, and the first

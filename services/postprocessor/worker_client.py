@@ -18,6 +18,7 @@ from services.common import tls as mesh_tls
 from services.common.error_interceptor import request_id_metadata
 from services.common.errors import Cancelled, Internal, MeshError, WorkerFailed, from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.pump import StreamPump
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +63,15 @@ class GrpcWorkerClient:
         self._stubs: dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
         self._channels: list[grpc.aio.Channel] = []
 
-    def generate(self, address: str, request: worker_pb2.GenerateRequest) -> GrpcWorkerCall:
+    def generate(self, address: str, request: worker_pb2.GenerateRequest) -> StreamPump[worker_pb2.GenerateResponse]:
         stub = self._stubs.get(address)
         if stub is None:
             channel = mesh_tls.channel(address, WORKER_CHANNEL_OPTIONS, self._tls)
             self._channels.append(channel)
             stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
-        call = stub.Generate(request, metadata=request_id_metadata(request.request.request_id))
-        return GrpcWorkerCall(call, address)
+        call = GrpcWorkerCall(stub.Generate(request, metadata=request_id_metadata(request.request.request_id)),
+                              address)
+        return StreamPump(call.read, call.cancel)  # reads ahead, so that what is ready leaves as one response
 
     async def close(self) -> None:
         """Closes every channel (in-flight calls are cancelled)."""

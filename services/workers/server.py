@@ -20,9 +20,9 @@ from services.common.discovery import ModelCard, Registrar, WorkerCard
 from services.common.errors import relay
 from services.common.grpc_server import GrpcServer
 from services.common.metrics import serve_metrics, worker_metrics
+from services.common.mux_session import MuxSession, MuxSessions
 from services.workers.config import WorkerConfig
 from services.workers.engine import Engine
-from services.workers.mux import MuxSession
 from services.workers.service import WorkerService
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def __init__(self, service: WorkerService):
         self._service = service
-        self._sessions: set[MuxSession] = set()
+        self.sessions = MuxSessions()
 
     async def Generate(self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         # A caller's cancel closes the generator, which aborts the sequence and frees its KV blocks.
@@ -40,17 +40,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def GenerateStream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         # Like Generate, this task owns the stream: when the caller goes away grpc.aio cancels it,
         # and MuxSession aborts every sequence still running on the stream.
-        session = MuxSession(self._service, context.write)
-        self._sessions.add(session)
-        try:
-            await session.run(request_iterator)
-        finally:
-            self._sessions.discard(session)
-
-    async def drain(self) -> None:
-        """Multiplexed streams take no new sequences and end when their running ones have."""
-        for session in self._sessions:
-            session.drain()
+        session = MuxSession(self._service.generate, context.write, worker_pb2.GenerateStreamResponse)
+        await self.sessions.serve(session, request_iterator)
 
 
 def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
@@ -67,7 +58,7 @@ def build_server(cfg: WorkerConfig, engine: Engine) -> GrpcServer:
     server = GrpcServer(f"worker-{cfg.kind}", cfg.host, cfg.port, tls=mesh_tls.from_config(cfg))
     servicer = WorkerServicer(WorkerService(engine, cfg.input_modalities))
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server.server)
-    server.on_drain(servicer.drain)
+    server.on_drain(servicer.sessions.drain)  # multiplexed streams end when their running sequences have
     return server
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -23,15 +24,20 @@ FINISH = {
 }
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Delta:
-    """New output of one choice."""
+    """New output of one choice; one is built per token, hence slots and no per-instance default lists.
+
+    ``Pipeline._delta`` passes the fields by position: keep their order (test_render_fast_path checks
+    each field by name against the pre-fast-path conversion).
+    """
 
     index: int
     text: str = ""
     reasoning: str = ""
-    tool_calls: list[Any] = dataclasses.field(default_factory=list)  # postprocessor ToolCallDelta messages
-    logprobs: list[Any] = dataclasses.field(default_factory=list)  # postprocessor TokenText messages
+    # Read-only sequences: consumers iterate them, test them and extend lists from them; empty ones are ().
+    tool_calls: Sequence[Any] = ()  # postprocessor ToolCallDelta messages
+    logprobs: Sequence[Any] = ()  # postprocessor TokenText messages
     finish_reason: str | None = None
     stop_reason: str = ""
     completion_tokens: int = 0
@@ -54,7 +60,7 @@ class _Choice:
     started: bool = False
 
 
-def _chat_logprobs(items: list[Any]) -> dict[str, Any]:
+def _chat_logprobs(items: Sequence[Any]) -> dict[str, Any]:
     return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
                          "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.token.encode())}
                                           for a in t.top]} for t in items]}
@@ -68,7 +74,7 @@ def _tool_call_delta(call: Any) -> dict[str, Any]:
     return {"index": call.index, "function": {"arguments": call.arguments}}
 
 
-def _fold_tool_calls(calls: list[dict[str, Any]], deltas: list[Any]) -> None:
+def _fold_tool_calls(calls: list[dict[str, Any]], deltas: Sequence[Any]) -> None:
     for d in deltas:
         if d.name:
             calls.append({"id": d.id, "type": "function", "function": {"name": d.name, "arguments": [d.arguments]}})
@@ -88,7 +94,7 @@ def _message(text: str, c: _Choice) -> dict[str, Any]:
     return message
 
 
-def _completion_logprobs(items: list[Any], offset: int) -> dict[str, Any]:
+def _completion_logprobs(items: Sequence[Any], offset: int) -> dict[str, Any]:
     offsets, pos = [], offset
     for t in items:
         offsets.append(pos)
@@ -106,17 +112,25 @@ class NvextFields(Protocol):
 
 
 class ResponseRenderer:
-    """Turns deltas into SSE frames or one folded body, for chat or completions."""
+    """Turns deltas into SSE frames or one folded body, for chat or completions.
+
+    Every chunk of a stream shares its head (id, object, created, model) and its tail (usage), so they
+    are rendered once per request, as bytes, and a chunk only renders its choice in between. A started
+    choice's plain text delta (nearly every token) skips the dict altogether: its frame is byte
+    templates around ``orjson.dumps(text)``, the bytes orjson writes for the dict, since its output is
+    compact and the same for a value wherever it sits. tests/unit/gateway/test_render_fast_path.py holds
+    it to the dict renderer byte for byte.
+    """
 
     def __init__(self, *, chat: bool, request_id: str, model: str, n_choices: int, want_logprobs: bool,
                  include_usage: bool, echo_prompts: list[str] | None = None, n_per_prompt: int = 1,
                  nvext: NvextFields | None = None):
         self.chat = chat
-        self.id = request_id
-        self.model = model
-        self.created = int(time.time())
+        self._id = request_id
+        self._model = model
+        self._created = int(time.time())
         self.want_logprobs = want_logprobs
-        self.include_usage = include_usage
+        self.include_usage = include_usage  # fixed at construction, like chat: the templates depend on both
         self.choices = [_Choice() for _ in range(n_choices)]
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -126,6 +140,47 @@ class ResponseRenderer:
         self._text_len = [0] * n_choices
         self._object = "chat.completion.chunk" if chat else "text_completion"
         self._nvext = nvext
+        self._render_templates()
+
+    # id, model and created sit in every chunk's pre-rendered head: setting one renders the head again.
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @id.setter
+    def id(self, value: str) -> None:
+        self._id = value
+        self._render_templates()
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @model.setter
+    def model(self, value: str) -> None:
+        self._model = value
+        self._render_templates()
+
+    @property
+    def created(self) -> int:
+        return self._created
+
+    @created.setter
+    def created(self, value: int) -> None:
+        self._created = value
+        self._render_templates()
+
+    def _render_templates(self) -> None:
+        head = orjson.dumps({"id": self._id, "object": self._object, "created": self._created, "model": self._model,
+                             "choices": []})
+        # "choices" is the last key: the head runs up to its opening bracket, then come a chunk's choice and tail.
+        self._head = b"data: " + head[:-2]
+        self._close = b'],"usage":null' if self.include_usage else b"]"
+        self._tail = self._close + b"}\n\n"
+        # The fast path's frame, for a started choice's text without logprobs, finish reason or nvext fields.
+        key = b',"delta":{"content":' if self.chat else b',"text":'
+        self._text_heads = [self._head + b'{"index":' + orjson.dumps(i) + key for i in range(len(self.choices))]
+        self._text_tail = (b"}" if self.chat else b"") + b',"logprobs":null,"finish_reason":null}' + self._tail
 
     def _account(self, d: Delta) -> None:
         self.completion_tokens += d.completion_tokens
@@ -165,21 +220,35 @@ class ResponseRenderer:
     def sse(self, deltas: list[Delta]) -> bytes:
         """All ready deltas in one buffer: one SSE frame each, to be sent as one HttpBody."""
         frames = []
+        nvext = self._nvext
         for d in deltas:
             self._account(d)
-            if (not d.text and not d.finish_reason and not d.logprobs and not d.reasoning and not d.tool_calls
-                    and self.choices[d.index].started):
-                continue
-            first = not self.choices[d.index].started
-            chunk = {"id": self.id, "object": self._object, "created": self.created, "model": self.model,
-                     "choices": [self._chunk_choice(d)]}
-            if self.include_usage:
-                chunk["usage"] = None
-            ext = self._nvext.chunk_nvext(d.index, first, d.finish_reason is not None) if self._nvext else None
-            if ext:
-                chunk["nvext"] = ext
-            frames.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            i = d.index
+            c = self.choices[i]
+            ext: dict[str, Any] | None
+            if c.started and d.finish_reason is None and not (d.logprobs or d.reasoning or d.tool_calls):
+                text = d.text
+                if not text:
+                    continue  # nothing to send
+                ext = nvext.chunk_nvext(i, False, False) if nvext else None
+                if not ext:
+                    self._text_len[i] += len(text)
+                    frames.append(self._text_heads[i] + orjson.dumps(text) + self._text_tail)
+                    continue
+            elif (not d.text and not d.finish_reason and not d.logprobs and not d.reasoning and not d.tool_calls
+                    and c.started):
+                continue  # nothing new either: an empty finish reason ("" is not None) with nothing else
+            else:
+                ext = nvext.chunk_nvext(i, not c.started, d.finish_reason is not None) if nvext else None
+            frames.append(self._frame(d, ext))
         return b"".join(frames)
+
+    def _frame(self, d: Delta, ext: dict[str, Any] | None) -> bytes:
+        """A chunk through the dict: its choice, and the nvext fields after usage, inside the pre-rendered parts."""
+        choice = orjson.dumps(self._chunk_choice(d))
+        if ext:
+            return self._head + choice + self._close + b',"nvext":' + orjson.dumps(ext) + b"}\n\n"
+        return self._head + choice + self._tail
 
     def usage(self) -> dict[str, Any]:
         u: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,

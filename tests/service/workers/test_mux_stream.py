@@ -10,7 +10,7 @@ import pytest
 from meshfront.common.v1 import common_pb2
 from meshfront.worker.v1 import worker_pb2
 
-from services.common.errors import InvalidRequest, WorkerFailed, from_status_proto
+from services.common.errors import Draining, InvalidRequest, from_status_proto
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
@@ -147,5 +147,6 @@ async def test_a_draining_worker_finishes_running_sequences_refuses_new_ones_and
             else:
                 got.extend(chunk.response.token_ids)
     assert got == expected  # the running sequence finished on the draining worker
-    assert isinstance(refused, WorkerFailed) and "draining" in refused.message  # the postprocessor migrates it
+    # DRAINING on the wire; the postprocessor's MuxWorkerClient makes it a WorkerFailed, so the request migrates.
+    assert isinstance(refused, Draining) and "draining" in refused.message
     await asyncio.wait_for(stopping, 10)  # the stream ended with its work: the 60 s grace was not waited out

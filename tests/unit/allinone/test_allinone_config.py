@@ -51,7 +51,7 @@ def test_stage_flags_reach_each_stage_build():
     assert isinstance(mesh.router.parts["events"], KvEventSubscriber)
     assert mesh.router.parts["sync"] is None
     post = mesh.postprocessor.service
-    assert post._idle_timeout_s == 30
+    assert post._idle is not None and post._idle.idle_s == 30
     assert post.migrator.limit == 1 and post.migrator._router is router  # migrations ask the in-process router
     assert type(mesh.postprocessor.parts["workers"]).__name__ == "GrpcWorkerClient"  # not the default mux
     pre = mesh.preprocessor.service

@@ -7,6 +7,7 @@ from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.router.v1 import router_pb2
 
 from services.common.errors import WorkerFailed
+from services.common.pump import StreamPump
 from services.models.qwen import EOS_TOKEN_IDS
 from services.postprocessor.core.tokenizers_cache import TokenizerCache
 from services.postprocessor.migration import Migrator
@@ -25,7 +26,8 @@ class PerCallWorkers:
 
     def generate(self, address, request):
         self.addresses.append(address)
-        return FakeCall(self.scripts.pop(0))
+        call = FakeCall(self.scripts.pop(0))
+        return StreamPump(call.read, call.cancel)
 
 
 class OneMoreWorker:

@@ -10,6 +10,7 @@ from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
 from services.common.errors import InvalidRequest, WorkerFailed
+from services.common.pump import StreamPump
 from services.models.qwen import EOS_TOKEN_IDS
 from services.postprocessor.core.tokenizers_cache import TokenizerCache
 from services.postprocessor.service import Postprocessor
@@ -54,7 +55,7 @@ class FakeWorkers:
     def generate(self, address, request):
         call = FakeCall(self.script)
         self.calls.append((address, request, call))
-        return call
+        return StreamPump(call.read, call.cancel)
 
 
 def msg(ids=(), finish=0, cached=0, prompt=0, logprobs=()):
@@ -207,3 +208,36 @@ async def test_requests_without_address_or_model_dir_are_invalid(make_request, p
     req.options.model_dir = ""
     with pytest.raises(InvalidRequest):
         await collect(postprocessor(FakeWorkers([])), req)
+
+
+# The idle watch (idle_watch.py): a worker silent after its first tokens fails over; a slow consumer never counts.
+
+async def test_a_worker_silent_after_its_first_tokens_fails_within_the_idle_timeout(
+        tokenizers, tokenizer, make_request):
+    ids = ids_of(tokenizer, "one two")
+    workers = FakeWorkers([msg(ids[:1], prompt=3), None])  # None: silent until cancelled
+    post = Postprocessor(workers, tokenizers, idle_timeout_s=0.2)
+    got = []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(WorkerFailed, match="stopped responding"):
+        async for response in post.generate(make_request()):
+            got.append(response.text)
+    waited = loop.time() - started
+    assert got == ["one"]
+    assert 0.2 <= waited < 1.0  # 1.25 x the timeout at most, plus scheduling
+    _, _, call = workers.calls[0]
+    assert call.cancelled.is_set()  # the frozen worker's sequence is cancelled, not left running
+    await post.close()
+
+
+async def test_a_slow_consumer_is_not_mistaken_for_a_silent_worker(tokenizers, tokenizer, make_request):
+    ids = ids_of(tokenizer, "one two three")
+    script = [msg(ids[:1], prompt=3), msg(ids[1:2]), msg(ids[2:]), msg([EOS_TOKEN_IDS[0]], EOS)]
+    post = Postprocessor(FakeWorkers(script), tokenizers, idle_timeout_s=0.2)
+    texts = []
+    async for response in post.generate(make_request()):
+        texts.append(response.text)
+        await asyncio.sleep(0.5)  # the caller holds each response longer than the idle timeout
+    assert "".join(texts) == "one two three"
+    await post.close()

@@ -41,6 +41,11 @@ class PostprocessorServiceStub:
                 request_serializer=meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateStream = channel.stream_stream(
+                '/meshfront.postprocessor.v1.PostprocessorService/GenerateStream',
+                request_serializer=meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateStreamRequest.SerializeToString,
+                response_deserializer=meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateStreamResponse.FromString,
+                _registered_method=True)
 
 
 class PostprocessorServiceServicer:
@@ -56,6 +61,15 @@ class PostprocessorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateStream(self, request_iterator, context):
+        """Many sequences over one long-lived stream (one per gateway and replica):
+        every response that is ready, across sequences, travels in one message.
+        Ending the stream aborts every sequence on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PostprocessorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -63,6 +77,11 @@ def add_PostprocessorServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateRequest.FromString,
                     response_serializer=meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateStream,
+                    request_deserializer=meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateStreamRequest.FromString,
+                    response_serializer=meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -94,6 +113,33 @@ class PostprocessorService:
             '/meshfront.postprocessor.v1.PostprocessorService/Generate',
             meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateRequest.SerializeToString,
             meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/meshfront.postprocessor.v1.PostprocessorService/GenerateStream',
+            meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateStreamRequest.SerializeToString,
+            meshfront_dot_postprocessor_dot_v1_dot_postprocessor__pb2.GenerateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

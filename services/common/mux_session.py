@@ -1,51 +1,66 @@
-"""Many sequences over one stream: the worker side of ``GenerateStream`` (no grpc here).
+"""Many sequences over one stream: the serving side of a ``GenerateStream`` (no grpc here).
 
 A paced engine hands every running sequence one token per step, so per-request streams send one
 message per token per request, and per-message cost dominates the mesh (bench/RESULTS.md). Here
-each started sequence runs through the same ``WorkerService.generate`` path in its own task, and a
-single writer sends everything that is ready across all of them as ONE ``GenerateStreamResponse``.
-A sequence does not pull its next output until its previous chunk has been written, so while the
-transport is busy its tokens pile up in the engine's ``TokenStream`` and the next message carries
-them all (the same back-pressure the unary ``Generate`` gets from ``context.write``).
+each started sequence runs through the service's ordinary ``generate`` path in its own task, and a
+single writer sends everything that is ready across all of them as ONE response message. A sequence
+does not pull its next output until its previous chunk has been written, so while the transport is
+busy its output piles up below it and the next message carries it all (the same back-pressure a
+per-request stream gets from ``context.write``).
+
+Two hops use it: the worker's ``WorkerService.GenerateStream`` (the postprocessor calls it) and the
+postprocessor's ``PostprocessorService.GenerateStream`` (the gateway calls it). Both protos have the
+same shape: a start (id, request) or a cancel (id) in, ``chunks`` of (id, response | error) out.
 
 A cancel message, or the stream ending under us (the caller went away), aborts the affected
-sequences through ``aclose()``, which logs "aborted by the caller" and frees their KV blocks.
+sequences through ``aclose()``, which stops the work below them at once.
 
-A draining worker (SIGTERM) refuses new sequences on the stream with WORKER_FAILED, which the
-postprocessor answers by routing them elsewhere, lets the running ones finish, and then ends the
-stream itself, so the server stops as soon as its work is done instead of after the whole grace
-period with the stream's last sequences failed into migration.
+A draining server (SIGTERM) refuses new sequences on the stream with ``Draining``, which the caller
+answers by starting them on another replica, lets the running ones finish, and then ends the stream
+itself, so the server stops as soon as its work is done instead of after the whole grace period with
+the stream's last sequences failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, Generic, Protocol, TypeVar
 
-from meshfront.worker.v1 import worker_pb2
-
-from services.common.errors import Internal, InvalidRequest, MeshError, WorkerFailed, status_proto
-from services.workers.service import WorkerService
+from services.common.errors import Draining, Internal, InvalidRequest, MeshError, status_proto
 
 log = logging.getLogger(__name__)
 
-Write = Callable[[worker_pb2.GenerateStreamResponse], Awaitable[object]]
+
+class _Sequence(Protocol):
+    """What a start carries: a request whose ``request.request_id`` names it in logs."""
+
+    @property
+    def request(self) -> Any: ...
 
 
-class MuxSession:
+Req = TypeVar("Req", bound=_Sequence)
+Resp = TypeVar("Resp")
+Write = Callable[[Any], Awaitable[object]]
+
+
+class MuxSession(Generic[Req, Resp]):
     """Serves one ``GenerateStream`` call: a reader of actions, a task per sequence, one writer.
 
     Args:
-        service: the worker whose ``generate`` every sequence goes through.
-        write: sends one response (``context.write``); never called concurrently.
+        generate: the service's per-request generator every sequence goes through.
+        write: sends one response message (``context.write``); never called concurrently.
+        message: makes an empty response message (its ``chunks.add(id=, response=|error=)``).
     """
 
-    def __init__(self, service: WorkerService, write: Write):
-        self._service = service
+    def __init__(self, generate: Callable[[Req], AsyncGenerator[Resp, None]], write: Write,
+                 message: Callable[[], Any]):
+        self._generate = generate
         self._write = write
+        self._message = message
         self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._outbox: list[tuple[int, worker_pb2.GenerateResponse | None, MeshError | None]] = []
+        self._outbox: list[tuple[int, Resp | None, MeshError | None]] = []
         self._ready = asyncio.Event()
         # One event per message: its sequences wait for it (an Event, so that cancelling one waiter
         # cannot cancel what the others wait on, as a shared future would).
@@ -54,7 +69,7 @@ class MuxSession:
         self._draining = False
         self.messages_sent = 0
 
-    async def run(self, actions: AsyncIterator[worker_pb2.GenerateStreamRequest]) -> None:
+    async def run(self, actions: AsyncIterator[Any]) -> None:
         """Serves until the caller half-closes and every sequence ended, or until cancelled."""
         reader = asyncio.create_task(self._read(actions))
         try:
@@ -68,7 +83,7 @@ class MuxSession:
             if self._tasks:
                 await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
-    async def _read(self, actions: AsyncIterator[worker_pb2.GenerateStreamRequest]) -> None:
+    async def _read(self, actions: AsyncIterator[Any]) -> None:
         try:
             async for action in actions:
                 if action.HasField("start"):
@@ -86,17 +101,17 @@ class MuxSession:
         self._draining = True
         self._ready.set()
 
-    def _start(self, seq_id: int, request: worker_pb2.GenerateRequest) -> None:
+    def _start(self, seq_id: int, request: Req) -> None:
         if self._draining:
-            self._post(seq_id, None, WorkerFailed("the worker is draining; retry on another worker"))
+            self._post(seq_id, None, Draining("this replica is draining; start the sequence on another"))
             return
         if seq_id in self._tasks:
             self._post(seq_id, None, InvalidRequest(f"sequence id {seq_id} is already running on this stream"))
             return
         self._tasks[seq_id] = asyncio.create_task(self._sequence(seq_id, request))
 
-    async def _sequence(self, seq_id: int, request: worker_pb2.GenerateRequest) -> None:
-        responses = self._service.generate(request)
+    async def _sequence(self, seq_id: int, request: Req) -> None:
+        responses = self._generate(request)
         try:
             async for response in responses:
                 await self._post(seq_id, response, None).wait()
@@ -106,14 +121,14 @@ class MuxSession:
             raise
         except Exception:
             log.exception("GenerateStream sequence %s failed", request.request.request_id)
-            self._post(seq_id, None, Internal("internal worker error"))
+            self._post(seq_id, None, Internal("internal error"))
         finally:
             await responses.aclose()  # on a cancel: aborts the sequence (and logs it) at once
             if self._tasks.get(seq_id) is asyncio.current_task():
                 del self._tasks[seq_id]
                 self._ready.set()  # the writer may be waiting for the last sequence to end
 
-    def _post(self, seq_id: int, response: worker_pb2.GenerateResponse | None,
+    def _post(self, seq_id: int, response: Resp | None,
               error: MeshError | None) -> asyncio.Event:
         """Queues a chunk; the returned event is set once the message holding it was written."""
         self._outbox.append((seq_id, response, error))
@@ -130,7 +145,7 @@ class MuxSession:
                 continue
             chunks, self._outbox = self._outbox, []
             flushed, self._flushed = self._flushed, asyncio.Event()
-            message = worker_pb2.GenerateStreamResponse()
+            message = self._message()
             add = message.chunks.add
             for seq_id, response, error in chunks:
                 if error is None:
@@ -140,3 +155,27 @@ class MuxSession:
             await self._write(message)
             self.messages_sent += 1
             flushed.set()
+
+
+class MuxSessions:
+    """The open sessions of one servicer, so that a drain reaches all of them."""
+
+    def __init__(self) -> None:
+        self._sessions: set[MuxSession] = set()
+        self._draining = False
+
+    async def serve(self, session: MuxSession, actions: AsyncIterator[Any]) -> None:
+        """Runs ``session`` in the handler task: a caller's cancel lands here and aborts its sequences."""
+        if self._draining:
+            session.drain()  # a stream opened after the drain began refuses its starts too
+        self._sessions.add(session)
+        try:
+            await session.run(actions)
+        finally:
+            self._sessions.discard(session)
+
+    async def drain(self) -> None:
+        """No session takes new sequences; each ends when its running ones have (a drain hook)."""
+        self._draining = True
+        for session in self._sessions:
+            session.drain()

@@ -1,7 +1,8 @@
-"""Reads a worker stream ahead of its consumer so that whatever is ready can be merged.
+"""Reads a per-request stream ahead of its consumer so that whatever is ready can be merged.
 
 A task reads worker messages into a queue as they arrive; the consumer takes everything queued at
-once. When the consumer (the gateway, then Envoy, then the client) is slower than the engine, several
+once (a multiplexed call, services/common/mux_client.py, has that queue already and needs no
+task). When the consumer (the gateway, then Envoy, then the client) is slower than the engine, several
 worker messages are waiting by the time it asks again, and they leave as one response instead of
 one each: the per-message cost of gRPC, not the logic, dominates the mesh (design.md).
 """
@@ -39,7 +40,7 @@ class StreamPump(Generic[T]):
 
     Args:
         read: returns the next message, or None at the end of the stream.
-        cancel: aborts the stream (called by ``close`` unless the stream already ended).
+        cancel: aborts the stream (called by ``cancel``, also after the stream ended).
     """
 
     def __init__(self, read: Callable[[], Awaitable[T | None]], cancel: Callable[[], object]):
@@ -61,21 +62,29 @@ class StreamPump(Generic[T]):
 
     async def next_batch(self) -> Batch[T]:
         """Waits for at least one item, then takes every item already queued."""
-        queue = self._queue
-        items = [await queue.get()]
-        while not queue.empty():
-            items.append(queue.get_nowait())
-        batch: Batch[T] = Batch([])
-        for item in items:
-            if item is _END:
-                batch.ended = True
-            elif isinstance(item, BaseException):
-                batch.error = item
-            else:
-                batch.messages.append(item)  # type: ignore[arg-type]
-        return batch
+        return await take_batch(self._queue, _END)
 
-    def close(self) -> None:
+    def fail(self, error: BaseException) -> None:
+        """Hands ``error`` to the consumer as the stream's failure (after what is already queued)."""
+        self._queue.put_nowait(error)
+
+    def cancel(self) -> None:
         """Cancels the stream and the reader; safe to call more than once and after the end."""
         self._cancel()
         self._task.cancel()
+
+
+async def take_batch(queue: asyncio.Queue[object], end: object) -> Batch[T]:
+    """Waits for one item of ``queue``, then takes every item already there: messages, ``end`` or an error."""
+    items = [await queue.get()]
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    batch: Batch[T] = Batch([])
+    for item in items:
+        if item is end:
+            batch.ended = True
+        elif isinstance(item, BaseException):
+            batch.error = item
+        else:
+            batch.messages.append(item)  # type: ignore[arg-type]
+    return batch

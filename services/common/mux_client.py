@@ -1,0 +1,192 @@
+"""The calling side of a ``GenerateStream``: many requests over one long-lived bidi stream.
+
+Two hops use it: the postprocessor to each worker (``WorkerService.GenerateStream``) and the gateway
+to each postprocessor replica (``PostprocessorService.GenerateStream``). The peer sends the output of
+every request that was ready at once in one message; a demultiplexer task routes its chunks to the
+per-request ``MuxCall`` queues. A request is a stream-local id: ``start`` sends a start, ``cancel``
+a cancel (services/common/mux_session.py is the serving side).
+
+A stream that breaks (peer dead, frozen past the keepalive, restarted) fails every call still open
+on it with the error ``Wire.stream_error`` makes of it, as a broken per-request stream would, and
+is not used again; the owner opens a fresh one on the same channel for the next request. A peer
+that drains refuses new starts (``Draining``) and ends the stream once its running calls finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Generic, TypeVar
+
+import grpc
+from google.rpc import status_pb2
+
+from services.common.errors import Draining, MeshError
+from services.common.pump import Batch, take_batch
+
+log = logging.getLogger(__name__)
+
+Resp = TypeVar("Resp")
+
+_END = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Wire:
+    """How one service's ``GenerateStream`` protos and errors look.
+
+    Attributes:
+        open: starts the bidi call with an iterator of actions (``stub.GenerateStream``).
+        start: the action that starts sequence ``id`` with a request.
+        cancel: the action that aborts sequence ``id``.
+        stream_error: what a broken stream means for its open calls.
+        chunk_error: what a sequence's error status means for its caller.
+        ended: what calls still open mean when the stream ended cleanly or was closed under them.
+        peer: the kind of peer, for logs ("worker", "postprocessor").
+    """
+
+    open: Callable[[AsyncIterator[Any]], Any]
+    start: Callable[[int, Any], Any]
+    cancel: Callable[[int], Any]
+    stream_error: Callable[[grpc.aio.AioRpcError, str], MeshError]
+    chunk_error: Callable[[status_pb2.Status, str], MeshError]
+    ended: Callable[[str], MeshError]
+    peer: str
+
+
+class MuxCall(Generic[Resp]):
+    """One request on a shared stream: its responses in order, then the end or an error."""
+
+    __slots__ = ("_id", "_queue", "_stream", "done")
+
+    def __init__(self, stream: MuxStream, seq_id: int):
+        self._stream = stream
+        self._id = seq_id
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self.done = False
+
+    async def read(self) -> Resp | None:
+        """The next response; None at the end (or after our own cancel); raises the call's ``MeshError``."""
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # every later read sees the end too
+            return None
+        if isinstance(item, MeshError):
+            raise item
+        return item  # type: ignore[return-value]
+
+    async def next_batch(self) -> Batch[Resp]:
+        """Every response that arrived since the last call (at least one, or the end or the error)."""
+        batch: Batch[Resp] = await take_batch(self._queue, _END)
+        if batch.ended:
+            self._queue.put_nowait(_END)
+        return batch
+
+    def cancel(self) -> None:
+        """Aborts the request at the peer; a no-op once it has ended."""
+        if not self.done:
+            self.done = True
+            self._stream.cancel(self._id)
+            self._queue.put_nowait(_END)  # our own cancel ends the call cleanly, as a per-request cancel does
+
+    def fail(self, error: MeshError) -> None:
+        """Ends the call with ``error`` as its next outcome (the caller still cancels it at the peer)."""
+        if not self.done:
+            self._queue.put_nowait(error)
+
+    def deliver(self, item: object) -> None:
+        self._queue.put_nowait(item)
+
+
+class MuxStream:
+    """The bidi stream to one peer and the task that demultiplexes it.
+
+    Attributes:
+        broken: the stream ended or failed; open a new one.
+        draining: the peer refused a start because it is shutting down; start nothing more here.
+    """
+
+    def __init__(self, wire: Wire, address: str):
+        self.address = address
+        self._wire = wire
+        self._calls: dict[int, MuxCall] = {}
+        self._ids = itertools.count(1)
+        self._outgoing: asyncio.Queue[object] = asyncio.Queue()
+        self._call = wire.open(self._actions())
+        self.broken = False
+        self.draining = False
+        self._task = asyncio.create_task(self._demux())
+        log.info("opened a GenerateStream to %s %s", wire.peer, address)
+
+    @property
+    def open_calls(self) -> int:
+        return len(self._calls)
+
+    @property
+    def usable(self) -> bool:
+        return not (self.broken or self.draining)
+
+    def start(self, request: object) -> MuxCall:
+        seq_id = next(self._ids)
+        call = self._calls[seq_id] = MuxCall(self, seq_id)
+        self._outgoing.put_nowait(self._wire.start(seq_id, request))
+        return call
+
+    def cancel(self, seq_id: int) -> None:
+        if self._calls.pop(seq_id, None) is not None and not self.broken:
+            self._outgoing.put_nowait(self._wire.cancel(seq_id))
+
+    async def _actions(self) -> AsyncIterator[object]:
+        while (action := await self._outgoing.get()) is not None:
+            yield action
+
+    async def _demux(self) -> None:
+        calls = self._calls
+        wire = self._wire
+        error: MeshError | None = None
+        try:
+            while (message := await self._call.read()) is not grpc.aio.EOF:
+                for chunk in message.chunks:
+                    call = calls.get(chunk.id)
+                    if call is None:
+                        continue  # cancelled by us; the peer had sent it already
+                    if chunk.HasField("error"):
+                        err = wire.chunk_error(chunk.error, self.address)
+                        if isinstance(err, Draining):
+                            self.draining = True
+                        call.deliver(err)
+                    else:
+                        call.deliver(chunk.response)
+                        if not chunk.response.finish_reason:
+                            continue
+                        call.deliver(_END)
+                    call.done = True
+                    del calls[chunk.id]
+            if calls:
+                log.warning("%s %s ended its GenerateStream with %d calls open", wire.peer, self.address,
+                            len(calls))
+        except grpc.aio.AioRpcError as e:
+            error = wire.stream_error(e, self.address)
+        except asyncio.CancelledError:
+            raise
+        finally:
+            self._fail_all(error)
+
+    def _fail_all(self, error: MeshError | None) -> None:
+        """Every open call fails (with ``error``, or as a stream that ended under it); the stream is done."""
+        self.broken = True
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
+            call.done = True
+            call.deliver(error or self._wire.ended(self.address))
+        self._outgoing.put_nowait(None)
+
+    async def close(self) -> None:
+        self._call.cancel()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task

@@ -1,0 +1,217 @@
+"""The gateway's multiplexed ``PostprocessorClient``: one ``GenerateStream`` per postprocessor replica.
+
+The default (``--postprocessor-transport mux``; ``unary`` keeps a stream per request). With a stream
+per request, every response the postprocessor sends is one gRPC message on this hop, and with a
+paced engine that is one per token per request. On a shared stream the postprocessor sends the
+responses of every request that left the same engine step in one message, so this hop costs one
+message per engine step, as the worker hop does (services/common/mux_client.py, mux_session.py).
+
+A stream sticks to one replica, where a per-request call goes to the next replica of the channel's
+round robin. So the target is expanded into replicas here: ``ipv4:a:1,b:2`` lists them,
+``dns:///name:port`` (a headless Kubernetes Service) is resolved now and every ``REFRESH_S``, and
+any other target is one replica. Each request goes to the usable replica with the fewest open
+requests. A replica that leaves the name keeps its stream until its requests end. One that drains
+refuses new requests (``Draining``), and one whose stream breaks before a request got its first
+response loses that request: either way the request starts over on another replica (a request on
+a per-request stream failed with a 503 there). A broken replica is passed over for ``DOWN_S``; its
+next request opens a fresh stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from google.rpc import status_pb2
+
+from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
+from services.common import tls as mesh_tls
+from services.common.errors import Draining, MeshError, WorkerFailed, from_rpc_error, from_status_proto
+from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.mux_client import MuxStream, Wire
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 10.0  # how often a dns:/// target is resolved again (new replicas get requests after this)
+DOWN_S = 2.0  # a replica whose stream broke gets no new request for this long while others are usable
+# A request being moved waits this long for its next replica's connection (a restarted replica is
+# redialled within the channels' 1 s reconnect backoff) before that try counts as failed.
+RECONNECT_WAIT_S = 2.0
+
+
+def _stream_error(e: grpc.aio.AioRpcError, address: str) -> MeshError:
+    log.warning("postprocessor %s stream failed: %s", address, e.code().name)
+    return from_rpc_error(e)
+
+
+def _chunk_error(status: status_pb2.Status, address: str) -> MeshError:
+    return from_status_proto(status)  # the postprocessor's own domain errors, as a per-request call gets them
+
+
+def _wire(channel: grpc.aio.Channel) -> Wire:
+    stub = postprocessor_pb2_grpc.PostprocessorServiceStub(channel)
+    return Wire(
+        open=stub.GenerateStream,
+        start=lambda seq_id, request: postprocessor_pb2.GenerateStreamRequest(
+            start=postprocessor_pb2.GenerateStreamStart(id=seq_id, request=request)),
+        cancel=lambda seq_id: postprocessor_pb2.GenerateStreamRequest(
+            cancel=postprocessor_pb2.GenerateStreamCancel(id=seq_id)),
+        stream_error=_stream_error, chunk_error=_chunk_error,
+        ended=lambda address: WorkerFailed("the postprocessor ended the stream"), peer="postprocessor")
+
+
+def split_target(target: str) -> tuple[list[str], tuple[str, int] | None]:
+    """(fixed replica addresses, or the (host, port) of a dns:/// name to resolve)."""
+    scheme, _, rest = target.partition(":")
+    if scheme in ("ipv4", "ipv6") and rest:
+        return [f"{scheme}:{address}" for address in rest.split(",") if address], None
+    if scheme == "dns" and rest:
+        name = rest.removeprefix("//").split("/", 1)[-1]  # dns:///name:port or dns://authority/name:port
+        host, _, port = name.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"postprocessor target {target!r}: a dns target needs name:port")
+        return [], (host, int(port))
+    return [target], None
+
+
+class _Replica:
+    """One postprocessor replica: its channel, and its current stream (a new one after a break)."""
+
+    def __init__(self, address: str, wire: Wire, channel: grpc.aio.Channel):
+        self.address = address
+        self.wire = wire
+        self.channel = channel
+        self.stream: MuxStream | None = None
+        self.listed = True  # still in the target's resolution; an unlisted replica gets no new requests
+        self.down_until = 0.0  # its stream broke: other replicas get new requests until then
+
+    @property
+    def load(self) -> int:
+        return self.stream.open_calls if self.stream is not None and not self.stream.broken else 0
+
+    def disconnected(self) -> bool:
+        return self.channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+
+    async def connected(self, wait_s: float) -> None:
+        """Waits up to ``wait_s`` for the channel to connect (returns either way)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.channel.channel_ready(), wait_s)
+
+    def usable(self, now: float) -> bool:
+        return self.listed and now >= self.down_until and (self.stream is None or not self.stream.draining)
+
+    async def close(self) -> None:
+        if self.stream is not None:
+            await self.stream.close()
+        await self.channel.close()
+
+    def open_stream(self) -> MuxStream:
+        if self.stream is None or not self.stream.usable:
+            self.stream = MuxStream(self.wire, self.address)
+        return self.stream
+
+
+class MuxPostprocessor:
+    """``PostprocessorClient`` over one ``GenerateStream`` per replica of ``target``."""
+
+    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None):
+        self._tls = tls
+        fixed, self._dns = split_target(target)
+        self._replicas: dict[str, _Replica] = {}
+        self._resolved_at = 0.0
+        self._resolving: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        for address in fixed:
+            self._add(address)
+
+    def _add(self, address: str) -> None:
+        options: list[tuple[str, object]] = list(CHANNEL_OPTIONS)
+        if self._tls is not None and self._dns is not None:
+            options.append(("grpc.ssl_target_name_override", self._dns[0]))  # the cert names the Service
+        channel = mesh_tls.channel(address, options, self._tls)
+        self._replicas[address] = _Replica(address, _wire(channel), channel)
+
+    async def _refresh(self) -> None:
+        """Resolves a dns target again when it is due (at once when no replica is known yet)."""
+        if self._dns is None or (self._replicas and time.monotonic() - self._resolved_at < REFRESH_S):
+            return
+        if self._resolving is None or self._resolving.done():
+            self._resolving = asyncio.create_task(self._resolve(*self._dns))
+        if not self._replicas:
+            await asyncio.shield(self._resolving)
+
+    async def _resolve(self, host: str, port: int) -> None:
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as e:
+            log.warning("cannot resolve postprocessor target %s: %s (keeping %d replicas)", host, e,
+                        len(self._replicas))
+            return
+        finally:
+            self._resolved_at = time.monotonic()
+        found = {(f"ipv6:[{info[4][0]}]:{port}" if info[0] == socket.AF_INET6 else f"ipv4:{info[4][0]}:{port}")
+                 for info in infos}
+        for address in found - self._replicas.keys():
+            self._add(address)
+        for address, replica in list(self._replicas.items()):
+            replica.listed = address in found
+            if not replica.listed and not replica.load:
+                del self._replicas[address]  # gone from the name and idle: nothing more will use it
+                self._closing.add(asyncio.create_task(replica.close()))
+                self._closing = {t for t in self._closing if not t.done()}
+
+    async def _pick(self, refused: set[str]) -> _Replica:
+        await self._refresh()
+        now = time.monotonic()
+        candidates = [r for r in self._replicas.values() if r.usable(now) and r.address not in refused]
+        if not candidates:
+            # Every replica refused, failed or left: try the listed ones once more (one may be back).
+            candidates = [r for r in self._replicas.values() if r.listed]
+        if not candidates:
+            raise WorkerFailed("no postprocessor replica is known")
+        # Connected (or connecting) replicas first: a channel in reconnect backoff fails a new stream at once.
+        return min(candidates, key=lambda r: (r.disconnected(), r.load))
+
+    async def generate(self, req: postprocessor_pb2.GenerateRequest
+                       ) -> AsyncIterator[postprocessor_pb2.GenerateResponse]:
+        refused: set[str] = set()
+        attempts = 0  # every replica once, then one more on any listed replica (one may be back)
+        while True:
+            replica = await self._pick(refused)
+            if attempts and replica.disconnected():
+                await replica.connected(RECONNECT_WAIT_S)  # moving a request: give a restarted replica a moment
+            stream = replica.open_stream()
+            call = stream.start(req)
+            answered = False
+            try:
+                while (resp := await call.read()) is not None:
+                    answered = True
+                    yield resp
+                return
+            except MeshError as e:
+                attempts += 1
+                # Nothing reached our caller yet, and the replica refused the request (draining) or its
+                # stream broke (dead, restarting): the request starts over on another replica.
+                if answered or not (isinstance(e, Draining) or stream.broken) or attempts > len(self._replicas):
+                    raise
+                if stream.broken:
+                    replica.down_until = time.monotonic() + DOWN_S
+                refused.add(replica.address)
+                log.info("postprocessor %s %s; starting request %s on another replica", replica.address,
+                         "is draining" if isinstance(e, Draining) else "is unreachable", req.request.request_id)
+            finally:
+                call.cancel()  # no-op when it ended; tells the postprocessor when our caller went away
+
+    async def close(self) -> None:
+        if self._resolving is not None:
+            self._resolving.cancel()
+        replicas, self._replicas = list(self._replicas.values()), {}
+        for replica in replicas:
+            await replica.close()
+        for task in self._closing:
+            await task

@@ -1,0 +1,107 @@
+"""The gateway's multiplexed postprocessor transport (the default): one stream per replica.
+
+Two postprocessor replicas behind one gateway (``--postprocessor ipv4:a,b``), two paced workers (one
+token per engine step), Envoy in front: many requests share the two streams, a client that hangs up
+cancels only its own request down to the worker, a draining replica finishes its requests and exits
+without waiting out its grace while new ones go to the other, and a dead replica's requests start
+over on the live one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+
+import pytest
+
+from services.launcher.processes import wait_port
+from tests.conftest import stop_cleanly
+from tests.mesh.chaos_client import chat, run_streams, stream_then_hang_up
+from tests.mesh.conftest import DEMO, mocker, start_mesh
+
+pytestmark = pytest.mark.mesh
+
+POSTPROCESSORS = ("postprocessor", "postprocessor-1")
+
+
+@pytest.fixture(scope="module")
+def two_posts(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "1"), mocker(demo_model_dir, DEMO, "1")],
+                   postprocessors=2)
+    yield m
+    stop_cleanly(m)
+
+
+def full_log(mesh, name: str) -> str:
+    return (mesh.log_dir / f"{name}.log").read_text(errors="replace")  # Mesh.logs keeps only the tail
+
+
+def aborted(mesh) -> int:
+    return sum(full_log(mesh, f"mocker-{i}").count("aborted by the caller") for i in range(2))
+
+
+def restart(mesh, name: str) -> None:
+    mesh.start_process(mesh.specs[name])
+    assert wait_port(mesh.specs[name].ready_port, time.monotonic() + 30), full_log(mesh, name)
+
+
+def wait_for(condition, what: str, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_requests_share_one_stream_per_replica_and_a_hang_up_cancels_only_its_own(two_posts):
+    bodies = [{**chat(DEMO, i, 48), "ignore_eos": True} for i in range(12)]
+    reference = asyncio.run(run_streams(two_posts.url, bodies))
+    assert all(r.done and r.finish == "length" for r in reference)
+    assert full_log(two_posts, "gateway-0").count("opened a GenerateStream to postprocessor") == 2  # one per replica, not per request
+    for name in POSTPROCESSORS:  # least-open-requests spreads the load over both
+        assert "opened a GenerateStream to worker" in full_log(two_posts, name), name
+
+    before = aborted(two_posts)
+    hung_up = threading.Thread(target=stream_then_hang_up, args=(two_posts.plan.http_port, bodies[0], 3))
+    hung_up.start()
+    disturbed = asyncio.run(run_streams(two_posts.url, bodies[1:]))
+    hung_up.join(30)
+    assert [r.text for r in disturbed] == [r.text for r in reference[1:]]
+    assert all(r.done and r.finish == "length" for r in disturbed)
+    # The cancel crossed both multiplexed hops: gateway -> postprocessor -> worker, for that request alone.
+    wait_for(lambda: aborted(two_posts) == before + 1, "the hung-up request was not aborted on its worker (alone)")
+    assert full_log(two_posts, "gateway-0").count("opened a GenerateStream to postprocessor") == 2
+
+
+def test_a_draining_replica_finishes_its_requests_and_new_ones_go_to_the_other(two_posts):
+    bodies = [{**chat(DEMO, 100 + i, 64), "ignore_eos": True} for i in range(16)]
+    reference = asyncio.run(run_streams(two_posts.url, bodies))
+    stopped: list[float] = []
+
+    async def sigterm_when_streaming(events):
+        await asyncio.gather(*(e.wait() for e in events))
+        two_posts.kill("postprocessor-1", signal.SIGTERM)
+        stopped.append(time.monotonic())
+
+    disturbed = asyncio.run(run_streams(two_posts.url, bodies, sigterm_when_streaming))
+    assert [(r.status, r.error) for r in disturbed if not r.done or r.error] == []
+    assert [r.text for r in disturbed] == [r.text for r in reference]
+    assert two_posts.procs["postprocessor-1"].wait(30) == 0
+    # Its drain grace is 10 s; its streams ended with their requests, so it exits well before.
+    assert time.monotonic() - stopped[0] < 8.0
+    after = asyncio.run(run_streams(two_posts.url, bodies[:6]))  # one replica left: all of them go there
+    assert [r.text for r in after] == [r.text for r in reference[:6]]
+    restart(two_posts, "postprocessor-1")
+
+
+def test_requests_of_a_dead_replica_start_over_on_the_live_one(two_posts):
+    bodies = [{**chat(DEMO, 200 + i, 8), "ignore_eos": True} for i in range(8)]
+    reference = asyncio.run(run_streams(two_posts.url, bodies))
+    two_posts.kill("postprocessor")  # SIGKILL: its stream breaks; the gateway still lists it
+    two_posts.procs["postprocessor"].wait(10)
+    after = asyncio.run(run_streams(two_posts.url, bodies))
+    assert [(r.status, r.error) for r in after if not r.done or r.error] == []
+    assert [r.text for r in after] == [r.text for r in reference]
+    assert "is unreachable; starting request" in full_log(two_posts, "gateway-0")
+    restart(two_posts, "postprocessor")

@@ -1,0 +1,355 @@
+"""The byte-template fast path of ``ResponseRenderer.sse`` against a frozen copy of the dict renderer.
+
+``LegacyRenderer``, ``LegacyDelta`` and ``legacy_delta`` are the chunk rendering and proto-to-delta
+code as they were before the fast path, kept unchanged as the oracle (and as the "before" side of
+``python -m bench.render``): every chunk, the usage chunk, the nvext calls and the usage totals must
+come out the same for any delta sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from typing import Any
+
+import orjson
+import pytest
+
+from meshfront.common.v1 import common_pb2
+from meshfront.postprocessor.v1 import postprocessor_pb2
+from services.gateway.openai.responses import FINISH, Delta, ResponseRenderer
+from services.gateway.pipeline import Pipeline
+
+pytestmark = pytest.mark.unit
+
+
+# ---- frozen copy of the pre-fast-path code: do not edit ------------------------------------------------------------
+
+@dataclasses.dataclass
+class LegacyDelta:
+    index: int
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[Any] = dataclasses.field(default_factory=list)
+    logprobs: list[Any] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str = ""
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    counts_prompt: bool = False
+    worker_id: str = ""
+
+
+def legacy_delta(index: int, counts_prompt: bool, prompt_len: int,
+                 resp: postprocessor_pb2.GenerateResponse) -> LegacyDelta:
+    first = resp.prompt_tokens > 0
+    return LegacyDelta(index=index, text=resp.text, reasoning=resp.reasoning_text, tool_calls=list(resp.tool_calls),
+                       logprobs=list(resp.logprobs),
+                       finish_reason=FINISH.get(resp.finish_reason), stop_reason=resp.stop_reason,
+                       completion_tokens=resp.completion_tokens,
+                       prompt_tokens=(resp.prompt_tokens or prompt_len) if first else 0,
+                       cached_tokens=resp.cached_tokens if first else 0, counts_prompt=counts_prompt and first,
+                       worker_id=resp.worker_id)
+
+
+def _chat_logprobs(items: list[Any]) -> dict[str, Any]:
+    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
+                         "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": list(a.token.encode())}
+                                          for a in t.top]} for t in items]}
+
+
+def _tool_call_delta(call: Any) -> dict[str, Any]:
+    if call.name:
+        return {"index": call.index, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments}}
+    return {"index": call.index, "function": {"arguments": call.arguments}}
+
+
+def _completion_logprobs(items: list[Any], offset: int) -> dict[str, Any]:
+    offsets, pos = [], offset
+    for t in items:
+        offsets.append(pos)
+        pos += len(t.token)
+    return {"tokens": [t.token for t in items], "token_logprobs": [t.logprob for t in items],
+            "top_logprobs": [{a.token: a.logprob for a in t.top} for t in items], "text_offset": offsets}
+
+
+class LegacyRenderer:
+    def __init__(self, *, chat: bool, request_id: str, model: str, n_choices: int, want_logprobs: bool,
+                 include_usage: bool, echo_prompts: list[str] | None = None, n_per_prompt: int = 1,
+                 nvext: Any = None, created: int | None = None):
+        self.chat = chat
+        self.id = request_id
+        self.model = model
+        self.created = int(time.time()) if created is None else created
+        self.want_logprobs = want_logprobs
+        self.include_usage = include_usage
+        self.started = [False] * n_choices
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self._echo = echo_prompts
+        self._n_per_prompt = n_per_prompt
+        self._text_len = [0] * n_choices
+        self._object = "chat.completion.chunk" if chat else "text_completion"
+        self._nvext = nvext
+
+    def _account(self, d: Any) -> None:
+        self.completion_tokens += d.completion_tokens
+        if d.counts_prompt:
+            self.prompt_tokens += d.prompt_tokens
+            self.cached_tokens += d.cached_tokens
+
+    def _chunk_choice(self, d: Any) -> dict[str, Any]:
+        started = self.started[d.index]
+        text = d.text
+        if not started and self._echo is not None:
+            text = self._echo[d.index // self._n_per_prompt] + text
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if not started:
+                delta["role"] = "assistant"
+            if text or not started:
+                delta["content"] = text
+            if d.reasoning:
+                delta["reasoning_content"] = d.reasoning
+            if d.tool_calls:
+                delta["tool_calls"] = [_tool_call_delta(c) for c in d.tool_calls]
+            out: dict[str, Any] = {"index": d.index, "delta": delta}
+            lp = _chat_logprobs(d.logprobs) if self.want_logprobs and d.logprobs else None
+        else:
+            out = {"index": d.index, "text": text}
+            want = self.want_logprobs and d.logprobs
+            lp = _completion_logprobs(d.logprobs, self._text_len[d.index]) if want else None
+        self.started[d.index] = True
+        self._text_len[d.index] += len(text)
+        out["logprobs"] = lp
+        out["finish_reason"] = d.finish_reason
+        if d.finish_reason and d.stop_reason:
+            out["stop_reason"] = d.stop_reason
+        return out
+
+    def sse(self, deltas: list[Any]) -> bytes:
+        frames = []
+        for d in deltas:
+            self._account(d)
+            if (not d.text and not d.finish_reason and not d.logprobs and not d.reasoning and not d.tool_calls
+                    and self.started[d.index]):
+                continue
+            first = not self.started[d.index]
+            chunk = {"id": self.id, "object": self._object, "created": self.created, "model": self.model,
+                     "choices": [self._chunk_choice(d)]}
+            if self.include_usage:
+                chunk["usage"] = None
+            ext = self._nvext.chunk_nvext(d.index, first, d.finish_reason is not None) if self._nvext else None
+            if ext:
+                chunk["nvext"] = ext
+            frames.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        return b"".join(frames)
+
+    def sse_end(self) -> bytes:
+        tail = b""
+        if self.include_usage:
+            usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                     "total_tokens": self.prompt_tokens + self.completion_tokens,
+                     "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+            chunk = {"id": self.id, "object": self._object, "created": self.created, "model": self.model,
+                     "choices": [], "usage": usage}
+            tail = b"data: " + orjson.dumps(chunk) + b"\n\n"
+        return tail + b"data: [DONE]\n\n"
+
+# ---- end of the frozen copy ------------------------------------------------------------------------------------------
+
+
+class FakeNvext:
+    """Returns fields on first/final chunks like ResponseExtensions and, in ``every`` mode, on some middle
+    chunks too (which must leave the fast path); logs its calls so both renderers can be held to the same."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.calls: list[tuple[int, bool, bool]] = []
+
+    def chunk_nvext(self, index: int, first: bool, final: bool) -> dict[str, Any] | None:
+        self.calls.append((index, first, final))
+        out: dict[str, Any] = {}
+        if self.mode in ("worker", "every") and (first or final):
+            out["worker_id"] = {"prefill_worker_id": f"w{index}", "decode_worker_id": f"w\"{index}"}
+        if self.mode in ("timing", "every") and final:
+            out["timing"] = {"total_ms": 12.5, "ttft_ms": None}
+        if self.mode == "every" and len(self.calls) % 3 == 0:
+            out["tick"] = len(self.calls)
+        return out or None
+
+    def body_nvext(self) -> dict[str, Any] | None:
+        return None
+
+
+ALPHABET = ["a", "b", " ", "Hello", "'", '"', "\\", "\\\"", "/", "\n", "\r\n", "\t", "\x00", "\x01", "\x1f",
+            "\x7f", "\x80", "é", "ß", "中文", "\u2028", "\u2029", "😀", "\U0001f469\u200d\U0001f469\u200d\U0001f467",
+            "\ufeff", "\ud7ff", "\U0010ffff", "</script>", "{", "}", "[]", ":", ","]
+
+
+def _text(rng: random.Random, max_parts: int = 3) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, max_parts)))
+
+
+def _logprobs(rng: random.Random) -> list[postprocessor_pb2.TokenText]:
+    def top() -> list[postprocessor_pb2.TopTokenText]:
+        return [postprocessor_pb2.TopTokenText(token=_text(rng, 1), logprob=-rng.random() * 9)
+                for _ in range(rng.randint(0, 2))]
+    return [postprocessor_pb2.TokenText(token=_text(rng, 1), logprob=-rng.random() * 5, top=top())
+            for _ in range(rng.randint(1, 2))]
+
+
+def _choice_deltas(rng: random.Random, index: int, counts_prompt: bool) -> list[Delta]:
+    """One choice's stream: a first delta (maybe empty), mostly plain text, some odd ones, a finish."""
+    out = [Delta(index, rng.choice(["", _text(rng)]), completion_tokens=rng.randint(0, 1),
+                 prompt_tokens=rng.randint(1, 50), cached_tokens=rng.randint(0, 16), counts_prompt=counts_prompt)]
+    call = 0
+    for _ in range(rng.randint(0, 12)):
+        kind = rng.random()
+        d = Delta(index, _text(rng), completion_tokens=1)
+        if kind < 0.1:
+            d.text = ""
+        elif kind < 0.2:
+            d.logprobs = _logprobs(rng)
+        elif kind < 0.3:
+            d.reasoning = _text(rng)
+            d.text = rng.choice(["", d.text])
+        elif kind < 0.4:
+            name = rng.random() < 0.5
+            d.tool_calls = [postprocessor_pb2.ToolCallDelta(index=call, id=f"call_{call}" if name else "",
+                                                            name="get_weather" if name else "",
+                                                            arguments=rng.choice(["", '{"city": "', _text(rng)]))]
+            call += name
+            d.text = rng.choice(["", d.text])
+        out.append(d)
+    finish = rng.choice(["stop", "stop", "length", "tool_calls", ""])  # "" only by type: FINISH never maps to it
+    out.append(Delta(index, rng.choice(["", _text(rng)]), finish_reason=finish,
+                     stop_reason=rng.choice(["", "", "END", "\n\n"]), completion_tokens=rng.randint(0, 1),
+                     logprobs=_logprobs(rng) if rng.random() < 0.2 else []))
+    return out
+
+
+def _request(rng: random.Random, chat: bool) -> tuple[dict[str, Any], list[list[Delta]]]:
+    n_prompts = 1 if chat else rng.choice([1, 1, 2, 3])
+    n = rng.choice([1, 1, 1, 2, 3, 12])  # 12: two-digit choice indexes in the templates
+    total = n_prompts * n
+    echo = [_text(rng, 4) for _ in range(n_prompts)] if not chat and rng.random() < 0.3 else None
+    kwargs = {"chat": chat, "request_id": rng.choice(["chatcmpl-1", "cmpl-\"é\\x", "id-😀\n"]),
+              "model": rng.choice(["m", "Qwen/Qwen3-0.6B", "m\"\\\u2028"]), "n_choices": total,
+              "want_logprobs": rng.random() < 0.5, "include_usage": rng.random() < 0.5, "echo_prompts": echo,
+              "n_per_prompt": n, "nvext": rng.choice([None, "none", "worker", "timing", "every"])}
+    streams = [_choice_deltas(rng, i, i % n == 0) for i in range(total)]
+    # Interleave the choices the way Pipeline._merge does: whatever was ready, in per-choice order.
+    batches: list[list[Delta]] = []
+    while any(streams):
+        batch: list[Delta] = []
+        for _ in range(rng.choice([1, 1, 1, 2, 4])):
+            live = [s for s in streams if s]
+            if not live:
+                break
+            batch.append(rng.choice(live).pop(0))
+        batches.append(batch)
+    return kwargs, batches
+
+
+def _both(kwargs: dict[str, Any]) -> tuple[ResponseRenderer, LegacyRenderer]:
+    mode = kwargs.pop("nvext")
+    new = ResponseRenderer(**kwargs, nvext=FakeNvext(mode) if mode else None)
+    old = LegacyRenderer(**kwargs, nvext=FakeNvext(mode) if mode else None, created=new.created)
+    return new, old
+
+
+def _assert_same(kwargs: dict[str, Any], batches: list[list[Delta]], label: str) -> None:
+    new, old = _both(dict(kwargs))
+    for i, batch in enumerate(batches):
+        assert new.sse(batch) == old.sse(batch), f"{label}: batch {i} of {kwargs}"
+    assert new.sse_end() == old.sse_end(), label
+    assert (new.prompt_tokens, new.completion_tokens, new.cached_tokens) == (
+        old.prompt_tokens, old.completion_tokens, old.cached_tokens), label
+    if new._nvext is not None:
+        assert new._nvext.calls == old._nvext.calls, label  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+def test_generated_streams_render_byte_for_byte_like_the_dict_renderer(chat):
+    rng = random.Random(20261201 + chat)
+    for k in range(1000):
+        kwargs, batches = _request(rng, chat)
+        _assert_same(kwargs, batches, f"sequence {k}")
+
+
+def test_fast_path_cases_by_hand():
+    """The cases at the fast path's edges: a middle chunk with nvext fields, an empty finish reason
+    (falsy but not None), an empty text delta after the first, two-digit indexes."""
+    fixed = [
+        [Delta(0, "", prompt_tokens=3, counts_prompt=True)],
+        [Delta(0, "a", completion_tokens=1)], [Delta(0, "", completion_tokens=1)], [Delta(0, '"\\\n😀')],
+        [Delta(0, "", finish_reason="")], [Delta(0, "x", finish_reason="")], [Delta(0, "y", stop_reason="S")],
+        [Delta(0, "", finish_reason="stop", stop_reason="S")],
+    ]
+    for chat in (True, False):
+        for usage in (True, False):
+            for mode in (None, "none", "every"):
+                kwargs = {"chat": chat, "request_id": "r", "model": "m", "n_choices": 1, "want_logprobs": False,
+                          "include_usage": usage, "nvext": mode}
+                _assert_same(kwargs, fixed, f"chat={chat} usage={usage} nvext={mode}")
+    many = [[Delta(i, "t")] for i in range(12)] + [[Delta(i, "u", completion_tokens=1)] for i in range(12)]
+    _assert_same({"chat": True, "request_id": "r", "model": "m", "n_choices": 12, "want_logprobs": True,
+                  "include_usage": True, "nvext": None}, many, "n=12")
+
+
+def test_id_model_and_created_stay_writable():
+    r = ResponseRenderer(chat=True, request_id="a", model="m", n_choices=1, want_logprobs=False, include_usage=True)
+    r.sse([Delta(0, "x")])
+    r.id, r.model, r.created = "b", "n", 7
+    old = LegacyRenderer(chat=True, request_id="b", model="n", n_choices=1, want_logprobs=False, include_usage=True,
+                         created=7)
+    old.sse([Delta(0, "x")])
+    assert r.sse([Delta(0, "y")]) == old.sse([Delta(0, "y")])
+    assert (r.id, r.model, r.created) == ("b", "n", 7)
+
+
+def _response(rng: random.Random) -> postprocessor_pb2.GenerateResponse:
+    resp = postprocessor_pb2.GenerateResponse(text=_text(rng), completion_tokens=rng.randint(0, 2),
+                                              stop_reason=rng.choice(["", "END"]), worker_id=rng.choice(["", "w1"]))
+    if rng.random() < 0.3:
+        resp.prompt_tokens, resp.cached_tokens = rng.randint(0, 9), rng.randint(0, 9)
+    if rng.random() < 0.3:
+        resp.finish_reason = rng.choice([common_pb2.FINISH_REASON_EOS, common_pb2.FINISH_REASON_LENGTH,
+                                         common_pb2.FINISH_REASON_TOOL_CALLS])
+    if rng.random() < 0.3:
+        resp.reasoning_text = _text(rng)
+    if rng.random() < 0.3:
+        resp.logprobs.extend(_logprobs(rng))
+    if rng.random() < 0.3:
+        resp.tool_calls.add(index=0, id="call_0", name="f", arguments="{")
+    return resp
+
+
+def test_pipeline_delta_carries_what_the_old_one_did():
+    rng = random.Random(7)
+    for _ in range(300):
+        resp = _response(rng)
+        index, counts, prompt_len = rng.randint(0, 3), rng.random() < 0.5, rng.randint(1, 99)
+        new, old = Pipeline._delta(index, counts, prompt_len, resp), legacy_delta(index, counts, prompt_len, resp)
+        for f in dataclasses.fields(LegacyDelta):
+            a, b = getattr(new, f.name), getattr(old, f.name)
+            if f.name in ("tool_calls", "logprobs"):
+                assert list(a) == b and bool(a) == bool(b)
+            else:
+                assert a == b, f.name
+
+
+def test_delta_fields_work_for_every_consumer_when_empty():
+    """An empty delta's tool calls and logprobs: iterable, falsy, and something ``list.extend`` takes."""
+    d = Pipeline._delta(0, False, 1, postprocessor_pb2.GenerateResponse(text="x"))
+    assert not d.tool_calls and not d.logprobs
+    acc: list[Any] = []
+    acc.extend(d.logprobs)
+    assert acc == [] and list(d.tool_calls) == []
+    with pytest.raises(AttributeError):
+        d.unknown = 1  # type: ignore[attr-defined]  # slots: a misspelt field fails instead of being added
