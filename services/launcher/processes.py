@@ -74,6 +74,7 @@ class Mesh:
                 if not wait_port(spec.ready_port, deadline):
                     raise RuntimeError(f"{name} did not open port {spec.ready_port}:\n{self.logs(name)}")
             self.wait_models(len({w.model_name for w in self.plan.workers}), deadline)
+            self.wait_healthy(deadline)
         except BaseException:
             print(self.all_logs())
             self.stop()
@@ -88,6 +89,17 @@ class Mesh:
                     return
             time.sleep(0.1)
         raise RuntimeError(f"models did not register in time\n{self.all_logs()}")
+
+    def wait_healthy(self, deadline: float) -> None:
+        """Until /health answers 200: every gateway has warmed the workers it knew at start, so the first
+        request does not race the warm-up (what ``meshfront run`` waits for before it prints the URL)."""
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError), \
+                    urllib.request.urlopen(f"{self.url}/health", timeout=1) as r:  # noqa: S310 - our own http URL
+                if r.status == 200:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"/health did not answer 200 in time\n{self.all_logs()}")
 
     def logs(self, name: str) -> str:
         path = self.log_dir / f"{name}.log"
