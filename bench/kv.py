@@ -175,6 +175,7 @@ class KvBenchMesh(Mesh):
             if not wait_port(spec.ready_port, deadline):
                 raise RuntimeError(f"{name} did not open port {spec.ready_port}:\n{self.logs(name)}")
         self.wait_models(1, deadline)
+        self.wait_healthy(deadline)  # warmed, as meshfront run is when it prints the URL
         return self
 
 

@@ -94,6 +94,23 @@ def worker_metrics() -> WorkerMetrics:
 
 
 @dataclasses.dataclass(frozen=True)
+class MuxMetrics:
+    messages: Counter
+    chunks: Counter
+
+
+@functools.cache
+def mux_metrics() -> MuxMetrics:
+    """What the serving side of each ``GenerateStream`` sent: chunks / messages is how many requests'
+    output one message carried (services/common/mux_session.py); counted per message, not per chunk."""
+    p = "meshfront_mux_"
+    return MuxMetrics(
+        messages=Counter(f"{p}messages", "GenerateStream response messages sent", ["rpc"]),
+        chunks=Counter(f"{p}chunks", "Sequence chunks those messages carried", ["rpc"]),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class EmbedMetrics:
     batch_inputs: Histogram
 

@@ -3,10 +3,11 @@
 A paced engine hands every running sequence one token per step, so per-request streams send one
 message per token per request, and per-message cost dominates the mesh (bench/RESULTS.md). Here
 each started sequence runs through the service's ordinary ``generate`` path in its own task, and a
-single writer sends everything that is ready across all of them as ONE response message. A sequence
-does not pull its next output until its previous chunk has been written, so while the transport is
-busy its output piles up below it and the next message carries it all (the same back-pressure a
-per-request stream gets from ``context.write``).
+single writer sends everything that is ready across all of them as ONE response message. While a
+message is being written (the transport may be pushing back), a sequence that posts a chunk does
+not pull its next output until that chunk is out, so its output piles up below it and the next
+message carries it all (the back-pressure a per-request stream gets from ``context.write``); while
+the writer is idle it goes straight on, which saves a wake-up per token.
 
 Two hops use it: the worker's ``WorkerService.GenerateStream`` (the postprocessor calls it) and the
 postprocessor's ``PostprocessorService.GenerateStream`` (the gateway calls it). Both protos have the
@@ -29,6 +30,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from services.common.errors import Draining, Internal, InvalidRequest, MeshError, status_proto
+from services.common.metrics import mux_metrics
 
 log = logging.getLogger(__name__)
 
@@ -52,22 +54,26 @@ class MuxSession(Generic[Req, Resp]):
         generate: the service's per-request generator every sequence goes through.
         write: sends one response message (``context.write``); never called concurrently.
         message: makes an empty response message (its ``chunks.add(id=, response=|error=)``).
+        rpc: names the stream in the ``meshfront_mux_*`` metrics (``worker.GenerateStream`` ...).
     """
 
     def __init__(self, generate: Callable[[Req], AsyncGenerator[Resp, None]], write: Write,
-                 message: Callable[[], Any]):
+                 message: Callable[[], Any], rpc: str):
         self._generate = generate
         self._write = write
         self._message = message
+        metrics = mux_metrics()
+        self._messages_sent = metrics.messages.labels(rpc)
+        self._chunks_sent = metrics.chunks.labels(rpc)
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._outbox: list[tuple[int, Resp | None, MeshError | None]] = []
         self._ready = asyncio.Event()
         # One event per message: its sequences wait for it (an Event, so that cancelling one waiter
         # cannot cancel what the others wait on, as a shared future would).
         self._flushed = asyncio.Event()
+        self._writing = False  # a message is being written (the transport may be pushing back)
         self._reading = True
         self._draining = False
-        self.messages_sent = 0
 
     async def run(self, actions: AsyncIterator[Any]) -> None:
         """Serves until the caller half-closes and every sequence ended, or until cancelled."""
@@ -114,7 +120,11 @@ class MuxSession(Generic[Req, Resp]):
         responses = self._generate(request)
         try:
             async for response in responses:
-                await self._post(seq_id, response, None).wait()
+                flushed = self._post(seq_id, response, None)
+                if self._writing:
+                    # The transport is busy: hold this sequence until its chunk is out (back-pressure).
+                    # An idle writer takes it at once, and waiting would cost a wake-up per token.
+                    await flushed.wait()
         except MeshError as e:
             self._post(seq_id, None, e)
         except asyncio.CancelledError:
@@ -152,8 +162,13 @@ class MuxSession(Generic[Req, Resp]):
                     add(id=seq_id, response=response)
                 else:
                     add(id=seq_id, error=status_proto(error))
-            await self._write(message)
-            self.messages_sent += 1
+            self._writing = True
+            try:
+                await self._write(message)
+            finally:
+                self._writing = False
+            self._messages_sent.inc()
+            self._chunks_sent.inc(len(chunks))
             flushed.set()
 
 

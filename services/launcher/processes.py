@@ -14,6 +14,7 @@ import os
 import pathlib
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -81,11 +82,20 @@ class Mesh:
             raise
         return self
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """How this process's own readiness checks trust the edge (a TLS mesh's tests give their CA)."""
+        return None
+
+    def _get(self, path: str) -> bytes:
+        """GET through Envoy; raises OSError (HTTPError included) when it does not answer 200."""
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=1,  # noqa: S310 - our own URL
+                                    context=self.ssl_context()) as r:
+            return r.read()
+
     def wait_models(self, count: int, deadline: float) -> None:
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError), \
-                    urllib.request.urlopen(f"{self.url}/v1/models", timeout=1) as r:  # noqa: S310 - our own http URL
-                if len(json.loads(r.read())["data"]) >= count:
+            with contextlib.suppress(OSError, ValueError):
+                if len(json.loads(self._get("/v1/models"))["data"]) >= count:
                     return
             time.sleep(0.1)
         raise RuntimeError(f"models did not register in time\n{self.all_logs()}")
@@ -94,10 +104,9 @@ class Mesh:
         """Until /health answers 200: every gateway has warmed the workers it knew at start, so the first
         request does not race the warm-up (what ``meshfront run`` waits for before it prints the URL)."""
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError), \
-                    urllib.request.urlopen(f"{self.url}/health", timeout=1) as r:  # noqa: S310 - our own http URL
-                if r.status == 200:
-                    return
+            with contextlib.suppress(OSError):
+                self._get("/health")
+                return
             time.sleep(0.05)
         raise RuntimeError(f"/health did not answer 200 in time\n{self.all_logs()}")
 

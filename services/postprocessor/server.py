@@ -22,5 +22,6 @@ class PostprocessorServicer(postprocessor_pb2_grpc.PostprocessorServiceServicer)
     async def GenerateStream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         # One per gateway and replica: every response that is ready, across requests, in one message.
         # The gateway going away cancels this task, and the session closes every request's generator.
-        session = MuxSession(self._postprocessor.generate, context.write, postprocessor_pb2.GenerateStreamResponse)
+        session = MuxSession(self._postprocessor.generate, context.write, postprocessor_pb2.GenerateStreamResponse,
+                             "postprocessor.GenerateStream")
         await self.sessions.serve(session, request_iterator)

@@ -40,7 +40,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     async def GenerateStream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         # Like Generate, this task owns the stream: when the caller goes away grpc.aio cancels it,
         # and MuxSession aborts every sequence still running on the stream.
-        session = MuxSession(self._service.generate, context.write, worker_pb2.GenerateStreamResponse)
+        session = MuxSession(self._service.generate, context.write, worker_pb2.GenerateStreamResponse,
+                             "worker.GenerateStream")
         await self.sessions.serve(session, request_iterator)
 
 

@@ -11,7 +11,6 @@ import pathlib
 import json
 import ssl
 import subprocess
-import time
 
 import grpc
 import httpx
@@ -46,16 +45,8 @@ class TlsMesh(Mesh):
     def url(self) -> str:
         return f"https://localhost:{self.plan.http_port}"
 
-    def wait_models(self, count: int, deadline: float) -> None:
-        with httpx.Client(verify=self.trust(), timeout=1) as http:
-            while time.monotonic() < deadline:
-                try:
-                    if len(http.get(f"{self.url}/v1/models").json().get("data", [])) >= count:
-                        return
-                except (httpx.HTTPError, ValueError):
-                    pass
-                time.sleep(0.1)
-        raise RuntimeError(f"models did not register in time\n{self.all_logs()}")
+    def ssl_context(self) -> ssl.SSLContext:
+        return self.trust()
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,9 @@ pytestmark = pytest.mark.mesh
 
 DOC = ROOT / "docs" / "metrics.md"
 # docs/metrics.md's section prefix -> the process names (services/launcher/plan.py) that export it.
-PROCESSES = {"meshfront_gateway_": "gateway-", "meshfront_preprocessor_": "preprocessor",
-             "meshfront_router_": "router", "meshfront_postprocessor_": "postprocessor",
-             "meshfront_worker_": "mocker-"}
+PROCESSES = {"meshfront_gateway_": ("gateway-",), "meshfront_preprocessor_": ("preprocessor",),
+             "meshfront_router_": ("router",), "meshfront_postprocessor_": ("postprocessor",),
+             "meshfront_worker_": ("mocker-",), "meshfront_mux_": ("mocker-", "postprocessor")}
 KV_ONLY = "*kv mode*"
 # Exported only by embedding workers (the session mesh runs mockers; tests/mesh/test_embeddings.py
 # scrapes an embedding worker): optional here, like the kv-mode names.
@@ -73,7 +73,7 @@ def value(families, name: str, suffix: str = "", **labels) -> float:
 
 
 def processes_of(scraped, prefix: str) -> list[str]:
-    return [name for name in scraped if name.startswith(PROCESSES[prefix])]
+    return [name for name in scraped if name.startswith(PROCESSES[prefix])]  # str.startswith takes a tuple
 
 
 def test_doc_tables_cover_every_service():
@@ -88,11 +88,14 @@ def test_exported_names_match_the_doc(mesh):
         expected = {n: kind for n, (kind, kv_only) in names.items() if not kv_only}
         for process in processes_of(scraped, prefix):
             families = scraped[process]
-            exported = {n: f.type for n, f in families.items() if n.startswith("meshfront_")}
+            exported = {n: f.type for n, f in families.items() if n.startswith(prefix)}
             optional = {n for n, (_, kv_only) in names.items() if kv_only}
             assert set(exported) - optional == set(expected), process  # neither missing nor undocumented
             assert {n: exported[n] for n in expected} == expected, process
             assert "process_resident_memory_bytes" in families, process  # as the doc promises
+    for process, families in scraped.items():  # and no meshfront_ family outside its process's sections
+        sections = tuple(prefix for prefix, processes in PROCESSES.items() if process.startswith(processes))
+        assert [n for n in families if n.startswith("meshfront_") and not n.startswith(sections)] == [], process
 
 
 def test_kv_mode_router_names_match_the_doc():

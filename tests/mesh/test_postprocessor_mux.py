@@ -58,7 +58,8 @@ def test_requests_share_one_stream_per_replica_and_a_hang_up_cancels_only_its_ow
     bodies = [{**chat(DEMO, i, 48), "ignore_eos": True} for i in range(12)]
     reference = asyncio.run(run_streams(two_posts.url, bodies))
     assert all(r.done and r.finish == "length" for r in reference)
-    assert full_log(two_posts, "gateway-0").count("opened a GenerateStream to postprocessor") == 2  # one per replica, not per request
+    # One stream per replica, not one per request.
+    assert full_log(two_posts, "gateway-0").count("opened a GenerateStream to postprocessor") == 2
     for name in POSTPROCESSORS:  # least-open-requests spreads the load over both
         assert "opened a GenerateStream to worker" in full_log(two_posts, name), name
 
