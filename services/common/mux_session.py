@@ -147,11 +147,12 @@ class MuxSession(Generic[Req, Resp]):
 
     async def _write_loop(self) -> None:
         while True:
-            await self._ready.wait()
-            self._ready.clear()
             if not self._outbox:
+                # Checked before every wait: the last sequence may have ended while a write was in flight.
                 if not self._tasks and (not self._reading or self._draining):
                     return
+                await self._ready.wait()
+                self._ready.clear()
                 continue
             chunks, self._outbox = self._outbox, []
             flushed, self._flushed = self._flushed, asyncio.Event()
