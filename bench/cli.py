@@ -357,7 +357,8 @@ def _record_json(r: mesh.LevelRecord) -> dict:
     row: Row = r.row
     return {"shape": row.shape, "stats": row.stats.as_dict(), "cpu_ms_per_request": row.cpu_per_request,
             "client_cpu_ms_per_request": row.client_cpu_per_request, "window_cpu_ms": row.window_cpu_ms,
-            "bg_cores": r.bg_cores, "loadavg": r.loadavg, "idle_ms_per_s": r.idle_ms_per_s}
+            "bg_cores": r.bg_cores, "loadavg": r.loadavg, "idle_ms_per_s": r.idle_ms_per_s,
+            "chunks_per_message": r.chunks_per_message}
 
 
 def _append_markdown(path: Path, command: str, started: datetime.datetime, args: argparse.Namespace,
@@ -366,6 +367,10 @@ def _append_markdown(path: Path, command: str, started: datetime.datetime, args:
     idle = {r.row.shape: r.idle_ms_per_s for r in records if r.idle_ms_per_s}
     idle_text = "".join(f" Idle CPU of the {shape} mesh, ms per second: {mesh.fmt_groups(v)}."
                         for shape, v in idle.items())
+    shared = "; ".join(f"{r.row.shape} c{r.row.stats.concurrency}: " + ", ".join(
+        f"{rpc} {n:.1f}" for rpc, n in r.chunks_per_message.items()) for r in records if r.chunks_per_message)
+    if shared:
+        idle_text += f" Request outputs per multiplexed message: {shared}."
     section = (f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
                f"Setting: {_setting_line(args, cfg)}.\n\n{markdown_table([r.row for r in records])}\n\n"
                f"{LEGEND} CPU used by other tenants during each level, in cores: {bg}.{idle_text}\n")

@@ -12,8 +12,11 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import cpu
 from bench.loadgen import LoadSpec, open_connections, run_load
@@ -60,6 +63,8 @@ class LevelRecord:
     bg_cores: float  # CPU other tenants used during the window, in cores
     loadavg: float
     idle_ms_per_s: dict[str, float] = dataclasses.field(default_factory=dict)  # the shape's idle baseline
+    # Per multiplexed hop (worker.GenerateStream, postprocessor.GenerateStream): request outputs per message.
+    chunks_per_message: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 Printer = Callable[[str], None]
@@ -91,7 +96,7 @@ def _check_alive(mesh: Mesh) -> None:
 
 
 async def measure_level(url: str, pids: dict[str, int], cfg: MeshBenchConfig, shape: str, concurrency: int,
-                        prompts: PromptFactory, emit: Printer) -> LevelRecord:
+                        prompts: PromptFactory, emit: Printer, metrics_ports: Sequence[int] = ()) -> LevelRecord:
     spec = LoadSpec(url=url, model=cfg.model_name, concurrency=concurrency,
                     requests=cfg.requests_for(concurrency), max_tokens=cfg.max_tokens,
                     duration_s=cfg.level_timeout_s, request_timeout_s=min(60.0, cfg.level_timeout_s))
@@ -101,6 +106,7 @@ async def measure_level(url: str, pids: dict[str, int], cfg: MeshBenchConfig, sh
 
         profiler = Profiler(Path(cfg.profile_dir), pids, cfg.profile_processes, native=cfg.profile_native)
         profiler.start(f"{shape}-c{concurrency}")
+    mux_before = mux_counts(metrics_ports)
     try:
         m = await measured_load(spec, prompts, pids, f"[{shape}] c={concurrency}", emit)
     finally:
@@ -110,7 +116,41 @@ async def measure_level(url: str, pids: dict[str, int], cfg: MeshBenchConfig, sh
             emit(report(f"[{shape}] c={concurrency} profile", profiler.stop()))
     row = Row(shape=shape, stats=m.stats, cpu_per_request=m.usage.per_request(m.stats.ok),
               client_cpu_per_request=m.client_ms / max(1, m.stats.ok), window_cpu_ms=m.usage.total_ms)
-    return LevelRecord(row, bg_cores=m.bg_cores, loadavg=os.getloadavg()[0])
+    return LevelRecord(row, bg_cores=m.bg_cores, loadavg=os.getloadavg()[0],
+                       chunks_per_message=chunks_per_message(mux_before, mux_counts(metrics_ports)))
+
+
+def mux_counts(ports: Sequence[int]) -> dict[str, tuple[float, float]]:
+    """rpc -> (messages, chunks) the mesh's GenerateStream servers sent so far, over every scraped process."""
+    out: dict[str, tuple[float, float]] = {}
+    for port in ports:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:  # noqa: S310 - ours
+                text = r.read().decode()
+        except OSError:
+            continue  # a process without metrics (or gone): its hop is just not reported
+        for family in text_string_to_metric_families(text):
+            if family.name not in ("meshfront_mux_messages", "meshfront_mux_chunks"):
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    messages, chunks = out.get(sample.labels["rpc"], (0.0, 0.0))
+                    if family.name == "meshfront_mux_messages":
+                        messages += sample.value
+                    else:
+                        chunks += sample.value
+                    out[sample.labels["rpc"]] = (messages, chunks)
+    return out
+
+
+def chunks_per_message(before: dict[str, tuple[float, float]],
+                       after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    out = {}
+    for rpc, (messages, chunks) in after.items():
+        m0, c0 = before.get(rpc, (0.0, 0.0))
+        if messages > m0:
+            out[rpc] = (chunks - c0) / (messages - m0)
+    return out
 
 
 @dataclasses.dataclass
@@ -140,7 +180,7 @@ async def measured_load(spec: LoadSpec, prompts: PromptFactory, pids: dict[str, 
 
 
 async def drive(url: str, pids: dict[str, int], cfg: MeshBenchConfig, shape: str, emit: Printer,
-                check: Callable[[], None] = lambda: None) -> list[LevelRecord]:
+                check: Callable[[], None] = lambda: None, metrics_ports: Sequence[int] = ()) -> list[LevelRecord]:
     """Warm-up, then one measured level per concurrency; ``check`` raises if the mesh broke."""
     prompts = PromptFactory(cfg.prompt_tokens, shared_prefix_tokens=cfg.shared_prefix_tokens, seed=cfg.seed)
     await cold_start(url, cfg, shape, prompts, emit)
@@ -159,12 +199,13 @@ async def drive(url: str, pids: dict[str, int], cfg: MeshBenchConfig, shape: str
     records = []
     for c in cfg.concurrency:
         check()
-        rec = await measure_level(url, pids, cfg, shape, c, prompts, emit)
+        rec = await measure_level(url, pids, cfg, shape, c, prompts, emit, metrics_ports)
         rec.idle_ms_per_s = idle
         s = rec.row.stats
         emit(f"[{shape}] c={c}: {s.ok}/{s.sent} ok in {s.wall_s:.1f}s, {s.req_per_s:.1f} req/s, "
              f"CPU {rec.row.cpu_per_request['total']:.2f} ms/req (window {rec.row.window_cpu_ms:.0f} ms), "
              f"bg {rec.bg_cores:.2f} cores, prompt {s.mean_prompt_tokens:.0f} tok, cached {s.mean_cached_tokens:.0f}"
+             + "".join(f", {rpc} {n:.1f} per message" for rpc, n in rec.chunks_per_message.items())
              + (f"; errors: {s.first_errors}" if s.errors else ""))
         records.append(rec)
     check()
@@ -204,7 +245,8 @@ def run_shape(cfg: MeshBenchConfig, shape: str, emit: Printer) -> list[LevelReco
     emit(f"[{shape}] mesh up at {mesh.url}: {', '.join(sorted(mesh.procs))}")
     try:
         pids = {name: p.pid for name, p in mesh.procs.items()}
-        return run_async(drive(mesh.url, pids, cfg, shape, emit, check=lambda: _check_alive(mesh)))
+        return run_async(drive(mesh.url, pids, cfg, shape, emit, check=lambda: _check_alive(mesh),
+                               metrics_ports=list(mesh.plan.metrics_ports.values())))
     except BaseException:
         emit(f"[{shape}] failed; last log lines:\n{mesh.all_logs()}")
         raise

@@ -47,7 +47,7 @@ class InProcessPostprocessor:
         gen = self._service.generate(req)
         try:
             async for resp in gen:
-                yield resp
+                yield [resp]  # in-process, the postprocessor already merged all that was ready into it
         finally:
             with contextlib.suppress(RuntimeError, asyncio.CancelledError):
                 await gen.aclose()

@@ -45,7 +45,9 @@ class RouterClient(Protocol):
 
 
 class PostprocessorClient(Protocol):
-    def generate(self, req: postprocessor_pb2.GenerateRequest) -> AsyncIterator[postprocessor_pb2.GenerateResponse]: ...
+    def generate(self, req: postprocessor_pb2.GenerateRequest
+                 ) -> AsyncIterator[list[postprocessor_pb2.GenerateResponse]]:
+        """The request's responses in order, as lists of every one that was ready together (one write)."""
 
 
 def channel(target: str, tls: mesh_tls.MeshTls | None = None) -> grpc.aio.Channel:
@@ -97,7 +99,7 @@ class GrpcPostprocessor:
         call = self._stub.Generate(req, metadata=request_id_metadata(req.request.request_id))
         try:
             async for resp in call:
-                yield resp
+                yield [resp]
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
         finally:

@@ -98,11 +98,12 @@ class Pipeline:
                     rid = base_id if total == 1 else f"{base_id}-{index}"
                     choices.append(await self._start(prep, rid, index, j, worker_id, hints, trace))
             if total == 1:
-                async for delta in self._stream(choices[0]):
+                async for deltas in self._stream(choices[0]):
                     if trace is not None:
-                        trace.on_output(delta.prompt_tokens if delta.counts_prompt else 0, delta.cached_tokens,
-                                        delta.finish_reason is not None, delta.index, delta.worker_id)
-                    yield [delta]
+                        for delta in deltas:
+                            trace.on_output(delta.prompt_tokens if delta.counts_prompt else 0, delta.cached_tokens,
+                                            delta.finish_reason is not None, delta.index, delta.worker_id)
+                    yield deltas
             else:
                 live = total
                 async for batch in self._merge(choices):
@@ -116,12 +117,16 @@ class Pipeline:
             for c in choices:
                 self._release(c.request_id)
 
-    async def _stream(self, c: _Choice) -> AsyncIterator[Delta]:
-        """One choice's deltas, telling the router about the first token when it asked to know."""
-        async for resp in self.post.generate(c.gen):
-            if resp.prompt_tokens and c.report_first_token:
-                self._report_first_token(c.request_id, resp)
-            yield self._delta(c.index, c.counts_prompt, c.prompt_len, resp)
+    async def _stream(self, c: _Choice) -> AsyncIterator[list[Delta]]:
+        """One choice's deltas, as many as were ready together; tells the router about the first token
+        when it asked to know."""
+        async for responses in self.post.generate(c.gen):
+            deltas = []
+            for resp in responses:
+                if resp.prompt_tokens and c.report_first_token:
+                    self._report_first_token(c.request_id, resp)
+                deltas.append(self._delta(c.index, c.counts_prompt, c.prompt_len, resp))
+            yield deltas
 
     @staticmethod
     def _delta(index: int, counts_prompt: bool, prompt_len: int, resp: postprocessor_pb2.GenerateResponse) -> Delta:
@@ -144,8 +149,8 @@ class Pipeline:
 
         async def pump(choice: _Choice) -> None:
             try:
-                async for delta in self._stream(choice):
-                    queue.put_nowait(delta)
+                async for deltas in self._stream(choice):
+                    queue.put_nowait(deltas)
                 queue.put_nowait(_DONE)
             except Exception as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
                 queue.put_nowait(e)
@@ -164,7 +169,7 @@ class Pipeline:
                     elif isinstance(item, Exception):
                         raise item
                     else:
-                        batch.append(item)
+                        batch.extend(item)
                 if batch:
                     yield batch
         finally:

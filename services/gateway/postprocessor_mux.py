@@ -178,7 +178,7 @@ class MuxPostprocessor:
         return min(candidates, key=lambda r: (r.disconnected(), r.load))
 
     async def generate(self, req: postprocessor_pb2.GenerateRequest
-                       ) -> AsyncIterator[postprocessor_pb2.GenerateResponse]:
+                       ) -> AsyncIterator[list[postprocessor_pb2.GenerateResponse]]:
         refused: set[str] = set()
         attempts = 0  # every replica once, then one more on any listed replica (one may be back)
         while True:
@@ -189,10 +189,16 @@ class MuxPostprocessor:
             call = stream.start(req)
             answered = False
             try:
-                while (resp := await call.read()) is not None:
-                    answered = True
-                    yield resp
-                return
+                while True:
+                    # Everything that arrived for this request since the last ask: one HttpBody downstream.
+                    batch = await call.next_batch()
+                    if batch.messages:
+                        answered = True
+                        yield batch.messages
+                    if batch.error is not None:
+                        raise batch.error
+                    if batch.ended:
+                        return
             except MeshError as e:
                 attempts += 1
                 # Nothing reached our caller yet, and the replica refused the request (draining) or its

@@ -57,7 +57,7 @@ class ScriptedPostprocessor:
         for step in self.steps:
             if isinstance(step, Exception):
                 raise step
-            yield step
+            yield [step]  # one ready response at a time
 
 
 @pytest.fixture

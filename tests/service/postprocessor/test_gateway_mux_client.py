@@ -67,7 +67,7 @@ def scripted(demo_model_dir, fake_worker, tokenizer):
 
 
 async def text_of(client: MuxPostprocessor, req) -> str:
-    return "".join([r.text async for r in client.generate(req)])
+    return "".join([r.text async for ready in client.generate(req) for r in ready])
 
 
 def test_targets_split_into_replicas():
@@ -105,7 +105,7 @@ async def test_a_caller_that_goes_away_cancels_its_request_on_the_worker(postpro
     client = MuxPostprocessor(postprocessor_address)
     req, cancelled = scripted("never ending story", forever=True)
     responses = client.generate(req)
-    assert (await anext(responses)).text
+    assert (await anext(responses))[0].text
     await responses.aclose()  # what the gateway does when the client hangs up
     await asyncio.wait_for(cancelled.wait(), 10)
     await client.close()
