@@ -72,9 +72,11 @@ class Profile:
             return ["  (no samples)"]
         lines = [f"  {self.samples} samples; self:"]
         lines += [f"    {100 * n / self.samples:5.1f} %  {name}" for name, n in self.self_counts.most_common(top)]
-        lines.append("  inclusive:")
+        # The frames on every stack of the main thread (runpy, main, the event loop's run) say nothing.
+        roots = max(self.inclusive_counts.values())
+        lines.append("  inclusive (below the event loop):")
         lines += [f"    {100 * n / self.samples:5.1f} %  {name}"
-                  for name, n in self.inclusive_counts.most_common(top)]
+                  for name, n in self.inclusive_counts.most_common() if n < roots][:top]
         return lines
 
 
