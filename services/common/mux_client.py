@@ -69,21 +69,12 @@ class MuxCall(Generic[Resp]):
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self.done = False
 
-    async def read(self) -> Resp | None:
-        """The next response; None at the end (or after our own cancel); raises the call's ``MeshError``."""
-        item = await self._queue.get()
-        if item is _END:
-            self._queue.put_nowait(_END)  # every later read sees the end too
-            return None
-        if isinstance(item, MeshError):
-            raise item
-        return item  # type: ignore[return-value]
-
     async def next_batch(self) -> Batch[Resp]:
-        """Every response that arrived since the last call (at least one, or the end or the error)."""
+        """Every response that arrived since the last call (at least one), then the end (also after our
+        own cancel) or the call's ``MeshError``."""
         batch: Batch[Resp] = await take_batch(self._queue, _END)
         if batch.ended:
-            self._queue.put_nowait(_END)
+            self._queue.put_nowait(_END)  # every later call sees the end too
         return batch
 
     def cancel(self) -> None:

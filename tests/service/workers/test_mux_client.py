@@ -28,9 +28,18 @@ def generate_request(prompt, rid: str, max_tokens: int) -> worker_pb2.GenerateRe
 
 async def read_tokens(call) -> list[int]:
     tokens = []
-    while (message := await asyncio.wait_for(call.read(), 10)) is not None:
-        tokens.extend(message.token_ids)
-    return tokens
+    while True:
+        batch = await asyncio.wait_for(call.next_batch(), 10)
+        tokens.extend(t for m in batch.messages for t in m.token_ids)
+        if batch.error is not None:
+            raise batch.error
+        if batch.ended:
+            return tokens
+
+
+async def first_tokens(call) -> list[int]:
+    batch = await asyncio.wait_for(call.next_batch(), 10)
+    return [t for m in batch.messages for t in m.token_ids]
 
 
 @pytest.fixture
@@ -53,10 +62,10 @@ async def test_cancel_ends_that_call_only_and_frees_its_blocks(start_mocker, mux
     worker = await start_mocker("--speedup-ratio", "2")
     long = mux.generate(worker.address, generate_request(range(200), "long", 3000))
     short = mux.generate(worker.address, generate_request(range(500, 530), "short", 30))
-    assert (await asyncio.wait_for(long.read(), 10)).token_ids
+    assert await first_tokens(long)
     long.cancel()
     long.cancel()  # idempotent
-    assert await long.read() is None
+    assert (await long.next_batch()).ended
     assert len(await read_tokens(short)) == 30
     deadline = asyncio.get_running_loop().time() + 5
     while worker.engine.cache.active_blocks:
@@ -82,7 +91,7 @@ async def test_a_broken_stream_fails_every_open_call_and_the_next_call_reconnect
     calls = [mux.generate(server.address, generate_request(range(100 * i, 100 * i + 30), f"r{i}", 3000))
              for i in (1, 2, 3)]
     for call in calls:
-        assert (await asyncio.wait_for(call.read(), 10)).token_ids
+        assert await first_tokens(call)
     await server.stop()  # the worker dies with three sequences running
     await engine.close()
     for call in calls:
