@@ -142,33 +142,10 @@ class ResponseRenderer:
         self._nvext = nvext
         self._render_templates()
 
-    # id, model and created sit in every chunk's pre-rendered head: setting one renders the head again.
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @id.setter
-    def id(self, value: str) -> None:
-        self._id = value
-        self._render_templates()
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @model.setter
-    def model(self, value: str) -> None:
-        self._model = value
-        self._render_templates()
-
-    @property
-    def created(self) -> int:
-        return self._created
-
-    @created.setter
-    def created(self, value: int) -> None:
-        self._created = value
-        self._render_templates()
+    # Fixed once the templates are rendered: every chunk's pre-rendered head carries them.
+    id = property(lambda self: self._id)
+    model = property(lambda self: self._model)
+    created = property(lambda self: self._created)
 
     def _render_templates(self) -> None:
         head = orjson.dumps({"id": self._id, "object": self._object, "created": self._created, "model": self._model,
