@@ -57,6 +57,10 @@ class GatewayConfig:
         if self.postprocessor_transport not in POSTPROCESSOR_TRANSPORTS:
             raise ValueError(f"--postprocessor-transport must be one of {', '.join(POSTPROCESSOR_TRANSPORTS)}; "
                              f"got {self.postprocessor_transport!r}")
+        if self.postprocessor_transport == "mux" and self.postprocessor != _OLD_INPROC:
+            from services.gateway.postprocessor_mux import split_target  # the gateway expands it into replicas
+
+            split_target(self.postprocessor)  # a dns target without a port fails here, at start
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ValueError(f"--stream-interval must be 1 to {MAX_STREAM_INTERVAL}; got {self.stream_interval}")
 
