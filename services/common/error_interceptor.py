@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -90,14 +90,22 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         if not inspect.isasyncgenfunction(behavior):  # writes with context.write (errors.relay)
             return self._unary(behavior, method, rid)
 
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> None:
+            # A generator servicer is driven from here with context.write, not handed to grpc to iterate:
+            # a caller's cancel must land in this task's own await, so that the ``finally`` closes the
+            # servicer's generators (and what they hold open upstream: a multiplexed call, a worker
+            # sequence) at once. Iterated by grpc, a cancel during its send left them suspended until
+            # the garbage collector found them, and the worker generated on for nobody.
+            responses = behavior(request, context)
             try:
-                async for response in behavior(request, context):
-                    yield response
+                async for response in responses:
+                    await context.write(response)
             except grpc.aio.AbortError:
                 raise
             except grpc.aio.InternalError as e:
                 self._peer_gone(e, method, rid)
             except Exception as e:  # noqa: BLE001 - every failure becomes a status here, and only here
                 await self._fail(context, e, method, rid)
+            finally:
+                await responses.aclose()
         return call
