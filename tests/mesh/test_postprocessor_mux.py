@@ -10,8 +10,8 @@ over on the live one.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import signal
-import threading
 import time
 
 import pytest
@@ -64,10 +64,10 @@ def test_requests_share_one_stream_per_replica_and_a_hang_up_cancels_only_its_ow
         assert "opened a GenerateStream to worker" in full_log(two_posts, name), name
 
     before = aborted(two_posts)
-    hung_up = threading.Thread(target=stream_then_hang_up, args=(two_posts.plan.http_port, bodies[0], 3))
-    hung_up.start()
-    disturbed = asyncio.run(run_streams(two_posts.url, bodies[1:]))
-    hung_up.join(30)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        hung_up = pool.submit(stream_then_hang_up, two_posts.plan.http_port, bodies[0], 3)
+        disturbed = asyncio.run(run_streams(two_posts.url, bodies[1:]))
+        hung_up.result(30)  # re-raises what the hanging-up client saw go wrong (a stream that never came)
     assert [r.text for r in disturbed] == [r.text for r in reference[1:]]
     assert all(r.done and r.finish == "length" for r in disturbed)
     # The cancel crossed both multiplexed hops: gateway -> postprocessor -> worker, for that request alone.

@@ -7,6 +7,7 @@ that names the request id and never the exception's text, with the traceback in 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
@@ -111,3 +112,34 @@ async def test_a_method_the_servicer_does_not_implement_is_unimplemented(served)
     err = await _fail(worker.Embed(worker_pb2.EmbedRequest()))
     assert err.code() == grpc.StatusCode.UNIMPLEMENTED
     assert err.details() == "/meshfront.worker.v1.WorkerService/Embed is not served by the scripted"
+
+
+class Flooding(worker_pb2_grpc.WorkerServiceServicer):
+    """A generator servicer that sends faster than its caller reads, so it waits in grpc's send."""
+
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+
+    async def GenerateStream(self, request_iterator, context):
+        try:
+            while True:
+                yield worker_pb2.GenerateStreamResponse(chunks=[worker_pb2.GenerateStreamChunk(
+                    id=1, response=worker_pb2.GenerateResponse(token_ids=list(range(50_000))))])
+        finally:
+            self.closed.set()  # what closes the work behind a stream: a multiplexed call, a worker sequence
+
+
+async def test_a_cancel_while_the_server_waits_to_send_closes_the_generator_at_once():
+    servicer = Flooding()
+    server = GrpcServer("flooding", "127.0.0.1", 0)
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server.server)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            call = worker_pb2_grpc.WorkerServiceStub(ch).GenerateStream(iter(()))
+            assert (await call.read()).chunks
+            await asyncio.sleep(0.3)  # the server fills the flow-control window and waits in its send
+            call.cancel()
+            await asyncio.wait_for(servicer.closed.wait(), 2)  # not whenever the garbage collector runs
+    finally:
+        await server.stop()
