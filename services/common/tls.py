@@ -18,6 +18,8 @@ from typing import Any
 
 import grpc
 
+from services.common.targets import address_host, split_target
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshTls:
@@ -81,9 +83,6 @@ def channel(target: str, options: Sequence[tuple[str, Any]], tls: MeshTls | None
 
 def _list_target_host(target: str) -> str:
     """The first address's host of an ``ipv4:``/``ipv6:`` list target; empty for any other target."""
-    scheme, _, rest = target.partition(":")
-    if scheme not in ("ipv4", "ipv6") or "," not in rest:
+    if not target.startswith(("ipv4:", "ipv6:")) or "," not in target:
         return ""
-    first = rest.split(",", 1)[0]
-    host = first.rsplit(":", 1)[0] if scheme == "ipv4" or first.startswith("[") else first
-    return host.strip("[]")
+    return address_host(split_target(target)[0][0])

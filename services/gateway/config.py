@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, config_from
+from services.common.targets import split_target
 from services.gateway.frontend_metrics import DEFAULT_PREFIX, check_prefix
 from services.gateway.openai.nvext import MAX_STREAM_INTERVAL
 
@@ -58,9 +59,7 @@ class GatewayConfig:
             raise ValueError(f"--postprocessor-transport must be one of {', '.join(POSTPROCESSOR_TRANSPORTS)}; "
                              f"got {self.postprocessor_transport!r}")
         if self.postprocessor_transport == "mux" and self.postprocessor != _OLD_INPROC:
-            from services.gateway.postprocessor_mux import split_target  # the gateway expands it into replicas
-
-            split_target(self.postprocessor)  # a dns target without a port fails here, at start
+            split_target(self.postprocessor)  # expanded into replicas: a dns target without a port fails at start
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ValueError(f"--stream-interval must be 1 to {MAX_STREAM_INTERVAL}; got {self.stream_interval}")
 

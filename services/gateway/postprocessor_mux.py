@@ -34,6 +34,7 @@ from services.common import tls as mesh_tls
 from services.common.errors import Draining, MeshError, WorkerFailed, from_rpc_error, from_status_proto
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.mux_client import MuxStream, Wire
+from services.common.targets import split_target
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +64,6 @@ def _wire(channel: grpc.aio.Channel) -> Wire:
             cancel=postprocessor_pb2.GenerateStreamCancel(id=seq_id)),
         stream_error=_stream_error, chunk_error=_chunk_error,
         ended=lambda address: WorkerFailed("the postprocessor ended the stream"), peer="postprocessor")
-
-
-def split_target(target: str) -> tuple[list[str], tuple[str, int] | None]:
-    """(fixed replica addresses, or the (host, port) of a dns:/// name to resolve)."""
-    scheme, _, rest = target.partition(":")
-    if scheme in ("ipv4", "ipv6") and rest:
-        return [f"{scheme}:{address}" for address in rest.split(",") if address], None
-    if scheme == "dns" and rest:
-        name = rest.removeprefix("//").split("/", 1)[-1]  # dns:///name:port or dns://authority/name:port
-        host, _, port = name.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"postprocessor target {target!r}: a dns target needs name:port")
-        return [], (host, int(port))
-    return [target], None
 
 
 class _Replica:

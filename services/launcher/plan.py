@@ -104,8 +104,7 @@ class MeshPlan:
 
     @property
     def router_ports(self) -> list[int]:
-        extra = self.extra_router_ports or [self.router_port + i for i in range(1, self.routers)]
-        return [self.router_port, *extra[:self.routers - 1]]
+        return _replica_ports(self.router_port, self.extra_router_ports, self.routers)
 
     @property
     def router_target(self) -> str:
@@ -114,8 +113,7 @@ class MeshPlan:
 
     @property
     def postprocessor_ports(self) -> list[int]:
-        extra = self.extra_postprocessor_ports or [self.postprocessor_port + i for i in range(1, self.postprocessors)]
-        return [self.postprocessor_port, *extra[:self.postprocessors - 1]]
+        return _replica_ports(self.postprocessor_port, self.extra_postprocessor_ports, self.postprocessors)
 
     @property
     def postprocessor_target(self) -> str:
@@ -183,6 +181,11 @@ def ephemeral_plan(workers: list[WorkerSpec], gateways: int = 1, **kw) -> MeshPl
 def _replica_names(service: str, count: int) -> list[str]:
     """``router``, ``router-1``, ...: the first replica keeps the plain name."""
     return [service if i == 0 else f"{service}-{i}" for i in range(count)]
+
+
+def _replica_ports(first: int, extra: list[int], count: int) -> list[int]:
+    """The first replica's port, then the extra ones (default: the ports right after the first)."""
+    return [first, *(extra or [first + i for i in range(1, count)])[:count - 1]]
 
 
 def _target(ports: list[int]) -> str:

@@ -110,6 +110,19 @@ class Mesh:
             time.sleep(0.05)
         raise RuntimeError(f"/health did not answer 200 in time\n{self.all_logs()}")
 
+    def full_log(self, name: str) -> str:
+        """All that ``name`` logged so far (``logs`` keeps only the tail)."""
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def restart(self, name: str, timeout: float = 30.0) -> None:
+        """Starts ``name`` again from its spec once the old process is gone, and waits for its port."""
+        self.procs[name].wait(10)
+        spec = self.specs[name]
+        self.start_process(spec)
+        if not wait_port(spec.ready_port, time.monotonic() + timeout):
+            raise RuntimeError(f"{name} did not open port {spec.ready_port} again:\n{self.logs(name)}")
+
     def logs(self, name: str) -> str:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""

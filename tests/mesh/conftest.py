@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from services.launcher.plan import WorkerSpec, ephemeral_plan
@@ -43,3 +45,14 @@ def client(mesh):
     c = sdk_client(mesh, timeout=30)
     yield c
     c.close()
+
+
+def wait_until(predicate, timeout: float, what: str):
+    """Polls ``predicate`` until it returns something true (returned), failing with ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

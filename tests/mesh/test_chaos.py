@@ -46,18 +46,6 @@ def chaos_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     stop_cleanly(m)
 
 
-def full_log(mesh, name: str) -> str:
-    path = mesh.log_dir / f"{name}.log"
-    return path.read_text(errors="replace") if path.exists() else ""
-
-
-def restart(mesh, name: str) -> None:
-    """Starts a process again from its spec once the old one is gone (or SIGCONTs it if frozen)."""
-    proc = mesh.procs[name]
-    proc.wait(10)
-    mesh.start_process(mesh.specs[name])
-
-
 def wait_workers(mesh, count: int, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -75,7 +63,7 @@ def wait_workers(mesh, count: int, timeout: float = 15) -> None:
 def _registered(mesh) -> int:
     """Workers the gateway's mirror knows, from its log (worker joins minus leaves)."""
     live: dict[str, bool] = {}
-    for worker_id, event in re.findall(r"worker (\S+) (serves|left)", full_log(mesh, "gateway-0")):
+    for worker_id, event in re.findall(r"worker (\S+) (serves|left)", mesh.full_log("gateway-0")):
         live[worker_id] = event == "serves"  # the last event wins: a frozen worker leaves and comes back
     return sum(live.values())
 
@@ -84,7 +72,7 @@ def test_killed_worker_mid_stream_migrates_every_stream_token_identically(chaos_
     bodies = [chat(DEMO, i, TOKENS) for i in range(100)]
     reference = asyncio.run(run_streams(chaos_mesh.url, bodies))
     assert all(r.done and r.status == 200 for r in reference)
-    migrations_before = full_log(chaos_mesh, "postprocessor").count(" migrates from ")
+    migrations_before = chaos_mesh.full_log("postprocessor").count(" migrates from ")
 
     killed_at: list[float] = []
 
@@ -99,9 +87,9 @@ def test_killed_worker_mid_stream_migrates_every_stream_token_identically(chaos_
     assert [r.text for r in disturbed] == [r.text for r in reference]
     assert all(r.finish == "length" for r in disturbed)
     assert sum(r.ended_at > killed_at[0] for r in disturbed) >= 50, "the kill came after most streams ended"
-    migrated = full_log(chaos_mesh, "postprocessor").count(" migrates from ") - migrations_before
+    migrated = chaos_mesh.full_log("postprocessor").count(" migrates from ") - migrations_before
     assert migrated >= 10, "the killed worker held none of the streams"
-    restart(chaos_mesh, "mocker-0")
+    chaos_mesh.restart("mocker-0")
 
 
 def test_killed_worker_ends_its_guided_streams_with_an_error_instead_of_migrating_them(chaos_mesh):
@@ -110,7 +98,7 @@ def test_killed_worker_ends_its_guided_streams_with_an_error_instead_of_migratin
     schema = {"type": "array", "minItems": 80, "items": {"type": "string"}}
     guided = {"response_format": {"type": "json_schema", "json_schema": {"name": "items", "schema": schema}}}
     bodies = [chat(DEMO, i, 3000, **guided) for i in range(12)]
-    log_before = len(full_log(chaos_mesh, "postprocessor"))
+    log_before = len(chaos_mesh.full_log("postprocessor"))
 
     async def kill_when_streaming(events):
         await asyncio.gather(*(e.wait() for e in events))
@@ -119,14 +107,14 @@ def test_killed_worker_ends_its_guided_streams_with_an_error_instead_of_migratin
     try:
         results = asyncio.run(run_streams(chaos_mesh.url, bodies, kill_when_streaming))
     finally:
-        restart(chaos_mesh, "mocker-1")
+        chaos_mesh.restart("mocker-1")
     broken = [r for r in results if r.error]
     assert broken, "the killed worker held none of the streams"
     assert all(r.status == 200 and r.finish is None for r in broken), [(r.status, r.finish, r.error) for r in broken]
     for r in results:
         if not r.error:
             jsonschema.validate(json.loads(r.text), schema)
-    log = full_log(chaos_mesh, "postprocessor")[log_before:]
+    log = chaos_mesh.full_log("postprocessor")[log_before:]
     # Moving before the first token is safe (the grammar starts again); after it, never.
     assert not re.findall(r" migrates from \S+ to \S+ after [1-9]", log), log
     assert "not migrated: guided decoding" in log
@@ -156,7 +144,7 @@ def test_frozen_worker_streams_migrate_within_five_seconds(chaos_mesh):
 def _abort_times(mesh) -> list[datetime.datetime]:
     stamps = []
     for name in WORKERS:
-        for line in full_log(mesh, name).splitlines():
+        for line in mesh.full_log(name).splitlines():
             if "aborted by the caller" in line:
                 stamps.append(datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f"))
     return sorted(stamps)

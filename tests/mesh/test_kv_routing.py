@@ -14,7 +14,7 @@ import pytest
 
 from services.launcher.plan import ProcessSpec, free_port
 from tests.conftest import stop_cleanly
-from tests.mesh.conftest import DEMO, mocker, start_mesh
+from tests.mesh.conftest import DEMO, mocker, start_mesh, wait_until
 
 pytestmark = [pytest.mark.mesh, pytest.mark.timeout(120)]
 
@@ -54,16 +54,6 @@ def metrics(mesh) -> dict[str, float]:
 def index_blocks(mesh) -> dict[str, float]:
     return {re.search(r'worker="([^"]+)"', k).group(1): v for k, v in metrics(mesh).items()
             if k.startswith("meshfront_router_kv_index_blocks{")}
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def ask(client, tail: str):

@@ -103,8 +103,5 @@ def test_a_draining_worker_finishes_its_multiplexed_requests_and_exits_without_w
     assert paced_mux.procs["mocker-1"].wait(30) == 0
     # The worker's drain grace is 10 s; its streams ended with their work, so it exits well before.
     assert time.monotonic() - stopped[0] < 8.0
-    restart_mesh_worker(paced_mux, "mocker-1")
+    paced_mux.restart("mocker-1")
 
-
-def restart_mesh_worker(mesh, name: str) -> None:
-    mesh.start_process(mesh.specs[name])

@@ -16,10 +16,9 @@ import time
 
 import pytest
 
-from services.launcher.processes import wait_port
 from tests.conftest import stop_cleanly
 from tests.mesh.chaos_client import chat, run_streams, stream_then_hang_up
-from tests.mesh.conftest import DEMO, mocker, start_mesh
+from tests.mesh.conftest import DEMO, mocker, start_mesh, wait_until
 
 pytestmark = pytest.mark.mesh
 
@@ -34,24 +33,8 @@ def two_posts(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     stop_cleanly(m)
 
 
-def full_log(mesh, name: str) -> str:
-    return (mesh.log_dir / f"{name}.log").read_text(errors="replace")  # Mesh.logs keeps only the tail
-
-
 def aborted(mesh) -> int:
-    return sum(full_log(mesh, f"mocker-{i}").count("aborted by the caller") for i in range(2))
-
-
-def restart(mesh, name: str) -> None:
-    mesh.start_process(mesh.specs[name])
-    assert wait_port(mesh.specs[name].ready_port, time.monotonic() + 30), full_log(mesh, name)
-
-
-def wait_for(condition, what: str, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+    return sum(mesh.full_log(f"mocker-{i}").count("aborted by the caller") for i in range(2))
 
 
 def test_requests_share_one_stream_per_replica_and_a_hang_up_cancels_only_its_own(two_posts):
@@ -59,9 +42,9 @@ def test_requests_share_one_stream_per_replica_and_a_hang_up_cancels_only_its_ow
     reference = asyncio.run(run_streams(two_posts.url, bodies))
     assert all(r.done and r.finish == "length" for r in reference)
     # One stream per replica, not one per request.
-    assert full_log(two_posts, "gateway-0").count("opened a GenerateStream to postprocessor") == 2
+    assert two_posts.full_log("gateway-0").count("opened a GenerateStream to postprocessor") == 2
     for name in POSTPROCESSORS:  # least-open-requests spreads the load over both
-        assert "opened a GenerateStream to worker" in full_log(two_posts, name), name
+        assert "opened a GenerateStream to worker" in two_posts.full_log(name), name
 
     before = aborted(two_posts)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -71,8 +54,8 @@ def test_requests_share_one_stream_per_replica_and_a_hang_up_cancels_only_its_ow
     assert [r.text for r in disturbed] == [r.text for r in reference[1:]]
     assert all(r.done and r.finish == "length" for r in disturbed)
     # The cancel crossed both multiplexed hops: gateway -> postprocessor -> worker, for that request alone.
-    wait_for(lambda: aborted(two_posts) == before + 1, "the hung-up request was not aborted on its worker (alone)")
-    assert full_log(two_posts, "gateway-0").count("opened a GenerateStream to postprocessor") == 2
+    wait_until(lambda: aborted(two_posts) == before + 1, 5, "the hung-up request to be aborted on its worker (alone)")
+    assert two_posts.full_log("gateway-0").count("opened a GenerateStream to postprocessor") == 2
 
 
 def test_a_draining_replica_finishes_its_requests_and_new_ones_go_to_the_other(two_posts):
@@ -93,7 +76,7 @@ def test_a_draining_replica_finishes_its_requests_and_new_ones_go_to_the_other(t
     assert time.monotonic() - stopped[0] < 8.0
     after = asyncio.run(run_streams(two_posts.url, bodies[:6]))  # one replica left: all of them go there
     assert [r.text for r in after] == [r.text for r in reference[:6]]
-    restart(two_posts, "postprocessor-1")
+    two_posts.restart("postprocessor-1")
 
 
 def test_requests_of_a_dead_replica_start_over_on_the_live_one(two_posts):
@@ -104,5 +87,5 @@ def test_requests_of_a_dead_replica_start_over_on_the_live_one(two_posts):
     after = asyncio.run(run_streams(two_posts.url, bodies))
     assert [(r.status, r.error) for r in after if not r.done or r.error] == []
     assert [r.text for r in after] == [r.text for r in reference]
-    assert "is unreachable; starting request" in full_log(two_posts, "gateway-0")
-    restart(two_posts, "postprocessor")
+    assert "is unreachable; starting request" in two_posts.full_log("gateway-0")
+    two_posts.restart("postprocessor")

@@ -18,7 +18,8 @@ from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
 from meshfront.worker.v1 import worker_pb2
 from services.common.errors import InvalidRequest
 from services.common.grpc_server import GrpcServer
-from services.gateway.postprocessor_mux import MuxPostprocessor, split_target
+from services.common.targets import split_target
+from services.gateway.postprocessor_mux import MuxPostprocessor
 from services.models.qwen import EOS_TOKEN_IDS
 from services.postprocessor.server import PostprocessorServicer
 from services.postprocessor.service import Postprocessor
