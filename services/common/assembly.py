@@ -12,12 +12,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, Generic, TypeVar
 
 S = TypeVar("S")
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 2.0
+
+
+async def cancel_within(tasks: Iterable[asyncio.Task], timeout: float = CLOSE_WAIT_S) -> set[asyncio.Task]:
+    """Cancels ``tasks`` and waits for them at most ``timeout`` s; returns those still running.
+
+    Bounded because a task that swallowed its cancel (nats-py does, in places: see
+    ``discovery.stop_if_cancelled``) must not hold a process past its stop.
+    """
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return set()
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    return pending
 
 
 @dataclasses.dataclass
@@ -37,15 +52,10 @@ class Built(Generic[S]):
         self._tasks += [loop.create_task(make(), name=repr(make)) for make in self.background]
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            # Bounded: a task that swallowed its cancel (nats-py does, in places) must not hold the
-            # process past its stop; it is named so that the next such hang has a culprit.
-            _, pending = await asyncio.wait(self._tasks, timeout=CLOSE_WAIT_S)
-            if pending:
-                log.warning("background tasks did not stop within %.0f s: %s", CLOSE_WAIT_S,
-                            ", ".join(t.get_name() for t in pending))
+        pending = await cancel_within(self._tasks)
+        if pending:  # named, so that the next such hang has a culprit
+            log.warning("background tasks did not stop within %.0f s: %s", CLOSE_WAIT_S,
+                        ", ".join(t.get_name() for t in pending))
         self._tasks.clear()
         for close in self.closers:
             await close()

@@ -22,6 +22,8 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE
 
+from services.common.assembly import cancel_within
+
 log = logging.getLogger(__name__)
 
 BUCKET = "meshfront_workers"
@@ -189,8 +191,7 @@ class Registrar:
 
     async def close(self) -> None:
         if self._task:
-            self._task.cancel()
-            await asyncio.wait({self._task}, timeout=2.0)  # bounded: see stop_if_cancelled
+            await cancel_within([self._task])
         if self._nc is None:
             return
         if self._nc.is_connected:
@@ -292,6 +293,5 @@ class WorkerRegistry:
 
     async def close(self) -> None:
         if self._task:
-            self._task.cancel()
-            await asyncio.wait({self._task}, timeout=2.0)  # bounded: see stop_if_cancelled
+            await cancel_within([self._task])
         await close_nats(self._nc)

@@ -15,7 +15,6 @@ that drains refuses new starts (``Draining``) and ends the stream once its runni
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import itertools
 import logging
@@ -25,6 +24,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 from google.rpc import status_pb2
 
+from services.common.assembly import cancel_within
 from services.common.errors import Draining, MeshError
 from services.common.pump import Batch, take_batch
 
@@ -178,6 +178,4 @@ class MuxStream:
 
     async def close(self) -> None:
         self._call.cancel()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_within([self._task])

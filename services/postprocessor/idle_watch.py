@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from services.common.assembly import cancel_within
 from services.common.errors import MeshError, WorkerFailed
 
 log = logging.getLogger(__name__)
@@ -67,5 +68,4 @@ class IdleWatch:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_within([self._task])
