@@ -31,7 +31,7 @@ from google.rpc import status_pb2
 
 from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
 from services.common import tls as mesh_tls
-from services.common.errors import Draining, MeshError, WorkerFailed, from_rpc_error, from_status_proto
+from services.common.errors import Draining, MeshError, WorkerFailed, from_status_proto
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.mux_client import MuxStream, Wire
 from services.common.targets import split_target
@@ -46,8 +46,10 @@ RECONNECT_WAIT_S = 2.0
 
 
 def _stream_error(e: grpc.aio.AioRpcError, address: str) -> MeshError:
-    log.warning("postprocessor %s stream failed: %s", address, e.code().name)
-    return from_rpc_error(e)
+    # A whole stream breaks by transport (the replica died or restarted), never with one request's
+    # error: its details name hosts and sockets, so they go to the log and the client gets a fixed text.
+    log.warning("postprocessor %s stream failed: %s %s", address, e.code().name, e.details())
+    return WorkerFailed("the postprocessor serving this request went away")
 
 
 def _chunk_error(status: status_pb2.Status, address: str) -> MeshError:

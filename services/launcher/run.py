@@ -46,7 +46,7 @@ VLLM_CPU_ARGS = "--gpu-memory-utilization 0.1"
 READY_TIMEOUT_S = {"mocker": 120.0, "hf": 120.0, "vllm": 600.0}
 # Stopped group after group: the edge first (no new requests; gateways drain their streams while the
 # stages and workers still serve them), then the stages, the workers (they deregister from NATS), NATS.
-STOP_ORDER = (("envoy", "gateway-*"), ("preprocessor", "router", "router-*", "postprocessor"),
+STOP_ORDER = (("envoy", "gateway-*"), ("preprocessor", "router", "router-*", "postprocessor", "postprocessor-*"),
               tuple(f"{kind}-*" for kind in WORKER_MODULES), ("nats",))
 
 
@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engine-args", default=None,
                    help=f"flags passed to every engine worker, as one string (vllm default: {VLLM_CPU_ARGS!r})")
     p.add_argument("--gateways", type=int, default=1, help="gateway replicas behind Envoy")
+    p.add_argument("--postprocessors", type=int, default=1,
+                   help="postprocessor replicas (ports 9400, 9401, ...); each gateway keeps one multiplexed stream to "
+                        "each and sends a request to the least busy")
     p.add_argument("--router-mode", choices=POLICY_NAMES, default="round-robin")
     p.add_argument("--inproc", action="store_true",
                    help="all-in-one: preprocessor, router and postprocessor in each gateway process "
@@ -100,6 +103,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "of 4222 and 9100-9901; --http-port stays as given (a second mesh beside a running one)")
     p.add_argument("--run-dir", default="", help=f"NATS store and Envoy config (default {ROOT / '.run'})")
     args = p.parse_args(argv)
+    if args.postprocessors < 1 or (args.inproc and args.postprocessors != 1):
+        p.error("--postprocessors must be at least 1, and the all-in-one shape (--inproc) has none of its own")
     if args.embedding_workers < 0:
         p.error("--embedding-workers must be >= 0")
     if args.crash_window_s <= 0 or args.crash_limit < 1:
@@ -186,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                     + embedding_workers,
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
-                    service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES}, **ports)
+                    service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES},
+                    postprocessors=args.postprocessors, **ports)
     # A fresh JetStream store per launch; a restarted NATS keeps it (-sd), so discovery survives it.
     shutil.rmtree(plan.run_dir / f"nats-{plan.nats_port}", ignore_errors=True)
     process_specs = specs(plan)
@@ -229,6 +235,7 @@ def _placement(args: argparse.Namespace) -> dict:
     if args.free_ports:
         ports = {"gateway_ports": [free_port() for _ in range(args.gateways)],
                  "worker_ports": [free_port() for _ in range(workers)],
+                 "extra_postprocessor_ports": [free_port() for _ in range(args.postprocessors - 1)],
                  **{k: free_port() for k in ("admin_port", "nats_port", "preprocessor_port", "router_port",
                                              "postprocessor_port")}}
     if args.run_dir:

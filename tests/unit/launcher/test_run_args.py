@@ -36,3 +36,19 @@ def test_metrics_prefix_is_forwarded_to_every_gateway():
     assert parse_args([]).gateway_flag == []
     with pytest.raises(SystemExit):
         parse_args(["--metrics-prefix", "dynamo-frontend"])  # not a Prometheus name
+
+
+def test_postprocessor_replicas_each_get_a_port_and_the_gateway_lists_them_all():
+    from services.launcher.plan import MeshPlan, WorkerSpec, specs
+    from services.launcher.run import _placement
+
+    args = parse_args(["--postprocessors", "2", "--embedding-workers", "0"])
+    workers = [WorkerSpec("/models/demo", "demo", "mocker")] * args.workers
+    plan = MeshPlan(workers=workers, postprocessors=args.postprocessors, **_placement(args))
+    by_name = {s.name: s for s in specs(plan)}
+    assert {"postprocessor", "postprocessor-1"} <= by_name.keys()
+    gateway = by_name["gateway-0"].argv
+    assert gateway[gateway.index("--postprocessor") + 1] == "ipv4:127.0.0.1:9400,127.0.0.1:9401"
+    for bad in (["--postprocessors", "0"], ["--inproc", "--postprocessors", "2"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
