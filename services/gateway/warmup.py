@@ -1,9 +1,9 @@
-"""Warm before ready: one tiny request per worker through the whole path before the gateway serves.
+"""Warm before ready: one request per worker through the whole path before the gateway serves.
 
 Every stage warms a model's artifacts when it discovers the model (services/common/warmup.py), but
 that races the first client: the gateway lists a model as soon as its worker registers, while the
 postprocessor may still be reading a 150k-token tokenizer. So the gateway sends each worker one
-request of one token through its own pipeline (preprocess, route pinned to that worker, generate,
+request of ordinary size through its own pipeline (preprocess, route pinned to that worker, generate,
 release): it waits for every stage to be warm and opens every channel on the way. Until the workers
 known at start are done, the gateway's gRPC health is NOT_SERVING (what Envoy and Kubernetes probe)
 and /health says "warming"; workers that register later are warmed as soon as they appear, while the
@@ -33,6 +33,12 @@ DEADLINE_S = 60.0  # per model: then readiness stops waiting for it
 RETRY_S = 1.0
 EMPTY_WAIT_S = 10.0  # no model registered in this long: ready anyway (an empty mesh still answers)
 POLL_S = 0.05
+# The warm-up is shaped like a client's request: a prompt of a few hundred tokens and several tokens out,
+# so that every process has handled messages of a real request's size before the first one arrives
+# ("Hi" and one token left the split shape's first request ~1.35x its tenth, bench/RESULTS.md).
+WARM_PROMPT = " ".join(["Every stage of the mesh handles one request of ordinary size before it serves."] * 16)
+WARM_TOKENS = 8
+WARM_MIN_CONTEXT = 1024  # a model with a smaller (or unknown) window gets the one-token "Hi" instead
 
 
 class Warmup:
@@ -104,10 +110,12 @@ class Warmup:
 
 
 def _request(model: ModelCard, kind: str) -> preprocessor_pb2.PreprocessRequest:
-    """One token: a chat turn or a completion."""
+    """A chat turn or a completion of ordinary size, or of one token where the window may be small."""
     rid = f"warmup-{model.name}-{time.monotonic_ns()}"
+    ordinary = model.context_length >= WARM_MIN_CONTEXT
+    prompt, max_tokens = (WARM_PROMPT, WARM_TOKENS) if ordinary else ("Hi", 1)
     if kind == CHAT:
-        body = {"model": model.name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+        body = {"model": model.name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
         return chat_to_preprocess(parse_chat(orjson.dumps(body)), rid)
-    req = parse_completion(orjson.dumps({"model": model.name, "prompt": "Hi", "max_tokens": 1}))
+    req = parse_completion(orjson.dumps({"model": model.name, "prompt": prompt, "max_tokens": max_tokens}))
     return completion_to_preprocess(req, req.prompts[0], rid)

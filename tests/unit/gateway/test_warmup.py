@@ -101,3 +101,14 @@ async def test_an_empty_mesh_is_ready_after_a_while_and_embedding_workers_need_n
     registry.register("e1", "embed", endpoints=("embeddings",))
     await asyncio.wait_for(w2.run(), 2)
     assert pipeline.calls == []
+
+
+@pytest.mark.parametrize(("context_length", "ordinary"), [(4096, True), (512, False), (0, False)])
+def test_the_warm_up_request_has_an_ordinary_size_where_the_window_allows(context_length, ordinary):
+    """A real request's size warms every process's path for it; a small or unknown window gets one token."""
+    model = ModelCard("m", "/m", context_length=context_length)
+    chat, completion = warmup_module._request(model, "chat"), warmup_module._request(model, "completions")
+    assert len(chat.messages_json) > 1000 if ordinary else '"Hi"' in chat.messages_json
+    assert (completion.text == warmup_module.WARM_PROMPT) is ordinary
+    max_tokens = warmup_module.WARM_TOKENS if ordinary else 1
+    assert chat.request.stop.max_tokens == completion.request.stop.max_tokens == max_tokens
