@@ -53,10 +53,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="scenario", required=True)
     m = sub.add_parser("mesh", help="start a mesh per shape and measure it")
-    m.add_argument("--shape", default="split,inproc", help="comma list of split, inproc")
+    m.add_argument("--shape", default="split,inproc", help="comma list of split, inproc, dynamo (Dynamo 1.6.1's "
+                   "own frontend and mocker, the peer; its environment is built on first use)")
     m.add_argument("--speedup", type=_speedup, default=100.0, help="mocker --speedup-ratio; 'instant' = 0")
     m.add_argument("--paced", action="store_true", help=f"mocker at real pace (speed-up {PACED_SPEEDUP:g})")
     m.add_argument("--workers", type=int, default=2)
+    m.add_argument("--gateways", type=int, default=1, help="gateway processes behind Envoy (all-in-one "
+                   "processes in the inproc shape)")
     m.add_argument("--router-mode", default="round-robin")
     m.add_argument("--worker-flag", action="append", default=[], help="extra mocker flag (repeatable), e.g. "
                    "--worker-flag=--num-gpu-blocks=4096")
@@ -99,9 +102,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"unknown shape(s) {bad}; choose from {KV_SHAPES}")
     if args.scenario == "mesh":
         args.shape = tuple(s.strip() for s in args.shape.split(",") if s.strip())
-        bad = [s for s in args.shape if s not in mesh.SHAPES]
+        bad = [s for s in args.shape if s not in (*mesh.SHAPES, mesh.PEER)]
         if bad:
-            p.error(f"unknown shape(s) {bad}; choose from {mesh.SHAPES}")
+            p.error(f"unknown shape(s) {bad}; choose from {(*mesh.SHAPES, mesh.PEER)}")
         if args.paced:
             args.speedup = PACED_SPEEDUP
     return args
@@ -288,7 +291,8 @@ def _config(args: argparse.Namespace, shapes: tuple[str, ...]) -> mesh.MeshBench
     return mesh.MeshBenchConfig(
         shapes=shapes, concurrency=args.concurrency, requests=args.requests or None,
         prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, speedup=getattr(args, "speedup", 0.0),
-        workers=getattr(args, "workers", 0), warmup=args.warmup, shared_prefix_tokens=args.shared_prefix_tokens,
+        workers=getattr(args, "workers", 0), gateways=getattr(args, "gateways", 1), warmup=args.warmup,
+        shared_prefix_tokens=args.shared_prefix_tokens,
         level_timeout_s=args.level_timeout, router_mode=getattr(args, "router_mode", "round-robin"),
         model_name=args.model, worker_flags=tuple(getattr(args, "worker_flag", ())),
         postprocessor_flags=tuple(getattr(args, "postprocessor_flag", ())),
@@ -306,7 +310,8 @@ def _setting_line(args: argparse.Namespace, cfg: mesh.MeshBenchConfig) -> str:
     engine = ""
     if args.scenario == "mesh":
         pace = "instant" if cfg.speedup == 0 else f"speed-up {cfg.speedup:g}"
-        engine = f"{cfg.workers} mocker workers ({pace}), router {cfg.router_mode}; "
+        gateways = f", {cfg.gateways} gateway processes" if cfg.gateways > 1 else ""
+        engine = f"{cfg.workers} mocker workers ({pace}), router {cfg.router_mode}{gateways}; "
     return (f"{engine}prompts ~{cfg.prompt_tokens} words (+ chat template), {cfg.max_tokens} tokens out "
             f"(ignore_eos), requests/level {cfg.requests or 'max(200, 8*c)'}, warm-up {cfg.warmup}")
 
