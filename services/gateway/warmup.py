@@ -34,8 +34,8 @@ RETRY_S = 1.0
 EMPTY_WAIT_S = 10.0  # no model registered in this long: ready anyway (an empty mesh still answers)
 POLL_S = 0.05
 # The warm-up is shaped like a client's request: a prompt of a few hundred tokens and several tokens out,
-# so that every process has handled messages of a real request's size before the first one arrives
-# ("Hi" and one token left the split shape's first request ~1.35x its tenth, bench/RESULTS.md).
+# so that every process has been through the paths a one-token "Hi" skips (full KV blocks to hash and
+# book, several decode steps, messages of a real request's size) before the first client comes.
 WARM_PROMPT = " ".join(["Every stage of the mesh handles one request of ordinary size before it serves."] * 16)
 WARM_TOKENS = 8
 WARM_MIN_CONTEXT = 1024  # a model with a smaller (or unknown) window gets the one-token "Hi" instead
