@@ -23,7 +23,6 @@ import pathlib
 import subprocess
 import sys
 import time
-import urllib.request
 
 from services.launcher.plan import ROOT, VENV_BIN, ProcessSpec, free_port
 from services.launcher.processes import Mesh, wait_port
@@ -41,13 +40,13 @@ def python() -> pathlib.Path:
     return VENV / "bin" / "python"
 
 
-def ensure_venv(emit=print) -> pathlib.Path:
-    """Creates ``.venv-dynamo`` unless it already imports Dynamo at these pins; returns its python."""
+def ensure_venv() -> pathlib.Path:
+    """Creates ``.venv-dynamo`` unless its stamp says it holds these pins; returns its python."""
     stamp = VENV / ".meshfront-dynamo"
     wanted = "\n".join((*DYNAMO, *DEPENDENCIES))
     if stamp.is_file() and stamp.read_text() == wanted:
         return python()
-    emit(f"building {VENV} ({', '.join(DYNAMO)}; about a minute)")
+    print(f"building {VENV} ({', '.join(DYNAMO)}; about a minute)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     pip = [str(python()), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "--no-deps", *DYNAMO], check=True)
@@ -84,48 +83,43 @@ class DynamoMesh(Mesh):
 
     def __init__(self, log_dir: pathlib.Path, model_dir: str, model_name: str, workers: int, speedup: float,
                  router_mode: str):
-        super().__init__(plan=None, log_dir=log_dir)  # type: ignore[arg-type] - no launcher plan here
+        super().__init__(plan=None, log_dir=log_dir)  # type: ignore[arg-type]  # no launcher plan here
         self.http_port, self.nats_port = free_port(), free_port()
-        self._args = (model_dir, model_name, workers, speedup, router_mode)
+        self.model_dir, self.model_name, self.workers = model_dir, model_name, workers
+        self.speedup, self.router_mode = speedup, router_mode
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
     def start(self, timeout: float = 90.0) -> DynamoMesh:
-        model_dir, model_name, workers, speedup, router_mode = self._args
         run_dir = self.log_dir / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
         env = environment(run_dir, self.nats_port)
         deadline = time.monotonic() + timeout
         try:
-            for name, argv in commands(ensure_venv(), model_dir, model_name, workers, speedup, router_mode,
-                                       self.http_port, self.nats_port, run_dir):
+            for name, argv in commands(ensure_venv(), self.model_dir, self.model_name, self.workers, self.speedup,
+                                       self.router_mode, self.http_port, self.nats_port, run_dir):
                 self.start_process(ProcessSpec(name, argv, self.nats_port if name == "nats" else 0, env))
                 if name == "nats" and not wait_port(self.nats_port, deadline):
                     raise RuntimeError(f"nats did not open port {self.nats_port}:\n{self.logs('nats')}")
-            self._wait_instances(model_name, workers, deadline)
+            self.wait_models(1, deadline)
+            self._wait_workers(deadline)
         except BaseException:
             print(self.all_logs())
             self.stop()
             raise
         return self
 
-    def _wait_instances(self, model_name: str, workers: int, deadline: float) -> None:
-        """Until /health lists a generate endpoint per mocker and /v1/models the model (the frontend has
-        discovered them all and can route to them)."""
+    def _wait_workers(self, deadline: float) -> None:
+        """Until /health lists a generate endpoint per mocker (the frontend has discovered them all)."""
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError):
-                health, models = self._get_json("/health"), self._get_json("/v1/models")
-                if sum(i["endpoint"] == "generate" for i in health["instances"]) >= workers \
-                        and any(m["id"] == model_name for m in models["data"]):
+                instances = json.loads(self._get("/health"))["instances"]
+                if sum(i["endpoint"] == "generate" for i in instances) >= self.workers:
                     return
             time.sleep(0.2)
-        raise RuntimeError(f"Dynamo's frontend did not list {workers} workers in time\n{self.all_logs()}")
-
-    def _get_json(self, path: str) -> dict:
-        with urllib.request.urlopen(f"{self.url}{path}", timeout=1) as r:  # noqa: S310 - our own URL
-            return json.loads(r.read())
+        raise RuntimeError(f"Dynamo's frontend did not list {self.workers} workers in time\n{self.all_logs()}")
 
 
 def start(log_dir: pathlib.Path, model_dir: str, model_name: str, workers: int, speedup: float,
