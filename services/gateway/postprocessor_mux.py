@@ -10,11 +10,11 @@ A stream sticks to one replica, where a per-request call goes to the next replic
 round robin. So the target is expanded into replicas here: ``ipv4:a:1,b:2`` lists them,
 ``dns:///name:port`` (a headless Kubernetes Service) is resolved now and every ``REFRESH_S``, and
 any other target is one replica. Each request goes to the usable replica with the fewest open
-requests. A replica that leaves the name keeps its stream until its requests end. One that drains
-refuses new requests (``Draining``), and one whose stream breaks before a request got its first
-response loses that request: either way the request starts over on another replica (a request on
-a per-request stream failed with a 503 there). A broken replica is passed over for ``DOWN_S``; its
-next request opens a fresh stream.
+requests, equally loaded ones taking turns. A replica that leaves the name keeps its stream until
+its requests end. One that drains refuses new requests (``Draining``), and one whose stream breaks
+before a request got its first response loses that request: either way the request starts over on
+another replica (a request on a per-request stream failed with a 503 there). A broken replica is
+passed over for ``DOWN_S``; its next request opens a fresh stream.
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ class MuxPostprocessor:
         self._resolved_at = 0.0
         self._resolving: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
+        self._turn = 0  # which of several equally loaded replicas is next
         for address in fixed:
             self._add(address)
 
@@ -164,7 +165,12 @@ class MuxPostprocessor:
         if not candidates:
             raise WorkerFailed("no postprocessor replica is known")
         # Connected (or connecting) replicas first: a channel in reconnect backoff fails a new stream at once.
-        return min(candidates, key=lambda r: (r.disconnected(), r.load))
+        # Ties take turns: at low load every replica has nothing open, and the first would get it all.
+        ranked = [((r.disconnected(), r.load), r) for r in candidates]
+        best = min(rank for rank, _ in ranked)
+        tied = [r for rank, r in ranked if rank == best]
+        self._turn += 1
+        return tied[self._turn % len(tied)]
 
     async def generate(self, req: postprocessor_pb2.GenerateRequest
                        ) -> AsyncIterator[list[postprocessor_pb2.GenerateResponse]]:

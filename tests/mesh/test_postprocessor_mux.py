@@ -14,7 +14,9 @@ import concurrent.futures
 import signal
 import time
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import stop_cleanly
 from tests.mesh.chaos_client import chat, run_streams, stream_then_hang_up
@@ -89,3 +91,20 @@ def test_requests_of_a_dead_replica_start_over_on_the_live_one(two_posts):
     assert [r.text for r in after] == [r.text for r in reference]
     assert "is unreachable; starting request" in two_posts.full_log("gateway-0")
     two_posts.restart("postprocessor")
+
+
+def served_messages(mesh, name: str) -> float:
+    """Messages the replica ``name`` has sent on its gateway-facing GenerateStream (its Prometheus counter)."""
+    text = httpx.get(f"http://127.0.0.1:{mesh.plan.metrics_ports[name]}/metrics", timeout=5).text
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "meshfront_mux_messages"
+               for s in f.samples if s.name.endswith("_total") and s.labels["rpc"] == "postprocessor.GenerateStream")
+
+
+def test_one_request_at_a_time_takes_turns_over_the_replicas(two_posts):
+    """At low load every replica has nothing open; ties take turns instead of the first taking it all."""
+    before = {name: served_messages(two_posts, name) for name in POSTPROCESSORS}
+    for i in range(6):
+        [r] = asyncio.run(run_streams(two_posts.url, [{**chat(DEMO, 200 + i, 4), "ignore_eos": True}]))
+        assert r.done and r.finish == "length"
+    for name in POSTPROCESSORS:
+        assert served_messages(two_posts, name) > before[name], name
