@@ -179,6 +179,3 @@ class KvEventIngest:
         self._streams.pop(worker_id, None)
         self.loads.pop(worker_id, None)
         self.index.drop_worker(worker_id)
-
-    def synced_workers(self) -> list[str]:
-        return [w for w, s in self._streams.items() if s.synced]

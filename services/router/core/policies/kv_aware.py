@@ -144,7 +144,7 @@ class KvAware:
         if seq is None or len(seq) != len(local_hashes):
             seq = tuple(sequence_hashes(local_hashes))
         prefill = max(0, len(seq) - overlap_blocks)
-        self.active.add(request_id, worker_id, seq, prefill, overlap_blocks)
+        self.active.add(request_id, worker_id, seq, prefill)
         if self.approximate is not None and seq:
             self.approximate.record(worker_id, seq, local_hashes)
 
