@@ -4,6 +4,7 @@ line on stderr and exit status 2, before anything binds, loads or connects."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import subprocess
 import sys
@@ -64,3 +65,24 @@ def test_a_process_given_a_bad_value_exits_2_with_one_line(argv, env, expected):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(expected), proc.stderr
     assert "READY" not in proc.stdout
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_an_engine_worker_without_its_engine_names_a_command_that_prepares_it(kind, demo_model_dir, capsys,
+                                                                                 no_env_twins):
+    assert importlib.util.find_spec(kind) is None  # the mesh's own environment never has the engines
+    from services.launcher import engine_env
+    from services.launcher.run import parse_args
+
+    main = importlib.import_module(cli.main_module(kind)).main
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model-dir", str(demo_model_dir), "--no-register"])
+    err = str(exit_.value.code)
+    assert err.startswith(f"{kind}: ") and "\n" not in err and kind in engine_env.ENGINES
+    for command in ("meshfront run --worker-kind", "python -m services.launcher.engine_env"):
+        if command in err:  # whichever command the message names must accept this kind
+            if command.startswith("meshfront run"):
+                assert parse_args(["--worker-kind", kind]).worker_kind == kind
+            break
+    else:
+        pytest.fail(f"the message names no command that prepares {kind}: {err}")
