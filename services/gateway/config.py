@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from services.common.flags import FlagParser, Flags, add_common_flags, config_from
+from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
 from services.common.targets import split_target
 from services.gateway.frontend_metrics import DEFAULT_PREFIX, check_prefix
 from services.gateway.openai.nvext import MAX_STREAM_INTERVAL
@@ -42,8 +42,12 @@ class GatewayConfig:
     # Tokens the postprocessor gathers per response unless a request says (nvext.stream_interval).
     stream_interval: int = 1
     postprocessor_transport: str = "mux"
+    drain_grace_s: float = 10.0
 
     def validate(self) -> None:
+        errors = common_errors(self.port, self.drain_grace_s)
+        if errors:
+            raise ValueError("; ".join(errors))
         check_prefix(self.metrics_prefix)
         if self.responses_ttl_s < 1:
             # NATS per-message TTLs are whole seconds; 0 would mean "never expires" there.
