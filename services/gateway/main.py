@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
 
 from services.common import tls as mesh_tls
@@ -10,6 +12,7 @@ from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.metrics import serve_metrics
 from services.gateway.assembly import build
 from services.gateway.config import parse_config
+from services.gateway.warmup import SYNC_WAIT_S
 
 
 async def serve(argv: list[str]) -> None:
@@ -23,6 +26,10 @@ async def serve(argv: list[str]) -> None:
     tls = mesh_tls.from_config(cfg)
     gateway = build(cfg, registry, tls)
     await registry.start()
+    # Envoy sends a restarted gateway requests as soon as it listens (it retried them while the port was
+    # closed): listening before the first discovery view would answer them "model does not exist".
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(registry.synced.wait(), SYNC_WAIT_S)
     server = GrpcServer("gateway", cfg.host, cfg.port, tls=tls)
     gateway.service.add_to(server)
     gateway.start()
