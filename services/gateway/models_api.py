@@ -38,5 +38,6 @@ def health(models: dict[str, list[WorkerCard]], warming: Sequence[str] = (),
         body["warming"] = list(warming)
     if unavailable:
         body["unavailable"] = list(unavailable)
-        body["message"] = f"{' and '.join(f'the {stage}' for stage in unavailable)} unavailable"
+        names = " and ".join(f"the {stage}" for stage in unavailable)
+        body["message"] = f"{names} {'is' if len(unavailable) == 1 else 'are'} unavailable"
     return ready, body
