@@ -41,9 +41,6 @@ def connected(channel: grpc.aio.Channel) -> bool:
     return channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY
 
 
-def unreachable(channel: grpc.aio.Channel) -> bool:
-    """Its last connection attempt failed (with replicas: every replica's did)."""
-    return channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
 
 
 async def wait_connected(channel: grpc.aio.Channel, timeout_s: float) -> bool:
@@ -66,7 +63,10 @@ class StageCaller:
         self.wait_s = wait_s
 
     def unreachable(self) -> bool:
-        return unreachable(self.channel)
+        """Not connected now (with replicas: none is). A channel cycles through failing, idle and
+        connecting while its peer is away, so "not connected" is what stays true all along; an idle one
+        is asked to connect, and does within one poll when its peer is there."""
+        return not connected(self.channel)
 
     async def call(self, send: Callable[[], Awaitable[T]]) -> T:
         """``send()`` once the stage is connected; again after a transport failure, within the wait."""

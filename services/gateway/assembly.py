@@ -39,6 +39,10 @@ from services.gateway.stage_watch import StageWatch
 from services.gateway.warmup import Warmup
 
 
+# The gRPC health service name the gateway's liveness probe asks (deploy/k8s/base/gateway.yaml).
+LIVENESS_SERVICE = "liveness"
+
+
 @dataclasses.dataclass
 class Gateway:
     pipeline: Pipeline
@@ -83,10 +87,15 @@ class Gateway:
         self._server = server
 
     async def watch_stages(self) -> None:
-        """Keeps the gRPC health (Envoy's and Kubernetes' readiness) NOT_SERVING while a stage is unavailable."""
+        """Keeps the gRPC health (Envoy's and Kubernetes' readiness) NOT_SERVING while a stage is unavailable.
+
+        Liveness asks its own health service, ``LIVENESS_SERVICE``, SERVING while the process answers: a
+        router that stays away must make the gateways unready, not get them restarted by their probe.
+        """
         server = self._server
         if server is None:
             return  # not serving over gRPC (tests drive the servicers directly)
+        await server.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
 
         async def set_serving(serving: bool) -> None:
             await server.health.set("", health_pb2.HealthCheckResponse.SERVING if serving

@@ -82,9 +82,6 @@ class _Replica:
     def load(self) -> int:
         return self.stream.open_calls if self.stream is not None and not self.stream.broken else 0
 
-    def disconnected(self) -> bool:
-        return stage_wait.unreachable(self.channel)
-
     def usable(self, now: float) -> bool:
         return self.listed and now >= self.down_until and (self.stream is None or not self.stream.draining)
 
@@ -183,9 +180,9 @@ class MuxPostprocessor:
                 wait.cancel()
 
     def unreachable(self) -> bool:
-        """Every listed replica's last connection attempt failed (for /health; cheap)."""
+        """No listed replica is connected now (for /health: see ``StageCaller.unreachable``; cheap)."""
         listed = [r for r in self._replicas.values() if r.listed]
-        return bool(listed) and all(r.disconnected() for r in listed)
+        return bool(listed) and not any(stage_wait.connected(r.channel) for r in listed)
 
     async def generate(self, req: postprocessor_pb2.GenerateRequest
                        ) -> AsyncIterator[list[postprocessor_pb2.GenerateResponse]]:

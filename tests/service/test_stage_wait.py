@@ -19,6 +19,7 @@ from services.common.errors import NoWorkers, StageUnavailable, from_rpc_error
 from services.common.grpc_server import GrpcServer
 from services.gateway import models_api
 from services.gateway.clients import GrpcRouter
+from services.gateway.postprocessor_mux import MuxPostprocessor
 from services.gateway.stage_watch import POLL_S, StageWatch
 from services.launcher.plan import free_port
 
@@ -144,3 +145,24 @@ async def test_health_is_503_naming_a_stage_unreachable_past_the_wait_and_200_on
     finally:
         await server.stop()
         await client.stage.channel.close()
+
+
+async def test_a_postprocessor_replica_away_for_the_grace_makes_the_stage_unavailable_until_it_is_back():
+    """The multiplexed client's channels (pick-first) cycle through failing, idle and connecting while the
+    replica is away: the watch must still see it unreachable for the whole grace."""
+    port = free_port()
+    client = MuxPostprocessor(f"127.0.0.1:{port}", wait_s=0.5)
+    watch = StageWatch({"postprocessor": client.unreachable}, grace_s=1.5)
+    deadline = time.monotonic() + 10
+    while not watch.poll() and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_S)
+    assert watch.unavailable == ["postprocessor"]
+    server = await _serve(Router("any server on the port"), port)  # a connection is all the watch asks for
+    try:
+        deadline = time.monotonic() + 10
+        while watch.poll() and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+        assert watch.unavailable == []
+    finally:
+        await server.stop()
+        await client.close()
