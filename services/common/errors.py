@@ -8,9 +8,8 @@ meaning across hops. The gateway renders them as OpenAI error bodies.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-
 import logging
+from collections.abc import AsyncGenerator
 
 import grpc
 from google.protobuf import any_pb2

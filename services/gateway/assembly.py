@@ -20,6 +20,7 @@ from services.common import tls as mesh_tls
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer
+from services.common.stage_wait import DEFAULT_WAIT_S
 from services.gateway import clients, frontend_metrics
 from services.gateway.anthropic.server import AnthropicServicer
 from services.gateway.config import GatewayConfig
@@ -54,7 +55,7 @@ class Gateway:
     embeddings: EmbeddingsPipeline
     # The stages reached over gRPC and whether each is unreachable now (none in the all-in-one process).
     stage_probes: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)
-    stage_wait_s: float = 5.0
+    stage_wait_s: float = DEFAULT_WAIT_S
     draining: bool = False
 
     def __post_init__(self) -> None:
