@@ -11,8 +11,8 @@ appears here without an edit. Two stages defining one flag name fails at parser 
 
 - ``--router``: the gateway's router target and the postprocessor's (asked for another worker when a
   request migrates). Both are the in-process router here; neither flag is offered.
-- ``--preprocessor``, ``--postprocessor`` (gateway targets) and ``--postprocessor-transport``: in-process;
-  not offered.
+- ``--preprocessor``, ``--postprocessor`` (gateway targets), ``--postprocessor-transport`` and the waits
+  for a restarting stage (``--stage-wait-s``, the postprocessor's ``--router-wait-s``): in-process; not offered.
 - ``--router-mode``: the router's own. (The gateway used to copy it for its in-process router; it no
   longer has it.)
 - ``--drain-grace-s`` is a common flag (every process has one gRPC server and one drain grace), so it
@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.common.flags import FlagParser, add_common_flags
+from services.common.stage_wait import DEFAULT_WAIT_S
 from services.gateway import config as gateway_config
 from services.postprocessor import config as postprocessor_config
 from services.preprocessor import config as preprocessor_config
@@ -40,8 +41,10 @@ STAGES = {"gateway": gateway_config, "preprocessor": preprocessor_config, "route
 # Stage -> flag -> (the value this process fixes, why giving the flag is an error).
 FIXED: dict[str, dict[str, tuple[Any, str]]] = {
     "gateway": {"--preprocessor": ("", _IN_PROCESS), "--router": ("", _IN_PROCESS),
-                "--postprocessor": ("", _IN_PROCESS), "--postprocessor-transport": ("mux", _IN_PROCESS)},
-    "postprocessor": {"--router": ("", "migrations ask the all-in-one's in-process router")},
+                "--postprocessor": ("", _IN_PROCESS), "--postprocessor-transport": ("mux", _IN_PROCESS),
+                "--stage-wait-s": (DEFAULT_WAIT_S, _IN_PROCESS)},
+    "postprocessor": {"--router": ("", "migrations ask the all-in-one's in-process router"),
+                      "--router-wait-s": (DEFAULT_WAIT_S, "migrations ask the all-in-one's in-process router")},
 }
 
 

@@ -9,7 +9,8 @@
    the first scrape has every documented name;
 3. the worker registry (the NATS discovery mirror), and the service's own ``build`` over it;
 4. one gRPC server with one drain grace (``--drain-grace-s``), to which the service adds its servicer;
-5. start: background work, then the registry, then the server, until SIGTERM/SIGINT;
+5. start: background work, then the registry (and, where the spec asks, its first view of the
+   workers), then the server, until SIGTERM/SIGINT;
 6. the closers, once in-flight calls have finished: the service's, then the registry's.
 
 A build that finds its environment lacking (an engine backend that is not installed) names the
@@ -19,6 +20,8 @@ reason on one line and exits 1: not a bad value, so not 2. Workers have their ow
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
@@ -86,6 +89,10 @@ class ServiceSpec(Generic[C, S]):
     # Errors of ``build`` that mean "this environment cannot run it": one line and exit 1.
     unavailable: tuple[type[Exception], ...] = ()
     server_name: str = ""  # the gRPC server's name in logs and READY lines; default ``name``
+    # Listen only once the registry has its first view of the workers, waiting at most this long: a
+    # restarted gateway is sent requests as soon as it listens (Envoy retried them while the port was
+    # closed), and before its first discovery view it would answer them "model does not exist".
+    first_view_wait_s: float = 0.0
 
 
 def bad_value(name: str, message: object) -> NoReturn:
@@ -125,6 +132,9 @@ async def serve(spec: ServiceSpec[C, S], cfg: C, tls: mesh_tls.MeshTls | None) -
     spec.serve(service, server)
     service.start()  # background work that waits for NATS, which may come up after us
     await registry.start()
+    if spec.first_view_wait_s:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(registry.synced.wait(), spec.first_view_wait_s)
     server.on_stopped(service.close)
     server.on_stopped(registry.close)
     await server.serve_until_signal()
