@@ -3,7 +3,10 @@
 A worker writes its card under its id with a message TTL and refreshes it on
 a heartbeat; if the process dies the key expires and every watcher sees a
 PURGE, like an etcd lease. Services that need the set of workers (gateway,
-preprocessor, router) keep a ``WorkerRegistry`` that mirrors the bucket.
+preprocessor, router) keep a ``WorkerRegistry`` that mirrors the bucket, and
+judge liveness themselves too (services/common/liveness.py): a registration
+NATS restored after it had expired, a silent worker and a dead worker whose
+address a new one took are dropped by every reader.
 """
 
 from __future__ import annotations
@@ -13,16 +16,19 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
 import orjson
 from nats.errors import NoServersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError
-from nats.js.kv import KV_DEL, KV_PURGE
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from services.common.assembly import cancel_within
+from services.common.liveness import Change, LiveWorkers
 
 log = logging.getLogger(__name__)
 
@@ -211,13 +217,15 @@ class WorkerRegistry:
     ``workers`` maps worker id to card. Listeners are called with
     ``(worker_id, card)`` on add or change and ``(worker_id, None)`` on removal.
     The mirror keeps its last state while NATS is down, so routing to known
-    workers goes on, and resynchronises when NATS returns.
+    workers goes on, and resynchronises when NATS returns. What counts as live
+    is ``LiveWorkers``'s call, not only the bucket's.
     """
 
-    def __init__(self, nats_url: str, name: str):
+    def __init__(self, nats_url: str, name: str, ttl_s: float = DEFAULT_TTL_S):
         self.nats_url = nats_url
         self.name = name
         self.workers: dict[str, WorkerCard] = {}
+        self._live = LiveWorkers(ttl_s)
         self._by_model: dict[str, list[WorkerCard]] = {}
         self._listeners: list[Listener] = []
         self._task: asyncio.Task | None = None
@@ -241,55 +249,86 @@ class WorkerRegistry:
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"registry-{self.name}")
 
-    def _set(self, worker_id: str, card: WorkerCard | None) -> None:
-        if card is None:
-            if self.workers.pop(worker_id, None) is None:
-                return
-            log.info("worker %s left", worker_id)
-        else:
-            if self.workers.get(worker_id) == card:
-                return
-            self.workers[worker_id] = card
-            log.info("worker %s serves %s at %s", worker_id, card.model.name, card.address)
+    def _apply(self, changes: list[Change]) -> None:
+        if not changes:
+            return
+        for worker_id, card in changes:
+            if card is None:
+                log.info("worker %s left", worker_id)
+            else:
+                log.info("worker %s serves %s at %s", worker_id, card.model.name, card.address)
+        self.workers = self._live.cards()
         # Workers change rarely and every request asks by model: index once per change, not per request.
         by_model: dict[str, list[WorkerCard]] = {}
         for c in self.workers.values():
             by_model.setdefault(c.model.name, []).append(c)
         self._by_model = by_model
-        for listener in self._listeners:
-            listener(worker_id, card)
+        for worker_id, card in changes:
+            for listener in self._listeners:
+                listener(worker_id, card)
 
     async def _run(self) -> None:
         self._nc = await connect_retrying(self.nats_url, self.name)
         while True:
+            # A new watch may take a while to hear from everyone: silence counts from its start.
+            self._live.restart_silence()
             try:
-                kv = await open_bucket(self._nc)
-                watcher = await kv.watchall()
-                seen: set[str] = set()
-                initial = True
-                while True:
-                    entry = await watcher.updates(timeout=None)
-                    if entry is None:  # end of the initial values
-                        if initial:
-                            for wid in set(self.workers) - seen:
-                                self._set(wid, None)
-                            initial = False
-                            self.synced.set()
-                        continue
-                    seen.add(entry.key)
-                    if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
-                        self._set(entry.key, None)
-                    else:
-                        try:
-                            self._set(entry.key, WorkerCard.from_json(entry.value))
-                        except (TypeError, ValueError, KeyError) as e:
-                            log.error("bad worker card under %s: %s", entry.key, e)
+                reconnects = self._nc.stats["reconnects"]
+                watcher = await (await open_bucket(self._nc)).watchall()
+                try:
+                    await self._follow(watcher, reconnects)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(watcher.stop(), 1.0)
+                # NATS is back, perhaps a new server: watch afresh rather than wait for the old watch's
+                # consumer to be found gone (nats-py's ordered consumer takes ~10 s after a restart, longer
+                # than the silence a worker may keep).
+                log.info("NATS reconnected; watching the worker bucket afresh")
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - NATS outage or a missing bucket: keep the last view, retry
                 stop_if_cancelled()
                 log.warning("worker watch interrupted (%s); keeping %d known workers", e, len(self.workers))
                 await asyncio.sleep(1.0)
+
+    async def _follow(self, watcher: KeyValue.KeyWatcher, reconnects: int) -> None:
+        """Applies the watch's updates until NATS reconnects; checks for silent workers as it goes."""
+        assert self._nc is not None
+        nc, loop = self._nc, asyncio.get_running_loop()
+        period = self._live.ttl_s / 3
+        next_check = loop.time() + period
+        handed_over = True  # the values a new watch starts with, until the None that ends them
+        while nc.stats["reconnects"] == reconnects:
+            try:
+                entry = await watcher.updates(timeout=period)
+            except NatsTimeoutError:
+                pass
+            else:
+                if entry is None:
+                    handed_over = False
+                    self.synced.set()
+                else:
+                    self._take(entry, handed_over=handed_over)
+            if loop.time() >= next_check:
+                next_check = loop.time() + period
+                if nc.is_connected:
+                    self._apply(self._live.expire())
+                else:
+                    self._live.restart_silence()  # nobody can be heard while NATS is away
+
+    def _take(self, entry: KeyValue.Entry, *, handed_over: bool) -> None:
+        if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+            self._apply(self._live.left(entry.key))
+            return
+        try:
+            card = WorkerCard.from_json(entry.value)
+        except (TypeError, ValueError, KeyError) as e:
+            log.error("bad worker card under %s: %s", entry.key, e)
+            return
+        # The server's timestamp of this heartbeat: a datetime, though nats-py's Entry annotates it int.
+        created: Any = entry.created
+        written = created.timestamp()
+        self._apply(self._live.heard(entry.key, card, written, handed_over=handed_over))
 
     async def close(self) -> None:
         if self._task:

@@ -16,12 +16,22 @@ id with finish EOS. ``min_tokens`` pads with pseudo-random tokens before the EOS
 continues with pseudo-random tokens up to ``max_tokens``; ``max_tokens`` truncates (finish LENGTH).
 A prompt no rule matches, without a default, gets default-mode output. A thinking budget
 (``max_thinking_tokens``) cuts a scripted ``<think>`` block to that many tokens and closes it.
+
+Script mode continues a migrated request too. A continuation is the original prompt with the tokens
+generated so far appended, so the mocker looks for its answer at the prompt's end: a prompt that ends
+with the first k tokens of the answer its own beginning selects gets the rest of that answer; one that
+ends with the whole answer and then the pseudo-random tokens that follow it (``min_tokens`` padding,
+``ignore_eos``) gets the rest of those. The tokens after a scripted answer are chained on the answer
+(not on the pseudo-random tokens it replaced), which is what makes them checkable and resumable. A
+fresh prompt that happens to end with the beginning of its own answer is continued the same way, as a
+language model would continue it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from array import array
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -128,7 +138,11 @@ class PseudoRandomTokens:
 
 
 class TokenPlan:
-    """The token at every output position of one request (deterministic, so replayable)."""
+    """The token at every output position of one request (deterministic, so replayable).
+
+    ``script`` is what is left of a scripted answer; ``random_tokens`` follow it (their state already
+    chained over it). ``script=None`` is default mode: pseudo-random tokens only, finish LENGTH.
+    """
 
     __slots__ = ("_eos_at", "_eos_id", "_max_tokens", "_random", "_script")
 
@@ -144,7 +158,8 @@ class TokenPlan:
     def token_at(self, index: int) -> tuple[int, FinishReason]:
         if index == self._eos_at:
             return self._eos_id, FinishReason.EOS  # type: ignore[return-value]
-        token = self._script[index] if index < len(self._script) else self._random.at(index)
+        n = len(self._script)
+        token = self._script[index] if index < n else self._random.at(index - n)
         return token, FinishReason.LENGTH if index >= self._max_tokens - 1 else FinishReason.NONE
 
 
@@ -235,12 +250,82 @@ class OutputPolicy:
         end = script.index(close_id, start)
         return script if end - start <= budget else script[:start + budget] + script[end:]
 
+    def _answer(self, prompt: Sequence[int], budget: int | None) -> tuple[int, ...] | None:
+        """The scripted answer ``prompt`` selects, as the request's thinking budget shapes it."""
+        script = self.select(prompt)
+        if script is not None and budget is not None:
+            script = self._within_budget(tuple(script), budget)
+        return script
+
+    def _answers(self, budget: int | None) -> list[tuple[int, ...]]:
+        """Every answer a prompt could select (distinct, non-empty)."""
+        answers = [rule.token_ids for rule in self._rules]
+        if self._default is not None:
+            answers.append(self._default)
+        if budget is not None:
+            answers = [self._within_budget(a, budget) for a in answers]
+        return list(dict.fromkeys(a for a in answers if a))
+
+    def _resumed(self, prompt: Sequence[int], seed_state: int, budget: int | None) -> tuple[int, ...] | None:
+        """What is left of the scripted answer a migrated ``prompt`` is already part way through, or None
+        when its end holds no answer's beginning (then it is a fresh prompt)."""
+        n = len(prompt)
+        packed = _packed(prompt)
+        best: tuple[int, tuple[int, ...]] | None = None  # (tokens of output already in the prompt, rest)
+        for answer in self._answers(budget):
+            size = len(answer)
+            whole = _packed(answer)
+            # Inside the answer: the prompt ends with its first k tokens (k = size: only EOS is left).
+            for k in range(min(size, n - 1), 0, -1):
+                if answer[k - 1] != prompt[-1] or (best is not None and k <= best[0]):
+                    continue
+                if packed.endswith(whole[:4 * k]) and self._answer(prompt[:n - k], budget) == answer:
+                    best = (k, answer[k:])
+                    break
+            # Past the answer: the whole answer, then the pseudo-random tokens chained on it. Only its
+            # last occurrence can be followed by nothing but those tokens.
+            at = _last_occurrence(packed, whole, n - 1)
+            if at is None or (best is not None and n - at <= best[0]):
+                continue
+            after = at + size
+            follow = PseudoRandomTokens(self.vocab, chain_state(prompt[:after], seed_state))
+            if all(prompt[after + i] == follow.at(i) for i in range(n - after)) \
+                    and self._answer(prompt[:at], budget) == answer:
+                best = (n - at, ())
+        return best[1] if best is not None else None
+
     def plan(self, prompt: Sequence[int], *, seed: int | None, max_tokens: int, min_tokens: int = 0,
              eos_id: int | None = None, ignore_eos: bool = False, guided_json_schema: str | None = None,
              max_thinking_tokens: int | None = None) -> TokenPlan:
-        state = chain_state(prompt, xxhash.xxh3_64_intdigest(b"meshfront-mocker", seed=(seed or 0) & _U64))
-        script = self.select(prompt) if guided_json_schema is None else self._guided(guided_json_schema)
-        if script is not None and max_thinking_tokens is not None:
-            script = self._within_budget(tuple(script), max_thinking_tokens)
+        seed_state = xxhash.xxh3_64_intdigest(b"meshfront-mocker", seed=(seed or 0) & _U64)
+        script: Sequence[int] | None
+        if guided_json_schema is not None:
+            script = self._guided(guided_json_schema)
+        elif not self.scripted:
+            script = None
+        else:
+            script = self._resumed(prompt, seed_state, max_thinking_tokens)
+            if script is None:
+                script = self._answer(prompt, max_thinking_tokens)
+        state = chain_state(prompt, seed_state)
+        if script is not None:
+            state = chain_state(script, state)  # what follows a scripted answer is chained on it
         return TokenPlan(script, PseudoRandomTokens(self.vocab, state), max_tokens=max_tokens,
                          min_tokens=min_tokens, eos_id=eos_id, ignore_eos=ignore_eos)
+
+
+def _packed(tokens: Sequence[int]) -> bytes:
+    """Token ids as 4-byte words: a token sequence search in C (``bytes.rfind``) instead of a Python loop."""
+    return array("I", tokens).tobytes()
+
+
+def _last_occurrence(packed: bytes, needle: bytes, end_token: int) -> int | None:
+    """The token index of ``needle``'s last whole-token occurrence that ends at or before ``end_token``."""
+    end = 4 * end_token
+    while True:
+        at = packed.rfind(needle, 0, end)
+        if at < 0:
+            return None
+        if at % 4 == 0:
+            return at // 4
+        end = at + len(needle) - 1  # a match across token boundaries: look further back
