@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import struct
+
 import orjson
 import pytest
 
 from services.common.errors import InvalidRequest
 from services.gateway.anthropic.requests import parse_messages
+from services.gateway.kserve import protocol
+from services.gateway.kserve.requests import parse_request
 from services.gateway.openai.requests import parse_chat, parse_completion
 
 pytestmark = pytest.mark.unit
@@ -97,3 +101,14 @@ def test_an_anthropic_tool_result_must_answer_a_tool_use_of_the_previous_message
 def test_an_anthropic_tool_result_answering_its_call_passes():
     req = parse_messages(anthropic([{"role": "user", "content": "hi"}, _use("toolu_1"), _result("toolu_1")]))
     assert req.messages[-1] == {"role": "tool", "tool_call_id": "toolu_1", "content": "ok"}
+
+
+def test_a_kserve_input_with_typed_contents_beside_raw_input_contents_is_refused_naming_it():
+    req = protocol.ModelInferRequest(model_name="m")
+    req.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"typed")
+    req.raw_input_contents.append(struct.pack("<I", 3) + b"raw")
+    with pytest.raises(InvalidRequest) as e:
+        parse_request(req)
+    assert e.value.param == "text_input" and "raw_input_contents" in e.value.message
+    req.inputs[0].ClearField("contents")
+    assert parse_request(req).parsed.prompts == ["raw"]
