@@ -28,7 +28,7 @@ from services.gateway.openai.errors import error_body, sse_error_frame
 from services.gateway.openai.extensions import ResponseExtensions
 from services.gateway.openai.requests import GenerationRequest, parse_chat, parse_completion
 from services.gateway.openai.responses import ResponseRenderer
-from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess
+from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
 from services.gateway.pipeline import Pipeline
 from services.gateway.request_metrics import RequestTracker
 from services.gateway.trace import RequestTrace, RouteHints
@@ -103,7 +103,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 track.start(req.model, req.stream)
                 hints = RouteHints(req.session_id, req.nvext.session_action, req.nvext.session_timeout_s,
                                    req.nvext.priority_jump_s)
-                stream = self._pipeline.run(prep, req.n, req.worker_id, hints, trace)
+                stream = self._pipeline.run(prep, req.n, req.worker_id, hints, trace,
+                                            options=postprocess_options(req, prep[0]))
                 if not req.stream:
                     async for batch in stream:
                         renderer.fold(batch)

@@ -23,7 +23,7 @@ from services.common.errors import Internal, MeshError, NotFound, to_status
 from services.gateway.anthropic import errors
 from services.gateway.anthropic.requests import parse_count_tokens, parse_messages
 from services.gateway.anthropic.responses import MessageRenderer
-from services.gateway.openai.to_proto import chat_to_preprocess
+from services.gateway.openai.to_proto import chat_to_preprocess, postprocess_options
 from services.gateway.pipeline import Pipeline
 from services.gateway.request_metrics import RequestTracker
 
@@ -92,7 +92,8 @@ class AnthropicServicer(anthropic_pb2_grpc.AnthropicServiceServicer):
             self._check_model(req.model)
             renderer = MessageRenderer(message_id=f"msg_{rid}", model=req.model)
             track.start(req.model, req.stream)
-            stream = self._pipeline.run([chat_to_preprocess(req, rid)], 1, req.worker_id)
+            prep = chat_to_preprocess(req, rid)
+            stream = self._pipeline.run([prep], 1, req.worker_id, options=postprocess_options(req, prep))
             if not req.stream:
                 async for batch in stream:
                     renderer.fold(batch)

@@ -23,7 +23,7 @@ from services.gateway.kserve import metadata, protocol
 from services.gateway.kserve.requests import KServeRequest, parse_request
 from services.gateway.kserve.responses import ResponseBuilder
 from services.gateway.openai.requests import ChatRequest
-from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess
+from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
 from services.gateway.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class KServeServicer:
         prep = [chat_to_preprocess(req, rid) if isinstance(req, ChatRequest)
                 else completion_to_preprocess(req, req.prompts[0], rid)]
         log.debug("kserve request %r runs as %s", request.id, rid)
-        return parsed, self._pipeline.run(prep, req.n, req.worker_id)
+        return parsed, self._pipeline.run(prep, req.n, req.worker_id, options=postprocess_options(req, prep[0]))
 
     async def ModelInfer(self, request, context):
         parsed, stream = self._start(request, context)

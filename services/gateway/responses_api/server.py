@@ -21,7 +21,7 @@ from meshfront.gateway.v1 import responses_pb2_grpc
 
 from services.common.discovery import WorkerCard
 from services.common.errors import MeshError, NotFound
-from services.gateway.openai.to_proto import chat_to_preprocess
+from services.gateway.openai.to_proto import chat_to_preprocess, postprocess_options
 from services.gateway.pipeline import Pipeline
 from services.gateway.request_metrics import RequestTracker
 from services.gateway.responses_api.conversation import output_as_input, to_chat
@@ -76,10 +76,11 @@ class ResponsesServicer(responses_pb2_grpc.ResponsesServiceServicer):
             if req.model not in self._models():
                 raise NotFound(f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
             conversation = await self._conversation(req)
-            prep = chat_to_preprocess(to_chat(req, conversation), rid)
+            chat = to_chat(req, conversation)
+            prep = chat_to_preprocess(chat, rid)
             builder = ResponseBuilder(f"resp_{rid}", echo_fields(req))
             track.start(req.model, req.stream)
-            stream = self._pipeline.run([prep], 1, req.worker_id)
+            stream = self._pipeline.run([prep], 1, req.worker_id, options=postprocess_options(chat, prep))
             if not req.stream:
                 async for batch in stream:
                     builder.feed(batch)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.common.errors import InvalidRequest, NoWorkers
+from services.router.core.policies.base import Stateless
 from services.router.core.types import Candidate, Decision, RouteQuery
 
 PIN_PARAM = "nvext.backend_instance_id"
@@ -32,7 +33,7 @@ def check_pin(pin: str, model: str, serving: Sequence[Candidate]) -> None:
                              f"which does not serve model `{printable(model)}`", param=PIN_PARAM)
 
 
-class Direct:
+class Direct(Stateless):
     def choose(self, candidates: Sequence[Candidate], query: RouteQuery) -> Decision:
         if not query.pinned_worker_id:
             raise InvalidRequest("router mode 'direct' needs a worker id (x-worker-instance-id header)",
