@@ -1,7 +1,8 @@
 """Bad inputs through Envoy with the official clients (issue 23): each is a 400 (INVALID_ARGUMENT on KServe)
 naming the field, never a 503, a template's error text or a prompt tokenized for half a minute.
 
-Uses the session ``mesh`` (mocker workers for the demo model, whose context window is 4,096 tokens).
+Uses the session ``mesh`` (mocker workers for the demo model, whose context window is 4,096 tokens), and
+a mesh of its own for the embedding model (all-MiniLM-L6-v2, inputs up to 256 tokens).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import grpc
 import openai
 import pytest
 
-from tests.conftest import require_module
-from tests.mesh.conftest import DEMO
+from services.launcher.plan import WorkerSpec
+from services.models.minilm import default_embedding_model_dir
+from tests.conftest import require_module, sdk_client, stop_cleanly
+from tests.mesh.conftest import DEMO, start_mesh
 
 require_module("tritonclient")
 import tritonclient.grpc as triton  # noqa: E402
@@ -111,3 +114,28 @@ def test_a_10_mb_prompt_is_refused_in_moments(client, api):
     assert e.value.body["code"] == "context_length_exceeded"
     # It was 16-30 s of tokenizing; now the byte floor answers. Loose: 10 MB still crosses every hop.
     assert elapsed < 8, elapsed
+
+
+EMBED = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="module")
+def embed_mesh(tmp_path_factory, envoy_bin, nats_bin):
+    m = start_mesh(tmp_path_factory, [WorkerSpec(str(default_embedding_model_dir()), EMBED, "embed")])
+    yield m
+    stop_cleanly(m)
+
+
+def test_a_10_mb_embeddings_input_is_refused_in_moments(embed_mesh):
+    text = "The quick brown fox. " * (TEN_MB // 21)
+    client = sdk_client(embed_mesh, timeout=30)
+    try:
+        started = time.monotonic()
+        with pytest.raises(openai.BadRequestError) as e:
+            client.embeddings.create(model=EMBED, input=["short", text])
+        elapsed = time.monotonic() - started
+        assert e.value.body["code"] == "context_length_exceeded" and "input[1]" in e.value.body["message"]
+        assert elapsed < 8, elapsed  # encoding it took 16.7 s (WordPiece has no byte floor; it splits at spaces)
+        assert len(client.embeddings.create(model=EMBED, input="a" * 100_000).data[0].embedding) == 384
+    finally:
+        client.close()

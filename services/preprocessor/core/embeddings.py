@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.common.errors import InvalidRequest
-from services.preprocessor.core import byte_bound
 from services.preprocessor.core.artifacts import ModelArtifacts
 
 EmbeddingInput = str | Sequence[int]
@@ -35,13 +34,12 @@ def prepare_inputs(artifacts: ModelArtifacts, inputs: Sequence[EmbeddingInput],
     if not inputs:
         raise InvalidRequest("'input' must not be empty", param="input")
     texts = {i: x.replace("\0", "") for i, x in enumerate(inputs) if isinstance(x, str)}
-    ceiling = artifacts.bytes_per_token_ceiling if max_input_tokens > 0 and any(
-        len(text) >= _BOUND_FROM_CHARS for text in texts.values()) else None
     for i, text in texts.items():
         if not text:
             raise InvalidRequest(f"'input[{i}]' must not be an empty string", param="input")
-        # Refused before any input is encoded when its byte length proves it too long (byte_bound.py).
-        _check_length(i, byte_bound.fewest_tokens(text, ceiling), max_input_tokens, at_least=True)
+        if max_input_tokens > 0 and len(text) >= _BOUND_FROM_CHARS:
+            # Refused before the inputs are encoded when a floor proves it too long (length_floor.py).
+            _check_length(i, artifacts.fewest_tokens(text, max_input_tokens), max_input_tokens, at_least=True)
     # One encode_batch call for every text: it releases the GIL and runs on the tokenizer's threads.
     encoded = dict(zip(texts, artifacts.tokenizer.encode_batch(list(texts.values()), add_special_tokens=True),
                        strict=True))

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.common.errors import InvalidRequest
-from services.preprocessor.core import byte_bound
 from services.preprocessor.core import messages as msgs
 from services.preprocessor.core.artifacts import ModelArtifacts
 from services.preprocessor.core.templates import (
@@ -110,12 +109,14 @@ def prepare_tokens(artifacts: ModelArtifacts, ids: Sequence[int]) -> PreparedPro
 
 def refuse_surely_too_long(artifacts: ModelArtifacts, text: str, context_length: int, max_tokens: int | None,
                            param: str) -> None:
-    """Refuses a text whose byte length alone proves it cannot fit, before encoding it: a 10 MB prompt is
-    refused in milliseconds instead of holding a preprocessor for seconds. Never refuses one that fits
-    (the floor is sound, byte_bound.py); below a size that encodes quickly it does not even look."""
+    """Refuses a text that surely cannot fit before encoding all of it: a 10 MB prompt is refused in
+    milliseconds instead of holding a preprocessor for seconds. Never refuses one that fits (the floor
+    is sound, length_floor.py); below a size that encodes quickly it does not even look."""
     if context_length <= 0 or len(text) < GIL_FREE_ENCODE_CHARS:
         return
-    fewest = byte_bound.fewest_tokens(text, artifacts.bytes_per_token_ceiling)
+    fewest = artifacts.fewest_tokens(text, context_length - (max_tokens or 0))
+    if fewest == 0:
+        return  # no floor: the count after encoding decides
     if fewest >= context_length or (max_tokens is not None and fewest + max_tokens > context_length):
         noun = "messages" if param == "messages" else "prompt"
         raise InvalidRequest(

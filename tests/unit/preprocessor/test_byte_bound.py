@@ -18,7 +18,7 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 
 from services.common.discovery import ModelCard
 from services.common.errors import InvalidRequest
-from services.preprocessor.core import embeddings, prompt
+from services.preprocessor.core import embeddings, length_floor, prompt
 from services.preprocessor.core.artifacts import ArtifactCache, load_artifacts
 from services.preprocessor.core.byte_bound import BYTE_SYMBOLS, UNICODE_SHRINK, bytes_per_token_ceiling, fewest_tokens
 from services.preprocessor.service import Preprocessor
@@ -50,10 +50,8 @@ def test_no_random_text_beats_the_floor(artifacts, text):
     assert len(prompt.encode(artifacts, text)) >= fewest_tokens(text, artifacts.bytes_per_token_ceiling / 32)
 
 
-def test_wordpiece_has_no_floor_since_whitespace_and_long_words_collapse():
-    from services.models.minilm import build_embedding_model, default_embedding_model_dir
-
-    tokenizer = load_artifacts(str(build_embedding_model(default_embedding_model_dir()))).tokenizer
+def test_wordpiece_has_no_byte_floor_since_whitespace_and_long_words_collapse(minilm):
+    tokenizer = minilm.tokenizer
     assert bytes_per_token_ceiling(tokenizer) is None
     assert len(tokenizer.encode("a" * 100_000).ids) == 3  # [CLS] [UNK] [SEP]: no byte count bounds the tokens
 
@@ -187,3 +185,48 @@ def test_byte_fallback_bpe_needs_its_byte_tokens():
     assert bytes_per_token_ceiling(tokenizer) == len("▁hello".encode())
     text = "héllo wörld " * 500
     assert len(tokenizer.encode(text).ids) >= fewest_tokens(text, bytes_per_token_ceiling(tokenizer))
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from services.models.minilm import build_embedding_model, default_embedding_model_dir
+
+    return load_artifacts(str(build_embedding_model(default_embedding_model_dir())))
+
+
+def test_wordpiece_splits_at_spaces_and_its_chunked_count_is_exact(minilm):
+    assert minilm.space_split_kind == "BertPreTokenizer"
+    text = ("Crème brûlée, naïve café! ΣΊΣΥΦΟΣ 中文字 [MASK] a\u0301b\u200bc \t\n" * 400)
+    exact = len(minilm.tokenizer.encode(text, add_special_tokens=False).ids)
+    assert length_floor.tokens_up_to(minilm.tokenizer, text, 10**9, chunk_chars=97) == exact
+    assert exact + 10 >= length_floor.tokens_up_to(minilm.tokenizer, text, 100, chunk_chars=97) > 100
+
+
+def test_pipelines_that_join_across_spaces_are_not_split(demo_model_dir):
+    assert length_floor.space_split_kind(_byte_level()) is None  # byte-level BPE keeps the space in a token
+    tokenizer = _byte_level(pre_tokenizer=pre_tokenizers.WhitespaceSplit())
+    tokenizer.add_tokens(["New York"])
+    assert length_floor.space_split_kind(tokenizer) is None  # an added token spans a space
+
+
+@pytest.mark.parametrize("text", ["The quick brown fox. " * (TEN_MB // 21), "." * TEN_MB])
+def test_a_10_mb_embeddings_input_is_refused_in_moments(minilm, text):
+    started = time.perf_counter()
+    with pytest.raises(InvalidRequest) as e:
+        embeddings.prepare_inputs(minilm, ["ok", text], 256)
+    assert "'input[1]' is at least" in e.value.message and e.value.param == "input"
+    assert time.perf_counter() - started < 3.0  # encoding it all took 16.7 s
+
+
+def test_a_long_embeddings_input_that_fits_is_kept(minilm):
+    word = "a" * 200_000  # one over-long word: [CLS] [UNK] [SEP]
+    assert embeddings.prepare_inputs(minilm, [word], 256) == [[101, 100, 102]]
+
+
+@hypothesis.settings(max_examples=300, deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.given(text=st.text(alphabet=st.one_of(st.sampled_from(" \t\n.,!"),
+                                                 st.characters(exclude_categories=("Cs",))), max_size=400),
+                  chunk=st.integers(1, 40))
+def test_the_chunked_count_of_any_text_is_exact(minilm, text, chunk):
+    exact = len(minilm.tokenizer.encode(text, add_special_tokens=False).ids)
+    assert length_floor.tokens_up_to(minilm.tokenizer, text, 10**9, chunk_chars=chunk) == exact
