@@ -59,11 +59,13 @@ async def _send_headers(context: grpc.aio.ServicerContext, ext: ResponseExtensio
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self, pipeline: Pipeline, models: Callable[[], dict[str, list[WorkerCard]]],
-                 draining: Callable[[], bool] = lambda: False, warming: Callable[[], list[str]] = lambda: []):
+                 draining: Callable[[], bool] = lambda: False, warming: Callable[[], list[str]] = lambda: [],
+                 unavailable: Callable[[], list[str]] = lambda: []):
         self._pipeline = pipeline
         self._models = models
         self._draining = draining
         self._warming = warming  # models of the first discovery view still warming up (not ready yet)
+        self._unavailable = unavailable  # stages unreachable past --stage-wait-s (stage_watch.py)
 
     def _check_model(self, name: str) -> None:
         cards = self._models().get(name)
@@ -172,7 +174,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def Health(self, request, context):
         async def build():
-            ready, body = models_api.health(self._models(), self._warming())
+            ready, body = models_api.health(self._models(), self._warming(), self._unavailable())
             return (200 if ready else 503), body
         return await self._json(context, build)
 
