@@ -46,8 +46,9 @@ def test_the_demo_tokenizer_has_a_floor_and_no_text_beats_it(artifacts):
 @hypothesis.settings(max_examples=300, deadline=None)
 @hypothesis.given(text=st.text(min_size=1, max_size=3000))
 def test_no_random_text_beats_the_floor(artifacts, text):
-    # Against a ceiling 32 times tighter than the real one, so the floor is not trivially zero.
-    assert len(prompt.encode(artifacts, text)) >= fewest_tokens(text, artifacts.bytes_per_token_ceiling / 32)
+    # Against the longest token alone (no normalisation slack): tighter than the real ceiling, still sound
+    # for text that NFC does not shrink, which random text almost never is.
+    assert len(prompt.encode(artifacts, text)) >= fewest_tokens(text, artifacts.bytes_per_token_ceiling / 4)
 
 
 def test_wordpiece_has_no_byte_floor_since_whitespace_and_long_words_collapse(minilm):
