@@ -90,7 +90,7 @@ def _state(component: Any) -> dict[str, Any] | None:
 
 def bytes_per_token_ceiling(tokenizer: Tokenizer) -> float | None:
     """The most UTF-8 bytes of a text one token of ``tokenizer`` can stand for, or None if there is no such
-    bound (see the module docstring). Run once per model (about 0.2 s for a 150k vocabulary)."""
+    bound (see the module docstring). Run once per model (a few tenths of a second for a 150k vocabulary)."""
     model = tokenizer.model
     if tokenizer.truncation is not None or not isinstance(model, models.BPE):
         return None

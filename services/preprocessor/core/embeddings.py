@@ -17,7 +17,7 @@ from services.common.errors import InvalidRequest
 from services.preprocessor.core.artifacts import ModelArtifacts
 
 EmbeddingInput = str | Sequence[int]
-# Inputs shorter than this encode quickly: no byte bound is looked up for them.
+# Inputs shorter than this encode quickly: no floor on their tokens is looked for (length_floor.py).
 _BOUND_FROM_CHARS = 16_384
 
 
