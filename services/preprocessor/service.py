@@ -85,6 +85,9 @@ class Preprocessor:
         core.check_stop_strings(req.request.stop.stop)
         check_media(card, req.request.media)
         artifacts = await self._artifacts(card)
+        stop = req.request.stop
+        context_length = artifacts.effective_context_length(card.context_length)
+        max_tokens = stop.max_tokens if stop.HasField("max_tokens") else None
         kind = req.WhichOneof("prompt")
         if kind == "messages_json":
             choice_none = req.tool_choice.mode == common_pb2.TOOL_CHOICE_MODE_NONE
@@ -92,19 +95,18 @@ class Preprocessor:
                                   self._template_kwargs_json(req.chat_template_kwargs_json),
                                   hide_tools_for_choice_none=self._hide_tools_for_none,
                                   template_override=self._chat_template)
-            prepared = await self._run(chat.size(), core.prepare_chat, artifacts, chat)
+            prepared = await self._run(chat.size(), core.prepare_chat, artifacts, chat, context_length, max_tokens)
             param = "messages"
         elif kind == "text":
-            prepared = await self._run(len(req.text), core.prepare_text, artifacts, req.text)
+            prepared = await self._run(len(req.text), core.prepare_text, artifacts, req.text, context_length,
+                                       max_tokens)
             param = "prompt"
         elif kind == "tokens":
             prepared = core.prepare_tokens(artifacts, req.tokens.ids)
             param = "prompt"
         else:
             raise InvalidRequest("the request has no prompt", param="messages")
-        stop = req.request.stop
-        core.check_context(len(prepared.token_ids), artifacts.effective_context_length(card.context_length),
-                           stop.max_tokens if stop.HasField("max_tokens") else None, param)
+        core.check_context(len(prepared.token_ids), context_length, max_tokens, param)
         hashes = await self._run(len(prepared.token_ids), block_hashes, prepared.token_ids, card.block_size)
         response = self._response(req, card, artifacts, prepared, hashes)
         if kind == "messages_json" and card.reasoning_parser:

@@ -14,6 +14,7 @@ from services.common.overload import BusyThreshold
 from services.router.core.bookings import Bookings
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent, LifecycleListener
 from services.router.core.policies import DEFAULT_MODE, Policy, build_policy
+from services.router.core.policies.direct import check_pin
 from services.router.core.sessions import SessionAffinity
 from services.router.core.types import Candidate, Decision, RouteQuery
 from services.router.core.wait_queue import WaitQueue
@@ -92,6 +93,10 @@ class Router:
     def _route_now(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         """Chooses and books a worker now, or raises (Overloaded when every worker is busy)."""
         every = self._candidates(req.model)
+        if req.worker_id and req.worker_id not in req.exclude_worker_ids:
+            # Against every worker, before busy ones drop out: a wrong pin is a 400. A pinned worker that
+            # failed this request (migration) may have left: that is a 503 from Direct, not the client's mistake.
+            check_pin(req.worker_id, req.model, every)
         candidates = self._admissible(every, req)
         query = RouteQuery(req.request_id, req.model, tuple(req.block_hashes), req.prompt_tokens, req.worker_id)
         sticky = self.sessions.worker_for(req.session_id) if req.session_id and not req.worker_id else None

@@ -86,7 +86,7 @@ def output_to_proto(output: EngineOutput) -> worker_pb2.GenerateResponse:
 def engine_error(err: EngineError) -> MeshError:
     """Rejections keep their message (the client's fault); failures do not leak internals."""
     if isinstance(err, RequestRejected):
-        return InvalidRequest(str(err))
+        return InvalidRequest(str(err), param=err.param)
     if isinstance(err, EngineBusy):
         return Overloaded(str(err), code="overloaded")
     return WorkerFailed(f"the engine failed: {err}")

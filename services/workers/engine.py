@@ -39,7 +39,19 @@ class EngineError(Exception):
 
 
 class RequestRejected(EngineError):
-    """The request cannot be served as asked (becomes INVALID_REQUEST at the edge)."""
+    """The request cannot be served as asked (becomes INVALID_REQUEST at the edge, naming ``param`` if given)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def refuse_thinking_budget(request: EngineRequest, engine: str) -> None:
+    """For engines that cannot cap thinking: a budget is a 400 naming it, never silently unbounded thinking."""
+    if request.max_thinking_tokens is not None:
+        raise RequestRejected(f"the {engine} worker cannot enforce a thinking budget ('nvext.max_thinking_tokens' "
+                              "or 'thinking.budget_tokens'); send the request without one",
+                              param="nvext.max_thinking_tokens")
 
 
 class EngineBusy(EngineError):

@@ -81,7 +81,7 @@ VALID_COMMON = {
         "dp_rank": st.integers(0, 3)}),
 }
 # A pin the gateway must refuse. A well-formed pin (a uint64) to a worker that does not exist is
-# routed, and the router answers 503 "worker N does not serve model" (NoWorkers): a routing question,
+# routed, and the router answers 400 "names worker N, which does not serve model" (tests/unit/router/test_pins.py),
 # left out here so that this test stays about what the gateway accepts.
 bad_pins = numbers.filter(lambda v: isinstance(v, (bool, float)) or not 0 <= v < 2**64)
 # Fields that are only ever wild (their valid values need context the fuzz does not build), and

@@ -98,10 +98,15 @@ def system_text(system: Any) -> str | None:
     return "\n".join(texts)
 
 
-def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_result(block: dict[str, Any], where: str, tool_use_ids: set[str]) -> dict[str, Any]:
     _check_keys(block, {"type", "tool_use_id", "content", "is_error", "cache_control"}, where)
     check_cache_control(block.get("cache_control"), f"{where}.cache_control")
     tool_use_id = _string(block, "tool_use_id", where)
+    if tool_use_id not in tool_use_ids:
+        # Anthropic's rule: a result answers a tool_use of the assistant message right before it. A result
+        # for no call would reach the template as a tool message answering nothing.
+        raise InvalidRequest(f"'{where}.tool_use_id' matches no tool_use block in the previous (assistant) "
+                             "message; each tool_result must answer one of its calls", param=f"{where}.tool_use_id")
     content = block.get("content") or ""  # absent, null or [] : a result with no output
     texts = []
     for part, path in _blocks(content, f"{where}.content"):
@@ -115,7 +120,7 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": tool_use_id, "content": f"Error: {text}" if is_error else text}
 
 
-def _user(content: Any, where: str) -> list[dict[str, Any]]:
+def _user(content: Any, where: str, tool_use_ids: set[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     texts: list[dict[str, str]] = []
 
@@ -130,7 +135,7 @@ def _user(content: Any, where: str) -> list[dict[str, Any]]:
             texts.append({"type": "text", "text": _text_block(block, path)})
         elif kind == "tool_result":
             flush()
-            out.append(_tool_result(block, path))
+            out.append(_tool_result(block, path, tool_use_ids))
         else:
             raise InvalidRequest(f"'{path}': {kind!r} blocks are not supported in user messages "
                                  "(text and tool_result are)", param=path)
@@ -177,6 +182,7 @@ def to_chat_messages(system: Any, messages: list[Any] | None) -> list[dict[str, 
     text = system_text(system)
     if text:
         out.append({"role": "system", "content": text})
+    tool_use_ids: set[str] = set()  # the ids of the previous message's tool_use blocks
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -186,9 +192,12 @@ def to_chat_messages(system: Any, messages: list[Any] | None) -> list[dict[str, 
         if "content" not in m:
             raise InvalidRequest(f"'{where}.content' is required", param=f"{where}.content")
         if role == "user":
-            out.extend(_user(m["content"], f"{where}.content"))
+            out.extend(_user(m["content"], f"{where}.content", tool_use_ids))
+            tool_use_ids = set()
         elif role == "assistant":
-            out.append(_assistant(m["content"], f"{where}.content"))
+            message = _assistant(m["content"], f"{where}.content")
+            tool_use_ids = {call["id"] for call in message.get("tool_calls", ())}
+            out.append(message)
         else:
             raise InvalidRequest(f"'{where}.role' must be 'user' or 'assistant' (the system prompt is the "
                                  f"top-level 'system'); got {role!r}", param=f"{where}.role")

@@ -80,6 +80,11 @@ def read_inputs(request) -> dict[str, Tensor]:
             raise InvalidRequest(f"input '{t.name}': unsupported datatype {t.datatype!r}", param=t.name)
         if t.name in out:
             raise InvalidRequest(f"input '{t.name}' is given twice", param=t.name)
+        if raw and t.HasField("contents"):
+            # The protocol: with raw_input_contents, no input may carry typed contents (which data counts would
+            # be a guess; the raw data used to win silently).
+            raise InvalidRequest(f"input '{t.name}' has typed 'contents' while the request carries "
+                                 "'raw_input_contents'; send each input's data one way", param=t.name)
         values = _from_raw(t.name, t.datatype, raw[i]) if raw else list(getattr(t.contents, _LAYOUT[t.datatype][0]))
         shape = list(t.shape)
         if shape and any(d < 0 for d in shape):

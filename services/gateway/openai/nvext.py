@@ -41,6 +41,8 @@ SESSION_ACTIONS = ("open", "close")
 MAX_ANNOTATIONS = 32
 MAX_ANNOTATION_CHARS = 256
 DEFAULT_SESSION_TIMEOUT_S = 300
+# Worker ids are uint64s (Dynamo's form) or short names; anything longer is not an id.
+MAX_PIN_CHARS = 128
 # Dynamo's disaggregated pins and data-parallel ranks, and the headers that set them.
 _DISAGG_PINS = ("prefill_worker_id", "decode_worker_id")
 _DISAGG_RANKS = ("dp_rank", "prefill_dp_rank")
@@ -68,13 +70,22 @@ class NvExt:
         return annotation in self.annotations
 
 
+def _check_pin_text(pin: str, param: str) -> str:
+    """A worker id is a short printable string: one with control characters (only a JSON string can
+    carry them) or too long to be an id is refused here, so no error or log line ever echoes it raw."""
+    if len(pin) > MAX_PIN_CHARS or not pin.isprintable():
+        raise InvalidRequest(f"'{param}' must be a worker id: at most {MAX_PIN_CHARS} printable characters",
+                             param=param)
+    return pin
+
+
 def worker_pin(ext: Fields, key: str) -> str:
     """A worker id, as a string or (Dynamo's form) a non-negative integer; "" when absent."""
     v = ext.raw(key)
     if v is None:
         return ""
     if isinstance(v, str):
-        return v
+        return _check_pin_text(v, f"nvext.{key}")
     if isinstance(v, int) and not isinstance(v, bool):
         return str(check_int(v, f"nvext.{key}", UINT64))
     raise InvalidRequest(f"'nvext.{key}' must be a string or a non-negative integer", param=f"nvext.{key}")

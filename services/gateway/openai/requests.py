@@ -202,7 +202,39 @@ def _message(i: int, m: Any, media: list[Media]) -> dict[str, Any]:
         raise InvalidRequest(f"'{where}.content' must be a string or an array of parts", param=f"{where}.content")
     if role == "tool" and not isinstance(m.get("tool_call_id"), str):
         raise InvalidRequest(f"'{where}.tool_call_id' is required for tool messages", param=f"{where}.tool_call_id")
+    for key in ("name", "reasoning_content"):
+        if m.get(key) is not None and not isinstance(m[key], str):
+            raise InvalidRequest(f"'{where}.{key}' must be a string", param=f"{where}.{key}")
+    if m.get("tool_calls") is not None:
+        _check_tool_calls(where, role, m["tool_calls"])
     return m
+
+
+def _check_tool_calls(where: str, role: str, calls: Any) -> None:
+    """An assistant's earlier tool calls, in OpenAI's shape, checked here so that a malformed one is a 400
+    naming its path rather than a chat template failing on it (and its error text reaching the client)."""
+    if role != "assistant":
+        raise InvalidRequest(f"'{where}.tool_calls' is only allowed in assistant messages, not {role!r}",
+                             param=f"{where}.tool_calls")
+    if not isinstance(calls, list):
+        raise InvalidRequest(f"'{where}.tool_calls' must be an array", param=f"{where}.tool_calls")
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        if not isinstance(call, dict):
+            raise InvalidRequest(f"'{at}' must be an object", param=at)
+        if not isinstance(call.get("id"), str):
+            raise InvalidRequest(f"'{at}.id' must be a string", param=f"{at}.id")
+        if call.get("type", "function") != "function":
+            raise InvalidRequest(f"'{at}.type' must be 'function'", param=f"{at}.type")
+        fn = call.get("function")
+        if not isinstance(fn, dict):
+            raise InvalidRequest(f"'{at}.function' must be an object with 'name' and 'arguments'",
+                                 param=f"{at}.function")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise InvalidRequest(f"'{at}.function.name' must be a non-empty string", param=f"{at}.function.name")
+        if not isinstance(fn.get("arguments"), str):
+            raise InvalidRequest(f"'{at}.function.arguments' must be a string (JSON-encoded arguments)",
+                                 param=f"{at}.function.arguments")
 
 
 def parse_chat(raw: bytes, headers: dict[str, str] | None = None) -> ChatRequest:

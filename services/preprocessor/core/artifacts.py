@@ -14,6 +14,7 @@ Mirrors Dynamo's model-card resolution (dynamo-frontend.md §3.1-3.2):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import threading
 from pathlib import Path
@@ -22,6 +23,9 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from services.common.tokenizer_files import load_tokenizer
+from services.preprocessor.core import length_floor
+from services.preprocessor.core.byte_bound import bytes_per_token_ceiling
+from services.preprocessor.core.length_floor import space_split_kind
 
 # transformers writes int(1e30) as model_max_length when a tokenizer has no limit.
 _UNLIMITED = 10**18
@@ -53,6 +57,25 @@ class ModelArtifacts:
 
     def effective_context_length(self, registered: int) -> int:
         return registered if registered > 0 else self.context_length
+
+    @functools.cached_property
+    def bytes_per_token_ceiling(self) -> float | None:
+        """Most bytes of text one token stands for (byte_bound.py); None: the tokenizer admits no such bound.
+
+        Read from the vocabulary (a few tenths of a second for 150k tokens) when a large prompt first
+        needs it, not at load: most deployments never see one."""
+        return bytes_per_token_ceiling(self.tokenizer)
+
+    @functools.cached_property
+    def space_split_kind(self) -> str | None:
+        """The pre-tokenizer's type when no token crosses a space (length_floor.py); None otherwise."""
+        return space_split_kind(self.tokenizer)
+
+    def fewest_tokens(self, text: str, limit: int) -> int:
+        """A floor on the tokens ``text`` encodes to (no special tokens), found without encoding all of it;
+        past ``limit`` it stops counting. 0 when the tokenizer admits no floor."""
+        return length_floor.fewest_tokens(text, limit, ceiling=self.bytes_per_token_ceiling,
+                                          split_kind=self.space_split_kind, tokenizer=self.tokenizer)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -17,13 +17,15 @@ from services.common.errors import InvalidRequest
 from services.preprocessor.core.artifacts import ModelArtifacts
 
 EmbeddingInput = str | Sequence[int]
+# Inputs shorter than this encode quickly: no floor on their tokens is looked for (length_floor.py).
+_BOUND_FROM_CHARS = 16_384
 
 
-def _check_length(i: int, count: int, max_input_tokens: int) -> None:
+def _check_length(i: int, count: int, max_input_tokens: int, *, at_least: bool = False) -> None:
     if max_input_tokens > 0 and count > max_input_tokens:
         raise InvalidRequest(f"This model's maximum input length is {max_input_tokens} tokens. However, 'input[{i}]' "
-                             f"resulted in {count} tokens. Please reduce the length of the input.",
-                             param="input", code="context_length_exceeded")
+                             f"{'is at least' if at_least else 'resulted in'} {count} tokens. Please reduce the "
+                             "length of the input.", param="input", code="context_length_exceeded")
 
 
 def prepare_inputs(artifacts: ModelArtifacts, inputs: Sequence[EmbeddingInput],
@@ -35,6 +37,9 @@ def prepare_inputs(artifacts: ModelArtifacts, inputs: Sequence[EmbeddingInput],
     for i, text in texts.items():
         if not text:
             raise InvalidRequest(f"'input[{i}]' must not be an empty string", param="input")
+        if max_input_tokens > 0 and len(text) >= _BOUND_FROM_CHARS:
+            # Refused before the inputs are encoded when a floor proves it too long (length_floor.py).
+            _check_length(i, artifacts.fewest_tokens(text, max_input_tokens), max_input_tokens, at_least=True)
     # One encode_batch call for every text: it releases the GIL and runs on the tokenizer's threads.
     encoded = dict(zip(texts, artifacts.tokenizer.encode_batch(list(texts.values()), add_special_tokens=True),
                        strict=True))

@@ -79,12 +79,18 @@ def render_chat_prompt(artifacts: ModelArtifacts, chat: ChatInput) -> str:
     return render_chat(template, messages, tools or None, artifacts.special_tokens, kwargs)
 
 
-def prepare_chat(artifacts: ModelArtifacts, chat: ChatInput) -> PreparedPrompt:
+def prepare_chat(artifacts: ModelArtifacts, chat: ChatInput, context_length: int = 0,
+                 max_tokens: int | None = None) -> PreparedPrompt:
+    """``context_length`` (0: unknown) and ``max_tokens`` refuse a prompt that surely cannot fit before it is
+    encoded (refuse_surely_too_long); the exact check follows encoding (check_context)."""
     prompt = render_chat_prompt(artifacts, chat)
+    refuse_surely_too_long(artifacts, prompt, context_length, max_tokens, "messages")
     return PreparedPrompt(encode(artifacts, prompt), prompt_opens_reasoning(prompt), prompt)
 
 
-def prepare_text(artifacts: ModelArtifacts, text: str) -> PreparedPrompt:
+def prepare_text(artifacts: ModelArtifacts, text: str, context_length: int = 0,
+                 max_tokens: int | None = None) -> PreparedPrompt:
+    refuse_surely_too_long(artifacts, text, context_length, max_tokens, "prompt")
     ids = encode(artifacts, text)
     if not ids:
         raise InvalidRequest("the prompt is empty", param="prompt")
@@ -99,6 +105,26 @@ def prepare_tokens(artifacts: ModelArtifacts, ids: Sequence[int]) -> PreparedPro
         raise InvalidRequest(f"token id {top} is out of range for this model's vocabulary of "
                              f"{artifacts.vocab_size} tokens", param="prompt")
     return PreparedPrompt(list(ids))
+
+
+def refuse_surely_too_long(artifacts: ModelArtifacts, text: str, context_length: int, max_tokens: int | None,
+                           param: str) -> None:
+    """Refuses a text that surely cannot fit before encoding all of it: a 10 MB prompt is refused in
+    milliseconds instead of holding a preprocessor for seconds. Never refuses one that fits (the floor
+    is sound, length_floor.py); below a size that encodes quickly it does not even look."""
+    if context_length <= 0 or len(text) < GIL_FREE_ENCODE_CHARS:
+        return
+    fewest = artifacts.fewest_tokens(text, context_length - (max_tokens or 0))
+    if fewest == 0:
+        return  # no floor: the count after encoding decides
+    if fewest >= context_length or (max_tokens is not None and fewest + max_tokens > context_length):
+        noun = "messages" if param == "messages" else "prompt"
+        raise InvalidRequest(
+            f"This model's maximum context length is {context_length} tokens. However, your {noun} "
+            f"({len(text.encode('utf-8', 'surrogatepass'))} bytes) cannot be fewer than {fewest} tokens"
+            + (f", and {max_tokens} more were requested for the completion" if max_tokens is not None else "")
+            + f". Please reduce the length of the {noun}" + (" or completion." if max_tokens is not None else "."),
+            param=param, code="context_length_exceeded")
 
 
 def check_context(prompt_tokens: int, context_length: int, max_tokens: int | None, param: str) -> None:

@@ -9,6 +9,7 @@ model directory; a request can pass variables (``chat_template_kwargs``) but nev
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -16,6 +17,12 @@ import jinja2
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from services.common.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+# What a client hears when the template fails on its messages in a way the template did not explain
+# (the gateway checks the messages' shape first, so this is a template expecting something unusual).
+CANNOT_RENDER = ("the model's chat template cannot render these messages: a field it reads is missing or "
+                 "has an unexpected type")
 
 # Names render_jinja_template takes as parameters, and the template itself: a request may not set
 # them through chat_template_kwargs. add_generation_prompt may be overridden (Dynamo merges
@@ -61,10 +68,15 @@ def render_chat(template: str, messages: list[dict], tools: list[dict] | None, s
         rendered, _ = cast(tuple[list[str], Any], render_jinja_template(
             conversations=[messages], tools=tool_list, chat_template=template,
             add_generation_prompt=add_generation_prompt, **context))
-    except jinja2.TemplateError as e:  # raise_exception(), undefined names, sandbox violations
-        raise InvalidRequest(f"chat template error: {e}", param="messages") from e
+    except jinja2.TemplateError as e:
+        if type(e) is jinja2.TemplateError:  # raise_exception(): the template author's words, for the client
+            raise InvalidRequest(f"chat template error: {e}", param="messages") from e
+        # Undefined names, sandbox violations: Jinja's text names Python types ('str object' has no attribute).
+        log.info("the chat template failed on a request's messages: %r", e)
+        raise InvalidRequest(CANNOT_RENDER, param="messages") from e
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
-        raise InvalidRequest(f"chat template could not render these messages: {e}", param="messages") from e
+        log.info("the chat template failed on a request's messages: %r", e)
+        raise InvalidRequest(CANNOT_RENDER, param="messages") from e
     return rendered[0]
 
 

@@ -25,7 +25,8 @@ import threading
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-from services.workers.engine import EngineError, EngineOutput, EngineRequest, FinishReason, RequestRejected, TokenStream
+from services.workers.engine import (EngineError, EngineOutput, EngineRequest, FinishReason, RequestRejected,
+                                     TokenStream, refuse_thinking_budget)
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class HfEngine:
     def _max_tokens(self, prompt: list[int], request: EngineRequest) -> int:
         if request.guided is not None:
             raise RequestRejected(f"the hf worker has no guided decoding ({request.guided.kind()} was asked for)")
+        refuse_thinking_budget(request, "hf")
         if not prompt:
             raise RequestRejected("the prompt is empty")
         room = self.context_length - len(prompt)

@@ -39,6 +39,7 @@ from services.workers.engine import (
     GuidedDecoding,
     RequestRejected,
     TokenLogprob,
+    refuse_thinking_budget,
 )
 
 # The knobs ModelConfig.get_default_sampling_params may default (SGLang's own list).
@@ -85,6 +86,7 @@ def sampling_params(request: EngineRequest, room: int, limits: EngineLimits) -> 
     """The ``sampling_params`` dict: ``sglang.srt.sampling.sampling_params.SamplingParams(**result)``."""
     if request.max_tokens is not None and request.max_tokens <= 0:
         raise RequestRejected("max_tokens must be at least 1")
+    refuse_thinking_budget(request, "SGLang")
     if request.ignore_eos and request.stop_token_ids:
         raise RequestRejected("SGLang's ignore_eos also ignores stop_token_ids: use one or the other")
     if not limits.has_tokenizer:

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.workers.engine import EngineRequest, FinishReason, GuidedDecoding, RequestRejected, TokenLogprob
+from services.workers.engine import (EngineRequest, FinishReason, GuidedDecoding, RequestRejected, TokenLogprob,
+                                     refuse_thinking_budget)
 
 # The knobs get_diff_sampling_param may default (max_tokens is sized per request below).
 _DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
@@ -37,6 +38,7 @@ def sampling_kwargs(request: EngineRequest, *, max_model_len: int,
         raise RequestRejected(f"the prompt has {prompt_len} tokens; the context window is {max_model_len}")
     if request.max_tokens is not None and request.max_tokens <= 0:
         raise RequestRejected("max_tokens must be at least 1")
+    refuse_thinking_budget(request, "vLLM")
     default_max = defaults.get("max_tokens")
     max_tokens = request.max_tokens if request.max_tokens is not None else default_max or room
     s = request.sampling

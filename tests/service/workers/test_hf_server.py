@@ -83,3 +83,16 @@ async def test_cancelling_a_call_frees_the_model_for_the_next(hf_worker):
         await asyncio.sleep(0.01)
     tokens, _ = await asyncio.wait_for(generate(stub, request([4, 5], max_tokens=3)), 30)
     assert len(tokens) == 3
+
+
+async def test_a_thinking_budget_it_cannot_enforce_is_invalid_argument_naming_the_field(hf_worker):
+    from services.common.errors import InvalidRequest, from_rpc_error
+
+    stub, _ = hf_worker
+    req = request([1, 2, 3], max_tokens=4)
+    req.request.stop.max_thinking_tokens = 16
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await asyncio.wait_for(generate(stub, req), 30)
+    err = from_rpc_error(e.value)
+    assert isinstance(err, InvalidRequest) and err.param == "nvext.max_thinking_tokens"
+    assert "thinking budget" in err.message

@@ -166,3 +166,13 @@ def test_invalid_json(artifacts, field, param):
     with pytest.raises(InvalidRequest) as e:
         render_chat_prompt(artifacts, ChatInput(**fields))
     assert e.value.param == param
+
+
+def test_a_template_failing_on_odd_messages_says_so_without_jinjas_python_text(load_variant):
+    a = load_variant({"chat_template.jinja":
+                      "{% for m in messages %}{{ m.tool_calls[0].function.name.upper() }}{% endfor %}"})
+    messages = [{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": "f"}]}]
+    with pytest.raises(InvalidRequest) as e:
+        render_chat_prompt(a, chat(messages))
+    assert e.value.param == "messages" and "cannot render these messages" in e.value.message
+    assert "str object" not in e.value.message and "attribute" not in e.value.message

@@ -11,13 +11,36 @@ from services.common.errors import InvalidRequest, NoWorkers
 from services.router.core.policies.base import Stateless
 from services.router.core.types import Candidate, Decision, RouteQuery
 
+PIN_PARAM = "nvext.backend_instance_id"
+# How much of a client's pin or model name an error echoes: enough to recognise it, never a flood.
+_ECHO_CHARS = 64
+
+
+def printable(value: str) -> str:
+    """``value`` safe to echo in an error: control characters escaped (a pin comes from a JSON string, so
+    it may hold any), and cut to a readable length."""
+    cut = value[:_ECHO_CHARS] + ("..." if len(value) > _ECHO_CHARS else "")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in cut)
+
+
+def check_pin(pin: str, model: str, serving: Sequence[Candidate]) -> None:
+    """A pin to a worker that does not serve the model is the client's mistake: a 400 naming the field.
+
+    ``serving`` are all the model's workers, busy ones included (a busy pinned worker is not a mistake).
+    """
+    if not any(c.worker_id == pin for c in serving):
+        raise InvalidRequest(f"'{PIN_PARAM}' (or the x-worker-instance-id header) names worker {printable(pin)}, "
+                             f"which does not serve model `{printable(model)}`", param=PIN_PARAM)
+
 
 class Direct(Stateless):
     def choose(self, candidates: Sequence[Candidate], query: RouteQuery) -> Decision:
         if not query.pinned_worker_id:
             raise InvalidRequest("router mode 'direct' needs a worker id (x-worker-instance-id header)",
-                                 param="nvext.backend_instance_id")
+                                 param=PIN_PARAM)
         for c in candidates:
             if c.worker_id == query.pinned_worker_id:
                 return Decision(c.worker_id)
-        raise NoWorkers(f"worker {query.pinned_worker_id} does not serve model {query.model}")
+        # The router checked the pin against every worker of the model (check_pin): this one serves it but
+        # was left out of the candidates (busy, or already failed this request).
+        raise NoWorkers(f"worker {printable(query.pinned_worker_id)} cannot take this request now")

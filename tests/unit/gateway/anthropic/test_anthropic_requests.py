@@ -51,7 +51,8 @@ def test_tool_round_trip_history_maps_to_openai_tool_calls_and_tool_messages():
         {"role": "assistant", "content": [
             {"type": "thinking", "thinking": "I should call the tool.", "signature": "sig"},
             {"type": "text", "text": "Let me check."},
-            {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}},
+            {"type": "tool_use", "id": "call_2", "name": "get_weather", "input": {"city": "Rome"}}]},
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "call_1", "content": [{"type": "text", "text": "sunny"}]},
             {"type": "tool_result", "tool_use_id": "call_2", "content": "timeout", "is_error": True},
@@ -61,7 +62,9 @@ def test_tool_round_trip_history_maps_to_openai_tool_calls_and_tool_messages():
     assert req.messages[1] == {
         "role": "assistant", "content": "Let me check.", "reasoning_content": "I should call the tool.",
         "tool_calls": [{"id": "call_1", "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]}
+                        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+                       {"id": "call_2", "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}}]}
     assert req.messages[2:] == [{"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
                                 {"role": "tool", "tool_call_id": "call_2", "content": "Error: timeout"},
                                 {"role": "user", "content": [{"type": "text", "text": "And tomorrow?"}]}]
