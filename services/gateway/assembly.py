@@ -10,8 +10,13 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from meshfront.gateway.v1 import (anthropic_pb2_grpc, edge_pb2_grpc, embeddings_pb2_grpc, gateway_pb2_grpc,
-                                     responses_pb2_grpc)
+from meshfront.gateway.v1 import (
+    anthropic_pb2_grpc,
+    edge_pb2_grpc,
+    embeddings_pb2_grpc,
+    gateway_pb2_grpc,
+    responses_pb2_grpc,
+)
 
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
@@ -20,18 +25,18 @@ from services.common.grpc_server import GrpcServer
 from services.gateway import clients, frontend_metrics
 from services.gateway.anthropic.server import AnthropicServicer
 from services.gateway.config import GatewayConfig
+from services.gateway.core.pipeline import Pipeline
 from services.gateway.edge.replicas import ReplicaMetrics
 from services.gateway.edge.server import EdgeServicer
 from services.gateway.embeddings.pipeline import EmbeddingsPipeline
 from services.gateway.embeddings.server import EmbeddingsServicer
 from services.gateway.embeddings.worker_client import GrpcEmbedWorker
 from services.gateway.kserve import server as kserve
-from services.gateway.pipeline import Pipeline
+from services.gateway.openai.server import GatewayServicer
 from services.gateway.postprocessor_mux import MuxPostprocessor
+from services.gateway.releases import RidingReleases
 from services.gateway.responses_api.server import ResponsesServicer
 from services.gateway.responses_api.store import ResponseStore
-from services.gateway.releases import RidingReleases
-from services.gateway.server import GatewayServicer
 from services.gateway.warmup import Warmup
 
 

@@ -5,23 +5,23 @@ import pytest
 from meshfront.postprocessor.v1 import postprocessor_pb2
 
 from services.common.errors import WorkerFailed
-from services.gateway.openai.responses import Delta
-from services.gateway.responses_api.render import ResponseBuilder, echo_fields, sse
+from services.gateway.core.delta import Delta
+from services.gateway.responses_api.render import ResponseObjectBuilder, echo_fields, sse
 from services.gateway.responses_api.request import parse_responses
 
 pytestmark = pytest.mark.unit
 
 
-def builder(**kw) -> ResponseBuilder:
+def builder(**kw) -> ResponseObjectBuilder:
     req = parse_responses(orjson.dumps({"model": "m", "input": "hi", **kw}))
-    return ResponseBuilder("resp_1", echo_fields(req), created_at=100)
+    return ResponseObjectBuilder("resp_1", echo_fields(req), created_at=100)
 
 
 def call(name="", arguments="", id_="", index=0):
     return postprocessor_pb2.ToolCallDelta(index=index, id=id_, name=name, arguments=arguments)
 
 
-def run(b: ResponseBuilder, batches: list[list[Delta]]) -> list[dict]:
+def run(b: ResponseObjectBuilder, batches: list[list[Delta]]) -> list[dict]:
     events = b.start()
     for batch in batches:
         events += b.feed(batch)

@@ -16,10 +16,11 @@ from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 from meshfront.router.v1 import router_pb2
+
 from services.common.errors import WorkerFailed
 from services.gateway.clients import PostprocessorClient, PreprocessorClient, RouterClient
-from services.gateway.openai.responses import FINISH, Delta
-from services.gateway.trace import PreparedPrompt, RequestTrace, RouteHints
+from services.gateway.core.delta import FINISH, Delta
+from services.gateway.core.trace import PreparedPrompt, RequestTrace, RouteHints
 
 _DONE = object()
 _NO_HINTS = RouteHints()

@@ -19,9 +19,9 @@ from typing import Any
 
 from services.common.errors import InvalidRequest
 from services.gateway.anthropic import content
-from services.gateway.openai import tools as tools_checks
-from services.gateway.openai.fields import INT32, UINT32, Fields
-from services.gateway.openai.requests import ChatRequest, Sampling, load_json
+from services.gateway.core import tools as tools_checks
+from services.gateway.core.fields import INT32, UINT32, Fields
+from services.gateway.core.request import ChatRequest, Sampling, load_json
 
 MAX_STOP_SEQUENCES = 32  # the preprocessor's limit on stop strings
 MIN_THINKING_BUDGET = 1024
