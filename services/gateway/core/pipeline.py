@@ -20,14 +20,14 @@ from meshfront.router.v1 import router_pb2
 from services.common.errors import WorkerFailed
 from services.gateway.clients import PostprocessorClient, PreprocessorClient, RouterClient
 from services.gateway.core.delta import FINISH, Delta
-from services.gateway.core.trace import PreparedPrompt, RequestTrace, RouteHints
+from services.gateway.core.trace import RequestTrace, RouteHints, TracedPrompt
 
 _DONE = object()
 _NO_HINTS = RouteHints()
 
 
 @dataclasses.dataclass(frozen=True)
-class _Choice:
+class _RoutedChoice:
     """One choice of a request, routed and ready to generate."""
 
     index: int
@@ -63,7 +63,7 @@ class Pipeline:
                                                       prompt_tokens=resp.prompt_tokens))
 
     async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, request_id: str, index: int,
-                     choice: int, worker_id: str, hints: RouteHints, trace: RequestTrace | None) -> _Choice:
+                     choice: int, worker_id: str, hints: RouteHints, trace: RequestTrace | None) -> _RoutedChoice:
         # The constructor copies the request once; each choice then edits only its own copy.
         gen = postprocessor_pb2.GenerateRequest(request=prepared.request, options=prepared.postprocess)
         if not gen.options.stream_interval:
@@ -80,7 +80,7 @@ class Pipeline:
         gen.worker_address, gen.worker_id = route.address, route.worker_id
         if trace is not None:
             trace.on_routed(index, route.worker_id, route.queue_depth)
-        return _Choice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token)
+        return _RoutedChoice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token)
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
                   worker_id: str = "", hints: RouteHints = _NO_HINTS,
@@ -88,10 +88,10 @@ class Pipeline:
         """``trace`` (optional) records what the request went through, for nvext responses."""
         prepared = await asyncio.gather(*(self.pre.preprocess(r) for r in requests))
         if trace is not None:
-            trace.prompts = [PreparedPrompt(list(p.request.token_ids), p.formatted_prompt) for p in prepared]
+            trace.prompts = [TracedPrompt(list(p.request.token_ids), p.formatted_prompt) for p in prepared]
         base_id = requests[0].request.request_id
         total = len(requests) * n
-        choices: list[_Choice] = []
+        choices: list[_RoutedChoice] = []
         try:
             for p, prep in enumerate(prepared):
                 for j in range(n):
@@ -118,7 +118,7 @@ class Pipeline:
             for c in choices:
                 self._release(c.request_id)
 
-    async def _stream(self, c: _Choice) -> AsyncIterator[list[Delta]]:
+    async def _stream(self, c: _RoutedChoice) -> AsyncIterator[list[Delta]]:
         """One choice's deltas, as many as were ready together; tells the router about the first token
         when it asked to know."""
         async for responses in self.post.generate(c.gen):
@@ -144,11 +144,11 @@ class Pipeline:
                      resp.completion_tokens, (prompt_tokens or prompt_len) if first else 0,
                      resp.cached_tokens if first else 0, counts_prompt and first, resp.worker_id)
 
-    async def _merge(self, choices: list[_Choice]) -> AsyncIterator[list[Delta]]:
+    async def _merge(self, choices: list[_RoutedChoice]) -> AsyncIterator[list[Delta]]:
         """Runs every choice's stream at once and yields whatever is ready, across choices."""
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(choice: _Choice) -> None:
+        async def pump(choice: _RoutedChoice) -> None:
             try:
                 async for deltas in self._stream(choice):
                     queue.put_nowait(deltas)
