@@ -40,7 +40,7 @@ from services.gateway.request_metrics import RequestTracker
 log = logging.getLogger(__name__)
 JSON = "application/json"
 SSE = "text/event-stream"
-Models = Callable[[], Mapping[str, Sequence[WorkerCard]]]
+Models = Callable[[], dict[str, list[WorkerCard]]]
 
 
 def headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
@@ -78,12 +78,12 @@ class ErrorShape:
         if context is None:
             raise err
         code, message, trailers = to_status(err)
+        metadata: tuple[tuple[str, str | bytes], ...] = trailers
         if self.body is not None:
-            extra = [("x-meshfront-status", str(self.status(err))), ("x-meshfront-body", self.body(err).decode())]
+            metadata += (("x-meshfront-status", str(self.status(err))), ("x-meshfront-body", self.body(err).decode()))
             if self.retry_after(err):
-                extra.append(("x-meshfront-retry-after", "1"))
-            trailers += tuple(extra)
-        await context.abort(code, message, trailing_metadata=trailers)
+                metadata += (("x-meshfront-retry-after", "1"),)
+        await context.abort(code, message, trailing_metadata=metadata)
         raise AssertionError("unreachable: abort raises")
 
 
@@ -127,7 +127,7 @@ class Renderer(Protocol):
 class Extras(Protocol):
     """What a request's extensions add around the reply (openai/extensions.py)."""
 
-    def headers(self) -> list[tuple[str, str]]: ...
+    def headers(self) -> Sequence[tuple[str, str]]: ...
 
     def annotation_events(self) -> bytes: ...
 
