@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from meshfront.router.v1 import router_pb2
+
 from services.postprocessor.service import Postprocessor
 from services.preprocessor.service import Preprocessor
 from services.router.service import Router
@@ -34,6 +36,9 @@ class InProcessRouter:
 
     async def release(self, req):
         await self._service.release(req)
+
+    async def report_first_token(self, report):
+        await self._service.release_batch(router_pb2.ReleaseBatchRequest(first_tokens=[report]))
 
     async def release_batch(self, req):
         await self._service.release_batch(req)

@@ -3,8 +3,8 @@
 Names are documented in docs/metrics.md and follow Dynamo's where they overlap
 (dynamo-frontend.md §9), with a ``meshfront_<service>_`` prefix. Updates happen once per request or
 per message, never per token: token counts are added when a request ends, the inter-token latency is
-the request's mean gap, and load gauges are read from the live objects at scrape time
-(``LoadCollector``), so the hot path pays nothing for them.
+the request's mean gap, and load gauges are read from the live objects at scrape time (custom
+collectors, e.g. the router's in services/router/metrics.py), so the hot path pays nothing for them.
 
 The router's own metrics (decisions, KV prediction accuracy, event lag, per-worker load) live in
 services/router/metrics.py with their own registry.
@@ -21,11 +21,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Iterable
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 log = logging.getLogger(__name__)
 
@@ -121,26 +118,3 @@ def embed_metrics() -> EmbedMetrics:
     return EmbedMetrics(batch_inputs=Histogram(
         "meshfront_worker_embed_batch_inputs", "Inputs per forward pass of an embedding worker",
         buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)))
-
-
-class LoadCollector(Collector):
-    """Gauges read from live objects at scrape time: ``read()`` returns (name, help, labels, values).
-
-    ``values`` maps a tuple of label values to a number. Used for per-worker load (router bookings,
-    engine queues, KV usage), which changes on every request and is only needed when scraped.
-    """
-
-    def __init__(self, read: Callable[[], Iterable[tuple[str, str, list[str], dict[tuple[str, ...], float]]]]):
-        self._read = read
-
-    def collect(self):
-        for name, help_text, labels, values in self._read():
-            family = GaugeMetricFamily(name, help_text, labels=labels)
-            for label_values, value in values.items():
-                family.add_metric(list(label_values), value)
-            yield family
-
-
-def register_load(read: Callable[[], Iterable[tuple[str, str, list[str], dict[tuple[str, ...], float]]]]) -> None:
-    """Registers a ``LoadCollector`` with the process registry."""
-    REGISTRY.register(LoadCollector(read))

@@ -41,6 +41,8 @@ class RouterClient(Protocol):
 
     async def release(self, req: router_pb2.ReleaseRequest) -> None: ...
 
+    async def report_first_token(self, report: router_pb2.FirstTokenReport) -> None: ...
+
     async def release_batch(self, req: router_pb2.ReleaseBatchRequest) -> None: ...
 
 
@@ -85,6 +87,9 @@ class GrpcRouter:
         # The router forgets bookings of workers that leave; a lost release only skews load briefly.
         with contextlib.suppress(grpc.aio.AioRpcError):
             await self._stub.Release(req, timeout=5, metadata=request_id_metadata(req.request_id))
+
+    async def report_first_token(self, report):
+        await self.release_batch(router_pb2.ReleaseBatchRequest(first_tokens=[report]))
 
     async def release_batch(self, req):
         with contextlib.suppress(grpc.aio.AioRpcError):  # as release: a lost one only skews load briefly

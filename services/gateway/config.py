@@ -18,11 +18,8 @@ from services.gateway.core.nvext import MAX_STREAM_INTERVAL
 from services.gateway.frontend_metrics import DEFAULT_PREFIX, check_prefix
 
 DEFAULT_PORT = 9100
-STAGES = ("preprocessor", "router", "postprocessor")
 # mux: one GenerateStream per postprocessor replica carrying every request; unary: one stream per request.
 POSTPROCESSOR_TRANSPORTS = ("mux", "unary")
-# What these flags took before the all-in-one process existed; now refused with a pointer to it.
-_OLD_INPROC = "inproc"
 DEFAULT_RESPONSES_TTL_S = 3600
 
 
@@ -48,17 +45,13 @@ class GatewayConfig:
 
     def validate(self) -> None:
         check_prefix(self.metrics_prefix)
-        inproc = [f"--{s}" for s in STAGES if getattr(self, s) == _OLD_INPROC]
-        if inproc:
-            raise ValueError(f"{', '.join(inproc)} {_OLD_INPROC}: the all-in-one shape is its own process now, "
-                             "with every stage's flags: python -m services.allinone (meshfront allinone)")
         if self.responses_ttl_s < 1:
             # NATS per-message TTLs are whole seconds; 0 would mean "never expires" there.
             raise ValueError(f"--responses-ttl-s must be at least 1; got {self.responses_ttl_s}")
         if self.postprocessor_transport not in POSTPROCESSOR_TRANSPORTS:
             raise ValueError(f"--postprocessor-transport must be one of {', '.join(POSTPROCESSOR_TRANSPORTS)}; "
                              f"got {self.postprocessor_transport!r}")
-        if self.postprocessor_transport == "mux" and self.postprocessor != _OLD_INPROC:
+        if self.postprocessor_transport == "mux":
             split_target(self.postprocessor)  # expanded into replicas: a dns target without a port fails at start
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ValueError(f"--stream-interval must be 1 to {MAX_STREAM_INTERVAL}; got {self.stream_interval}")

@@ -18,6 +18,7 @@ import logging
 import time
 
 import orjson
+from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 
 from services.common.discovery import CHAT, COMPLETIONS, ModelCard, WorkerCard, WorkerRegistry
@@ -38,13 +39,18 @@ POLL_S = 0.05
 # book, several decode steps, messages of a real request's size) before the first client comes.
 WARM_PROMPT = " ".join(["Every stage of the mesh handles one request of ordinary size before it serves."] * 16)
 WARM_TOKENS = 8
+_NO_OPTIONS = common_pb2.PostprocessOptions()  # a warm-up asks for no tools and the default interval
 WARM_MIN_CONTEXT = 1024  # a model with a smaller (or unknown) window gets the one-token "Hi" instead
 
 
 class Warmup:
-    def __init__(self, pipeline: Pipeline, registry: WorkerRegistry):
+    def __init__(self, pipeline: Pipeline, registry: WorkerRegistry, *, deadline_s: float = DEADLINE_S,
+                 retry_s: float = RETRY_S, empty_wait_s: float = EMPTY_WAIT_S):
         self._pipeline = pipeline
         self._registry = registry
+        self._deadline_s = deadline_s
+        self._retry_s = retry_s
+        self._empty_wait_s = empty_wait_s
         self._started: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self.ready = asyncio.Event()  # the models known at start are warm (or gave up)
@@ -60,14 +66,15 @@ class Warmup:
 
         At start the stages race each other and the workers register one by one, so "known" is
         whatever discovery has shown by the time the warm-ups in flight end. A mesh with no model at
-        all is ready after ``EMPTY_WAIT_S``: it answers /v1/models with an empty list, as before.
+        all is ready after ``empty_wait_s``: it answers /v1/models with an empty list, as before.
         """
         try:
             await asyncio.wait_for(self._registry.synced.wait(), SYNC_WAIT_S)
         except asyncio.TimeoutError:
             log.warning("no discovery view after %.0f s: waiting for models without it", SYNC_WAIT_S)
         since = time.monotonic()
-        while not (self._started and not self._tasks) and (self._started or time.monotonic() - since < EMPTY_WAIT_S):
+        while not (self._started and not self._tasks) and (
+                self._started or time.monotonic() - since < self._empty_wait_s):
             await asyncio.sleep(POLL_S)  # only while the gateway starts
         self.ready.set()
 
@@ -88,12 +95,12 @@ class Warmup:
 
     async def _warm(self, worker_id: str, model: ModelCard) -> None:
         started = time.monotonic()
-        deadline = started + DEADLINE_S
+        deadline = started + self._deadline_s
         kinds = [kind for kind in (CHAT, COMPLETIONS) if model.serves(kind)]
         while kinds:
             try:
                 # Pinned: each worker's own channels (postprocessor -> worker) open now too.
-                async for _ in self._pipeline.run([_request(model, kinds[0])], 1, worker_id):
+                async for _ in self._pipeline.run([_request(model, kinds[0])], 1, worker_id, options=_NO_OPTIONS):
                     pass
                 log.info("worker %s (%s) warm in %.0f ms", worker_id, model.name,
                          (time.monotonic() - started) * 1000)
@@ -101,12 +108,12 @@ class Warmup:
             except InvalidRequest as e:  # e.g. chat on a model without a template: try its other kind
                 log.info("warming worker %s with %s: %s", worker_id, kinds.pop(0), e.message)
             except MeshError as e:
-                if time.monotonic() + RETRY_S > deadline:
+                if time.monotonic() + self._retry_s > deadline:
                     log.warning("worker %s (%s) did not warm up in %.0f s (%s); serving it cold", worker_id,
-                                model.name, DEADLINE_S, e.message)
+                                model.name, self._deadline_s, e.message)
                     return
                 log.info("warming worker %s: %s; retrying", worker_id, e.message)
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(self._retry_s)
 
 
 def _request(model: ModelCard, kind: str) -> preprocessor_pb2.PreprocessRequest:

@@ -9,6 +9,7 @@ from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from services.postprocessor.core.detokenizer import PROMPT_CONTEXT_IDS
 from services.postprocessor.core.logprobs import TokenTexts
+from services.postprocessor.core.parsers import ParserConfig, ToolChoice
 from services.postprocessor.core.sequence import FinishReason, SequenceOptions
 
 _UNSPECIFIED = common_pb2.FINISH_REASON_UNSPECIFIED
@@ -40,14 +41,22 @@ def finish_from_proto(value: int) -> FinishReason | None:
     return None if value == _UNSPECIFIED else FinishReason(value)
 
 
-_TOOL_CHOICES = {common_pb2.TOOL_CHOICE_MODE_UNSPECIFIED: "auto", common_pb2.TOOL_CHOICE_MODE_AUTO: "auto",
-                 common_pb2.TOOL_CHOICE_MODE_NONE: "none", common_pb2.TOOL_CHOICE_MODE_REQUIRED: "required",
-                 common_pb2.TOOL_CHOICE_MODE_NAMED: "named"}
+_TOOL_CHOICES = {common_pb2.TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoice.AUTO,
+                 common_pb2.TOOL_CHOICE_MODE_AUTO: ToolChoice.AUTO,
+                 common_pb2.TOOL_CHOICE_MODE_NONE: ToolChoice.NONE,
+                 common_pb2.TOOL_CHOICE_MODE_REQUIRED: ToolChoice.REQUIRED,
+                 common_pb2.TOOL_CHOICE_MODE_NAMED: ToolChoice.NAMED}
 
 
-def tool_choice_from_proto(choice: common_pb2.ToolChoice) -> tuple[str, str]:
-    """(mode as the parsers name it, the named function); unset is "auto", as without tools it is moot."""
-    return _TOOL_CHOICES[choice.mode], choice.function_name
+def parser_config(options: common_pb2.PostprocessOptions) -> ParserConfig:
+    """What selects a request's parsers. Tools are offered exactly when ``tools_json`` is set (the gateway
+    sets it only for a non-empty list): no second decode of the JSON for that. An unset tool choice is
+    AUTO, as OpenAI's default with tools (without tools it is moot)."""
+    return ParserConfig(options.tool_call_parser, options.reasoning_parser, has_tools=bool(options.tools_json),
+                        tool_choice=_TOOL_CHOICES[options.tool_choice.mode],
+                        named_function=options.tool_choice.function_name,
+                        prompt_opens_reasoning=options.prompt_opens_reasoning,
+                        thinking_disabled=options.thinking_disabled)
 
 
 def finish_to_proto(finish: FinishReason | None) -> common_pb2.FinishReason:

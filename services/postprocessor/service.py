@@ -28,7 +28,6 @@ from services.common.metrics import postprocessor_metrics
 from services.common.pump import Batch
 from services.postprocessor import convert
 from services.postprocessor.core.logprobs import TokenTexts
-from services.postprocessor.core.parsers import parser_config
 from services.postprocessor.core.parsers.output import SingleToolCall
 from services.postprocessor.core.parsers.backends import (
     ChatProcessor,
@@ -295,13 +294,7 @@ def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatPr
     """The request's reasoning / tool-call parsers; None (no parsing at all) for plain requests."""
     if not (options.reasoning_parser or options.tools_json):
         return None
-    try:
-        choice, named = convert.tool_choice_from_proto(options.tool_choice)
-        config = parser_config(options.tool_call_parser, options.reasoning_parser, options.tools_json, choice,
-                               named, prompt_opens_reasoning=options.prompt_opens_reasoning,
-                               thinking_disabled=options.thinking_disabled)
-    except ValueError as e:
-        raise InvalidRequest(str(e), param="tools") from e
+    config = convert.parser_config(options)
     prompt_ids = request.token_ids if request is not None else ()  # not copied: ours never read it
     context = ParseContext(options.model_dir, options.tools_json, prompt_ids)
     try:

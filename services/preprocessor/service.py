@@ -107,7 +107,6 @@ class Preprocessor:
                            stop.max_tokens if stop.HasField("max_tokens") else None, param)
         hashes = await self._run(len(prepared.token_ids), block_hashes, prepared.token_ids, card.block_size)
         response = self._response(req, card, artifacts, prepared, hashes)
-        response.postprocess.single_tool_call = req.single_tool_call
         if kind == "messages_json" and card.reasoning_parser:
             response.postprocess.thinking_disabled = thinking_disabled(chat.chat_template_kwargs_json)
         if req.return_formatted_prompt:
@@ -180,7 +179,4 @@ class Preprocessor:
         post.tool_call_parser = card.tool_call_parser
         post.reasoning_parser = card.reasoning_parser
         post.prompt_opens_reasoning = prepared.prompt_opens_reasoning
-        post.tools_json = req.tools_json
-        post.tool_choice.CopyFrom(req.tool_choice)
-        post.stream_interval = req.stream_interval
         return out

@@ -13,8 +13,7 @@ from services.common.discovery import WorkerRegistry
 from services.common.overload import BusyThreshold
 from services.router.config import RouterConfig
 from services.router.core.kv_ingest import KvEventIngest
-from services.router.core.policies import make_policy
-from services.router.core.policies.kv_aware import KvAware
+from services.router.core.policies import KvSettings, build_policy
 from services.router.events import KvEventSubscriber, ReplicaSync
 from services.router.metrics import RouterMetrics
 from services.router.service import Router
@@ -28,11 +27,12 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
     process registry, so that /metrics also has process_* and python_gc_* like every service.
     """
     ingest = KvEventIngest() if cfg.router_mode == "kv" and cfg.kv_events else None
-    router = Router(registry.workers_for, cfg.router_mode, policy=_policy(cfg, ingest),
+    kv = KvSettings(overlap_weight=cfg.kv_overlap_weight, temperature=cfg.router_temperature,
+                    hotspot_ratio=cfg.hotspot_ratio, ttl_s=cfg.router_ttl_secs)
+    router = Router(registry.workers_for, build_policy(cfg.router_mode, kv, ingest),
                     busy=BusyThreshold(cfg.max_in_flight_per_worker), queue_timeout_s=cfg.queue_timeout_s)
     registry.subscribe(router.on_worker_change)
-    metrics = RouterMetrics(registry=metrics_registry, ingest=ingest,
-                            policy_stats=router._policy.stats if isinstance(router._policy, KvAware) else None,
+    metrics = RouterMetrics(registry=metrics_registry, ingest=ingest, policy_stats=router.policy.stats,
                             queued=router.queue.depths, sessions=lambda: len(router.sessions))
     router.listeners.append(metrics)
     built = Built(router, parts={"ingest": ingest, "events": None, "sync": None, "metrics": metrics})
@@ -50,19 +50,3 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
         built.parts["sync"] = sync
     return built
 
-
-def _policy(cfg: RouterConfig, ingest: KvEventIngest | None):
-    """The kv policy with its flags (and the event-fed index unless approximate); others by name."""
-    if cfg.router_mode != "kv":
-        return None
-    if ingest is None:
-        return make_policy("kv", overlap_weight=cfg.kv_overlap_weight, temperature=cfg.router_temperature,
-                           hotspot_ratio=cfg.hotspot_ratio, approximate=True, ttl_s=cfg.router_ttl_secs)
-
-    def reported(worker_id: str) -> int:
-        load = ingest.loads.get(worker_id)
-        return load.active_blocks if load is not None else 0
-
-    return make_policy("kv", index=ingest.index, overlap_weight=cfg.kv_overlap_weight,
-                       temperature=cfg.router_temperature, hotspot_ratio=cfg.hotspot_ratio, approximate=False,
-                       reported_blocks=reported)

@@ -13,8 +13,7 @@ from services.common.errors import ModelNotFound, NoWorkers, Overloaded
 from services.common.overload import BusyThreshold
 from services.router.core.bookings import Bookings
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent, LifecycleListener
-from services.router.core.policies import Policy, TracksRequests, make_policy
-from services.router.core.policies.direct import Direct
+from services.router.core.policies import DEFAULT_MODE, Policy, build_policy
 from services.router.core.sessions import SessionAffinity
 from services.router.core.types import Candidate, Decision, RouteQuery
 from services.router.core.wait_queue import WaitQueue
@@ -24,19 +23,21 @@ WorkerLookup = Callable[[str], Sequence[WorkerCard]]
 
 
 class Router:
-    """Chooses a worker per request with one policy and books it until release."""
+    """Chooses a worker per request with one policy and books it until release.
 
-    def __init__(self, workers_for: WorkerLookup, mode: str = "round-robin", policy: Policy | None = None,
+    ``policy`` comes from ``build_policy`` (round-robin when not given).
+    """
+
+    def __init__(self, workers_for: WorkerLookup, policy: Policy | None = None,
                  busy: BusyThreshold | None = None, queue_timeout_s: float = 0.0):
         self._workers_for = workers_for
-        self.mode = mode
-        self._policy = policy or make_policy(mode)
-        self._direct = Direct()
+        self.policy = policy or build_policy(DEFAULT_MODE)
+        self._pinned = build_policy("direct")
         self.bookings = Bookings()
         self.busy = busy or BusyThreshold()
-        # kv keeps per-request state (blocks, prefill) beside the bookings; see core/lifecycle.py.
-        self._tracker = self._policy if isinstance(self._policy, TracksRequests) else None
-        self.listeners: list[LifecycleListener] = []
+        # The policy hears every booking change first (kv keeps per-request load beside the bookings);
+        # then the metrics and the replica sync, which the assembly appends. See core/lifecycle.py.
+        self.listeners: list[LifecycleListener] = [self.policy]
         self.sessions = SessionAffinity()
         # Requests waiting for a busy model (0: none wait; every worker busy fails at once with 503).
         self.queue_timeout_s = queue_timeout_s
@@ -46,8 +47,7 @@ class Router:
         if card is None:
             self.bookings.drop_worker(worker_id)
             self.sessions.drop_worker(worker_id)
-            if self._tracker is not None:
-                self._tracker.drop_worker(worker_id)
+            self.policy.drop_worker(worker_id)
         self._drain_queue()  # a new worker is free capacity; a gone one may fail its waiters
 
     def _candidates(self, model: str) -> list[Candidate]:
@@ -58,8 +58,8 @@ class Router:
                           self.bookings.prompt_tokens(c.worker_id)) for c in cards]
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
-        for release in req.releases:  # earlier requests' endings come first: they free what this one may take
-            self._release(release)
+        # Earlier requests' first tokens and endings come first: they free what this one may take.
+        self._apply_reports(req.first_tokens, req.releases)
         if self.queue_timeout_s <= 0:
             return self._route_now(req)
         if not self.queue.waiting(req.model):
@@ -103,7 +103,7 @@ class Router:
             decision = Decision(sticky)
         else:
             # A pin wins in every mode (as in Dynamo); 'direct' only differs in requiring one.
-            policy = self._direct if req.worker_id else self._policy
+            policy = self._pinned if req.worker_id else self.policy
             decision = policy.choose(candidates, query)
         chosen = next((c for c in candidates if c.worker_id == decision.worker_id), None)
         if chosen is None:
@@ -116,7 +116,8 @@ class Router:
                                   session_timeout_s=req.session_timeout_s))
         return router_pb2.RouteResponse(worker_id=chosen.worker_id, address=chosen.address,
                                         overlap_blocks=decision.overlap_blocks,
-                                        report_first_token=self._tracker is not None)
+                                        report_first_token=self.policy.wants_first_token,
+                                        reads_first_token_reports=True)
 
     def _admissible(self, candidates: list[Candidate], req: router_pb2.RouteRequest) -> list[Candidate]:
         """Drops workers a migrating request already failed on, then busy ones (Overloaded if none is left)."""
@@ -132,12 +133,19 @@ class Router:
         return router_pb2.ReleaseResponse()
 
     async def release_batch(self, req: router_pb2.ReleaseBatchRequest) -> router_pb2.ReleaseBatchResponse:
-        for release in req.releases:
-            self._release(release)
+        self._apply_reports(req.first_tokens, req.releases)
         return router_pb2.ReleaseBatchResponse()
 
+    def _apply_reports(self, first_tokens: Sequence[router_pb2.FirstTokenReport],
+                       releases: Sequence[router_pb2.ReleaseRequest]) -> None:
+        for report in first_tokens:  # before the releases: a request's first token precedes its end
+            self.apply(LifecycleEvent(FIRST_TOKEN, report.request_id, prompt_tokens=report.prompt_tokens,
+                                      cached_tokens=report.cached_tokens))
+        for release in releases:
+            self._release(release)
+
     def _release(self, req: router_pb2.ReleaseRequest) -> None:
-        if req.first_token:
+        if req.first_token:  # deprecated form of a FirstTokenReport, from a gateway that predates it
             self.apply(LifecycleEvent(FIRST_TOKEN, req.request_id, prompt_tokens=req.prompt_tokens,
                                       cached_tokens=req.cached_tokens))
         else:
@@ -145,23 +153,15 @@ class Router:
 
     def apply(self, event: LifecycleEvent, remote: bool = False) -> None:
         """One booking change, made here or (``remote``) by a replica (listeners are told which)."""
-        tracker = self._tracker
         if event.kind == BOOK:
             self.bookings.book(event.request_id, event.worker_id, event.prompt_tokens)
-            if tracker is not None:
-                tracker.book(event.request_id, event.worker_id, event.local_hashes, event.overlap_blocks)
             if event.session_id:
                 self.sessions.bind(event.session_id, event.worker_id, event.session_timeout_s)
                 if event.session_action == "close":
                     self.sessions.close_after(event.request_id, event.session_id)
-        elif event.kind == FIRST_TOKEN:
-            if tracker is not None:
-                tracker.mark_prefilled(event.request_id)
-        else:
+        elif event.kind == FREE:
             self.bookings.release(event.request_id)
             self.sessions.on_release(event.request_id)
-            if tracker is not None:
-                tracker.free(event.request_id)
         for listener in self.listeners:
             listener.on_lifecycle(event, remote)
         if event.kind == FREE:

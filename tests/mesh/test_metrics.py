@@ -101,12 +101,12 @@ def test_exported_names_match_the_doc(mesh):
 def test_kv_mode_router_names_match_the_doc():
     """The kv-only names without a kv mesh: the router's metrics over a kv policy and event ingest."""
     from services.router.core.kv_ingest import KvEventIngest
-    from services.router.core.policies import make_policy
+    from services.router.core.policies import build_policy
     from services.router.metrics import RouterMetrics
 
     ingest = KvEventIngest()
     registry = CollectorRegistry()
-    RouterMetrics(registry, ingest=ingest, policy_stats=make_policy("kv", approximate=True).stats)
+    RouterMetrics(registry, ingest=ingest, policy_stats=build_policy("kv").stats)
     exported = {n: f.type for n, f in parse(generate_latest(registry).decode()).items()}
     docs = documented()["meshfront_router_"]
     assert exported == {n: kind for n, (kind, _) in docs.items()}

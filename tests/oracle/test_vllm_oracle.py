@@ -110,7 +110,7 @@ def test_the_service_builds_vllm_parsers_from_the_request(vllm_processor, tokeni
     options = common_pb2.PostprocessOptions(
         model_dir=str(oracle_model_dir), tool_call_parser="hermes", reasoning_parser="qwen3",
         tools_json='[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]',
-        tool_choice_json='"auto"', prompt_opens_reasoning=True)
+        prompt_opens_reasoning=True)
     parser = output_parser(options, vllm_processor, common_pb2.PreprocessedRequest(token_ids=prompt))
     text = 'hm</think>ok<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
     deltas = [parser.feed(t, ids) for t, ids in token_stream(tokenizer, text)] + [parser.finish()]

@@ -19,7 +19,7 @@ from services.gateway.anthropic.errors import ANTHROPIC
 from services.gateway.anthropic.render import MessageRenderer
 from services.gateway.anthropic.request import parse_count_tokens, parse_messages
 from services.gateway.core.pipeline import Pipeline
-from services.gateway.core.to_proto import chat_to_preprocess
+from services.gateway.core.to_proto import chat_to_preprocess, postprocess_options
 from services.gateway.front_door import JSON, Generation, Models, check_model, generation_rpc, headers, unexpected
 
 
@@ -49,7 +49,8 @@ class AnthropicServicer(anthropic_pb2_grpc.AnthropicServiceServicer):
         req = parse_messages(request.data, headers(context))
         check_model(self._models(), req.model)
         renderer = MessageRenderer(message_id=f"msg_{rid}", model=req.model)
-        stream = self._pipeline.run([chat_to_preprocess(req, rid)], 1, req.worker_id)
+        prep = chat_to_preprocess(req, rid)
+        stream = self._pipeline.run([prep], 1, req.worker_id, options=postprocess_options(req, prep))
         return Generation(req.model, req.stream, renderer, stream)
 
     CreateMessage = generation_rpc(_start_message, "messages", ANTHROPIC)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from typing import Any
 
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
@@ -36,6 +37,7 @@ class _RoutedChoice:
     request_id: str
     gen: postprocessor_pb2.GenerateRequest
     report_first_token: bool
+    legacy_first_token: bool  # the router predates FirstTokenReport: report with a ReleaseRequest
 
 
 class Pipeline:
@@ -47,25 +49,32 @@ class Pipeline:
         self.stream_interval = stream_interval  # unless the request set its own (nvext.stream_interval)
         self._background: set[asyncio.Task] = set()
 
-    def _notify_router(self, release: router_pb2.ReleaseRequest) -> None:
+    def _notify_router(self, call: Coroutine[Any, Any, None]) -> None:
         """Fire and forget: the stream must not wait on the router's bookkeeping."""
-        task = asyncio.create_task(self.router.release(release))
+        task = asyncio.create_task(call)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     def _release(self, request_id: str) -> None:
-        self._notify_router(router_pb2.ReleaseRequest(request_id=request_id))
+        self._notify_router(self.router.release(router_pb2.ReleaseRequest(request_id=request_id)))
 
-    def _report_first_token(self, request_id: str, resp: postprocessor_pb2.GenerateResponse) -> None:
+    def _report_first_token(self, c: _RoutedChoice, resp: postprocessor_pb2.GenerateResponse) -> None:
         """Tells the router that prefill is done and what the worker had cached (its accuracy metrics)."""
-        self._notify_router(router_pb2.ReleaseRequest(request_id=request_id, first_token=True,
-                                                      cached_tokens=resp.cached_tokens,
-                                                      prompt_tokens=resp.prompt_tokens))
+        if c.legacy_first_token:
+            self._notify_router(self.router.release(router_pb2.ReleaseRequest(
+                request_id=c.request_id, first_token=True, cached_tokens=resp.cached_tokens,
+                prompt_tokens=resp.prompt_tokens)))
+        else:
+            self._notify_router(self.router.report_first_token(router_pb2.FirstTokenReport(
+                request_id=c.request_id, cached_tokens=resp.cached_tokens, prompt_tokens=resp.prompt_tokens)))
 
-    async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, request_id: str, index: int,
-                     choice: int, worker_id: str, hints: RouteHints, trace: RequestTrace | None) -> _RoutedChoice:
-        # The constructor copies the request once; each choice then edits only its own copy.
+    async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, options: common_pb2.PostprocessOptions,
+                     request_id: str, index: int, choice: int, worker_id: str, hints: RouteHints,
+                     trace: RequestTrace | None) -> _RoutedChoice:
+        # The constructor copies the request once; each choice then edits only its own copy. The
+        # preprocessor's options say what it learnt from the model, ``options`` what the request asked.
         gen = postprocessor_pb2.GenerateRequest(request=prepared.request, options=prepared.postprocess)
+        gen.options.MergeFrom(options)
         if not gen.options.stream_interval:
             gen.options.stream_interval = self.stream_interval
         req = gen.request
@@ -80,12 +89,16 @@ class Pipeline:
         gen.worker_address, gen.worker_id = route.address, route.worker_id
         if trace is not None:
             trace.on_routed(index, route.worker_id, route.queue_depth)
-        return _RoutedChoice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token)
+        return _RoutedChoice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token,
+                       not route.reads_first_token_reports)
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
                   worker_id: str = "", hints: RouteHints = _NO_HINTS,
-                  trace: RequestTrace | None = None) -> AsyncIterator[list[Delta]]:
-        """``trace`` (optional) records what the request went through, for nvext responses."""
+                  trace: RequestTrace | None = None, *,
+                  options: common_pb2.PostprocessOptions) -> AsyncIterator[list[Delta]]:
+        """``options``: the request's own postprocess options (``postprocess_options``: tools, tool choice,
+        single tool call, stream interval), the same for each of its prompts. ``trace`` (optional)
+        records what the request went through, for nvext responses."""
         prepared = await asyncio.gather(*(self.pre.preprocess(r) for r in requests))
         if trace is not None:
             trace.prompts = [TracedPrompt(list(p.request.token_ids), p.formatted_prompt) for p in prepared]
@@ -97,7 +110,7 @@ class Pipeline:
                 for j in range(n):
                     index = p * n + j
                     rid = base_id if total == 1 else f"{base_id}-{index}"
-                    choices.append(await self._start(prep, rid, index, j, worker_id, hints, trace))
+                    choices.append(await self._start(prep, options, rid, index, j, worker_id, hints, trace))
             if total == 1:
                 async for deltas in self._stream(choices[0]):
                     if trace is not None:
@@ -125,7 +138,7 @@ class Pipeline:
             deltas = []
             for resp in responses:
                 if resp.prompt_tokens and c.report_first_token:
-                    self._report_first_token(c.request_id, resp)
+                    self._report_first_token(c, resp)
                 deltas.append(self._delta(c.index, c.counts_prompt, c.prompt_len, resp))
             yield deltas
 

@@ -42,8 +42,7 @@ def _media(item: Media) -> common_pb2.MediaItem:
 
 def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.PreprocessRequest:
     out = preprocessor_pb2.PreprocessRequest(request=_base(req, request_id),
-                                             return_formatted_prompt=req.nvext.wants("formatted_prompt"),
-                                             stream_interval=req.nvext.stream_interval)
+                                             return_formatted_prompt=req.nvext.wants("formatted_prompt"))
     if req.nvext.token_data is not None:
         out.tokens.ids.extend(req.nvext.token_data)  # pinned and pre-tokenized: no template
     else:
@@ -51,7 +50,6 @@ def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.Pr
     out.request.media.extend(_media(m) for m in req.media)
     if req.tools:
         out.tools_json = orjson.dumps(req.tools).decode()
-        out.single_tool_call = not req.parallel_tool_calls
     if req.tool_choice is not None:
         out.tool_choice.CopyFrom(tool_choice_proto(req.tool_choice))
     if req.chat_template_kwargs:
@@ -65,11 +63,23 @@ def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.Pr
 
 def completion_to_preprocess(req: CompletionRequest, prompt: str | list[int],
                              request_id: str) -> preprocessor_pb2.PreprocessRequest:
-    out = preprocessor_pb2.PreprocessRequest(request=_base(req, request_id), stream_interval=req.nvext.stream_interval)
+    out = preprocessor_pb2.PreprocessRequest(request=_base(req, request_id))
     if req.structured is not None:
         out.request.sampling.guided_decoding.CopyFrom(common_pb2.GuidedDecoding(**req.structured))
     if isinstance(prompt, str):
         out.text = prompt
     else:
         out.tokens.ids.extend(prompt)
+    return out
+
+
+def postprocess_options(req: GenerationRequest, prep: preprocessor_pb2.PreprocessRequest
+                        ) -> common_pb2.PostprocessOptions:
+    """The request's own postprocess options, the same for each of its prompts (the preprocessor adds
+    the model's). Tools and tool choice as ``prep`` carries them to the template: serialized once."""
+    out = common_pb2.PostprocessOptions(tools_json=prep.tools_json, stream_interval=req.nvext.stream_interval)
+    if prep.HasField("tool_choice"):
+        out.tool_choice.CopyFrom(prep.tool_choice)
+    if prep.tools_json and isinstance(req, ChatRequest):
+        out.single_tool_call = not req.parallel_tool_calls
     return out

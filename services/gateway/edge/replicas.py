@@ -3,8 +3,8 @@
 Envoy sends a scrape of /metrics to any one gateway (least-request balancing). That gateway asks its
 peers on ``meshfront.gateway.metrics`` and merges their replies with its own (exposition.py), so a
 scraper sees the same coherent set whichever replica answers. Peers announce themselves every
-``HEARTBEAT_S`` on ``meshfront.gateway.presence``: a scrape waits for every peer heard from within
-``PEER_TTL_S`` and no longer than ``WAIT_S``; a single gateway answers at once. Without NATS a
+``heartbeat_s`` on ``meshfront.gateway.presence``: a scrape waits for every peer heard from within
+``peer_ttl_s`` and no longer than ``wait_s``; a single gateway answers at once. Without NATS a
 gateway answers with its own families only. Answers are zlib-compressed JSON: a model's families
 are a few KiB, and NATS caps a message at 1 MiB by default.
 """
@@ -36,8 +36,12 @@ WAIT_S = 3.0
 
 
 class ReplicaMetrics:
-    def __init__(self, nats_url: str, replica: str, registry: CollectorRegistry):
+    def __init__(self, nats_url: str, replica: str, registry: CollectorRegistry, *, heartbeat_s: float = HEARTBEAT_S,
+                 peer_ttl_s: float = PEER_TTL_S, wait_s: float = WAIT_S):
         self.replica = replica
+        self.heartbeat_s = heartbeat_s
+        self.peer_ttl_s = peer_ttl_s
+        self.wait_s = wait_s
         self._url = nats_url
         self._registry = registry
         self._nc: nats.NATS | None = None
@@ -52,7 +56,7 @@ class ReplicaMetrics:
         while True:
             with contextlib.suppress(Exception):  # NATS down: the client reconnects on its own
                 await nc.publish(PRESENCE_SUBJECT, self.replica.encode())
-            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.sleep(self.heartbeat_s)
 
     async def close(self) -> None:
         await close_nats(self._nc)
@@ -71,10 +75,10 @@ class ReplicaMetrics:
 
     def live_peers(self) -> set[str]:
         now = time.monotonic()
-        return {p for p, seen in self._peers.items() if now - seen < PEER_TTL_S}
+        return {p for p, seen in self._peers.items() if now - seen < self.peer_ttl_s}
 
     async def gather(self) -> bytes:
-        """The /metrics body: our families and every live peer's that answered within ``WAIT_S``."""
+        """The /metrics body: our families and every live peer's that answered within ``wait_s``."""
         snapshots = {self.replica: snapshot(self._registry, self.replica)}
         nc, expected = self._nc, self.live_peers()
         if nc is None or not nc.is_connected or not expected:
@@ -89,11 +93,11 @@ class ReplicaMetrics:
         sub = await nc.subscribe(inbox, cb=collect)
         try:
             await nc.publish(GATHER_SUBJECT, self.replica.encode(), reply=inbox)
-            deadline = time.monotonic() + WAIT_S
+            deadline = time.monotonic() + self.wait_s
             while not expected <= snapshots.keys():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    log.warning("metrics: no answer within %.1f s from %s", WAIT_S,
+                    log.warning("metrics: no answer within %.1f s from %s", self.wait_s,
                                 ", ".join(sorted(expected - snapshots.keys())))
                     break
                 with contextlib.suppress(asyncio.TimeoutError):

@@ -1,7 +1,7 @@
 """A KServe ModelInferRequest -> the gateway's parsed OpenAI request (pure: no grpc).
 
 The request is rebuilt as the OpenAI body it stands for and handed to the
-very parsers the HTTP API uses (``services/gateway/openai/requests.py``), so
+very parsers the HTTP API uses (``services/gateway/openai/request.py``), so
 validation, defaults and error messages are the same on both paths:
 
 - ``text_input`` (BYTES [1])            -> completions ``prompt``

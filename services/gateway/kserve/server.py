@@ -20,7 +20,7 @@ import grpc
 from services.common.errors import InvalidRequest, MeshError, NotFound
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.request import ChatRequest
-from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess
+from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
 from services.gateway.front_door import AS_IS, GRPC, Generation, Models, check_model, headers, serve_generation
 from services.gateway.kserve import metadata, protocol
 from services.gateway.kserve.render import InferResponseBuilder
@@ -89,7 +89,8 @@ class KServeServicer:
         renderer = InferResponseBuilder(request.model_name, request.id, parsed.outputs, decoupled=not unary,
                                         empty_final=parsed.empty_final and not unary)
         streaming = not unary and parsed.stream is not False  # ModelStreamInfer streams unless told not to
-        return Generation(req.model, streaming, renderer, self._pipeline.run(prep, req.n, req.worker_id))
+        stream = self._pipeline.run(prep, req.n, req.worker_id, options=postprocess_options(req, prep[0]))
+        return Generation(req.model, streaming, renderer, stream)
 
     async def ModelInfer(self, request, context):
         served = _serve(self, request, context, unary=True)

@@ -23,7 +23,7 @@ from services.gateway.anthropic import models as anthropic_models
 from services.gateway.core.errors import error_body
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.request import GenerationRequest
-from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess
+from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
 from services.gateway.core.trace import RequestTrace, RouteHints
 from services.gateway.front_door import JSON, Generation, Models, check_model, generation_rpc, headers
 from services.gateway.openai.extensions import ResponseExtensions
@@ -62,7 +62,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                                 include_usage=req.include_usage, nvext=ext, **echo)
         hints = RouteHints(req.session_id, req.nvext.session_action, req.nvext.session_timeout_s,
                            req.nvext.priority_jump_s)
-        stream = self._pipeline.run(prep, req.n, req.worker_id, hints, trace)
+        stream = self._pipeline.run(prep, req.n, req.worker_id, hints, trace, options=postprocess_options(req, prep[0]))
         return Generation(req.model, req.stream, renderer, stream, extras=ext)
 
     ChatCompletions = generation_rpc(functools.partial(_start, chat=True), "chat")

@@ -17,7 +17,7 @@ from meshfront.gateway.v1 import responses_pb2_grpc
 
 from services.common.errors import MeshError, NotFound
 from services.gateway.core.pipeline import Pipeline
-from services.gateway.core.to_proto import chat_to_preprocess
+from services.gateway.core.to_proto import chat_to_preprocess, postprocess_options
 from services.gateway.front_door import JSON, Generation, Models, abort_http, check_model, generation_rpc, headers
 from services.gateway.responses_api.conversation import output_as_input, to_chat
 from services.gateway.responses_api.render import ResponseObjectBuilder, ResponsesRenderer, echo_fields
@@ -51,14 +51,15 @@ class ResponsesServicer(responses_pb2_grpc.ResponsesServiceServicer):
         req = parse_responses(request.data, headers(context))
         check_model(self._models(), req.model)
         conversation = await self._conversation(req)
-        prep = chat_to_preprocess(to_chat(req, conversation), rid)
+        chat = to_chat(req, conversation)
+        prep = chat_to_preprocess(chat, rid)
 
         async def store(builder: ResponseObjectBuilder) -> None:
             if req.store:
                 await self._store.put(builder.id, {"response": builder.response(), "input": conversation})
 
         renderer = ResponsesRenderer(ResponseObjectBuilder(f"resp_{rid}", echo_fields(req)), store)
-        stream = self._pipeline.run([prep], 1, req.worker_id)
+        stream = self._pipeline.run([prep], 1, req.worker_id, options=postprocess_options(chat, prep))
         return Generation(req.model, req.stream, renderer, stream, on_complete=renderer.complete)
 
     CreateResponse = generation_rpc(_start_response, "responses")

@@ -18,7 +18,6 @@ class _Active:
     worker_id: str
     seq_hashes: tuple[int, ...]
     prefill_blocks: int  # still to compute; 0 once prefilled
-    overlap_blocks: int  # what the router predicted the worker holds (telemetry)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,10 +34,9 @@ class ActiveRequests:
         self._prefill: collections.Counter[str] = collections.Counter()
         self._in_flight: collections.Counter[str] = collections.Counter()
 
-    def add(self, request_id: str, worker_id: str, seq_hashes: Sequence[int], prefill_blocks: int,
-            overlap_blocks: int) -> None:
+    def add(self, request_id: str, worker_id: str, seq_hashes: Sequence[int], prefill_blocks: int) -> None:
         self.free(request_id)
-        self._requests[request_id] = _Active(worker_id, tuple(seq_hashes), prefill_blocks, overlap_blocks)
+        self._requests[request_id] = _Active(worker_id, tuple(seq_hashes), prefill_blocks)
         self._blocks.setdefault(worker_id, collections.Counter()).update(seq_hashes)
         self._prefill[worker_id] += prefill_blocks
         self._in_flight[worker_id] += 1
@@ -76,10 +74,6 @@ class ActiveRequests:
         for rid in [r for r, a in self._requests.items() if a.worker_id == worker_id]:
             del self._requests[rid]
         self._forget(worker_id)
-
-    def predicted_overlap(self, request_id: str) -> int | None:
-        active = self._requests.get(request_id)
-        return None if active is None else active.overlap_blocks
 
     def load(self, worker_id: str) -> WorkerLoad:
         return WorkerLoad(self._in_flight.get(worker_id, 0), len(self._blocks.get(worker_id, ())),

@@ -134,9 +134,6 @@ class RadixIndex:
     def workers(self) -> list[str]:
         return [w for w, owned in self._by_worker.items() if owned]
 
-    def has_block(self, worker_id: str, block_hash: int) -> bool:
-        return block_hash in self._by_worker.get(worker_id, {})
-
     @property
     def node_count(self) -> int:
         """Nodes in the tree besides the root: what memory grows with."""

@@ -70,6 +70,11 @@ class KvEventIngest:
         self.loads: dict[str, WorkerLoad] = {}
         self._streams: dict[str, _WorkerStream] = {}
 
+    def active_blocks(self, worker_id: str) -> int:
+        """KV blocks the worker last reported in use (0 before its first report)."""
+        load = self.loads.get(worker_id)
+        return load.active_blocks if load is not None else 0
+
     # -- live messages -----------------------------------------------------------------------------
 
     def on_message(self, msg: Mapping[str, Any]) -> Verdict:
@@ -174,6 +179,3 @@ class KvEventIngest:
         self._streams.pop(worker_id, None)
         self.loads.pop(worker_id, None)
         self.index.drop_worker(worker_id)
-
-    def synced_workers(self) -> list[str]:
-        return [w for w, s in self._streams.items() if s.synced]

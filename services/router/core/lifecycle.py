@@ -1,12 +1,13 @@
 """A request's life as the router sees it: booked on a worker, first token (prefill done), freed.
 
-Every change is one ``LifecycleEvent``. The router applies events to its bookings and to a policy
-that tracks requests (kv); events it made itself also go to its listeners: the replica sync, which
-publishes them so every other replica applies the same change (then all replicas hold the same
-load, and a Release that lands on another replica still frees the booking), and the telemetry,
-which compares the predicted overlap with the cached tokens the worker reported. Listeners see
-remote events too, flagged, so that the replica that receives a request's first-token report can
-score a prediction another replica made.
+Every change is one ``LifecycleEvent``. The router applies events to its bookings and sessions,
+then tells its listeners, in order: its policy (kv keeps each request's blocks and prefill; the
+stateless policies ignore events), the telemetry, which compares the predicted overlap with the
+cached tokens the worker reported, and the replica sync, which publishes the events this replica
+made so that every other replica applies the same change (then all replicas hold the same load, and
+a Release that lands on another replica still frees the booking). Listeners see the replicas'
+events too, flagged ``remote``: the policy counts them as its own, and the replica that receives a
+request's first-token report can score a prediction another replica made.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.gateway.edge import replicas as replicas_module
 from services.gateway.edge.replicas import ReplicaMetrics
 from services.gateway.frontend_metrics import MeshfrontRecorder, Outcome
 
@@ -34,25 +33,23 @@ async def wait_for(cond, within_s: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_gather_holds_every_replica_and_survives_a_dead_one(nats_url, monkeypatch):
-    monkeypatch.setattr(replicas_module, "HEARTBEAT_S", 0.2)
-    monkeypatch.setattr(replicas_module, "PEER_TTL_S", 1.0)
-    monkeypatch.setattr(replicas_module, "WAIT_S", 1.0)
+async def test_gather_holds_every_replica_and_survives_a_dead_one(nats_url):
     recs = [MeshfrontRecorder("rep") for _ in range(3)]
     for rec, n in zip(recs, (1, 2, 3), strict=True):
         served(rec, n)
-    gws = [ReplicaMetrics(nats_url, f"gw-{i}:9100", rec.registry) for i, rec in enumerate(recs)]
+    gws = [ReplicaMetrics(nats_url, f"gw-{i}:9100", rec.registry, heartbeat_s=0.2, peer_ttl_s=1.0, wait_s=1.0)
+           for i, rec in enumerate(recs)]
     tasks = [asyncio.create_task(gw.run()) for gw in gws]
     try:
         await wait_for(lambda: all(len(gw.live_peers()) == 2 for gw in gws))
         for gw in gws:  # whichever replica Envoy asks, the same series
             assert requests_by_replica(await gw.gather()) == {"gw-0:9100": 1, "gw-1:9100": 2, "gw-2:9100": 3}
-        # One replica dies: a scrape waits for it no longer than WAIT_S, then its peers forget it.
+        # One replica dies: a scrape waits for it no longer than wait_s, then its peers forget it.
         tasks[2].cancel()
         await gws[2].close()
         started = time.monotonic()
         assert requests_by_replica(await gws[0].gather()) == {"gw-0:9100": 1, "gw-1:9100": 2}
-        assert time.monotonic() - started < replicas_module.WAIT_S + 0.5
+        assert time.monotonic() - started < gws[0].wait_s + 0.5
         await wait_for(lambda: gws[0].live_peers() == {"gw-1:9100"})
         started = time.monotonic()
         assert requests_by_replica(await gws[0].gather()) == {"gw-0:9100": 1, "gw-1:9100": 2}

@@ -12,6 +12,7 @@ from services.common.hashing import block_hashes
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.lifecycle import LifecycleEvent
 from services.router.events import KvEventSubscriber, ReplicaSync
+from services.router.core.policies import build_policy
 from services.router.service import Router
 from services.workers.kv_events import KvEventPublisher
 from services.workers.mocker.kv_cache import KvCache
@@ -109,7 +110,7 @@ async def test_events_drive_index_gap_resync_join_and_leave(nats_url):
 
 async def test_replica_sync_shares_bookings(nats_url):
     cards = [card("w0"), card("w1")]
-    routers = [Router(lambda _m: cards, "kv") for _ in range(2)]
+    routers = [Router(lambda _m: cards, build_policy("kv")) for _ in range(2)]
     syncs = [ReplicaSync(nats_url, r.apply) for r in routers]
     for r, s in zip(routers, syncs, strict=True):
         await s.start()
@@ -117,7 +118,7 @@ async def test_replica_sync_shares_bookings(nats_url):
     local = tuple(block_hashes(tokens(5), BS))
     routers[0].apply(LifecycleEvent("book", "q1", "w1", "m", local, 128, 0, 0))
     await wait_for(lambda: routers[1].bookings.in_flight("w1") == 1, 15, "the booking on the replica")
-    assert routers[1]._policy.index.find_matches(local) == {"w1": 8}
+    assert routers[1].policy.index.find_matches(local) == {"w1": 8}
     routers[1].apply(LifecycleEvent("free", "q1"))  # the Release went to the other replica
     await wait_for(lambda: routers[0].bookings.in_flight("w1") == 0, 15, "the release on the first")
     for s in syncs:
@@ -131,7 +132,7 @@ async def test_busy_threshold_counts_the_bookings_of_every_replica(nats_url):
     from services.common.overload import BusyThreshold
 
     cards = [card("w0")]
-    routers = [Router(lambda _m: cards, "round-robin", busy=BusyThreshold(2)) for _ in range(2)]
+    routers = [Router(lambda _m: cards, build_policy("round-robin"), busy=BusyThreshold(2)) for _ in range(2)]
     syncs = [ReplicaSync(nats_url, r.apply) for r in routers]
     for r, s in zip(routers, syncs, strict=True):
         await s.start()

@@ -8,6 +8,7 @@ from services.common.discovery import ModelCard, WorkerCard
 from services.common.errors import ModelNotFound, from_rpc_error
 from services.common.grpc_server import GrpcServer
 from services.router.server import RouterServicer
+from services.router.core.policies import build_policy
 from services.router.service import Router
 
 pytestmark = pytest.mark.service
@@ -17,7 +18,7 @@ WORKERS = [WorkerCard(f"w{i}", f"127.0.0.1:{9500 + i}", ModelCard("m", "/models/
 
 @pytest.fixture
 async def stub():
-    router = Router(lambda model: [w for w in WORKERS if w.model.name == model], "least-loaded")
+    router = Router(lambda model: [w for w in WORKERS if w.model.name == model], build_policy("least-loaded"))
     server = GrpcServer("router", "127.0.0.1", 0)
     router_pb2_grpc.add_RouterServiceServicer_to_server(RouterServicer(router), server.server)
     await server.start()
@@ -57,7 +58,7 @@ async def test_releases_riding_on_a_route_free_their_bookings_first():
     from services.common.errors import Overloaded
     from services.common.overload import BusyThreshold
 
-    router = Router(lambda model: [w for w in WORKERS[:1] if w.model.name == model], "round-robin",
+    router = Router(lambda model: [w for w in WORKERS[:1] if w.model.name == model], build_policy("round-robin"),
                     busy=BusyThreshold(1))
     await router.route(router_pb2.RouteRequest(request_id="a", model="m", prompt_tokens=1))
     with pytest.raises(Overloaded):

@@ -11,6 +11,7 @@ from services.allinone.clients import InProcessPostprocessor, InProcessPreproces
 from services.common.discovery import WorkerRegistry
 from services.common.flags import FlagCollision, FlagParser, add_common_flags
 from services.router.core.kv_ingest import KvEventIngest
+from services.router.core.policies.kv_aware import KvAware
 from services.router.events import KvEventSubscriber
 
 pytestmark = pytest.mark.unit
@@ -46,7 +47,8 @@ def test_stage_flags_reach_each_stage_build():
                        "--offload-threshold", "7", "--default-chat-template-kwargs", '{"enable_thinking": false}'])
     assert cfg.router.router_mode == "kv" and cfg.router.kv_overlap_weight == 2.5
     router = mesh.router.service
-    assert router.mode == "kv" and router.busy.max_in_flight == 4
+    assert isinstance(router.policy, KvAware) and router.policy.overlap_weight == 2.5
+    assert router.busy.max_in_flight == 4
     assert isinstance(mesh.router.parts["ingest"], KvEventIngest)
     assert isinstance(mesh.router.parts["events"], KvEventSubscriber)
     assert mesh.router.parts["sync"] is None

@@ -40,7 +40,7 @@ class Pipeline:
         self.gate.set()
         self.failures = list(failures)
 
-    async def run(self, requests, n, worker_id=""):
+    async def run(self, requests, n, worker_id="", *, options):
         [req] = requests
         self.calls.append((worker_id, req.WhichOneof("prompt")))
         await self.gate.wait()
@@ -68,32 +68,28 @@ async def test_ready_waits_for_every_known_worker_pinned_one_by_one():
     assert len(pipeline.calls) == 2
 
 
-async def test_a_model_without_chat_warms_with_a_completion_and_retries_what_is_transient(monkeypatch):
-    monkeypatch.setattr(warmup_module, "RETRY_S", 0.01)
+async def test_a_model_without_chat_warms_with_a_completion_and_retries_what_is_transient():
     registry = Registry()
     pipeline = Pipeline([InvalidRequest("no chat template; use /v1/completions"), NoWorkers("not yet")])
-    w = Warmup(pipeline, registry)
+    w = Warmup(pipeline, registry, retry_s=0.01)
     registry.register("w1")
     registry.synced.set()
     await asyncio.wait_for(w.run(), 2)
     assert pipeline.calls == [("w1", "messages_json"), ("w1", "text"), ("w1", "text")]
 
 
-async def test_a_worker_that_never_warms_does_not_hold_readiness_past_the_deadline(monkeypatch):
-    monkeypatch.setattr(warmup_module, "RETRY_S", 0.01)
-    monkeypatch.setattr(warmup_module, "DEADLINE_S", 0.1)
+async def test_a_worker_that_never_warms_does_not_hold_readiness_past_the_deadline():
     registry = Registry()
-    w = Warmup(Pipeline([NoWorkers("gone")] * 1000), registry)
+    w = Warmup(Pipeline([NoWorkers("gone")] * 1000), registry, retry_s=0.01, deadline_s=0.1)
     registry.register("w1")
     registry.synced.set()
     await asyncio.wait_for(w.run(), 2)
     assert w.ready.is_set()
 
 
-async def test_an_empty_mesh_is_ready_after_a_while_and_embedding_workers_need_no_request(monkeypatch):
-    monkeypatch.setattr(warmup_module, "EMPTY_WAIT_S", 0.1)
+async def test_an_empty_mesh_is_ready_after_a_while_and_embedding_workers_need_no_request():
     registry, pipeline = Registry(), Pipeline()
-    w = Warmup(pipeline, registry)
+    w = Warmup(pipeline, registry, empty_wait_s=0.1)
     registry.synced.set()
     await asyncio.wait_for(w.run(), 2)
     assert w.ready.is_set()

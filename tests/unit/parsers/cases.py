@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from services.postprocessor.core.parsers import ParsedDelta, ParserConfig, build_output_parser
+from services.postprocessor.core.parsers import ParsedDelta, ParserConfig, ToolChoice, build_output_parser
 
 CASES_DIR = Path(__file__).resolve().parents[2] / "golden" / "parsers"
 _CONFIG_KEYS = {f.name for f in dataclasses.fields(ParserConfig)}
@@ -37,6 +37,8 @@ def load_cases() -> list[Case]:
         doc = yaml.safe_load(path.read_text())
         for raw in doc["cases"]:
             settings = {**doc.get("defaults", {}), **{k: v for k, v in raw.items() if k in _CONFIG_KEYS}}
+            if "tool_choice" in settings:
+                settings["tool_choice"] = ToolChoice(settings["tool_choice"])
             cases.append(Case(raw["id"], ParserConfig(**settings), raw["text"], raw["expect"]))
     ids = [c.id for c in cases]
     assert len(ids) == len(set(ids)), "case ids must be unique"

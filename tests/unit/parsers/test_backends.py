@@ -35,7 +35,7 @@ def test_the_registry_names_ours_and_both_engines():
 def test_ours_parses_through_the_processor_interface():
     processor = load_chat_processor("ours")
     assert isinstance(processor, OursChatProcessor)
-    config = ParserConfig(tool_call_parser="hermes", reasoning_parser="qwen3", tools=True)
+    config = ParserConfig(tool_call_parser="hermes", reasoning_parser="qwen3", has_tools=True)
     parser = processor.output_parser(config, ParseContext())
     text = '<think>hm</think>ok<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
     result = fold([parser.feed(text[:9], [1, 2]), parser.feed(text[9:]), parser.finish()])
@@ -86,12 +86,12 @@ def test_importing_the_postprocessor_imports_no_engine():
 
 
 def test_single_tool_call_keeps_the_first_call_only():
-    from services.postprocessor.core.parsers import build_output_parser, parser_config
+    from services.postprocessor.core.parsers import ParserConfig, build_output_parser
     from services.postprocessor.core.parsers.output import SingleToolCall
 
     text = ('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
             '<tool_call>\n{"name": "b", "arguments": {"y": 2}}\n</tool_call>')
-    config = parser_config("hermes", "", '[{"type": "function", "function": {"name": "a"}}]')
+    config = ParserConfig("hermes", has_tools=True)
     for chunk_size in (1, 7, len(text)):
         parser = SingleToolCall(build_output_parser(config))
         deltas = [parser.feed(text[i:i + chunk_size]) for i in range(0, len(text), chunk_size)] + [parser.finish()]

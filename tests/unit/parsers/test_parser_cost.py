@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from services.postprocessor.core.parsers import ParserConfig, build_output_parser
+from services.postprocessor.core.parsers import ParserConfig, ToolChoice, build_output_parser
 
 pytestmark = pytest.mark.unit
 
@@ -28,21 +28,21 @@ def _payload(n: int) -> str:
 
 
 FORMATS = {
-    "hermes": (ParserConfig("hermes", tools=True),
+    "hermes": (ParserConfig("hermes", has_tools=True),
                lambda s: f'<tool_call>\n{{"name": "f", "arguments": {{"data": "{s}"}}}}\n</tool_call>'),
-    "llama3_json": (ParserConfig("llama3_json", tools=True),
+    "llama3_json": (ParserConfig("llama3_json", has_tools=True),
                     lambda s: f'<|python_tag|>{{"name": "f", "parameters": {{"data": "{s}"}}}}'),
-    "mistral": (ParserConfig("mistral", tools=True), lambda s: f'[TOOL_CALLS]f[ARGS]{{"data": "{s}"}}'),
-    "pythonic": (ParserConfig("pythonic", tools=True), lambda s: f'[f(data="{s}")]'),
-    "deepseek_v3": (ParserConfig("deepseek_v3", tools=True),
+    "mistral": (ParserConfig("mistral", has_tools=True), lambda s: f'[TOOL_CALLS]f[ARGS]{{"data": "{s}"}}'),
+    "pythonic": (ParserConfig("pythonic", has_tools=True), lambda s: f'[f(data="{s}")]'),
+    "deepseek_v3": (ParserConfig("deepseek_v3", has_tools=True),
                     lambda s: ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n"
                                f'{{"data": "{s}"}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')),
-    "harmony": (ParserConfig("harmony", "gpt_oss", tools=True),
+    "harmony": (ParserConfig("harmony", "gpt_oss", has_tools=True),
                 lambda s: (f"<|channel|>analysis<|message|>{s}<|end|><|start|>assistant<|channel|>commentary "
                            f'to=functions.f <|constrain|>json<|message|>{{"data": "{s}"}}<|call|>')),
-    "required": (ParserConfig("hermes", tools=True, tool_choice="required"),
+    "required": (ParserConfig("hermes", has_tools=True, tool_choice=ToolChoice.REQUIRED),
                  lambda s: f'[{{"name": "f", "parameters": {{"data": "{s}"}}}}]'),
-    "qwen3+hermes": (ParserConfig("hermes", "qwen3", tools=True),
+    "qwen3+hermes": (ParserConfig("hermes", "qwen3", has_tools=True),
                      lambda s: f'<think>{s}</think><tool_call>{{"name": "f", "arguments": {{"d": "{s}"}}}}'
                                '</tool_call>'),
     "deepseek_r1": (ParserConfig(reasoning_parser="deepseek_r1"), lambda s: f"{s}</think>{s}"),

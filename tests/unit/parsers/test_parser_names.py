@@ -29,6 +29,6 @@ def test_a_worker_with_an_unknown_parser_name_fails_at_start(flag, capsys):
 
 def test_an_unknown_name_at_request_time_is_an_error_not_a_silent_no_op():
     with pytest.raises(LookupError, match="'nope'"):
-        build_output_parser(ParserConfig("nope", tools=True))
+        build_output_parser(ParserConfig("nope", has_tools=True))
     with pytest.raises(LookupError, match="'nope'"):
         build_output_parser(ParserConfig(reasoning_parser="nope"))

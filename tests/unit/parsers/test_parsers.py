@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from services.postprocessor.core.parsers import ToolChoice
 from tests.unit.parsers.cases import load_cases, run
 
 pytestmark = pytest.mark.unit
@@ -52,7 +53,7 @@ def test_every_registered_parser_has_cases():
     from services.postprocessor.core.parsers.tool_calls import TOOL_CALL_PARSERS
 
     tool_classes = {TOOL_CALL_PARSERS[c.config.tool_call_parser] for c in CASES
-                    if c.config.tools and c.config.tool_choice == "auto" and c.config.tool_call_parser}
+                    if c.config.has_tools and c.config.tool_choice is ToolChoice.AUTO and c.config.tool_call_parser}
     assert tool_classes == set(TOOL_CALL_PARSERS.values())
     reasoning_names = {c.config.reasoning_parser for c in CASES}
     assert {"qwen3", "deepseek_r1", "gpt_oss", "mistral", "kimi"} <= reasoning_names <= {*REASONING_NAMES, ""}

@@ -54,9 +54,10 @@ async def test_chat(demo_model_dir, cache, hf_tokenizer):
     post = resp.postprocess
     assert post.model_dir == str(demo_model_dir)
     assert (post.tool_call_parser, post.reasoning_parser) == ("hermes", "qwen3")
-    assert post.tools_json == json.dumps(TOOLS)
-    assert (post.tool_choice.mode, post.tool_choice.function_name) == (common_pb2.TOOL_CHOICE_MODE_NAMED, "f")
     assert not post.prompt_opens_reasoning
+    # Only what the preprocessor learnt from the model: the request's own options are the gateway's to add.
+    assert post == common_pb2.PostprocessOptions(model_dir=str(demo_model_dir), tool_call_parser="hermes",
+                                                 reasoning_parser="qwen3")
 
 
 async def test_offloaded_preparation_gives_the_same_result(demo_model_dir, cache):

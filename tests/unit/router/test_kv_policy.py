@@ -13,7 +13,7 @@ from services.common.discovery import ModelCard, WorkerCard
 from services.common.hashing import block_hashes, sequence_hashes
 from services.router.core.index import RadixIndex
 from services.router.core.lifecycle import LifecycleEvent
-from services.router.core.policies import make_policy
+from services.router.core.policies import build_policy
 from services.router.core.policies.kv_aware import KvAware
 from services.router.core.types import Candidate, RouteQuery
 from services.router.metrics import RouterMetrics
@@ -44,7 +44,7 @@ def route(policy: KvAware, rid: str, local, candidates=WORKERS) -> str:
 
 
 def test_registered_by_name():
-    assert isinstance(make_policy("kv"), KvAware)
+    assert isinstance(build_policy("kv"), KvAware)
 
 
 def test_prefers_the_worker_holding_the_prefix():
@@ -148,7 +148,7 @@ def test_unique_prompts_spread_like_round_robin():
 
 
 def test_approximate_mode_learns_from_its_own_decisions():
-    policy = make_policy("kv")  # no index given: approximate
+    policy = build_policy("kv")  # no event ingest given: approximate
     assert policy.approximate is not None
     first = route(policy, "r1", prompt(3, 1))
     policy.free("r1")
@@ -162,7 +162,7 @@ def _card(wid: str) -> WorkerCard:
 
 def test_router_lifecycle_release_first_token_and_replica_apply():
     cards = [_card(f"w{i}") for i in range(2)]
-    routers = [Router(lambda _m: cards, "kv") for _ in range(2)]
+    routers = [Router(lambda _m: cards, build_policy("kv")) for _ in range(2)]
     metrics = RouterMetrics()
     routers[0].listeners.append(metrics)
     sent: list[LifecycleEvent] = []
@@ -181,8 +181,8 @@ def test_router_lifecycle_release_first_token_and_replica_apply():
         resp = await routers[0].route(router_pb2.RouteRequest(request_id="q", model="m", block_hashes=local,
                                                               prompt_tokens=170))
         assert routers[1].bookings.in_flight(resp.worker_id) == 1
-        await routers[0].release(router_pb2.ReleaseRequest(request_id="q", first_token=True, cached_tokens=0,
-                                                           prompt_tokens=170))
+        await routers[0].release_batch(router_pb2.ReleaseBatchRequest(first_tokens=[
+            router_pb2.FirstTokenReport(request_id="q", cached_tokens=0, prompt_tokens=170)]))
         # The final Release lands on the other replica: the booking still goes everywhere.
         await routers[1].release(router_pb2.ReleaseRequest(request_id="q"))
         routers[0].apply(LifecycleEvent("free", "q"), True)
@@ -193,6 +193,51 @@ def test_router_lifecycle_release_first_token_and_replica_apply():
     assert routers[0].bookings.in_flight(resp.worker_id) == 0 == routers[1].bookings.in_flight(resp.worker_id)
     # Both replicas predicted the same way: approximate mode recorded the booked blocks on both.
     for r in routers:
-        assert r._policy.index.find_matches(local) == {resp.worker_id: 10}
+        assert r.policy.index.find_matches(local) == {resp.worker_id: 10}
     assert metrics.totals.requests == 1 and metrics.totals.prompt_tokens == 170
     assert metrics.totals.actual_hit_rate == 0.0
+
+
+@pytest.mark.parametrize("form", ["route", "batch", "deprecated release"])
+def test_a_first_token_report_ends_the_prefill_whichever_way_it_comes(form):
+    """FirstTokenReport on a Route or a ReleaseBatch, or (from a gateway that predates it) the deprecated
+    ReleaseRequest.first_token: the kv policy, a lifecycle listener, ends the request's prefill load."""
+    cards = [_card("w0")]
+    router = Router(lambda _m: cards, build_policy("kv"))
+    metrics = RouterMetrics()
+    router.listeners.append(metrics)
+    local = prompt(1, 1)
+
+    async def run():
+        await router.route(router_pb2.RouteRequest(request_id="q", model="m", block_hashes=local, prompt_tokens=170))
+        assert router.policy.active.load("w0").prefill_blocks == 10
+        report = router_pb2.FirstTokenReport(request_id="q", cached_tokens=32, prompt_tokens=170)
+        if form == "route":  # applied before the release beside it, and before routing the next request
+            await router.route(router_pb2.RouteRequest(request_id="q2", model="m", first_tokens=[report]))
+        elif form == "batch":
+            await router.release_batch(router_pb2.ReleaseBatchRequest(first_tokens=[report]))
+        else:
+            await router.release(router_pb2.ReleaseRequest(request_id="q", first_token=True, cached_tokens=32,
+                                                           prompt_tokens=170))
+
+    asyncio.run(run())
+    assert router.policy.active.load("w0").prefill_blocks == 0
+    assert router.bookings.in_flight("w0") == (2 if form == "route" else 1)  # a first token releases nothing
+    assert metrics.totals.requests == 1 and metrics.totals.actual_tokens == 32
+
+
+def test_a_batch_applies_first_tokens_before_the_releases_it_carries():
+    router = Router(lambda _m: [_card("w0")], build_policy("kv"))
+    metrics = RouterMetrics()
+    router.listeners.append(metrics)
+
+    async def run():
+        await router.route(router_pb2.RouteRequest(request_id="q", model="m", block_hashes=prompt(1, 1),
+                                                   prompt_tokens=170))
+        await router.release_batch(router_pb2.ReleaseBatchRequest(
+            releases=[router_pb2.ReleaseRequest(request_id="q")],
+            first_tokens=[router_pb2.FirstTokenReport(request_id="q", cached_tokens=16, prompt_tokens=170)]))
+
+    asyncio.run(run())
+    assert router.bookings.in_flight("w0") == 0 and len(router.policy.active) == 0
+    assert metrics.totals.requests == 1  # scored: the report came before its release freed the prediction

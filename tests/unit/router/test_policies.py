@@ -4,7 +4,10 @@ import pytest
 
 from services.common.errors import InvalidRequest, NoWorkers
 from services.router.core.bookings import Bookings
-from services.router.core.policies import make_policy
+from services.router.core.kv_ingest import KvEventIngest, WorkerLoad
+from services.router.core.policies import KvSettings, build_policy
+from services.router.core.policies.kv_aware import KvAware
+from services.router.core.policies.random_choice import RandomChoice
 from services.router.core.types import Candidate, RouteQuery
 
 pytestmark = pytest.mark.unit
@@ -17,27 +20,27 @@ def cands(*loads):
 
 
 def test_round_robin_cycles_in_id_order_regardless_of_input_order():
-    policy = make_policy("round-robin")
+    policy = build_policy("round-robin")
     cs = cands(0, 0, 0)
     picks = [policy.choose(list(reversed(cs)), Q).worker_id for _ in range(6)]
     assert picks == ["w0", "w1", "w2", "w0", "w1", "w2"]
 
 
 def test_random_uses_injected_rng_and_covers_all():
-    policy = make_policy("random", rng=random.Random(7))
+    policy = RandomChoice(rng=random.Random(7))
     picks = {policy.choose(cands(0, 0, 0), Q).worker_id for _ in range(100)}
     assert picks == {"w0", "w1", "w2"}
 
 
 def test_least_loaded_picks_min_and_rotates_ties():
-    policy = make_policy("least-loaded")
+    policy = build_policy("least-loaded")
     assert policy.choose(cands(3, 1, 2), Q).worker_id == "w1"
     picks = [policy.choose(cands(1, 0, 0), Q).worker_id for _ in range(4)]
     assert sorted(set(picks)) == ["w1", "w2"]
 
 
 def test_direct_needs_a_pin_and_a_known_worker():
-    policy = make_policy("direct")
+    policy = build_policy("direct")
     with pytest.raises(InvalidRequest):
         policy.choose(cands(0, 0), Q)
     with pytest.raises(NoWorkers):
@@ -47,7 +50,7 @@ def test_direct_needs_a_pin_and_a_known_worker():
 
 def test_unknown_policy_name_lists_choices():
     with pytest.raises(ValueError, match="round-robin"):
-        make_policy("fastest")
+        build_policy("fastest")
 
 
 def test_bookings_count_release_idempotent_and_drop_worker():
@@ -69,5 +72,18 @@ async def test_only_request_tracking_policies_ask_for_the_first_token_report():
 
     cards = [WorkerCard("w0", "127.0.0.1:1", ModelCard("m", "/m"))]
     for mode, wanted in (("round-robin", False), ("least-loaded", False), ("kv", True)):
-        r = await Router(lambda _m: cards, mode).route(router_pb2.RouteRequest(request_id="r", model="m"))
+        r = await Router(lambda _m: cards, build_policy(mode)).route(router_pb2.RouteRequest(request_id="r", model="m"))
         assert r.report_first_token is wanted, mode
+        assert r.reads_first_token_reports  # the gateway may send FirstTokenReport, not the deprecated form
+
+
+def test_kv_is_built_from_typed_settings_with_the_event_index_or_approximate():
+    ingest = KvEventIngest()
+    ingest.loads["w0"] = WorkerLoad(active_blocks=7)
+    fed = build_policy("kv", KvSettings(overlap_weight=2.0, temperature=0.5, hotspot_ratio=4.0), ingest)
+    assert isinstance(fed, KvAware) and fed.index is ingest.index and fed.approximate is None
+    assert (fed.overlap_weight, fed.temperature, fed.hotspot_ratio) == (2.0, 0.5, 4.0)
+    assert fed._reported_blocks("w0") == 7 and fed._reported_blocks("w1") == 0
+    approximate = build_policy("kv", KvSettings(ttl_s=9.0))
+    assert isinstance(approximate, KvAware) and approximate.approximate is not None
+    assert approximate.approximate.ttl_s == 9.0

@@ -10,6 +10,7 @@ from meshfront.router.v1 import router_pb2
 from services.common.discovery import ModelCard, WorkerCard
 from services.common.errors import NoWorkers, Overloaded
 from services.common.overload import BusyThreshold
+from services.router.core.policies import build_policy
 from services.router.service import Router
 
 pytestmark = pytest.mark.unit
@@ -23,7 +24,7 @@ def route(router, rid: str, exclude=()):
 
 
 def test_excluded_workers_are_never_chosen_and_excluding_all_fails():
-    router = Router(lambda model: CARDS, "round-robin")
+    router = Router(lambda model: CARDS, build_policy("round-robin"))
     for i in range(6):
         assert route(router, f"r{i}", exclude=["w0", "w2"]).worker_id == "w1"
     with pytest.raises(NoWorkers):
@@ -31,7 +32,7 @@ def test_excluded_workers_are_never_chosen_and_excluding_all_fails():
 
 
 def test_a_migration_rebooks_the_same_request_instead_of_adding_a_booking():
-    router = Router(lambda model: CARDS, "least-loaded")
+    router = Router(lambda model: CARDS, build_policy("least-loaded"))
     first = route(router, "r1").worker_id
     second = route(router, "r1", exclude=[first]).worker_id
     assert second != first
@@ -39,7 +40,7 @@ def test_a_migration_rebooks_the_same_request_instead_of_adding_a_booking():
 
 
 def test_busy_workers_are_skipped_and_a_full_fleet_is_overloaded():
-    router = Router(lambda model: CARDS, "round-robin", busy=BusyThreshold(2))
+    router = Router(lambda model: CARDS, build_policy("round-robin"), busy=BusyThreshold(2))
     chosen = [route(router, f"r{i}").worker_id for i in range(6)]
     assert sorted(chosen) == ["w0", "w0", "w1", "w1", "w2", "w2"]
     with pytest.raises(Overloaded):

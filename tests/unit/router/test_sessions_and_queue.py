@@ -29,7 +29,7 @@ async def release(router: Router, rid: str) -> None:
 
 def test_a_session_sticks_to_its_first_worker_while_others_rotate():
     async def main():
-        router = Router(lambda model: CARDS, "round-robin")
+        router = Router(lambda model: CARDS)
         plain = [(await router.route(req(f"p{i}"))).worker_id for i in range(3)]
         assert len(set(plain)) == 3
         sticky = {(await router.route(req(f"s{i}", session_id="chat-1"))).worker_id for i in range(6)}
@@ -41,7 +41,7 @@ def test_a_session_sticks_to_its_first_worker_while_others_rotate():
 
 def test_a_closed_session_or_a_gone_worker_ends_the_binding():
     async def main():
-        router = Router(lambda model: CARDS, "round-robin")
+        router = Router(lambda model: CARDS)
         first = (await router.route(req("a", session_id="s", session_action="close"))).worker_id
         assert router.sessions.worker_for("s") == first  # close waits for the request to end
         await release(router, "a")
@@ -54,7 +54,7 @@ def test_a_closed_session_or_a_gone_worker_ends_the_binding():
 
 def test_a_busy_sessions_worker_is_passed_over_without_losing_the_session():
     async def main():
-        router = Router(lambda model: CARDS, "round-robin", busy=BusyThreshold(1))
+        router = Router(lambda model: CARDS, busy=BusyThreshold(1))
         home = (await router.route(req("a", session_id="s"))).worker_id
         elsewhere = (await router.route(req("b", session_id="s"))).worker_id  # home is busy, no queue
         assert elsewhere != home and router.sessions.worker_for("s") == home
@@ -74,14 +74,14 @@ def test_sessions_expire_and_replicas_learn_bindings_from_book_events():
     assert sessions.worker_for("s") == "w1"
     now[0] = 20.0
     assert sessions.worker_for("s") is None
-    replica = Router(lambda model: CARDS, "round-robin")
+    replica = Router(lambda model: CARDS)
     replica.apply(LifecycleEvent(BOOK, "r", "w2", "m", session_id="remote"), remote=True)
     assert asyncio.run(replica.route(req("x", session_id="remote"))).worker_id == "w2"
 
 
 def test_waiting_requests_are_served_by_priority_then_arrival():
     async def main():
-        router = Router(lambda model: CARDS[:1], "round-robin", busy=BusyThreshold(1), queue_timeout_s=5)
+        router = Router(lambda model: CARDS[:1], busy=BusyThreshold(1), queue_timeout_s=5)
         await router.route(req("running"))
         order: list[str] = []
 
@@ -105,7 +105,7 @@ def test_waiting_requests_are_served_by_priority_then_arrival():
 
 def test_a_waiter_times_out_with_overloaded_and_frees_nothing_it_did_not_get():
     async def main():
-        router = Router(lambda model: CARDS[:1], "round-robin", busy=BusyThreshold(1), queue_timeout_s=0.05)
+        router = Router(lambda model: CARDS[:1], busy=BusyThreshold(1), queue_timeout_s=0.05)
         await router.route(req("running"))
         with pytest.raises(Overloaded, match="stayed busy"):
             await router.route(req("late"))
@@ -115,7 +115,7 @@ def test_a_waiter_times_out_with_overloaded_and_frees_nothing_it_did_not_get():
 
 def test_without_a_queue_a_busy_model_still_fails_at_once():
     async def main():
-        router = Router(lambda model: CARDS[:1], "round-robin", busy=BusyThreshold(1))
+        router = Router(lambda model: CARDS[:1], busy=BusyThreshold(1))
         await router.route(req("running"))
         with pytest.raises(Overloaded):
             await router.route(req("now"))
@@ -125,7 +125,7 @@ def test_without_a_queue_a_busy_model_still_fails_at_once():
 def test_waiters_fail_when_the_model_goes_away():
     async def main():
         cards = list(CARDS[:1])
-        router = Router(lambda model: cards, "round-robin", busy=BusyThreshold(1), queue_timeout_s=5)
+        router = Router(lambda model: cards, busy=BusyThreshold(1), queue_timeout_s=5)
         await router.route(req("running"))
         waiter = asyncio.create_task(router.route(req("w")))
         await asyncio.sleep(0.01)

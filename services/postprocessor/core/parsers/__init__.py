@@ -5,7 +5,7 @@ it returns for the whole text at once; see ``types.py`` for the contract and doc
 the list of names.
 """
 
-from services.postprocessor.core.parsers.output import OutputParser, ParserConfig, build_output_parser, parser_config
+from services.postprocessor.core.parsers.output import OutputParser, ParserConfig, ToolChoice, build_output_parser
 from services.postprocessor.core.parsers.types import ParsedDelta, ToolCallDelta
 
-__all__ = ["OutputParser", "ParsedDelta", "ParserConfig", "ToolCallDelta", "build_output_parser", "parser_config"]
+__all__ = ["OutputParser", "ParsedDelta", "ParserConfig", "ToolCallDelta", "ToolChoice", "build_output_parser"]

@@ -7,9 +7,8 @@ reasoning parser), so plain requests carry no parser at all.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Sequence
-
-import orjson
 
 from services.postprocessor.core.parsers.reasoning import HARMONY, REASONING_PARSERS
 from services.postprocessor.core.parsers.tool_calls import (
@@ -21,6 +20,14 @@ from services.postprocessor.core.parsers.tool_calls import (
 from services.postprocessor.core.parsers.types import ParsedDelta, TextParser, concat, new_call_id
 
 
+class ToolChoice(enum.StrEnum):
+    """How the model may call the offered tools (the mesh's ToolChoiceMode, as the parsers name it)."""
+
+    AUTO = "auto"
+    NONE = "none"
+    REQUIRED = "required"  # guided decoding forces an array of calls
+    NAMED = "named"  # guided decoding forces the arguments of ``named_function``
+
 
 @dataclasses.dataclass(frozen=True)
 class ParserConfig:
@@ -29,17 +36,17 @@ class ParserConfig:
     Attributes:
         tool_call_parser: the model's tool-call format (worker registration), "" for none.
         reasoning_parser: the model's reasoning format, "" for none.
-        tools: the request offered tools.
-        tool_choice: "auto", "none", "required" or "named".
-        named_function: the function when ``tool_choice`` is "named".
+        has_tools: the request offered tools.
+        tool_choice: how the model may call them.
+        named_function: the function when ``tool_choice`` is NAMED.
         prompt_opens_reasoning: the rendered prompt ends inside an opened reasoning block.
         thinking_disabled: the request turned thinking off (chat_template_kwargs).
     """
 
     tool_call_parser: str = ""
     reasoning_parser: str = ""
-    tools: bool = False
-    tool_choice: str = "auto"
+    has_tools: bool = False
+    tool_choice: ToolChoice = ToolChoice.AUTO
     named_function: str = ""
     prompt_opens_reasoning: bool = False
     thinking_disabled: bool = False
@@ -88,11 +95,11 @@ def _merge(reasoning: ParsedDelta, tools: ParsedDelta) -> ParsedDelta:
 
 
 def _tool_parser(cfg: ParserConfig, new_id: Callable[[], str]) -> TextParser | None:
-    if not cfg.tools or cfg.tool_choice == "none":
+    if not cfg.has_tools or cfg.tool_choice is ToolChoice.NONE:
         return None
-    if cfg.tool_choice == "named":
+    if cfg.tool_choice is ToolChoice.NAMED:
         return NamedToolParser(cfg.named_function, new_id)
-    if cfg.tool_choice == "required":
+    if cfg.tool_choice is ToolChoice.REQUIRED:
         return RequiredToolParser(new_id)
     if not cfg.tool_call_parser:
         return None
@@ -125,24 +132,7 @@ def build_output_parser(cfg: ParserConfig, new_id: Callable[[], str] = new_call_
         tools = None  # one Harmony parser reads both channels and calls
     if reasoning is None and tools is None:
         return None
-    return OutputParser(reasoning, tools, named=cfg.tools and cfg.tool_choice == "named")
-
-
-def parser_config(tool_call_parser: str, reasoning_parser: str, tools_json: str, tool_choice: str = "auto",
-                  named_function: str = "", *, prompt_opens_reasoning: bool = False,
-                  thinking_disabled: bool = False) -> ParserConfig:
-    """A ``ParserConfig`` from the options the preprocessor passes on (tool choice already decided).
-
-    Raises:
-        ValueError: the tools JSON is not what the gateway validated (a broken caller).
-    """
-    try:
-        tools = orjson.loads(tools_json) if tools_json else None
-    except orjson.JSONDecodeError as e:
-        raise ValueError(f"tools is not valid JSON: {e}") from e
-    return ParserConfig(tool_call_parser, reasoning_parser, tools=bool(tools), tool_choice=tool_choice,
-                        named_function=named_function, prompt_opens_reasoning=prompt_opens_reasoning,
-                        thinking_disabled=thinking_disabled)
+    return OutputParser(reasoning, tools, named=cfg.has_tools and cfg.tool_choice is ToolChoice.NAMED)
 
 
 class SingleToolCall:

@@ -1,51 +1,54 @@
-"""Routing policies: one file each, one narrow interface, a registry by kebab-case name.
+"""Routing policies: one file each, one interface (base.py), all built here by ``build_policy``.
 
-A policy gets the live candidates for a model (never empty) and the query, and
-returns a Decision. State a policy needs lives in its own instance (a counter,
-an RNG); load lives in the candidates it is given.
+A policy gets the live candidates for a model (never empty) and the query, and returns a Decision.
+State a policy needs lives in its own instance (a counter, an RNG, kv's per-request load); load the
+router booked lives in the candidates it is given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+import dataclasses
 
-from services.router.core.types import Candidate, Decision, RouteQuery
+from services.router.core.kv_ingest import KvEventIngest
+from services.router.core.policies.base import Policy
+from services.router.core.policies.direct import Direct
+from services.router.core.policies.kv_aware import DEFAULT_HOTSPOT_RATIO, DEFAULT_OVERLAP_WEIGHT, KvAware
+from services.router.core.policies.least_loaded import LeastLoaded
+from services.router.core.policies.random_choice import RandomChoice
+from services.router.core.policies.round_robin import RoundRobin
 
-
-class Policy(Protocol):
-    def choose(self, candidates: Sequence[Candidate], query: RouteQuery) -> Decision: ...
-
-
-def _registry() -> dict[str, Callable[..., Policy]]:
-    from services.router.core.policies.direct import Direct
-    from services.router.core.policies.kv_aware import KvAware
-    from services.router.core.policies.least_loaded import LeastLoaded
-    from services.router.core.policies.random_choice import RandomChoice
-    from services.router.core.policies.round_robin import RoundRobin
-
-    return {"round-robin": RoundRobin, "random": RandomChoice, "least-loaded": LeastLoaded, "direct": Direct,
-            "kv": KvAware}
-
+__all__ = ["DEFAULT_MODE", "POLICY_NAMES", "KvSettings", "Policy", "build_policy"]
 
 POLICY_NAMES = ("round-robin", "random", "least-loaded", "direct", "kv")
+DEFAULT_MODE = "round-robin"
 
 
-@runtime_checkable
-class TracksRequests(Protocol):
-    """A policy that keeps its own per-request state (kv): told about every request's lifecycle."""
+@dataclasses.dataclass(frozen=True)
+class KvSettings:
+    """The kv policy's parameters (router flags --kv-overlap-weight, --router-temperature,
+    --hotspot-ratio, --router-ttl-secs); see kv_aware.py for what each weighs."""
 
-    def book(self, request_id: str, worker_id: str, local_hashes: Sequence[int], overlap_blocks: int) -> None: ...
-
-    def mark_prefilled(self, request_id: str) -> bool: ...
-
-    def free(self, request_id: str) -> bool: ...
-
-    def drop_worker(self, worker_id: str) -> None: ...
+    overlap_weight: float = DEFAULT_OVERLAP_WEIGHT
+    temperature: float = 0.0
+    hotspot_ratio: float = DEFAULT_HOTSPOT_RATIO
+    ttl_s: float = 120.0  # approximate mode: how long a block the router predicted stays predicted
 
 
-def make_policy(name: str, **kwargs) -> Policy:
-    try:
-        return _registry()[name](**kwargs)
-    except KeyError:
-        raise ValueError(f"unknown router mode {name!r}; choose one of {', '.join(POLICY_NAMES)}") from None
+def build_policy(mode: str, kv: KvSettings = KvSettings(), ingest: KvEventIngest | None = None) -> Policy:
+    """The policy named ``mode`` (--router-mode). kv reads the workers' KV events through ``ingest``,
+    or, without one (--no-kv-events), predicts caches from its own decisions (approximate mode)."""
+    if mode == "round-robin":
+        return RoundRobin()
+    if mode == "random":
+        return RandomChoice()
+    if mode == "least-loaded":
+        return LeastLoaded()
+    if mode == "direct":
+        return Direct()
+    if mode == "kv":
+        if ingest is None:
+            return KvAware(overlap_weight=kv.overlap_weight, temperature=kv.temperature,
+                           hotspot_ratio=kv.hotspot_ratio, approximate=True, ttl_s=kv.ttl_s)
+        return KvAware(overlap_weight=kv.overlap_weight, temperature=kv.temperature, hotspot_ratio=kv.hotspot_ratio,
+                       index=ingest.index, approximate=False, reported_blocks=ingest.active_blocks)
+    raise ValueError(f"unknown router mode {mode!r}; choose one of {', '.join(POLICY_NAMES)}")

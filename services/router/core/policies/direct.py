@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.common.errors import InvalidRequest, NoWorkers
+from services.router.core.policies.base import Stateless
 from services.router.core.types import Candidate, Decision, RouteQuery
 
 
-class Direct:
+class Direct(Stateless):
     def choose(self, candidates: Sequence[Candidate], query: RouteQuery) -> Decision:
         if not query.pinned_worker_id:
             raise InvalidRequest("router mode 'direct' needs a worker id (x-worker-instance-id header)",

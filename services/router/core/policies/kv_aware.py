@@ -35,6 +35,7 @@ from services.common.hashing import sequence_hashes
 from services.router.core.active import ActiveRequests
 from services.router.core.approximate import ApproximateCache
 from services.router.core.index import RadixIndex
+from services.router.core.lifecycle import BOOK, FIRST_TOKEN, LifecycleEvent
 from services.router.core.types import Candidate, Decision, RouteQuery
 
 ReportedBlocks = Callable[[str], int]
@@ -50,6 +51,8 @@ DEFAULT_HOTSPOT_RATIO = 3.0
 
 
 class KvAware:
+    wants_first_token = True  # the first token ends a request's prefill load
+
     def __init__(self, *, index: RadixIndex | None = None, overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
                  temperature: float = 0.0, hotspot_ratio: float = DEFAULT_HOTSPOT_RATIO,
                  approximate: bool | None = None, ttl_s: float = 120.0,
@@ -69,7 +72,7 @@ class KvAware:
         self._pending: dict[str, tuple[int, ...]] = {}  # request id -> seq hashes, from choose to book
         # decisions; spills (chose less overlap than some worker had: load won); hot_skips (the guard
         # excluded a worker holding more of the prompt than the chosen one)
-        self.stats = {"decisions": 0, "spills": 0, "hot_skips": 0}
+        self.stats: dict[str, int] = {"decisions": 0, "spills": 0, "hot_skips": 0}
 
     # -- choice ------------------------------------------------------------------------------------
 
@@ -127,12 +130,21 @@ class KvAware:
 
     # -- request lifecycle (also fed by replica sync) ----------------------------------------------
 
+    def on_lifecycle(self, event: LifecycleEvent, remote: bool) -> None:
+        """Replicas' events count as our own: every replica holds the same load (core/lifecycle.py)."""
+        if event.kind == BOOK:
+            self.book(event.request_id, event.worker_id, event.local_hashes, event.overlap_blocks)
+        elif event.kind == FIRST_TOKEN:
+            self.mark_prefilled(event.request_id)
+        else:
+            self.free(event.request_id)
+
     def book(self, request_id: str, worker_id: str, local_hashes: Sequence[int], overlap_blocks: int) -> None:
         seq = self._pending.pop(request_id, None)
         if seq is None or len(seq) != len(local_hashes):
             seq = tuple(sequence_hashes(local_hashes))
         prefill = max(0, len(seq) - overlap_blocks)
-        self.active.add(request_id, worker_id, seq, prefill, overlap_blocks)
+        self.active.add(request_id, worker_id, seq, prefill)
         if self.approximate is not None and seq:
             self.approximate.record(worker_id, seq, local_hashes)
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from services.router.core.policies.base import Stateless
 from services.router.core.types import Candidate, Decision, RouteQuery
 
 
-class LeastLoaded:
+class LeastLoaded(Stateless):
     def __init__(self) -> None:
         self._counter = itertools.count()
 

@@ -5,7 +5,7 @@ import pytest
 from meshfront.common.v1 import common_pb2
 
 from services.common.errors import InvalidRequest
-from services.gateway.core.to_proto import chat_to_preprocess
+from services.gateway.core.to_proto import chat_to_preprocess, postprocess_options
 from services.gateway.responses_api.conversation import output_as_input, to_chat, to_messages
 from services.gateway.responses_api.request import parse_responses
 
@@ -167,7 +167,10 @@ def test_request_maps_onto_the_chat_proto():
         "name": "get_weather", "description": "weather", "parameters": TOOL["parameters"]}}]
     assert (prep.tool_choice.mode, prep.tool_choice.function_name) == \
         (common_pb2.TOOL_CHOICE_MODE_NAMED, "get_weather")
-    assert prep.single_tool_call
+    # parallel_tool_calls false: the gateway's own postprocess option, beside the tools and the tool choice.
+    options = postprocess_options(to_chat(req, req.items), prep)
+    assert options.single_tool_call
+    assert options.tools_json == prep.tools_json and options.tool_choice == prep.tool_choice
     assert orjson.loads(prep.chat_template_kwargs_json) == {"reasoning_effort": "low"}
     r = prep.request
     assert r.stop.max_tokens == 7 and r.sampling.temperature == 0.5 and r.sampling.top_p == pytest.approx(0.9)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PreprocessRequest(_message.Message):
-    __slots__ = ("request", "messages_json", "text", "tokens", "tools_json", "tool_choice", "chat_template_kwargs_json", "single_tool_call", "return_formatted_prompt", "stream_interval")
+    __slots__ = ("request", "messages_json", "text", "tokens", "tools_json", "tool_choice", "chat_template_kwargs_json", "return_formatted_prompt")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -16,9 +16,7 @@ class PreprocessRequest(_message.Message):
     TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
-    SINGLE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     RETURN_FORMATTED_PROMPT_FIELD_NUMBER: _ClassVar[int]
-    STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     request: _common_pb2.PreprocessedRequest
     messages_json: str
     text: str
@@ -26,10 +24,8 @@ class PreprocessRequest(_message.Message):
     tools_json: str
     tool_choice: _common_pb2.ToolChoice
     chat_template_kwargs_json: str
-    single_tool_call: bool
     return_formatted_prompt: bool
-    stream_interval: int
-    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., messages_json: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[_common_pb2.ToolChoice, _Mapping]] = ..., chat_template_kwargs_json: _Optional[str] = ..., single_tool_call: _Optional[bool] = ..., return_formatted_prompt: _Optional[bool] = ..., stream_interval: _Optional[int] = ...) -> None: ...
+    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., messages_json: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[_common_pb2.ToolChoice, _Mapping]] = ..., chat_template_kwargs_json: _Optional[str] = ..., return_formatted_prompt: _Optional[bool] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)

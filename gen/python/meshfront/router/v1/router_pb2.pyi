@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouteRequest(_message.Message):
-    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "session_id", "session_action", "session_timeout_s", "priority_jump_s")
+    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "first_tokens", "session_id", "session_action", "session_timeout_s", "priority_jump_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class RouteRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
     RELEASES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ACTION_FIELD_NUMBER: _ClassVar[int]
     SESSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
@@ -26,25 +27,28 @@ class RouteRequest(_message.Message):
     worker_id: str
     exclude_worker_ids: _containers.RepeatedScalarFieldContainer[str]
     releases: _containers.RepeatedCompositeFieldContainer[ReleaseRequest]
+    first_tokens: _containers.RepeatedCompositeFieldContainer[FirstTokenReport]
     session_id: str
     session_action: str
     session_timeout_s: int
     priority_jump_s: float
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token", "queue_depth")
+    __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token", "reads_first_token_reports", "queue_depth")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    READS_FIRST_TOKEN_REPORTS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     overlap_blocks: int
     report_first_token: bool
+    reads_first_token_reports: bool
     queue_depth: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., report_first_token: _Optional[bool] = ..., queue_depth: _Optional[int] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., report_first_token: _Optional[bool] = ..., reads_first_token_reports: _Optional[bool] = ..., queue_depth: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("request_id", "first_token", "cached_tokens", "prompt_tokens")
@@ -58,15 +62,27 @@ class ReleaseRequest(_message.Message):
     prompt_tokens: int
     def __init__(self, request_id: _Optional[str] = ..., first_token: _Optional[bool] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
+class FirstTokenReport(_message.Message):
+    __slots__ = ("request_id", "cached_tokens", "prompt_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    cached_tokens: int
+    prompt_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
 class ReleaseResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ReleaseBatchRequest(_message.Message):
-    __slots__ = ("releases",)
+    __slots__ = ("releases", "first_tokens")
     RELEASES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     releases: _containers.RepeatedCompositeFieldContainer[ReleaseRequest]
-    def __init__(self, releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ...) -> None: ...
+    first_tokens: _containers.RepeatedCompositeFieldContainer[FirstTokenReport]
+    def __init__(self, releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ...) -> None: ...
 
 class ReleaseBatchResponse(_message.Message):
     __slots__ = ()

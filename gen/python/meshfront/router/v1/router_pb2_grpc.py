@@ -64,15 +64,15 @@ class RouterServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Releases the booking made by Route once the request ends or is cancelled; also carries the
-        first-token signal (prefill done, cached tokens) so the router needs no second lifecycle call.
+        """Releases the booking made by Route once the request ends or is cancelled.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseBatch(self, request, context):
-        """Several Releases at once: what a caller gathered when no Route call came to carry them.
+        """Several Releases and first-token reports at once: what a caller gathered when no Route call
+        came to carry them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -18,7 +18,7 @@ from sglang.srt.entrypoints.openai.protocol import Tool
 from sglang.srt.function_call.function_call_parser import FunctionCallParser
 from sglang.srt.parser.reasoning_parser import ReasoningParser
 
-from services.postprocessor.core.parsers.output import ParserConfig, build_output_parser
+from services.postprocessor.core.parsers.output import ParserConfig, ToolChoice, build_output_parser
 from services.postprocessor.core.parsers.types import ParsedDelta, ToolCallDelta, new_call_id
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class SglangChatProcessor:
 
     def output_parser(self, config: ParserConfig, context: Any,
                       new_id: Callable[[], str] = new_call_id) -> Any:
-        if config.tools and config.tool_choice in ("required", "named"):
+        if config.has_tools and config.tool_choice in (ToolChoice.REQUIRED, ToolChoice.NAMED):
             return build_output_parser(config, new_id)
         reasoning = None
         if config.reasoning_parser and not config.thinking_disabled:
@@ -100,7 +100,7 @@ class SglangChatProcessor:
             except ValueError as e:
                 log.warning("SGLang has no reasoning parser %r: %s", name, e)
         tools = None
-        if config.tools and config.tool_choice == "auto" and config.tool_call_parser:
+        if config.has_tools and config.tool_choice is ToolChoice.AUTO and config.tool_call_parser:
             name = TOOL_PARSER_NAMES.get(config.tool_call_parser, config.tool_call_parser)
             offered = [Tool(**t) for t in orjson.loads(context.tools_json or "[]")]
             try:

@@ -32,7 +32,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.parser import ParserManager  # noqa: E402
 from vllm.tokenizers import get_tokenizer  # noqa: E402
 
-from services.postprocessor.core.parsers.output import ParserConfig  # noqa: E402
+from services.postprocessor.core.parsers.output import ParserConfig, ToolChoice  # noqa: E402
 from services.postprocessor.core.parsers.types import ParsedDelta, ToolCallDelta, new_call_id  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,9 @@ def _parser_class(tool_parser: str, reasoning_parser: str, model_dir: str) -> An
 def _vllm_names(config: ParserConfig) -> tuple[str, str]:
     """vLLM's (tool parser, reasoning parser) names for a request; "" for none."""
     tool = ""
-    if config.tools and config.tool_choice != "none":
+    if config.has_tools and config.tool_choice is not ToolChoice.NONE:
         tool = TOOL_PARSER_NAMES.get(config.tool_call_parser, config.tool_call_parser)
-        if not tool and config.tool_choice in ("required", "named"):
+        if not tool and config.tool_choice in (ToolChoice.REQUIRED, ToolChoice.NAMED):
             tool = FORCED_CHOICE_CARRIER
     reasoning = ""
     if config.reasoning_parser and not config.thinking_disabled:  # thinking off: no reasoning parser, as ours
@@ -81,11 +81,12 @@ def _vllm_names(config: ParserConfig) -> tuple[str, str]:
     return tool, reasoning
 
 
-def chat_request(tools_json: str, tool_choice: str = "auto", named_function: str = "") -> ChatCompletionRequest:
+def chat_request(tools_json: str, tool_choice: ToolChoice = ToolChoice.AUTO,
+                 named_function: str = "") -> ChatCompletionRequest:
     """The vLLM request object its parsers read tools and tool_choice from (ParserConfig's choice)."""
     tools = orjson.loads(tools_json) if tools_json else None
-    choice: Any = {"type": "function", "function": {"name": named_function}} if tool_choice == "named" \
-        else tool_choice if tools else "none"
+    choice: Any = {"type": "function", "function": {"name": named_function}} if tool_choice is ToolChoice.NAMED \
+        else tool_choice.value if tools else "none"
     return ChatCompletionRequest(model="meshfront", messages=[{"role": "user", "content": ""}],
                                  tools=tools, tool_choice=choice, include_reasoning=True)
 
@@ -168,7 +169,7 @@ class VllmChatProcessor:
         request = chat_request(context.tools_json, config.tool_choice, config.named_function) if tool \
             else chat_request("")
         parser = parser_cls(_tokenizer(context.model_dir), request.tools)
-        return VllmOutputParser(parser, request, context.prompt_ids, named=config.tool_choice == "named",
+        return VllmOutputParser(parser, request, context.prompt_ids, named=config.tool_choice is ToolChoice.NAMED,
                                 new_id=new_id)
 
 
