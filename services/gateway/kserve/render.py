@@ -38,6 +38,12 @@ TEXT_OUTPUTS = ("text_output", "finish_reason")
 CHAT_OUTPUTS = (*TEXT_OUTPUTS, "reasoning_content", "tool_calls")
 
 
+def error_response(err: MeshError):
+    """Triton's way on a stream: the failed request's ``error_message``; tritonclient hands it to the
+    callback, and the stream goes on serving the call's other requests."""
+    return protocol.ModelStreamInferResponse(error_message=f"{err.grpc_code.name}: {err.message}")
+
+
 class InferResponseBuilder:
     """The responses of one request: id, model, requested outputs, usage, final marker.
 
@@ -146,8 +152,7 @@ class InferResponseBuilder:
         return [] if closing is None else [closing]
 
     def sse_error(self, err: MeshError) -> list[Any]:
-        """Triton's way on a stream: the request's ``error_message``; tritonclient hands it to the callback."""
-        return [protocol.ModelStreamInferResponse(error_message=f"{err.grpc_code.name}: {err.message}")]
+        return [error_response(err)]
 
     def usage(self) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}

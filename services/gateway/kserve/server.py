@@ -23,7 +23,7 @@ from services.gateway.core.request import ChatRequest
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
 from services.gateway.front_door import AS_IS, GRPC, Generation, Models, check_model, headers, serve_generation
 from services.gateway.kserve import metadata, protocol
-from services.gateway.kserve.render import InferResponseBuilder
+from services.gateway.kserve.render import InferResponseBuilder, error_response
 from services.gateway.kserve.request import parse_request
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class KServeServicer:
                     await put(response)
         except MeshError as e:
             log.info("kserve stream request %r failed: %s", request.id, e.message)
-            await put(protocol.ModelStreamInferResponse(error_message=f"{e.grpc_code.name}: {e.message}"))
+            await put(error_response(e))
 
     async def ModelStreamInfer(self, request_iterator, context):
         out: asyncio.Queue = asyncio.Queue(STREAM_QUEUE)
