@@ -169,6 +169,24 @@ async def _send_headers(context: grpc.aio.ServicerContext | None, gen: Generatio
 Start = Callable[[Any, Any, Any, str], Awaitable[Generation]]
 
 
+async def _begin(servicer: Any, start: Start, request: Any, context: grpc.aio.ServicerContext | None,
+                 request_id: str, track: RequestTracker) -> tuple[Generation, Any]:
+    """Everything before the first byte: start the request, then fold it into its body (not streamed)
+    or wait for its first batch (streamed); returns the generation and that body or batch."""
+    gen = await start(servicer, request, context, request_id)
+    track.start(gen.model, gen.streaming)
+    if gen.streaming:
+        out = await anext(gen.stream, None)
+    else:
+        async for batch in gen.stream:
+            gen.renderer.fold(batch)
+        if gen.on_complete is not None:
+            await gen.on_complete()
+        out = gen.renderer.body()
+    await _send_headers(context, gen)
+    return gen, out
+
+
 async def serve_generation(servicer: Any, start: Start, endpoint: str, shape: ErrorShape, request: Any,
                            context: grpc.aio.ServicerContext | None, framing: Framing = HTTP) -> AsyncIterator[Any]:
     """One generation request from start to end; yields the RPC's messages.
@@ -179,36 +197,24 @@ async def serve_generation(servicer: Any, start: Start, endpoint: str, shape: Er
     """
     request_id = uuid.uuid4().hex
     with RequestTracker(endpoint) as track:
-        err: MeshError | None = None
+        err: MeshError
         try:
-            gen = await start(servicer, request, context, request_id)
-            track.start(gen.model, gen.streaming)
-            renderer = gen.renderer
-            if not gen.streaming:
-                async for batch in gen.stream:
-                    renderer.fold(batch)
-                if gen.on_complete is not None:
-                    await gen.on_complete()
-                body = renderer.body()
-            else:
-                first = await anext(gen.stream, None)
-            await _send_headers(context, gen)
-        except MeshError as e:
-            err = e
-        except Exception:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
-            err = unexpected(endpoint, request_id)
-        if err is not None:
+            gen, out = await _begin(servicer, start, request, context, request_id, track)
+        except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
+            err = e if isinstance(e, MeshError) else unexpected(endpoint, request_id)
             track.fail(err)
             await shape.abort(context, err)
+        renderer = gen.renderer
         if not gen.streaming:
             track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
-            yield framing.body(body)
+            yield framing.body(out)
             return
+        # Streamed: the first batch goes out with the response headers, then a frame per batch, then the end.
         try:
-            if first is not None:
+            if out is not None:
                 track.first_token()
                 lead = gen.extras.annotation_events() if gen.extras is not None else b""
-                data = renderer.sse(first)
+                data = renderer.sse(out)
                 yield framing.frame(lead + data if lead else data)
             async for batch in gen.stream:
                 data = renderer.sse(batch)
