@@ -61,6 +61,11 @@ def check_model(models: Mapping[str, Sequence[WorkerCard]], name: str, *, embedd
                              "/v1/completions with it", param=param)
 
 
+def http_trailers(status: int, body: bytes) -> tuple[tuple[str, str], ...]:
+    """What Envoy's Lua filter turns into the HTTP status and body of a call that ends without one."""
+    return ("x-meshfront-status", str(status)), ("x-meshfront-body", body.decode())
+
+
 @dataclasses.dataclass(frozen=True)
 class ErrorShape:
     """How the caller hears an error before the first byte.
@@ -80,7 +85,7 @@ class ErrorShape:
         code, message, trailers = to_status(err)
         metadata: tuple[tuple[str, str | bytes], ...] = trailers
         if self.body is not None:
-            metadata += (("x-meshfront-status", str(self.status(err))), ("x-meshfront-body", self.body(err).decode()))
+            metadata += http_trailers(self.status(err), self.body(err))
             if self.retry_after(err):
                 metadata += (("x-meshfront-retry-after", "1"),)
         await context.abort(code, message, trailing_metadata=metadata)

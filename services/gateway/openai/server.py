@@ -25,7 +25,8 @@ from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.request import GenerationRequest
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
 from services.gateway.core.trace import RequestTrace, RouteHints
-from services.gateway.front_door import JSON, Generation, Models, check_model, generation_rpc, headers
+from services.gateway.front_door import (JSON, Generation, Models, check_model, generation_rpc, headers,
+                                           http_trailers)
 from services.gateway.openai.extensions import ResponseExtensions
 from services.gateway.openai.render import renderer_for
 from services.gateway.openai.request import parse_chat, parse_completion
@@ -68,14 +69,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ChatCompletions = generation_rpc(functools.partial(_start, chat=True), "chat")
     Completions = generation_rpc(functools.partial(_start, chat=False), "completions")
 
-
     async def _json(self, context, build: Callable[[], Awaitable[tuple[int, dict]]]):
         status, body = await build()
         if status != 200:
             await context.abort(grpc.StatusCode.UNAVAILABLE if status >= 500 else grpc.StatusCode.NOT_FOUND,
                                 body.get("status", "error") if "error" not in body else body["error"]["message"],
-                                trailing_metadata=(("x-meshfront-status", str(status)),
-                                                   ("x-meshfront-body", orjson.dumps(body).decode())))
+                                trailing_metadata=http_trailers(status, orjson.dumps(body)))
         return httpbody_pb2.HttpBody(content_type=JSON, data=orjson.dumps(body))
 
     async def ListModels(self, request, context):
