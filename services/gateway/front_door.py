@@ -32,7 +32,7 @@ import grpc
 from google.api import httpbody_pb2
 
 from services.common.discovery import WorkerCard
-from services.common.errors import Internal, InvalidRequest, MeshError, ModelNotFound, Overloaded, to_status
+from services.common.errors import Internal, InvalidRequest, MeshError, NotFound, Overloaded, to_status
 from services.gateway.core import errors as openai_errors
 from services.gateway.core.delta import Delta
 from services.gateway.request_metrics import RequestTracker
@@ -53,7 +53,8 @@ def check_model(models: Mapping[str, Sequence[WorkerCard]], name: str, *, embedd
     """A 404 for a model nobody serves; a 400 for one of the other kind (generation vs embedding)."""
     cards = models.get(name)
     if not cards:
-        raise ModelNotFound(f"The model `{name}` does not exist.", param=param, code="model_not_found")
+        # NotFound (reason NOT_FOUND), as /metrics has always counted the gateway's unknown models.
+        raise NotFound(f"The model `{name}` does not exist.", param=param, code="model_not_found")
     if cards[0].model.is_embedding and not embedding:
         raise InvalidRequest(f"The model `{name}` is an embedding model; use /v1/embeddings with it", param=param)
     if embedding and not cards[0].model.is_embedding:

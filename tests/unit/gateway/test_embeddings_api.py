@@ -10,7 +10,7 @@ import pytest
 from meshfront.worker.v1 import worker_pb2
 
 from services.common.discovery import EMBEDDINGS, ModelCard, WorkerCard
-from services.common.errors import InvalidRequest, ModelNotFound
+from services.common.errors import InvalidRequest, NotFound
 from services.gateway.embeddings.render import render
 from services.gateway.embeddings.request import MAX_INPUTS, parse_embeddings
 from services.gateway.front_door import check_model
@@ -99,7 +99,7 @@ def test_the_model_must_exist_and_be_an_embedding_model():
     with pytest.raises(InvalidRequest, match="`c` is not an embedding model") as e:
         check_model(models, "c", embedding=True)
     assert e.value.param == "model"
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(NotFound):
         check_model(models, "nope", embedding=True)
     # The same check guards the generating routes from an embedding model.
     check_model(models, "c")
