@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 
 from services.common.errors import Cancelled, MeshError, NoWorkers, Overloaded
-from services.gateway.front_door import ErrorShape
 
 # HTTP status -> Anthropic error type (https://docs.claude.com/en/api/errors).
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -48,8 +47,3 @@ def error_body(err: MeshError) -> bytes:
 def sse_error_event(err: MeshError) -> bytes:
     """A mid-stream failure: the status is already 200, so it travels as Anthropic's ``error`` event."""
     return b"event: error\ndata: " + error_body(err) + b"\n\n"
-
-
-# /v1/messages' abort: Anthropic's status and body for Envoy; 529 tells the SDK to retry.
-ANTHROPIC = ErrorShape(body=error_body, status=http_status,
-                       retry_after=lambda err: http_status(err) == OVERLOADED_STATUS)

@@ -1,7 +1,7 @@
 """gRPC glue for the Anthropic Messages API: HttpBody in, Anthropic JSON or SSE out.
 
 The front door (services/gateway/front_door.py) runs the request's lifecycle in Anthropic's error
-shape (``errors.ANTHROPIC``): statuses and bodies before the first byte, Anthropic's in-band ``error``
+shape (``ANTHROPIC``): statuses and bodies before the first byte, Anthropic's in-band ``error``
 event after it, a bug as a 500 ``api_error``.
 """
 
@@ -15,12 +15,18 @@ from google.api import httpbody_pb2
 from meshfront.gateway.v1 import anthropic_pb2_grpc
 
 from services.common.errors import MeshError
-from services.gateway.anthropic.errors import ANTHROPIC
+from services.gateway.anthropic import errors
 from services.gateway.anthropic.render import MessageRenderer
 from services.gateway.anthropic.request import parse_count_tokens, parse_messages
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.to_proto import chat_to_preprocess, postprocess_options
-from services.gateway.front_door import JSON, Generation, Models, check_model, generation_rpc, headers, unexpected
+from services.gateway.front_door import (JSON, ErrorShape, Generation, Models, check_model, generation_rpc, headers,
+                                           unexpected)
+
+
+# /v1/messages' abort: Anthropic's status and body for Envoy; 529 tells the SDK to retry.
+ANTHROPIC = ErrorShape(body=errors.error_body, status=errors.http_status,
+                       retry_after=lambda err: errors.http_status(err) == errors.OVERLOADED_STATUS)
 
 
 class AnthropicServicer(anthropic_pb2_grpc.AnthropicServiceServicer):
