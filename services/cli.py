@@ -1,10 +1,16 @@
-"""``meshfront <command>``: one entry point for the launcher and every service."""
+"""``meshfront <command>``: one entry point for the launcher and every service.
+
+Each command's module has ``main(argv)`` (services/common/service_main.py, services/workers/entry.py),
+called with the arguments after the command: nothing rewrites ``sys.argv``.
+"""
 
 from __future__ import annotations
 
-import runpy
+import importlib
 import sys
+from collections.abc import Sequence
 
+# command -> its package (the deploy tests read each package's config module from here)
 COMMANDS = {
     "gateway": "services.gateway",
     "preprocessor": "services.preprocessor",
@@ -18,13 +24,20 @@ COMMANDS = {
     "embed": "services.workers.embed",
     "build-model": "services.models",
 }
+# Where a command's ``main(argv)`` is, when not in its package's ``main`` module.
+_MAIN_MODULES = {"build-model": "services.models.cli"}
 
 
-def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] in {"-h", "--help"}:
+def main_module(command: str) -> str:
+    return _MAIN_MODULES.get(command, f"{COMMANDS[command]}.main")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in {"-h", "--help"}:
         print("usage: meshfront {run," + ",".join(COMMANDS) + "} [flags]  (each command has --help)")
-        sys.exit(0 if len(sys.argv) >= 2 else 2)
-    command, rest = sys.argv[1], sys.argv[2:]
+        sys.exit(0 if args else 2)
+    command, rest = args[0], args[1:]
     if command == "run":
         from services.launcher.run import main as run_main
 
@@ -32,5 +45,4 @@ def main() -> None:
     if command not in COMMANDS:
         print(f"meshfront: unknown command {command!r}", file=sys.stderr)
         sys.exit(2)
-    sys.argv = [f"meshfront {command}", *rest]
-    runpy.run_module(COMMANDS[command], run_name="__main__")
+    sys.exit(importlib.import_module(main_module(command)).main(rest))

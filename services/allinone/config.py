@@ -1,21 +1,22 @@
 """All-in-one configuration: the common flags once, then every stage's own flags with its env twins.
 
-``--host``, ``--port`` (the gateway's gRPC port), ``--nats-url``, ``--log-level``, ``--metrics-port``
-and ``--tls-*`` exist once (env ``MESHFRONT_ALLINONE_HOST/PORT/METRICS_PORT``, and the shared
-``MESHFRONT_NATS_URL``, ``MESHFRONT_LOG_LEVEL``, ``MESHFRONT_TLS_*``). Every other flag is a stage's
-own, added by that stage's ``add_flags`` and parsed by its ``from_args``, with the stage's env twin
+``--host``, ``--port`` (the gateway's gRPC port), ``--nats-url``, ``--log-level``, ``--metrics-port``,
+``--drain-grace-s`` and ``--tls-*`` exist once (env ``MESHFRONT_ALLINONE_HOST``, ``_PORT``,
+``_METRICS_PORT``, ``_DRAIN_GRACE_S``, and the shared ``MESHFRONT_NATS_URL``, ``MESHFRONT_LOG_LEVEL``,
+``MESHFRONT_TLS_*``). Every other flag is a stage's own, added by that stage's ``add_flags`` and
+parsed by its ``from_args``, with the stage's env twin
 (``--kv-overlap-weight`` is also ``MESHFRONT_ROUTER_KV_OVERLAP_WEIGHT``), so a flag added to a stage
 appears here without an edit. Two stages defining one flag name fails at parser construction
 (``FlagCollision``) unless ``FIXED`` below resolves it. The resolutions:
 
 - ``--router``: the gateway's router target and the postprocessor's (asked for another worker when a
   request migrates). Both are the in-process router here; neither flag is offered.
-- ``--preprocessor``, ``--postprocessor`` (gateway targets) and ``--postprocessor-transport``: in-process;
-  not offered.
+- ``--preprocessor``, ``--postprocessor`` (gateway targets), ``--postprocessor-transport`` and the waits
+  for a restarting stage (``--stage-wait-s``, the postprocessor's ``--router-wait-s``): in-process; not offered.
 - ``--router-mode``: the router's own. (The gateway used to copy it for its in-process router; it no
   longer has it.)
-- ``--grace-s`` (preprocessor) and ``--drain-grace-s`` (postprocessor) differ in name, but both set a
-  gRPC server's drain grace; this process has one server, and it waits the longer of the two.
+- ``--drain-grace-s`` is a common flag (every process has one gRPC server and one drain grace), so it
+  exists once here too (env ``MESHFRONT_ALLINONE_DRAIN_GRACE_S``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.common.flags import FlagParser, add_common_flags
+from services.common.stage_wait import DEFAULT_WAIT_S
 from services.gateway import config as gateway_config
 from services.postprocessor import config as postprocessor_config
 from services.preprocessor import config as preprocessor_config
@@ -39,8 +41,10 @@ STAGES = {"gateway": gateway_config, "preprocessor": preprocessor_config, "route
 # Stage -> flag -> (the value this process fixes, why giving the flag is an error).
 FIXED: dict[str, dict[str, tuple[Any, str]]] = {
     "gateway": {"--preprocessor": ("", _IN_PROCESS), "--router": ("", _IN_PROCESS),
-                "--postprocessor": ("", _IN_PROCESS), "--postprocessor-transport": ("mux", _IN_PROCESS)},
-    "postprocessor": {"--router": ("", "migrations ask the all-in-one's in-process router")},
+                "--postprocessor": ("", _IN_PROCESS), "--postprocessor-transport": ("mux", _IN_PROCESS),
+                "--stage-wait-s": (DEFAULT_WAIT_S, _IN_PROCESS)},
+    "postprocessor": {"--router": ("", "migrations ask the all-in-one's in-process router"),
+                      "--router-wait-s": (DEFAULT_WAIT_S, "migrations ask the all-in-one's in-process router")},
 }
 
 
@@ -73,9 +77,21 @@ class AllInOneConfig:
         return self.gateway.metrics_port
 
     @property
-    def grace_s(self) -> float:
-        """The one server's drain grace: the longer of the preprocessor's and the postprocessor's."""
-        return max(self.preprocessor.grace_s, self.postprocessor.drain_grace_s)
+    def drain_grace_s(self) -> float:
+        return self.gateway.drain_grace_s
+
+    # What services/common/service_main.py reads of every config (TLS is the gateway's: it serves).
+    @property
+    def tls_cert(self) -> str:
+        return self.gateway.tls_cert
+
+    @property
+    def tls_key(self) -> str:
+        return self.gateway.tls_key
+
+    @property
+    def tls_ca(self) -> str:
+        return self.gateway.tls_ca
 
 
 def parser(env: Mapping[str, str] | None = None) -> FlagParser:

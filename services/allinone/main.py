@@ -1,41 +1,27 @@
-"""Wires the all-in-one process: one discovery mirror, every stage in-process, the gateway's gRPC server."""
+"""The all-in-one process: one discovery mirror, every stage in-process, the gateway's gRPC server."""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Sequence
 
-from services.allinone.assembly import build
+from services.allinone.assembly import AllInOne, build
 from services.allinone.config import parse_config
-from services.common import tls as mesh_tls
-from services.common.discovery import WorkerRegistry
-from services.common.grpc_server import GrpcServer, run, setup_logging
-from services.common.metrics import postprocessor_metrics, serve_metrics
+from services.common import service_main
+from services.common.grpc_server import GrpcServer
 from services.postprocessor.core.parsers.backends import ChatProcessorUnavailable
+from services.postprocessor.metrics import postprocessor_metrics
 
 
-async def serve(argv: list[str]) -> None:
-    try:
-        cfg = parse_config(argv)
-    except ValueError as e:
-        raise SystemExit(f"allinone: {e}") from None
-    setup_logging(cfg.log_level)
-    tls = mesh_tls.from_config(cfg.gateway)
-    registry = WorkerRegistry(cfg.nats_url, "allinone")
-    try:
-        mesh = build(cfg, registry, tls)
-    except ChatProcessorUnavailable as e:
-        raise SystemExit(f"allinone: {e}") from None
-    # One /metrics for the process: the gateway's, the postprocessor's and the router's names.
-    serve_metrics(cfg.metrics_port, cfg.host)
-    postprocessor_metrics()
-    mesh.start()  # NATS may come up after us
-    await registry.start()
-    server = GrpcServer("gateway", cfg.host, cfg.port, grace_s=cfg.grace_s, tls=tls)
+def _serve(mesh: AllInOne, server: GrpcServer) -> None:
     mesh.gateway.service.add_to(server)
-    server.on_stopped(mesh.close)
-    server.on_stopped(registry.close)
-    await server.serve_until_signal()
 
 
-def main() -> None:
-    run(lambda: serve(sys.argv[1:]))
+# One /metrics for the process: the gateway's and the router's families register in their builds, the
+# postprocessor's here. (The preprocessor's count PreprocessorService calls, which this process makes none of.)
+SPEC = service_main.ServiceSpec(name="allinone", parse=parse_config, build=build, serve=_serve,
+                                metrics=postprocessor_metrics,
+                                unavailable=(ChatProcessorUnavailable,), server_name="gateway")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    service_main.main(SPEC, argv)

@@ -8,6 +8,7 @@ meaning across hops. The gateway renders them as OpenAI error bodies.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator
 
 import grpc
@@ -15,6 +16,8 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 DOMAIN = "meshfront"
+
+log = logging.getLogger(__name__)
 
 
 class MeshError(Exception):
@@ -83,6 +86,20 @@ class Draining(MeshError):
     reason = "DRAINING"
 
 
+class StageUnavailable(MeshError):
+    """A stage of the mesh (preprocessor, router, postprocessor) stayed unreachable past the wait for it."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    http_status = 503
+    openai_type = "service_unavailable"
+    reason = "STAGE_UNAVAILABLE"
+
+    @classmethod
+    def of(cls, stage: str) -> StageUnavailable:
+        """The fixed text the client gets; what gRPC said about the stage goes to the log."""
+        return cls(f"the {stage} is unavailable")
+
+
 class Cancelled(MeshError):
     grpc_code = grpc.StatusCode.CANCELLED
     http_status = 499
@@ -96,11 +113,20 @@ class Internal(MeshError):
 
 _BY_REASON: dict[str, type[MeshError]] = {
     cls.reason: cls
-    for cls in (InvalidRequest, ModelNotFound, NotFound, NoWorkers, Overloaded, WorkerFailed, Draining, Cancelled,
-                Internal)
+    for cls in (InvalidRequest, ModelNotFound, NotFound, NoWorkers, Overloaded, WorkerFailed, Draining,
+                StageUnavailable, Cancelled, Internal)
 }
 
-# Statuses that arrive without our ErrorInfo (a peer that died, a deadline, a transport error).
+# Statuses that arrive without our ErrorInfo (a peer that died, a deadline, a transport error), and the
+# fixed text the client gets for each: gRPC's own details name addresses, sockets and channel internals
+# ("connections to all backends failing; last error: UNAVAILABLE: ipv4:127.0.0.1:9300"), so they go to
+# the log only.
+_TRANSPORT_TEXT: dict[grpc.StatusCode, str] = {
+    grpc.StatusCode.UNAVAILABLE: "a service this request needs is unavailable",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "a service this request needs did not answer in time",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "the server is overloaded",
+    grpc.StatusCode.CANCELLED: "the request was cancelled",
+}
 _BY_CODE: dict[grpc.StatusCode, type[MeshError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
     grpc.StatusCode.NOT_FOUND: NotFound,
@@ -144,13 +170,26 @@ def from_status_proto(status: status_pb2.Status) -> MeshError:
     return _ours(status) or Internal(status.message or "internal error")
 
 
-def from_rpc_error(e: grpc.aio.AioRpcError) -> MeshError:
-    """Rebuilds the domain error a peer raised (or the closest one for transport failures)."""
+def ours_in(e: grpc.aio.AioRpcError) -> MeshError | None:
+    """The domain error a peer raised, when the status carries our ErrorInfo (None: gRPC's own failure)."""
     for key, value in e.trailing_metadata() or ():
         if key == "grpc-status-details-bin" and (ours := _ours(status_pb2.Status.FromString(value))):
             return ours
-    cls = _BY_CODE.get(e.code(), Internal)
-    return cls(e.details() or e.code().name)
+    return None
+
+
+def from_rpc_error(e: grpc.aio.AioRpcError) -> MeshError:
+    """Rebuilds the domain error a peer raised (or the closest one for transport failures).
+
+    A status without our ErrorInfo comes from gRPC itself (or a peer that is not ours): the client gets
+    a fixed text for its code, and gRPC's details (addresses, sockets) go to the log.
+    """
+    ours = ours_in(e)
+    if ours is not None:
+        return ours
+    code = e.code()
+    log.warning("call failed: %s %s", code.name, e.details())
+    return _BY_CODE.get(code, Internal)(_TRANSPORT_TEXT.get(code, "internal error"))
 
 
 async def relay(responses: AsyncGenerator, context: grpc.aio.ServicerContext) -> None:

@@ -2,7 +2,10 @@
 
 Every flag ``--foo-bar`` of service ``router`` can also be set with
 ``MESHFRONT_ROUTER_FOO_BAR`` (Kubernetes passes config as env); the flag wins
-over the env var, which wins over the default. ``--help`` shows the twin.
+over the env var, which wins over the default. ``--help`` shows the twin. An env twin's value goes
+through the same checks as the flag's (its type, its ``choices``): Kubernetes configures every
+service through env, so a bad value there must fail the start as it does on the command line. Every
+such failure is one line on stderr and exit status 2 (``OneLineParser``).
 
 A parser may compose several services' flags (the all-in-one process: services/allinone):
 ``stage(service)`` hands a service's ``add_flags`` a view that keeps that service's env twins and
@@ -24,6 +27,10 @@ if TYPE_CHECKING:
 C = TypeVar("C", bound="DataclassInstance")
 
 
+BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+              "off": False}
+
+
 class FlagCollision(ValueError):
     """Two services of one composed parser define the same flag, and nobody said which one wins."""
 
@@ -35,6 +42,24 @@ class Flags(Protocol):
             choices: Sequence[Any] | None = None, env: str | None = None) -> None: ...
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line (``meshfront router: argument --x: ...``) and exit status 2:
+    the same shape as a bad value that a config's ``validate`` finds (services/common/service_main.py)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (--help lists the flags)\n")
+
+
+class _InvalidEnv:
+    """The default of a flag whose env twin holds a bad value: an error unless the flag is given."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __repr__(self) -> str:
+        return "<invalid env value>"
+
+
 class FlagParser:
     """An argparse wrapper that gives every flag an env twin."""
 
@@ -44,8 +69,8 @@ class FlagParser:
         self._env = os.environ if env is None else env
         # allow_abbrev=False where unknown flags pass through to an engine: argparse would otherwise
         # take vLLM's --model for an abbreviation of our --model-dir.
-        self._parser = argparse.ArgumentParser(prog=f"meshfront {service}", description=description,
-                                               allow_abbrev=allow_abbrev)
+        self._parser = OneLineParser(prog=f"meshfront {service}", description=description,
+                                     allow_abbrev=allow_abbrev)
         self.owners: dict[str, str] = {}  # flag -> the service that defined it
         self._groups: dict[str, Any] = {}
 
@@ -62,7 +87,7 @@ class FlagParser:
         self.owners[flag] = owner
         env_name = env or self.env_name(flag)
         if env_name in self._env:
-            default = self._convert(type, self._env[env_name])
+            default = self._from_env(flag, env_name, self._env[env_name], type, choices)
         kwargs: dict[str, Any] = {"default": default, "help": f"{help} [env {env_name}; default {default!r}]"}
         if type is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -95,17 +120,36 @@ class FlagParser:
                                       default=argparse.SUPPRESS)
 
     @staticmethod
-    def _convert(type_: Any, raw: str) -> Any:
+    def _from_env(flag: str, env_name: str, raw: str, type_: Any, choices: Sequence[Any] | None) -> Any:
+        """The env twin's value, checked as argparse checks the flag's; an ``_InvalidEnv`` if it fails."""
+        where = f"{env_name}={raw!r} (the env twin of {flag})"
         if type_ is bool:
-            return raw.strip().lower() in {"1", "true", "yes", "on"}
-        return type_(raw)
+            value = BOOL_WORDS.get(raw.strip().lower())
+            if value is None:
+                return _InvalidEnv(f"{where}: not a boolean; use one of {', '.join(BOOL_WORDS)}")
+            return value
+        try:
+            value = type_(raw)
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            return _InvalidEnv(f"{where}: invalid {getattr(type_, '__name__', 'value')} value")
+        if choices is not None and value not in choices:
+            return _InvalidEnv(f"{where}: invalid choice (choose from {', '.join(map(repr, choices))})")
+        return value
+
+    def _check_env(self, args: argparse.Namespace) -> argparse.Namespace:
+        """An env twin's bad value is an error unless its flag was given (the flag wins)."""
+        for value in vars(args).values():
+            if isinstance(value, _InvalidEnv):
+                self._parser.error(value.message)
+        return args
 
     def parse(self, argv: Sequence[str] | None) -> argparse.Namespace:
-        return self._parser.parse_args(argv)
+        return self._check_env(self._parser.parse_args(argv))
 
     def parse_known(self, argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         """Parses this parser's flags and returns the others untouched (an engine's, passed through)."""
-        return self._parser.parse_known_args(argv)
+        args, rest = self._parser.parse_known_args(argv)
+        return self._check_env(args), rest
 
 
 class StageFlags:
@@ -159,15 +203,27 @@ def config_from(cls: type[C], args: argparse.Namespace) -> C:
 
 
 def add_common_flags(p: FlagParser, *, port: int) -> None:
-    """Flags every service has: where it listens, where NATS is, how it logs."""
+    """Flags every service has: where it listens, how it drains, where NATS is, how it logs."""
     p.add("--host", default="127.0.0.1", help="address to listen on")
     p.add("--port", default=port, type=int, help="gRPC port (0 picks a free one)")
     p.add("--nats-url", default="nats://127.0.0.1:4222", env="MESHFRONT_NATS_URL", help="NATS server URL")
     p.add("--log-level", default="INFO", env="MESHFRONT_LOG_LEVEL", help="logging level")
     p.add("--metrics-port", default=0, type=int, help="Prometheus metrics port (0 = off)")
+    p.add("--drain-grace-s", default=10.0, type=float,
+          help="on SIGTERM: seconds calls in flight get to finish before they are cancelled")
     # Shared env names: every pod mounts its certificate at the same path (services/common/tls.py).
     p.add("--tls-cert", default="", env="MESHFRONT_TLS_CERT",
           help="PEM certificate (serverAuth+clientAuth): serve gRPC over TLS and present it to other services")
     p.add("--tls-key", default="", env="MESHFRONT_TLS_KEY", help="PEM private key of --tls-cert")
     p.add("--tls-ca", default="", env="MESHFRONT_TLS_CA",
           help="PEM CA: require client certificates it signed and trust only it for outgoing calls (mTLS)")
+
+
+def common_errors(port: int, drain_grace_s: float) -> list[str]:
+    """What is wrong with the common flags' values (each config's ``validate`` adds its own)."""
+    errors = []
+    if not 0 <= port <= 65535:
+        errors.append(f"--port {port} is not a port number (0..65535)")
+    if drain_grace_s < 0:
+        errors.append(f"--drain-grace-s {drain_grace_s} must be >= 0")
+    return errors

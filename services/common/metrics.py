@@ -1,19 +1,15 @@
-"""Prometheus metrics: one set per service, served on ``--metrics-port`` (0 = off).
+"""What every service's Prometheus metrics share: the ``/metrics`` endpoint, the latency buckets, and
+the families of the multiplexed stream that both postprocessors and workers serve.
 
-Names are documented in docs/metrics.md and follow Dynamo's where they overlap
-(dynamo-frontend.md §9), with a ``meshfront_<service>_`` prefix. Updates happen once per request or
-per message, never per token: token counts are added when a request ends, the inter-token latency is
-the request's mean gap, and load gauges are read from the live objects at scrape time (custom
-collectors, e.g. the router's in services/router/metrics.py), so the hot path pays nothing for them.
+Each service's own families live in the service (docs/metrics.md lists them all):
+services/gateway/frontend_metrics.py (names follow ``--metrics-prefix``), services/preprocessor/metrics.py,
+services/router/metrics.py, services/postprocessor/metrics.py, services/workers/metrics.py. Names follow
+Dynamo's where they overlap (dynamo-frontend.md §9), with a ``meshfront_<service>_`` prefix. Updates
+happen once per request or per message, never per token, so the hot path pays nothing for them.
 
-The router's own metrics (decisions, KV prediction accuracy, event lag, per-worker load) live in
-services/router/metrics.py with their own registry.
-
-Each set is created once per process (``postprocessor_metrics()`` ...) so that the all-in-one
-gateway, which hosts the router and postprocessor in-process, and tests that build several service
-objects register every name exactly once. The gateway's request metrics are in
-services/gateway/frontend_metrics.py: their names follow ``--metrics-prefix`` and the edge's
-``/metrics`` serves them.
+Each set is created once per process (``mux_metrics()`` ...) so that the all-in-one gateway, which
+hosts the router and postprocessor in-process, and tests that build several service objects register
+every name exactly once.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ import dataclasses
 import functools
 import logging
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, start_http_server
 
 log = logging.getLogger(__name__)
 
@@ -41,56 +37,6 @@ def serve_metrics(port: int, host: str = "0.0.0.0") -> bool:  # noqa: S104 - scr
 
 
 @dataclasses.dataclass(frozen=True)
-class PreprocessorMetrics:
-    requests: Counter
-    duration: Histogram
-
-
-@functools.cache
-def preprocessor_metrics() -> PreprocessorMetrics:
-    p = "meshfront_preprocessor_"
-    return PreprocessorMetrics(
-        requests=Counter(f"{p}requests", "Preprocess calls by outcome (ok or the error reason)", ["outcome"]),
-        duration=Histogram(f"{p}duration_seconds", "Template, tokenization and block hashing of one request",
-                           buckets=LATENCY_BUCKETS),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class PostprocessorMetrics:
-    streams: Counter
-    in_flight: Gauge
-    worker_failures: Counter
-    migrations: Counter
-
-
-@functools.cache
-def postprocessor_metrics() -> PostprocessorMetrics:
-    p = "meshfront_postprocessor_"
-    return PostprocessorMetrics(
-        streams=Counter(f"{p}streams", "Generate streams by outcome (finished, cancelled, failed)", ["outcome"]),
-        in_flight=Gauge(f"{p}inflight_streams", "Generate streams being relayed"),
-        worker_failures=Counter(f"{p}worker_failures", "Worker streams that failed, by reason", ["reason"]),
-        migrations=Counter(f"{p}migrations", "Requests moved to another worker after a failure"),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerMetrics:
-    requests: Counter
-    in_flight: Gauge
-
-
-@functools.cache
-def worker_metrics() -> WorkerMetrics:
-    p = "meshfront_worker_"
-    return WorkerMetrics(
-        requests=Counter(f"{p}requests", "Sequences by outcome (finished, aborted, rejected, failed)", ["outcome"]),
-        in_flight=Gauge(f"{p}inflight_requests", "Sequences being generated or waiting"),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
 class MuxMetrics:
     messages: Counter
     chunks: Counter
@@ -105,16 +51,3 @@ def mux_metrics() -> MuxMetrics:
         messages=Counter(f"{p}messages", "GenerateStream response messages sent", ["rpc"]),
         chunks=Counter(f"{p}chunks", "Sequence chunks those messages carried", ["rpc"]),
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class EmbedMetrics:
-    batch_inputs: Histogram
-
-
-@functools.cache
-def embed_metrics() -> EmbedMetrics:
-    """The embedding worker's batching: how many inputs each forward pass carried."""
-    return EmbedMetrics(batch_inputs=Histogram(
-        "meshfront_worker_embed_batch_inputs", "Inputs per forward pass of an embedding worker",
-        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)))

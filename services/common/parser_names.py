@@ -3,7 +3,9 @@
 Workers check their flags against these at start, so a typo fails the worker instead of every request
 it serves quietly going unparsed. The postprocessor's registries (services/postprocessor/core/parsers)
 implement exactly these names; tests/unit/parsers/test_parser_names.py keeps the two equal. With
-``--chat-processor vllm|sglang`` the postprocessor maps the same names onto the engine's own parsers.
+``--chat-processor vllm|sglang`` the postprocessor maps the same names onto the engine's own parsers;
+a name only an engine knows is refused too, because a worker cannot know which backend the
+postprocessors behind it run (docs/parsers.md). The env twins are checked like the flags.
 """
 
 from __future__ import annotations

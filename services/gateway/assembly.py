@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+from collections.abc import Callable
+
+from grpc_health.v1 import health_pb2
 
 from meshfront.gateway.v1 import (
     anthropic_pb2_grpc,
@@ -22,6 +25,7 @@ from services.common import tls as mesh_tls
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer
+from services.common.stage_wait import DEFAULT_WAIT_S
 from services.gateway import clients, frontend_metrics
 from services.gateway.anthropic.server import AnthropicServicer
 from services.gateway.config import GatewayConfig
@@ -37,7 +41,12 @@ from services.gateway.postprocessor_mux import MuxPostprocessor
 from services.gateway.releases import RidingReleases
 from services.gateway.responses_api.server import ResponsesServicer
 from services.gateway.responses_api.store import ResponseStore
+from services.gateway.stage_watch import StageWatch
 from services.gateway.warmup import Warmup
+
+
+# The gRPC health service name the gateway's liveness probe asks (deploy/k8s/base/gateway.yaml).
+LIVENESS_SERVICE = "liveness"
 
 
 @dataclasses.dataclass
@@ -49,12 +58,18 @@ class Gateway:
     metrics: ReplicaMetrics
     # POST /v1/embeddings: the same preprocessor and router clients, then the embedding worker directly.
     embeddings: EmbeddingsPipeline
+    # The stages reached over gRPC and whether each is unreachable now (none in the all-in-one process).
+    stage_probes: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)
+    stage_wait_s: float = DEFAULT_WAIT_S
     draining: bool = False
 
     def __post_init__(self) -> None:
         self.warmup = Warmup(self.pipeline, self.registry)
+        self.stages = StageWatch(self.stage_probes, self.stage_wait_s)
+        self._server: GrpcServer | None = None
         self.servicer = GatewayServicer(self.pipeline, self.registry.models, lambda: self.draining,
-                                        warming=lambda: self.warmup.warming if not self.warmup.ready.is_set() else [])
+                                        warming=lambda: self.warmup.warming if not self.warmup.ready.is_set() else [],
+                                        unavailable=lambda: self.stages.unavailable)
         self.kserve = kserve.KServeServicer(self.pipeline, self.registry.models, lambda: self.draining)
         self.responses = ResponsesServicer(self.pipeline, self.registry.models, self.response_store)
         self.anthropic = AnthropicServicer(self.pipeline, self.registry.models)
@@ -75,6 +90,23 @@ class Gateway:
         kserve.add_to_server(self.kserve, server.server)
         server.on_drain(self.start_drain)
         server.ready_when(self.warmup.ready.wait)
+        self._server = server
+
+    async def watch_stages(self) -> None:
+        """Keeps the gRPC health (Envoy's and Kubernetes' readiness) NOT_SERVING while a stage is unavailable.
+
+        Liveness asks its own health service, ``LIVENESS_SERVICE``, SERVING while the process answers: a
+        router that stays away must make the gateways unready, not get them restarted by their probe.
+        """
+        server = self._server
+        if server is None:
+            return  # not serving over gRPC (tests drive the servicers directly)
+        await server.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+
+        async def set_serving(serving: bool) -> None:
+            await server.health.set("", health_pb2.HealthCheckResponse.SERVING if serving
+                                          else health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.stages.run(set_serving, lambda: self.warmup.ready.is_set() and not self.draining)
 
 
 def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | None = None, *,
@@ -85,23 +117,33 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     The response store connects to ``cfg.nats_url`` in the background (``start``), in both shapes.
     Embedding workers are always reached over gRPC (they are their own processes in both shapes).
     """
-    pre = preprocessor or clients.GrpcPreprocessor(cfg.preprocessor, tls)
-    route = RidingReleases(router or clients.GrpcRouter(cfg.router, tls))
+    probes: dict[str, Callable[[], bool]] = {}
+    if preprocessor is None:
+        preprocessor = grpc_pre = clients.GrpcPreprocessor(cfg.preprocessor, tls, cfg.stage_wait_s)
+        probes["preprocessor"] = grpc_pre.stage.unreachable
+    if router is None:
+        router = grpc_router = clients.GrpcRouter(cfg.router, tls, cfg.stage_wait_s)
+        probes["router"] = grpc_router.stage.unreachable
+    pre = preprocessor
+    route = RidingReleases(router)
     closers = []
     if postprocessor is not None:
         post = postprocessor
     elif cfg.postprocessor_transport == "mux":
-        post = mux_post = MuxPostprocessor(cfg.postprocessor, tls)
+        post = mux_post = MuxPostprocessor(cfg.postprocessor, tls, cfg.stage_wait_s)
+        probes["postprocessor"] = mux_post.unreachable
         closers.append(mux_post.close)
     else:
-        post = clients.GrpcPostprocessor(cfg.postprocessor, tls)
+        post = grpc_post = clients.GrpcPostprocessor(cfg.postprocessor, tls, cfg.stage_wait_s)
+        probes["postprocessor"] = grpc_post.stage.unreachable
     store = ResponseStore(cfg.nats_url, cfg.responses_ttl_s)
     # Every request family exists from the first scrape; /metrics at the edge gathers all replicas'.
     recorder = frontend_metrics.configure(cfg.metrics_prefix)
     metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry)
     embed_workers = GrpcEmbedWorker(tls)
     gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
-                      metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers))
-    return Built(gateway, background=[store.run, metrics.run, gateway.warmup.run],
+                      metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers),
+                      stage_probes=probes, stage_wait_s=cfg.stage_wait_s)
+    return Built(gateway, background=[store.run, metrics.run, gateway.warmup.run, gateway.watch_stages],
                  closers=[gateway.warmup.close, route.close, store.close, metrics.close, embed_workers.close,
                           *closers])

@@ -23,6 +23,7 @@ from services.common import tls as mesh_tls
 from services.common.error_interceptor import request_id_metadata
 from services.common.errors import from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.stage_wait import DEFAULT_WAIT_S, StageCaller
 
 # A target may list several replicas ("ipv4:10.0.0.1:9200,10.0.0.2:9200") or be a DNS name
 # resolving to many (a headless Kubernetes Service); spread calls over all of them.
@@ -56,32 +57,31 @@ def channel(target: str, tls: mesh_tls.MeshTls | None = None) -> grpc.aio.Channe
     return mesh_tls.channel(target, _LB_OPTIONS, tls)
 
 
+# The preprocessor and router calls wait out a restart of their stage (services/common/stage_wait.py);
+# ``unreachable`` tells /health and the gateway's gRPC health (stage_watch.py) when one stays away.
+
+
 class GrpcPreprocessor:
-    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None):
-        self._stub = preprocessor_pb2_grpc.PreprocessorServiceStub(channel(target, tls))
+    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None, wait_s: float = DEFAULT_WAIT_S):
+        self.stage = StageCaller(channel(target, tls), "preprocessor", wait_s)
+        self._stub = preprocessor_pb2_grpc.PreprocessorServiceStub(self.stage.channel)
 
     async def preprocess(self, req):
-        try:
-            return await self._stub.Preprocess(req, metadata=request_id_metadata(req.request.request_id))
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
+        metadata = request_id_metadata(req.request.request_id)
+        return await self.stage.call(lambda: self._stub.Preprocess(req, metadata=metadata))
 
     async def preprocess_embeddings(self, req):
-        try:
-            return await self._stub.PreprocessEmbeddings(req)
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
+        return await self.stage.call(lambda: self._stub.PreprocessEmbeddings(req))
 
 
 class GrpcRouter:
-    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None):
-        self._stub = router_pb2_grpc.RouterServiceStub(channel(target, tls))
+    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None, wait_s: float = DEFAULT_WAIT_S):
+        self.stage = StageCaller(channel(target, tls), "router", wait_s)
+        self._stub = router_pb2_grpc.RouterServiceStub(self.stage.channel)
 
     async def route(self, req):
-        try:
-            return await self._stub.Route(req, metadata=request_id_metadata(req.request_id))
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
+        metadata = request_id_metadata(req.request_id)
+        return await self.stage.call(lambda: self._stub.Route(req, metadata=metadata))
 
     async def release(self, req):
         # The router forgets bookings of workers that leave; a lost release only skews load briefly.
@@ -97,15 +97,29 @@ class GrpcRouter:
 
 
 class GrpcPostprocessor:
-    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None):
-        self._stub = postprocessor_pb2_grpc.PostprocessorServiceStub(channel(target, tls))
+    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None, wait_s: float = DEFAULT_WAIT_S):
+        self.stage = StageCaller(channel(target, tls), "postprocessor", wait_s)
+        self._stub = postprocessor_pb2_grpc.PostprocessorServiceStub(self.stage.channel)
 
     async def generate(self, req):
-        call = self._stub.Generate(req, metadata=request_id_metadata(req.request.request_id))
+        metadata = request_id_metadata(req.request.request_id)
+        # The stream opens once the postprocessor is reachable (waiting out a restart) and, when it failed
+        # by transport before its first response, opens again: the postprocessor had started nothing yet
+        # that the client saw. After the first response a failure is the client's (the stream's state died).
+        call = None
+
+        async def first():
+            nonlocal call
+            call = self._stub.Generate(req, metadata=metadata)
+            return await call.read()
+
         try:
-            async for resp in call:
+            resp = await self.stage.call(first)
+            while resp is not grpc.aio.EOF:
                 yield [resp]
+                resp = await call.read()
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
         finally:
-            call.cancel()  # no-op when finished; stops the chain when the consumer went away
+            if call is not None:
+                call.cancel()  # no-op when finished; stops the chain when the consumer went away

@@ -12,7 +12,8 @@ import argparse
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from services.common.flags import FlagParser, Flags, add_common_flags, config_from
+from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
+from services.common.stage_wait import DEFAULT_WAIT_S
 from services.common.targets import split_target
 from services.gateway.core.nvext import MAX_STREAM_INTERVAL
 from services.gateway.frontend_metrics import DEFAULT_PREFIX, check_prefix
@@ -42,8 +43,14 @@ class GatewayConfig:
     # Tokens the postprocessor gathers per response unless a request says (nvext.stream_interval).
     stream_interval: int = 1
     postprocessor_transport: str = "mux"
+    drain_grace_s: float = 10.0
+    # How long a request waits for an unreachable preprocessor, router or postprocessor (a restart).
+    stage_wait_s: float = DEFAULT_WAIT_S
 
     def validate(self) -> None:
+        errors = common_errors(self.port, self.drain_grace_s)
+        if errors:
+            raise ValueError("; ".join(errors))
         check_prefix(self.metrics_prefix)
         if self.responses_ttl_s < 1:
             # NATS per-message TTLs are whole seconds; 0 would mean "never expires" there.
@@ -53,6 +60,8 @@ class GatewayConfig:
                              f"got {self.postprocessor_transport!r}")
         if self.postprocessor_transport == "mux":
             split_target(self.postprocessor)  # expanded into replicas: a dns target without a port fails at start
+        if not 0 < self.stage_wait_s <= 600:
+            raise ValueError(f"--stage-wait-s must be above 0 and at most 600; got {self.stage_wait_s}")
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ValueError(f"--stream-interval must be 1 to {MAX_STREAM_INTERVAL}; got {self.stream_interval}")
 
@@ -72,6 +81,10 @@ def add_flags(p: Flags) -> None:
     p.add("--postprocessor-transport", default="mux",
           help="how requests reach the postprocessor: mux (one stream per replica; the responses of every request "
                "that are ready travel in one message) or unary (one stream per request)")
+    p.add("--stage-wait-s", default=DEFAULT_WAIT_S, type=float,
+          help="seconds a request waits for an unreachable preprocessor, router or postprocessor (one restarting) "
+               "before it fails with 503 (\"the router is unavailable\"); /health is 503 while one stays away "
+               "this long")
     p.add("--responses-ttl-s", default=DEFAULT_RESPONSES_TTL_S, type=int,
           help="seconds a stored /v1/responses response stays retrievable and continuable (NATS KV TTL)")
     p.add("--stream-interval", default=1, type=int,

@@ -1,35 +1,25 @@
-"""Wires the gateway: discovery mirror, the three stage clients, the gRPC server."""
+"""The gateway process: discovery mirror, the three stage clients, GatewayService (behind Envoy)."""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Sequence
 
-from services.common import tls as mesh_tls
-from services.common.discovery import WorkerRegistry
-from services.common.grpc_server import GrpcServer, run, setup_logging
-from services.common.metrics import serve_metrics
-from services.gateway.assembly import build
+from services.common import service_main
+from services.common.assembly import Built
+from services.common.grpc_server import GrpcServer
+from services.gateway.assembly import Gateway, build
 from services.gateway.config import parse_config
+from services.gateway.warmup import SYNC_WAIT_S
 
 
-async def serve(argv: list[str]) -> None:
-    try:
-        cfg = parse_config(argv)
-    except ValueError as e:
-        raise SystemExit(f"gateway: {e}") from None
-    setup_logging(cfg.log_level)
-    serve_metrics(cfg.metrics_port, cfg.host)
-    registry = WorkerRegistry(cfg.nats_url, "gateway")
-    tls = mesh_tls.from_config(cfg)
-    gateway = build(cfg, registry, tls)
-    await registry.start()
-    server = GrpcServer("gateway", cfg.host, cfg.port, tls=tls)
+def _serve(gateway: Built[Gateway], server: GrpcServer) -> None:
     gateway.service.add_to(server)
-    gateway.start()
-    server.on_stopped(gateway.close)
-    server.on_stopped(registry.close)
-    await server.serve_until_signal()
 
 
-def main() -> None:
-    run(lambda: serve(sys.argv[1:]))
+# The request metrics (frontend_metrics.py) are registered by the build, under --metrics-prefix.
+SPEC = service_main.ServiceSpec(name="gateway", parse=parse_config, build=build, serve=_serve,
+                                first_view_wait_s=SYNC_WAIT_S)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    service_main.main(SPEC, argv)

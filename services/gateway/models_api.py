@@ -1,4 +1,4 @@
-"""/v1/models, /health and /live bodies, from the discovery mirror."""
+"""/v1/models, /health and /live bodies, from the discovery mirror (and, for /health, the stage watch)."""
 
 from __future__ import annotations
 
@@ -27,11 +27,17 @@ def get_model(models: dict[str, list[WorkerCard]], name: str) -> dict[str, Any] 
     return _model_entry(name, cards, int(time.time())) if cards else None
 
 
-def health(models: dict[str, list[WorkerCard]], warming: Sequence[str] = ()) -> tuple[bool, dict[str, Any]]:
-    """Ready when at least one model has a live worker and the models known at start are warm."""
-    ready = bool(models) and not warming
-    body: dict[str, Any] = {"status": "healthy" if ready else "warming" if warming else "unhealthy",
-                            "models": {name: len(cards) for name, cards in sorted(models.items())}}
+def health(models: dict[str, list[WorkerCard]], warming: Sequence[str] = (),
+           unavailable: Sequence[str] = ()) -> tuple[bool, dict[str, Any]]:
+    """Ready when at least one model has a live worker, the models known at start are warm and every
+    stage is reachable (``unavailable``: stages by name, never by address)."""
+    ready = bool(models) and not warming and not unavailable
+    status = "healthy" if ready else "unavailable" if unavailable else "warming" if warming else "unhealthy"
+    body: dict[str, Any] = {"status": status, "models": {name: len(cards) for name, cards in sorted(models.items())}}
     if warming:
         body["warming"] = list(warming)
+    if unavailable:
+        body["unavailable"] = list(unavailable)
+        names = " and ".join(f"the {stage}" for stage in unavailable)
+        body["message"] = f"{names} {'is' if len(unavailable) == 1 else 'are'} unavailable"
     return ready, body

@@ -14,13 +14,14 @@ requests, equally loaded ones taking turns. A replica that leaves the name keeps
 its requests end. One that drains refuses new requests (``Draining``), and one whose stream breaks
 before a request got its first response loses that request: either way the request starts over on
 another replica (a request on a per-request stream failed with a 503 there). A broken replica is
-passed over for ``DOWN_S``; its next request opens a fresh stream.
+passed over for ``DOWN_S``; its next request opens a fresh stream. When no replica is connected (the
+one replica restarting), a request waits up to ``wait_s`` (``--stage-wait-s``) for one to connect,
+then fails with "the postprocessor is unavailable".
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import time
@@ -31,7 +32,8 @@ from google.rpc import status_pb2
 
 from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
 from services.common import tls as mesh_tls
-from services.common.errors import Draining, MeshError, WorkerFailed, from_status_proto
+from services.common import stage_wait
+from services.common.errors import Draining, MeshError, StageUnavailable, WorkerFailed, from_status_proto
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.mux_client import MuxStream, Wire
 from services.common.targets import split_target
@@ -40,9 +42,6 @@ log = logging.getLogger(__name__)
 
 REFRESH_S = 10.0  # how often a dns:/// target is resolved again (new replicas get requests after this)
 DOWN_S = 2.0  # a replica whose stream broke gets no new request for this long while others are usable
-# A request being moved waits this long for its next replica's connection (a restarted replica is
-# redialled within the channels' 1 s reconnect backoff) before that try counts as failed.
-RECONNECT_WAIT_S = 2.0
 
 
 def _stream_error(e: grpc.aio.AioRpcError, address: str) -> MeshError:
@@ -83,14 +82,6 @@ class _Replica:
     def load(self) -> int:
         return self.stream.open_calls if self.stream is not None and not self.stream.broken else 0
 
-    def disconnected(self) -> bool:
-        return self.channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
-
-    async def connected(self, wait_s: float) -> None:
-        """Waits up to ``wait_s`` for the channel to connect (returns either way)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.channel.channel_ready(), wait_s)
-
     def usable(self, now: float) -> bool:
         return self.listed and now >= self.down_until and (self.stream is None or not self.stream.draining)
 
@@ -108,8 +99,10 @@ class _Replica:
 class MuxPostprocessor:
     """``PostprocessorClient`` over one ``GenerateStream`` per replica of ``target``."""
 
-    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None):
+    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None,
+                 wait_s: float = stage_wait.DEFAULT_WAIT_S):
         self._tls = tls
+        self._wait_s = wait_s
         fixed, self._dns = split_target(target)
         self._replicas: dict[str, _Replica] = {}
         self._resolved_at = 0.0
@@ -164,22 +157,48 @@ class MuxPostprocessor:
             candidates = [r for r in self._replicas.values() if r.listed]
         if not candidates:
             raise WorkerFailed("no postprocessor replica is known")
-        # Connected (or connecting) replicas first: a channel in reconnect backoff fails a new stream at once.
-        # Ties take turns: at low load every replica has nothing open, and the first would get it all.
-        ranked = [((r.disconnected(), r.load), r) for r in candidates]
+        # Connected replicas first (asking the others to connect): a channel that is not connected fails a new
+        # stream when its connection attempt fails. Ties take turns: at low load every replica has nothing
+        # open, and the first would get it all.
+        ranked = [((not stage_wait.connected(r.channel), r.load), r) for r in candidates]
         best = min(rank for rank, _ in ranked)
         tied = [r for rank, r in ranked if rank == best]
         self._turn += 1
         return tied[self._turn % len(tied)]
 
+    async def _any_connected(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for any listed replica to connect; whether one did."""
+        waits = [asyncio.ensure_future(stage_wait.wait_connected(r.channel, timeout_s))
+                 for r in self._replicas.values() if r.listed]
+        try:
+            for done in asyncio.as_completed(waits):
+                if await done:
+                    return True
+            return False
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    def unreachable(self) -> bool:
+        """No listed replica is connected now (for /health: see ``StageCaller.unreachable``; cheap)."""
+        listed = [r for r in self._replicas.values() if r.listed]
+        return bool(listed) and not any(stage_wait.connected(r.channel) for r in listed)
+
     async def generate(self, req: postprocessor_pb2.GenerateRequest
                        ) -> AsyncIterator[list[postprocessor_pb2.GenerateResponse]]:
         refused: set[str] = set()
-        attempts = 0  # every replica once, then one more on any listed replica (one may be back)
+        attempts = 0  # every replica once, and at least MAX_SENDS in all (the one replica restarting)
+        deadline: float | None = None  # set when a request first has to wait for a connection
         while True:
             replica = await self._pick(refused)
-            if attempts and replica.disconnected():
-                await replica.connected(RECONNECT_WAIT_S)  # moving a request: give a restarted replica a moment
+            if not stage_wait.connected(replica.channel):
+                # Connected replicas rank first, so none is: wait for one to connect (a restart), then pick again.
+                deadline = deadline if deadline is not None else time.monotonic() + self._wait_s
+                if not await self._any_connected(deadline - time.monotonic()):
+                    log.warning("no postprocessor replica reachable for %.1f s; request %s fails", self._wait_s,
+                                req.request.request_id)
+                    raise StageUnavailable.of("postprocessor")
+                replica = await self._pick(refused)
             stream = replica.open_stream()
             call = stream.start(req)
             answered = False
@@ -198,10 +217,12 @@ class MuxPostprocessor:
                 attempts += 1
                 # Nothing reached our caller yet, and the replica refused the request (draining) or its
                 # stream broke (dead, restarting): the request starts over on another replica.
-                if answered or not (isinstance(e, Draining) or stream.broken) or attempts > len(self._replicas):
+                if answered or not (isinstance(e, Draining) or stream.broken) or \
+                        (attempts > len(self._replicas) and attempts >= stage_wait.MAX_SENDS):
                     raise
                 if stream.broken:
                     replica.down_until = time.monotonic() + DOWN_S
+                    deadline = time.monotonic() + self._wait_s  # the wait for a replica counts from the break
                 refused.add(replica.address)
                 log.info("postprocessor %s %s; starting request %s on another replica", replica.address,
                          "is draining" if isinstance(e, Draining) else "is unreachable", req.request.request_id)

@@ -30,7 +30,7 @@ def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.Mesh
     chat_processor = load_chat_processor(cfg.chat_processor)  # vllm / sglang: their import takes seconds
     closers = []
     if router is None and cfg.router and cfg.migration_limit:
-        grpc_router = GrpcRouterClient(cfg.router, tls)
+        grpc_router = GrpcRouterClient(cfg.router, tls, cfg.router_wait_s)
         router = grpc_router
         closers.append(grpc_router.close)
     workers = MuxWorkerClient(tls) if cfg.worker_transport == "mux" else GrpcWorkerClient(tls)

@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from services.common.flags import FlagParser, Flags, add_common_flags, config_from
+from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
+from services.common.stage_wait import DEFAULT_WAIT_S
 from services.postprocessor.core.parsers.backends import CHAT_PROCESSORS, DEFAULT_CHAT_PROCESSOR
 from services.postprocessor.migration import DEFAULT_MIGRATION_LIMIT
 from services.postprocessor.service import DEFAULT_IDLE_TIMEOUT_S
@@ -32,18 +33,20 @@ class PostprocessorConfig:
     tls_key: str = ""
     tls_ca: str = ""
     worker_transport: str = "mux"
+    # How long a migration waits for an unreachable router (one restarting) before the request fails.
+    router_wait_s: float = DEFAULT_WAIT_S
 
     def validate(self) -> None:
         """Raises ValueError listing every invalid setting."""
-        errors = []
-        if not 0 <= self.port <= 65535:
-            errors.append(f"--port {self.port} is not a port number")
+        errors = common_errors(self.port, self.drain_grace_s)
         if self.migration_limit < 0:
             errors.append(f"--migration-limit {self.migration_limit} must be >= 0")
-        if self.drain_grace_s < 0:
-            errors.append(f"--drain-grace-s {self.drain_grace_s} must be >= 0")
+        if self.stream_idle_timeout_s < 0:
+            errors.append(f"--stream-idle-timeout-s {self.stream_idle_timeout_s:g} must be >= 0 (0 = off)")
         if self.chat_processor not in CHAT_PROCESSORS:
             errors.append(f"--chat-processor {self.chat_processor!r} is not one of {', '.join(CHAT_PROCESSORS)}")
+        if not 0 < self.router_wait_s <= 600:
+            errors.append(f"--router-wait-s {self.router_wait_s} must be above 0 and at most 600")
         if self.worker_transport not in WORKER_TRANSPORTS:
             errors.append(f"--worker-transport {self.worker_transport!r} is not one of {', '.join(WORKER_TRANSPORTS)}")
         if errors:
@@ -59,9 +62,10 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
 
 def add_flags(p: Flags) -> None:
     """The postprocessor's own flags (not the common ones); the all-in-one process offers them too."""
-    p.add("--drain-grace-s", default=10.0, type=float, help="seconds in-flight streams get to finish on SIGTERM")
     p.add("--router", default="127.0.0.1:9300",
           help="router gRPC target, asked for another worker when a request migrates (empty: no migration)")
+    p.add("--router-wait-s", default=DEFAULT_WAIT_S, type=float,
+          help="seconds a migration waits for an unreachable --router (one restarting) before the request fails")
     p.add("--stream-idle-timeout-s", default=DEFAULT_IDLE_TIMEOUT_S, type=float,
           help="silence after a worker's first tokens that counts as a frozen worker (the stream migrates; 0: off)")
     p.add("--migration-limit", default=DEFAULT_MIGRATION_LIMIT, type=int,

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import grpc
-
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
 from services.common import tls as mesh_tls
 from services.common.error_interceptor import request_id_metadata
-from services.common.errors import from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.stage_wait import DEFAULT_WAIT_S, StageCaller
 
 # Several replicas ("ipv4:a:1,b:2") or a DNS name with many addresses: spread calls over all of them.
 _LB_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
@@ -17,16 +15,16 @@ _ROUTE_TIMEOUT_S = 5.0
 
 
 class GrpcRouterClient:
-    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None):
-        self._channel = mesh_tls.channel(target, _LB_OPTIONS, tls)
-        self._stub = router_pb2_grpc.RouterServiceStub(self._channel)
+    """``Route`` waits up to ``wait_s`` (``--router-wait-s``) for a router that is restarting
+    (services/common/stage_wait.py): a worker and the router dying together still migrate."""
+
+    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None, wait_s: float = DEFAULT_WAIT_S):
+        self._stage = StageCaller(mesh_tls.channel(target, _LB_OPTIONS, tls), "router", wait_s)
+        self._stub = router_pb2_grpc.RouterServiceStub(self._stage.channel)
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
-        try:
-            return await self._stub.Route(req, timeout=_ROUTE_TIMEOUT_S,
-                                          metadata=request_id_metadata(req.request_id))
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
+        metadata = request_id_metadata(req.request_id)
+        return await self._stage.call(lambda: self._stub.Route(req, timeout=_ROUTE_TIMEOUT_S, metadata=metadata))
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._stage.channel.close()

@@ -24,7 +24,7 @@ from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
 from services.common.discovery import ModelCard
 from services.common.errors import Internal, InvalidRequest, MeshError, WorkerFailed
-from services.common.metrics import postprocessor_metrics
+from services.postprocessor.metrics import postprocessor_metrics
 from services.common.pump import Batch
 from services.postprocessor import convert
 from services.postprocessor.core.logprobs import TokenTexts

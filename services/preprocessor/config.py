@@ -7,7 +7,7 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 
-from services.common.flags import FlagParser, Flags, add_common_flags
+from services.common.flags import FlagParser, Flags, add_common_flags, common_errors
 from services.preprocessor.core.template_check import read_chat_template
 from services.preprocessor.service import DEFAULT_OFFLOAD_THRESHOLD
 
@@ -22,7 +22,7 @@ class PreprocessorConfig:
     log_level: str = "INFO"
     metrics_port: int = 0
     offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
-    grace_s: float = 10.0
+    drain_grace_s: float = 10.0
     # Chat template kwargs every request starts from, e.g. {"enable_thinking": false}.
     default_chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
     hide_tools_for_tool_choice_none: bool = True
@@ -34,13 +34,9 @@ class PreprocessorConfig:
     tls_ca: str = ""
 
     def validate(self) -> None:
-        errors = []
-        if not 0 <= self.port <= 65535:
-            errors.append(f"--port {self.port} is not a valid port")
+        errors = common_errors(self.port, self.drain_grace_s)
         if self.offload_threshold < 0:
             errors.append("--offload-threshold must be >= 0")
-        if self.grace_s < 0:
-            errors.append("--grace-s must be >= 0")
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -56,7 +52,6 @@ def add_flags(p: Flags) -> None:
     """The preprocessor's own flags (not the common ones); the all-in-one process offers them too."""
     p.add("--offload-threshold", default=DEFAULT_OFFLOAD_THRESHOLD, type=int,
           help="prompts larger than this many characters/tokens are prepared on a worker thread")
-    p.add("--grace-s", default=10.0, type=float, help="drain grace period on SIGTERM, seconds")
     p.add("--default-chat-template-kwargs", default="",
           help='JSON object of chat template kwargs under every request\'s own, e.g. \'{"enable_thinking": false}\' '
                "for a deployment whose default thinking mode is off")
@@ -73,7 +68,7 @@ def from_args(args: argparse.Namespace) -> PreprocessorConfig:
     template = read_chat_template(args.chat_template)
     cfg = PreprocessorConfig(host=args.host, port=args.port, nats_url=args.nats_url, log_level=args.log_level,
                              metrics_port=args.metrics_port, offload_threshold=args.offload_threshold,
-                             grace_s=args.grace_s, default_chat_template_kwargs=defaults,
+                             drain_grace_s=args.drain_grace_s, default_chat_template_kwargs=defaults,
                              hide_tools_for_tool_choice_none=args.hide_tools_for_tool_choice_none,
                              chat_template_path=args.chat_template, chat_template=template,
                              tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca)

@@ -8,13 +8,9 @@ from typing import TypeVar
 import grpc
 from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
-from services.common import tls as mesh_tls
-from services.common.discovery import WorkerRegistry
 from services.common.errors import MeshError
-from services.common.metrics import preprocessor_metrics
 from services.common.grpc_server import GrpcServer
-from services.preprocessor.assembly import build
-from services.preprocessor.config import PreprocessorConfig
+from services.preprocessor.metrics import preprocessor_metrics
 from services.preprocessor.service import Preprocessor
 
 
@@ -51,18 +47,3 @@ async def _counted(work: Awaitable[T]) -> T:
 
 def add_to_server(server: GrpcServer, preprocessor: Preprocessor) -> None:
     preprocessor_pb2_grpc.add_PreprocessorServiceServicer_to_server(PreprocessorServicer(preprocessor), server.server)
-
-
-async def serve(cfg: PreprocessorConfig) -> None:
-    """Runs until SIGTERM/SIGINT: watches the worker registry and serves Preprocess."""
-    registry = WorkerRegistry(cfg.nats_url, "preprocessor")
-    preprocessor = build(cfg, registry)
-    await registry.start()
-    server = GrpcServer("preprocessor", cfg.host, cfg.port, grace_s=cfg.grace_s, tls=mesh_tls.from_config(cfg))
-    add_to_server(server, preprocessor.service)
-    preprocessor.start()
-    try:
-        await server.serve_until_signal()
-    finally:
-        await preprocessor.close()
-        await registry.close()

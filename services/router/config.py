@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from services.common.flags import FlagParser, Flags, add_common_flags, config_from
+from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
 from services.router.core.policies import POLICY_NAMES
 
 DEFAULT_PORT = 9300
@@ -31,6 +31,26 @@ class RouterConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    drain_grace_s: float = 10.0
+
+    def validate(self) -> None:
+        """Raises ValueError listing every invalid setting, whichever policy is chosen: a value that
+        only the kv policy reads is still a mistake under round-robin (and the next --router-mode kv)."""
+        errors = common_errors(self.port, self.drain_grace_s)
+        if self.max_in_flight_per_worker < 0:
+            errors.append(f"--max-in-flight-per-worker {self.max_in_flight_per_worker} must be >= 0 (0 = no limit)")
+        if self.queue_timeout_s < 0:
+            errors.append(f"--queue-timeout-s {self.queue_timeout_s:g} must be >= 0 (0 = fail at once)")
+        if self.router_temperature < 0:
+            errors.append(f"--router-temperature {self.router_temperature:g} must be >= 0 (0 = cheapest worker)")
+        if self.kv_overlap_weight < 0:
+            errors.append(f"--kv-overlap-weight {self.kv_overlap_weight:g} must be >= 0")
+        if self.hotspot_ratio < 1:
+            errors.append(f"--hotspot-ratio {self.hotspot_ratio:g} must be >= 1 (a multiple of a fair share)")
+        if self.router_ttl_secs <= 0:
+            errors.append(f"--router-ttl-secs {self.router_ttl_secs:g} must be > 0")
+        if errors:
+            raise ValueError("; ".join(errors))
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> RouterConfig:
@@ -61,4 +81,7 @@ def add_flags(p: Flags) -> None:
 
 
 def from_args(args: argparse.Namespace) -> RouterConfig:
-    return config_from(RouterConfig, args)
+    """The config from parsed flags (common and own ones); raises ValueError for invalid settings."""
+    cfg = config_from(RouterConfig, args)
+    cfg.validate()
+    return cfg

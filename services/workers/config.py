@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 from services.common.parser_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
-from services.common.flags import FlagParser, add_common_flags
+from services.common.flags import FlagParser, add_common_flags, common_errors
 from services.workers.model_dir import read_model_info
 
 
@@ -36,9 +36,10 @@ class WorkerConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    drain_grace_s: float = 10.0
 
     def validate(self) -> list[str]:
-        errors = []
+        errors = common_errors(self.port, self.drain_grace_s)
         if not self.model_dir:
             errors.append("--model-dir is required")
         elif not Path(self.model_dir).is_dir():
@@ -47,8 +48,6 @@ class WorkerConfig:
             errors.append("--context-length must be positive")
         if self.block_size <= 0:
             errors.append("--block-size must be positive")
-        if not 0 <= self.port <= 65535:
-            errors.append("--port must be in 0..65535")
         return errors
 
     def advertised_address(self, port: int) -> str:
@@ -106,6 +105,7 @@ def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_leng
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_ca=args.tls_ca,
+        drain_grace_s=args.drain_grace_s,
     )
 
 

@@ -5,8 +5,8 @@ serving with the engine's KV events translated onto NATS. Engine-neutral: no eng
   taken for an abbreviation of ours), the rest kept for the engine's own parser; the flags the
   worker owns are refused by name; one worker id names the card and the private ipc:// endpoints
   of the engine's KV event publisher.
-- ``serve_engine``: the engine's events -> ``BlockHashTranslator`` -> ``KvEventPublisher``, then
-  ``serve_worker`` with the engine's real sizes and its death watch.
+- ``engine_kv_events``: the engine's events -> ``BlockHashTranslator`` -> the worker's KV event
+  listener (services/workers/entry.py publishes them, with the engine's ``read_load``).
 """
 
 from __future__ import annotations
@@ -14,24 +14,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from services.common.flags import FlagParser
+from services.common.kv_events import KvEventListener
 from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
 from services.workers.engine_kv import BlockHashTranslator
 from services.workers.engine_kv_zmq import Decoder, ZmqKvSubscriber
-from services.workers.kv_events import KvEventPublisher
 from services.workers.model_dir import read_model_info
-from services.workers.server import serve_worker
+from services.workers.server import EngineStartFailed
+
+__all__ = ["EngineFlagSpec", "EngineFlags", "EngineStartFailed", "descendants", "engine_kv_events",
+           "parse_engine_flags", "root_message"]
 
 # The engine's innermost error message is capped: some list every supported architecture, and the
 # full traceback is in the log just above.
 MAX_MESSAGE_CHARS = 600
-
-
-class EngineStartFailed(RuntimeError):
-    """The engine could not start; the message is the engine's own, on one line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,22 +123,15 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-async def serve_engine(worker: WorkerConfig, flags: EngineFlags, engine, decode: Decoder) -> None:
-    """Serves a started engine; a registered worker publishes its KV events and load for the routers."""
-    publisher: KvEventPublisher | None = None
-    subscriber: ZmqKvSubscriber | None = None
-    if worker.register:
-        publisher = KvEventPublisher(worker.nats_url, worker.worker_id, worker.model_name, load=engine.read_load)
-        translator = BlockHashTranslator(publisher, engine.block_size)
-        subscriber = ZmqKvSubscriber(flags.kv_events_endpoint, flags.kv_replay_endpoint, decode, translator.apply)
-        subscriber.start()
-        await publisher.start()
-    try:
-        await serve_worker(worker, engine, total_kv_blocks=engine.num_kv_blocks,
-                           max_num_batched_tokens=engine.max_num_batched_tokens, engine_failed=engine.failed,
-                           started=True)
-    finally:
-        if subscriber is not None:
-            await subscriber.close()
-        if publisher is not None:
-            await publisher.close()
+def engine_kv_events(flags: EngineFlags, block_size: int, decode: Decoder,
+                     listener: KvEventListener | None) -> list[Callable[[], Awaitable[None]]]:
+    """Connects a started engine's KV events (its ZMQ publisher) to ``listener``; returns the closers.
+
+    No listener (a worker that does not register): the engine publishes nothing, and nothing listens.
+    """
+    if listener is None or not flags.kv_events_endpoint:
+        return []
+    translator = BlockHashTranslator(listener, block_size)
+    subscriber = ZmqKvSubscriber(flags.kv_events_endpoint, flags.kv_replay_endpoint, decode, translator.apply)
+    subscriber.start()
+    return [subscriber.close]

@@ -44,7 +44,7 @@ from services.common.kv_events import (
 log = logging.getLogger(__name__)
 
 __all__ = ["DUMP_PREFIX", "EVENTS_PREFIX", "BlockMirror", "KvEventPublisher", "dump_subject", "events_subject",
-           "mocker_load", "subject_token"]
+           "subject_token"]
 # Events held while NATS is unreachable; past this they are dropped and seq skips one, so every
 # router sees a gap and asks for a dump once messages flow again.
 MAX_PENDING_EVENTS = 20_000
@@ -195,13 +195,3 @@ class KvEventPublisher:
                 await t
         await close_nats(self._nc)
         self._nc = None
-
-
-def mocker_load(engine) -> LoadReader:
-    """Reads a MockerEngine's load for the routers (blocks in use, queue lengths, cache size)."""
-
-    def read() -> dict[str, int]:
-        return {"active_blocks": engine.cache.active_blocks, "waiting": len(engine.scheduler.waiting),
-                "running": len(engine.scheduler.running), "total_blocks": engine.config.num_gpu_blocks}
-
-    return read

@@ -17,7 +17,7 @@ from meshfront.worker.v1 import worker_pb2
 
 from services.common.errors import InvalidRequest
 from services.workers import convert
-from services.common.metrics import worker_metrics
+from services.workers.metrics import worker_metrics
 from services.workers.engine import Engine, EngineBusy, EngineError, FinishReason, RequestRejected
 
 log = logging.getLogger(__name__)

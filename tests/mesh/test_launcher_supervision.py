@@ -162,7 +162,10 @@ def failed(result: StreamResult | str) -> bool:
 
 async def _fresh_request(client: httpx.AsyncClient, url: str) -> bool:
     with contextlib.suppress(httpx.HTTPError, OSError):
-        r = await client.post(f"{url}/v1/chat/completions", timeout=3,
+        # Longer than the gateway's --stage-wait-s: a request sent while a stage restarts waits for it, and
+        # the time it is answered is when the mesh serves again (a shorter timeout would give it up and
+        # count from the next try).
+        r = await client.post(f"{url}/v1/chat/completions", timeout=10,
                               json={"model": DEMO, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
         return r.status_code == 200
     return False

@@ -89,7 +89,10 @@ def test_requests_of_a_dead_replica_start_over_on_the_live_one(two_posts):
     after = asyncio.run(run_streams(two_posts.url, bodies))
     assert [(r.status, r.error) for r in after if not r.done or r.error] == []
     assert [r.text for r in after] == [r.text for r in reference]
-    assert "is unreachable; starting request" in two_posts.full_log("gateway-0")
+    # Connected replicas rank first, so the dead one is passed over once its channel has seen the loss;
+    # a request sent before that breaks with its stream and starts over (either way none fails).
+    log = two_posts.full_log("gateway-0")
+    assert "is unreachable; starting request" in log or "stream failed" in log
     two_posts.restart("postprocessor")
 
 

@@ -189,8 +189,12 @@ MODEL = obj({"id": string(), "object": string(enum=("model",)), "created": integ
              "context_window": integer("The model's context length, when its workers report one")},
             required=("id", "object", "created", "owned_by"))
 MODEL_LIST = obj({"object": string(enum=("list",)), "data": array(ref("Model"))}, required=("object", "data"))
-HEALTH = obj({"status": string(enum=("healthy", "unhealthy")),
-              "models": map_of(integer(), "Live workers per model")}, required=("status", "models"))
+HEALTH = obj({"status": string(enum=("healthy", "unhealthy", "warming", "unavailable")),
+              "models": map_of(integer(), "Live workers per model"),
+              "warming": array(string(), "Workers still warming up (not ready yet)"),
+              "unavailable": array(string(), "Stages unreachable for longer than the gateway waits for one "
+                                             "(preprocessor, router, postprocessor)"),
+              "message": string()}, required=("status", "models"))
 LIVE = obj({"status": string(enum=("live", "shutting_down")), "message": string()}, required=("status",))
 
 EMBEDDING_REQUEST = obj({

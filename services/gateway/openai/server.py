@@ -34,11 +34,13 @@ from services.gateway.openai.request import parse_chat, parse_completion
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self, pipeline: Pipeline, models: Models,
-                 draining: Callable[[], bool] = lambda: False, warming: Callable[[], list[str]] = lambda: []):
+                 draining: Callable[[], bool] = lambda: False, warming: Callable[[], list[str]] = lambda: [],
+                 unavailable: Callable[[], list[str]] = lambda: []):
         self._pipeline = pipeline
         self._models = models
         self._draining = draining
         self._warming = warming  # models of the first discovery view still warming up (not ready yet)
+        self._unavailable = unavailable  # stages unreachable past --stage-wait-s (stage_watch.py)
 
     async def _start(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext, rid: str, *,
                      chat: bool) -> Generation:
@@ -101,7 +103,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def Health(self, request, context):
         async def build():
-            ready, body = models_api.health(self._models(), self._warming())
+            ready, body = models_api.health(self._models(), self._warming(), self._unavailable())
             return (200 if ready else 503), body
         return await self._json(context, build)
 

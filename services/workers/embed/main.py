@@ -1,18 +1,16 @@
-"""Wires the embedding worker: model directory -> SentenceEmbedder -> EmbedBatcher -> worker server."""
+"""Wires the embedding worker: model directory -> SentenceEmbedder -> EmbedBatcher -> the worker entry."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
-from services.common.grpc_server import run, setup_logging
-from services.common.metrics import embed_metrics
-from services.workers.config import ConfigError
+from services.workers import entry
 from services.workers.embed.batcher import EmbedBatcher
 from services.workers.embed.config import EmbedConfig, parse_config
 from services.workers.embed.model import SentenceEmbedder
-from services.workers.embed.server import serve_embedder
+from services.workers.embed.server import build_server, embedding_card
 from services.workers.embed.service import EmbedService
+from services.workers.metrics import embed_metrics
 
 
 def build_service(cfg: EmbedConfig) -> EmbedService:
@@ -23,15 +21,17 @@ def build_service(cfg: EmbedConfig) -> EmbedService:
     return EmbedService(embedder.shape, batcher, cfg.worker.model_name)
 
 
-async def serve(argv: Sequence[str]) -> None:
-    cfg = parse_config(argv)
-    setup_logging(cfg.worker.log_level)
-    await serve_embedder(cfg.worker, build_service(cfg))
+async def build(cfg: EmbedConfig, events: entry.KvEvents) -> entry.Serving:
+    service = build_service(cfg)
+    server = build_server(cfg.worker, service)
+    service.batcher.start()
+    return entry.Serving(cfg.worker, server, embedding_card(cfg.worker, cfg.worker.advertised_address(server.port)),
+                         closers=[service.batcher.close])
 
 
-def main() -> None:
-    try:
-        parse_config(sys.argv[1:])  # fail fast, with every problem listed, before any loop starts
-    except ConfigError as e:
-        sys.exit(f"embed: {e}")
-    run(lambda: serve(sys.argv[1:]))
+KIND = entry.WorkerKind(name="embed", parse=parse_config, log_level=lambda cfg: cfg.worker.log_level,
+                        prepare=lambda cfg: cfg, build=build)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    entry.main(KIND, argv)

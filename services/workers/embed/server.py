@@ -9,19 +9,14 @@ this worker is valid to a service that predates it (an unknown field would not b
 
 from __future__ import annotations
 
-import logging
-
 import grpc
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 
-from services.common import tls as mesh_tls
-from services.common.discovery import EMBEDDINGS, ModelCard, Registrar, WorkerCard
+from services.common.discovery import EMBEDDINGS, ModelCard, WorkerCard
 from services.common.grpc_server import GrpcServer
-from services.common.metrics import embed_metrics, serve_metrics, worker_metrics
 from services.workers.config import WorkerConfig
 from services.workers.embed.service import EmbedService
-
-log = logging.getLogger(__name__)
+from services.workers.server import worker_grpc_server
 
 
 class EmbedServicer(worker_pb2_grpc.WorkerServiceServicer):
@@ -41,28 +36,6 @@ def embedding_card(cfg: WorkerConfig, address: str) -> WorkerCard:
 
 def build_server(cfg: WorkerConfig, service: EmbedService) -> GrpcServer:
     """A bound (not yet started) server exposing ``service`` as WorkerService.Embed."""
-    server = GrpcServer(f"worker-{cfg.kind}", cfg.host, cfg.port, tls=mesh_tls.from_config(cfg))
+    server = worker_grpc_server(cfg)
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(EmbedServicer(service), server.server)
     return server
-
-
-async def serve_embedder(cfg: WorkerConfig, service: EmbedService) -> None:
-    """Serves until a signal, registered in discovery for as long as it serves (the model is loaded)."""
-    serve_metrics(cfg.metrics_port, cfg.host)
-    worker_metrics()
-    embed_metrics()  # every documented name from the first scrape
-    server = build_server(cfg, service)
-    registrar: Registrar | None = None
-    if cfg.register:
-        card = embedding_card(cfg, cfg.advertised_address(server.port))
-        registrar = Registrar(cfg.nats_url, card)
-        server.on_drain(registrar.close)
-        await registrar.start()
-        log.info("registering %s for embedding model %s at %s", card.worker_id, card.model.name, card.address)
-    service.batcher.start()
-    try:
-        await server.serve_until_signal()
-    finally:
-        if registrar is not None:
-            await registrar.close()
-        await service.batcher.close()

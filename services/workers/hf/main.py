@@ -1,16 +1,13 @@
-"""Wires the hf worker: model directory -> HfEngine (model loaded before serving) -> worker server."""
+"""Wires the hf worker: model directory -> HfEngine (model loaded before serving) -> the worker entry."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
-from services.common.grpc_server import run, setup_logging
-from services.workers.config import ConfigError
+from services.workers import entry
 from services.workers.hf.config import HfConfig, parse_config
 from services.workers.hf.engine import HfEngine
 from services.workers.model_dir import read_model_info
-from services.workers.server import serve_worker
 
 
 def build_engine(cfg: HfConfig) -> HfEngine:
@@ -19,20 +16,23 @@ def build_engine(cfg: HfConfig) -> HfEngine:
                     eos_token_ids=info.eos_token_ids, threads=cfg.threads)
 
 
-async def serve(argv: Sequence[str]) -> None:
-    cfg = parse_config(argv)
-    setup_logging(cfg.worker.log_level)
-    # serve_worker starts the engine (loads the model) before it binds and registers.
-    await serve_worker(cfg.worker, build_engine(cfg))
-
-
-def main() -> None:
-    try:
-        parse_config(sys.argv[1:])  # fail fast, with every problem listed, before any loop starts
-    except ConfigError as e:
-        sys.exit(f"hf: {e}")
+def prepare(cfg: HfConfig) -> HfConfig:
     try:
         import torch  # noqa: F401 - only to give a clear message when the extra is missing
     except ImportError:
-        sys.exit("hf: torch is not installed; install the hf extra: pip install -e '.[hf]'")
-    run(lambda: serve(sys.argv[1:]))
+        raise entry.Unavailable("torch is not installed; install the hf extra: pip install -e '.[hf]'") from None
+    return cfg
+
+
+async def build(cfg: HfConfig, events: entry.KvEvents) -> entry.Serving:
+    engine = build_engine(cfg)
+    await engine.start()  # loads the model: "port open" means "ready"
+    return entry.engine_serving(cfg.worker, engine)  # no prefix cache: no KV events, no load
+
+
+KIND = entry.WorkerKind(name="hf", parse=parse_config, log_level=lambda cfg: cfg.worker.log_level,
+                        prepare=prepare, build=build)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    entry.main(KIND, argv)

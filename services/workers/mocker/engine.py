@@ -79,6 +79,11 @@ class MockerEngine:
             self._task = None
         self._fail_all(EngineError("the worker is shutting down"))
 
+    def read_load(self) -> dict[str, int]:
+        """The routers' load fields, as every engine reports them (published with the KV events)."""
+        return {"active_blocks": self.cache.active_blocks, "waiting": len(self.scheduler.waiting),
+                "running": len(self.scheduler.running), "total_blocks": self.config.num_gpu_blocks}
+
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         waiting = len(self.scheduler.waiting)
         if self.config.max_waiting and waiting >= self.config.max_waiting:

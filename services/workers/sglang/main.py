@@ -1,7 +1,8 @@
-"""Wires the SGLang worker: flags -> sglang.Engine (model loaded) -> KV events and load on NATS -> worker server.
+"""Wires the SGLang worker: flags -> sglang.Engine (model loaded) -> the worker entry (services/workers/entry.py),
+which publishes its KV events and load on NATS and serves it.
 
-Runs where sglang is importable: an engine image, or the engine environment ``meshfront run
---worker-kind sglang`` prepares (services/launcher/engine_env.py). Failures to start (a bad
+Runs where sglang is importable: an engine image, or the engine environment that
+``python -m services.launcher.engine_env sglang`` prepares (.venv-sglang). Failures to start (a bad
 model directory, an unsupported architecture, too little memory) end the process with SGLang's
 own message on one line and status 1, before anything is registered. SGLang raises a generic
 "scheduler died during initialization" when the failure happened in its scheduler process; that
@@ -14,14 +15,11 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from services.common.grpc_server import run, setup_logging
-from services.workers.config import ConfigError
-from services.workers.engine_worker import EngineStartFailed, root_message, serve_engine
-from services.workers.server import EngineDied
+from services.workers import entry
+from services.workers.engine_worker import EngineStartFailed, engine_kv_events, root_message
 from services.workers.sglang.config import SglangConfig, parse_config
 
 log = logging.getLogger("services.workers.sglang")
@@ -30,10 +28,11 @@ log = logging.getLogger("services.workers.sglang")
 SMALL_PAGE = 16
 
 
-async def serve(cfg: SglangConfig, server_args: Any) -> None:
+async def build(prepared: tuple[SglangConfig, Any], events: entry.KvEvents) -> entry.Serving:
     from services.workers.sglang.engine import SglangEngine
     from services.workers.sglang.kv_events import batch_decoder
 
+    cfg, server_args = prepared
     engine = SglangEngine(server_args)
     try:
         with _exit_on_a_signal_while_loading():
@@ -49,7 +48,10 @@ async def serve(cfg: SglangConfig, server_args: Any) -> None:
     if worker.register and engine.block_size < SMALL_PAGE:
         log.warning("SGLang's page size is %d: KV routing hashes every %d token(s) of a prompt; "
                     "--page-size %d is cheaper for the mesh", engine.block_size, engine.block_size, SMALL_PAGE)
-    await serve_engine(worker, cfg, engine, batch_decoder())
+    closers = engine_kv_events(cfg, engine.block_size, batch_decoder(), events.listener(worker))
+    return entry.engine_serving(worker, engine, load=engine.read_load, total_kv_blocks=engine.num_kv_blocks,
+                                max_num_batched_tokens=engine.max_num_batched_tokens, failed=engine.failed,
+                                closers=closers)
 
 
 @contextlib.contextmanager
@@ -69,32 +71,30 @@ def _exit_on_a_signal_while_loading() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        cfg = parse_config(argv)  # fail fast, with every problem listed, before sglang is imported
-    except ConfigError as e:
-        sys.exit(f"sglang: {e}")
+def prepare(cfg: SglangConfig) -> tuple[SglangConfig, Any]:
+    """Checks that SGLang imports here, then runs SGLang's own parser over the engine flags (a bad one
+    exits there, naming it; one that parses but cannot work with this worker is a ConfigError)."""
     try:
         import sglang  # noqa: F401 - a clear message when the engine is not installed here
     except ImportError:
-        sys.exit("sglang: SGLang is not installed in this environment; `meshfront run --worker-kind sglang` "
-                 "prepares one (.venv-sglang), or use an image built FROM SGLang's (deploy/docker)")
+        raise entry.Unavailable(
+            "SGLang is not installed in this environment; `python -m services.launcher.engine_env sglang` "
+            "prepares one (.venv-sglang; run the worker with its python), or use an image built FROM "
+            "SGLang's (deploy/docker)") from None
     try:
         import services.workers.sglang.engine  # noqa: F401 - SGLang's engine needs more than sglang itself
     except ImportError as e:
-        sys.exit(f"sglang: SGLang's engine does not import in this environment: {e}")
-    setup_logging(cfg.args.log_level)
-    try:
-        server_args = cfg.server_args()  # SGLang's parser: a bad engine flag exits here, naming it
-    except ConfigError as e:
-        sys.exit(f"sglang: {e}")
-    try:
-        run(lambda: serve(cfg, server_args))
-    except EngineStartFailed as e:
-        sys.exit(f"sglang: the engine failed to start: {e}")
-    except EngineDied as e:
-        sys.exit(f"sglang: the engine died: {e}")
+        raise entry.Unavailable(f"SGLang's engine does not import in this environment: {e}") from None
+    return cfg, cfg.server_args()
+
+
+# parse_config checks the flags without importing sglang (fail fast, with every problem listed).
+KIND = entry.WorkerKind(name="sglang", parse=parse_config, log_level=lambda cfg: cfg.args.log_level,
+                        prepare=prepare, build=build)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    entry.main(KIND, argv)
 
 
 if __name__ == "__main__":

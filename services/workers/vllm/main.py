@@ -1,4 +1,5 @@
-"""Wires the vLLM worker: flags -> AsyncLLM (model loaded) -> KV events and load on NATS -> worker server.
+"""Wires the vLLM worker: flags -> AsyncLLM (model loaded) -> the worker entry (services/workers/entry.py),
+which publishes its KV events and load on NATS and serves it.
 
 Runs where vllm is importable: an engine image, or the engine environment ``meshfront run
 --worker-kind vllm`` prepares (services/launcher/engine_env.py). Failures to start (a bad model
@@ -12,19 +13,16 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 from collections.abc import Iterator, Sequence
 
-from services.common.grpc_server import run, setup_logging
-from services.workers.config import ConfigError
-from services.workers.engine_worker import EngineStartFailed, descendants, root_message, serve_engine
-from services.workers.server import EngineDied
+from services.workers import entry
+from services.workers.engine_worker import EngineStartFailed, descendants, engine_kv_events, root_message
 from services.workers.vllm.config import VllmConfig, parse_config
 
 log = logging.getLogger("services.workers.vllm")
 
 
-async def serve(cfg: VllmConfig) -> None:
+async def build(cfg: VllmConfig, events: entry.KvEvents) -> entry.Serving:
     from services.workers.vllm.engine import VllmEngine
     from services.workers.vllm.kv_events import batch_decoder
 
@@ -37,7 +35,10 @@ async def serve(cfg: VllmConfig) -> None:
     worker = cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size)
     log.info("vLLM engine ready: context %d, block size %d, %d KV blocks", engine.max_model_len,
              engine.block_size, engine.num_kv_blocks)
-    await serve_engine(worker, cfg, engine, batch_decoder())
+    closers = engine_kv_events(cfg, engine.block_size, batch_decoder(), events.listener(worker))
+    return entry.engine_serving(worker, engine, load=engine.read_load, total_kv_blocks=engine.num_kv_blocks,
+                                max_num_batched_tokens=engine.max_num_batched_tokens, failed=engine.failed,
+                                closers=closers)
 
 
 @contextlib.contextmanager
@@ -60,27 +61,26 @@ def _engine_processes_die_with_a_signal() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        cfg = parse_config(argv)  # fail fast, with every problem listed, before vllm is imported
-    except ConfigError as e:
-        sys.exit(f"vllm: {e}")
+def prepare(cfg: VllmConfig) -> VllmConfig:
     try:
         import vllm  # noqa: F401 - a clear message when the engine is not installed here
     except ImportError:
-        sys.exit("vllm: vLLM is not installed in this environment; `meshfront run --worker-kind vllm` "
-                 "prepares one (.venv-vllm), or use an image built FROM vLLM's (deploy/docker)")
+        raise entry.Unavailable(
+            "vLLM is not installed in this environment; `meshfront run --worker-kind vllm` prepares one "
+            "(.venv-vllm), or use an image built FROM vLLM's (deploy/docker)") from None
     if cfg.args.host in ("127.0.0.1", "localhost"):
         # vLLM's internal sockets bind this address; the default is the machine's outward one.
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-    setup_logging(cfg.args.log_level)
-    try:
-        run(lambda: serve(cfg))
-    except EngineStartFailed as e:
-        sys.exit(f"vllm: the engine failed to start: {e}")
-    except EngineDied as e:
-        sys.exit(f"vllm: the engine died: {e}")
+    return cfg
+
+
+# parse_config checks the flags without importing vllm (fail fast, with every problem listed).
+KIND = entry.WorkerKind(name="vllm", parse=parse_config, log_level=lambda cfg: cfg.args.log_level,
+                        prepare=prepare, build=build)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    entry.main(KIND, argv)
 
 
 if __name__ == "__main__":

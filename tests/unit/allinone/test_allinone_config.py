@@ -70,7 +70,7 @@ def test_defaults_match_each_stage_process_and_env_twins_are_the_stages_own():
     assert cfg.port == 9999 and cfg.router.router_mode == "kv" and cfg.postprocessor.migration_limit == 0
     assert isinstance(mesh.router.parts["ingest"], KvEventIngest)
     assert mesh.router.parts["sync"] is not None  # replica sync on, as in the router's own process
-    assert cfg.grace_s == 10.0
+    assert cfg.drain_grace_s == 10.0 == cfg.postprocessor.drain_grace_s == cfg.preprocessor.drain_grace_s
 
 
 def test_no_kv_events_is_approximate_mode_as_in_the_router_process():

@@ -22,12 +22,12 @@ def plan_for(args, tmp_path) -> MeshPlan:
 def test_the_template_reaches_the_preprocessor_in_both_shapes(tmp_path, inproc):
     template = tmp_path / "t.jinja"
     template.write_text(TEMPLATE)
-    args = parse_args(["--chat-template", str(template), "--preprocessor-flag=--grace-s=3",
+    args = parse_args(["--chat-template", str(template), "--preprocessor-flag=--offload-threshold=3",
                        *(["--inproc"] if inproc else [])])
     stage = "gateway-0" if inproc else "preprocessor"
     argv = next(s.argv for s in specs(plan_for(args, tmp_path)) if s.name == stage)
     i = argv.index("--chat-template")
-    assert argv[i + 1] == str(template.resolve()) and "--grace-s=3" in argv
+    assert argv[i + 1] == str(template.resolve()) and "--offload-threshold=3" in argv
     if inproc:  # the all-in-one process takes the flag as its preprocessor's
         cfg = allinone_config(argv[argv.index("-m") + 2:], {})
         assert cfg.preprocessor.chat_template == TEMPLATE

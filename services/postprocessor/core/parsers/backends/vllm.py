@@ -37,8 +37,8 @@ from services.postprocessor.core.parsers.types import ParsedDelta, ToolCallDelta
 
 log = logging.getLogger(__name__)
 
-# Our parser names (docs/parsers.md) -> vLLM's; any other name is passed to vLLM as is, so its
-# other parsers (kimi_k2, glm45, qwen3_coder, …) are selectable too.
+# Our parser names (docs/parsers.md) -> vLLM's; a name not listed is vLLM's too (workers register
+# only ours: services/common/parser_names.py).
 TOOL_PARSER_NAMES = {
     "qwen": "hermes", "qwen25": "hermes", "qwen3": "hermes", "llama": "llama3_json",
     "deepseek_r1": "deepseek_v3", "deepseek_v3_1": "deepseek_v31", "harmony": "openai", "gpt_oss": "openai",

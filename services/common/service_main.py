@@ -1,0 +1,140 @@
+"""One entry-point shape for every service process: gateway, preprocessor, router, postprocessor, all-in-one.
+
+``main(spec, argv)`` does, in this order:
+
+1. parse ``argv`` (flags and env twins); a bad value, whether argparse or the config's ``validate``
+   finds it, is one line on stderr (``meshfront router: --queue-timeout-s -5 must be >= 0``) and exit
+   status 2, before anything binds or connects;
+2. logging, then ``/metrics`` (``--metrics-port``) with every family of the service registered, so
+   the first scrape has every documented name;
+3. the worker registry (the NATS discovery mirror), and the service's own ``build`` over it;
+4. one gRPC server with one drain grace (``--drain-grace-s``), to which the service adds its servicer;
+5. start: background work, then the registry (and, where the spec asks, its first view of the
+   workers), then the server, until SIGTERM/SIGINT;
+6. the closers, once in-flight calls have finished: the service's, then the registry's.
+
+A build that finds its environment lacking (an engine backend that is not installed) names the
+reason on one line and exits 1: not a bad value, so not 2. Workers have their own shape
+(services/workers/entry.py): they load a model and register themselves instead of watching others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
+
+from services.common import tls as mesh_tls
+from services.common.discovery import WorkerRegistry
+from services.common.grpc_server import GrpcServer, run, setup_logging
+from services.common.metrics import serve_metrics
+
+
+class ServiceConfig(Protocol):
+    """The common flags (services/common/flags.py ``add_common_flags``) every service config carries
+    (read-only: the configs are frozen dataclasses)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def nats_url(self) -> str: ...
+
+    @property
+    def log_level(self) -> str: ...
+
+    @property
+    def metrics_port(self) -> int: ...
+
+    @property
+    def drain_grace_s(self) -> float: ...
+
+    @property
+    def tls_cert(self) -> str: ...
+
+    @property
+    def tls_key(self) -> str: ...
+
+    @property
+    def tls_ca(self) -> str: ...
+
+
+class Service(Protocol):
+    """What a service's ``build`` returns (``services.common.assembly.Built`` is one)."""
+
+    def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=ServiceConfig)
+S = TypeVar("S", bound=Service)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceSpec(Generic[C, S]):
+    """How one service process is made; its ``main.py`` declares one and calls ``main(SPEC, argv)``."""
+
+    name: str  # the command (``meshfront router``): messages and the registry's name
+    parse: Callable[[Sequence[str]], C]  # raises ValueError naming every bad value
+    build: Callable[[C, WorkerRegistry, mesh_tls.MeshTls | None], S]
+    serve: Callable[[S, GrpcServer], None]  # adds the servicer (and its drain hooks) to the server
+    metrics: Callable[[], object] | None = None  # registers every family of the service
+    # Errors of ``build`` that mean "this environment cannot run it": one line and exit 1.
+    unavailable: tuple[type[Exception], ...] = ()
+    server_name: str = ""  # the gRPC server's name in logs and READY lines; default ``name``
+    # Listen only once the registry has its first view of the workers, waiting at most this long: a
+    # restarted gateway is sent requests as soon as it listens (Envoy retried them while the port was
+    # closed), and before its first discovery view it would answer them "model does not exist".
+    first_view_wait_s: float = 0.0
+
+
+def bad_value(name: str, message: object) -> NoReturn:
+    """A bad flag or env value: one line on stderr, exit status 2 (argparse's status for usage errors)."""
+    print(f"meshfront {name}: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def parse_or_exit(name: str, parse: Callable[[Sequence[str]], C], argv: Sequence[str]) -> C:
+    try:
+        return parse(argv)
+    except ValueError as e:
+        bad_value(name, e)
+
+
+def main(spec: ServiceSpec[C, Any], argv: Sequence[str] | None = None) -> None:
+    """Runs the service of ``spec`` until SIGTERM/SIGINT; ``argv`` defaults to the process's own."""
+    cfg = parse_or_exit(spec.name, spec.parse, sys.argv[1:] if argv is None else list(argv))
+    try:
+        tls = mesh_tls.from_config(cfg)
+    except (ValueError, OSError) as e:  # a --tls-* pair half given, a file that cannot be read
+        bad_value(spec.name, e)
+    setup_logging(cfg.log_level)
+    run(lambda: serve(spec, cfg, tls))
+
+
+async def serve(spec: ServiceSpec[C, S], cfg: C, tls: mesh_tls.MeshTls | None) -> None:
+    serve_metrics(cfg.metrics_port, cfg.host)
+    if spec.metrics is not None:
+        spec.metrics()
+    registry = WorkerRegistry(cfg.nats_url, spec.name)
+    try:
+        service = spec.build(cfg, registry, tls)
+    except spec.unavailable as e:
+        raise SystemExit(f"meshfront {spec.name}: {e}") from None
+    server = GrpcServer(spec.server_name or spec.name, cfg.host, cfg.port, grace_s=cfg.drain_grace_s, tls=tls)
+    spec.serve(service, server)
+    service.start()  # background work that waits for NATS, which may come up after us
+    await registry.start()
+    if spec.first_view_wait_s:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(registry.synced.wait(), spec.first_view_wait_s)
+    server.on_stopped(service.close)
+    server.on_stopped(registry.close)
+    await server.serve_until_signal()

@@ -1,0 +1,89 @@
+"""Unary calls to a stage of the mesh that wait out its restart instead of failing at once.
+
+A stage killed and restarted (``meshfront run``, Kubernetes) is back within a second or two. Without
+this, every request in that gap failed with gRPC's UNAVAILABLE: a channel in reconnect backoff fails
+new calls at once, and the call in flight at the kill fails with the broken connection. Here a call
+waits for the channel to connect, for at most ``wait_s`` (the ``--stage-wait-s`` flag), and a call
+that failed by transport (UNAVAILABLE without our ErrorInfo: the request may or may not have reached
+the stage) is sent again once the stage is back. Preprocess and Route are safe to repeat: the first
+is a pure function of the request, and Route books the request id again, replacing the old booking.
+A stage that stays away past the wait is ``StageUnavailable`` ("the router is unavailable"), with
+what gRPC said in the log only.
+
+Waiting is for the connection, never for the call: a Route may queue (``--queue-timeout-s``) and a
+long prompt takes a while to tokenize, so the call itself has no deadline from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from services.common.errors import StageUnavailable, from_rpc_error, ours_in
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_WAIT_S = 5.0
+# A request is sent at most this many times: enough for a kill while it was in flight and a second
+# one while it waited, few enough that a request which itself crashes the stage cannot crash it forever.
+MAX_SENDS = 3
+
+
+def connected(channel: grpc.aio.Channel) -> bool:
+    """The channel has a live connection (asks it to connect when idle; cheap, no I/O here)."""
+    return channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY
+
+
+
+
+async def wait_connected(channel: grpc.aio.Channel, timeout_s: float) -> bool:
+    """Waits up to ``timeout_s`` for the channel to connect; whether it did."""
+    if connected(channel):
+        return True
+    try:
+        await asyncio.wait_for(channel.channel_ready(), max(timeout_s, 0.0))
+    except TimeoutError:
+        return False
+    return True
+
+
+class StageCaller:
+    """Calls one stage's unary RPCs over ``channel``, waiting up to ``wait_s`` for it to be reachable."""
+
+    def __init__(self, channel: grpc.aio.Channel, stage: str, wait_s: float = DEFAULT_WAIT_S):
+        self.channel = channel
+        self.stage = stage
+        self.wait_s = wait_s
+
+    def unreachable(self) -> bool:
+        """Not connected now (with replicas: none is). A channel cycles through failing, idle and
+        connecting while its peer is away, so "not connected" is what stays true all along; an idle one
+        is asked to connect, and does within one poll when its peer is there."""
+        return not connected(self.channel)
+
+    async def call(self, send: Callable[[], Awaitable[T]]) -> T:
+        """``send()`` once the stage is connected; again after a transport failure, within the wait."""
+        deadline: float | None = None
+        for attempt in range(1, MAX_SENDS + 1):
+            if not connected(self.channel):
+                deadline = deadline if deadline is not None else time.monotonic() + self.wait_s
+                if not await wait_connected(self.channel, deadline - time.monotonic()):
+                    log.warning("the %s was unreachable for %.1f s", self.stage, self.wait_s)
+                    raise StageUnavailable.of(self.stage)
+            try:
+                return await send()
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or ours_in(e) is not None:
+                    raise from_rpc_error(e) from None  # the stage's own answer (or gRPC's, not a lost connection)
+                log.warning("call to the %s failed (%s; send %d of %d): %s", self.stage, e.code().name, attempt,
+                            MAX_SENDS, e.details())
+                if deadline is None:  # counted from the failure: the stage may have died long after the request came
+                    deadline = time.monotonic() + self.wait_s
+        raise StageUnavailable.of(self.stage)

@@ -1,0 +1,36 @@
+"""Every worker kind's Prometheus families (docs/metrics.md), and the embedding worker's batching."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from prometheus_client import Counter, Gauge, Histogram
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerMetrics:
+    requests: Counter
+    in_flight: Gauge
+
+
+@functools.cache  # once per process: tests build several workers, and names register once
+def worker_metrics() -> WorkerMetrics:
+    p = "meshfront_worker_"
+    return WorkerMetrics(
+        requests=Counter(f"{p}requests", "Sequences by outcome (finished, aborted, rejected, failed)", ["outcome"]),
+        in_flight=Gauge(f"{p}inflight_requests", "Sequences being generated or waiting"),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedMetrics:
+    batch_inputs: Histogram
+
+
+@functools.cache
+def embed_metrics() -> EmbedMetrics:
+    """The embedding worker's batching: how many inputs each forward pass carried."""
+    return EmbedMetrics(batch_inputs=Histogram(
+        "meshfront_worker_embed_batch_inputs", "Inputs per forward pass of an embedding worker",
+        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)))

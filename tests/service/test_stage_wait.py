@@ -1,0 +1,168 @@
+"""Calls to a stage wait out its restart (services/common/stage_wait.py), and readiness says when it stays away.
+
+Real gRPC servers on loopback ports play the router (a servicer scripted per test: the client is what
+is under test) and are stopped and started again on the same port, as `meshfront run` restarts a
+killed process. Issue 23: a restarting router or preprocessor failed every request for 1-3 s with a
+503 naming its address, while /health stayed 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from meshfront.router.v1 import router_pb2, router_pb2_grpc
+from services.common.errors import NoWorkers, StageUnavailable, from_rpc_error
+from services.common.grpc_server import GrpcServer
+from services.gateway import models_api
+from services.gateway.clients import GrpcRouter
+from services.gateway.postprocessor_mux import MuxPostprocessor
+from services.gateway.stage_watch import POLL_S, StageWatch
+from services.launcher.plan import free_port
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
+
+
+class Router(router_pb2_grpc.RouterServiceServicer):
+    """Answers Route with its ``name`` as the address; ``hold`` keeps calls waiting; ``error`` is raised."""
+
+    def __init__(self, name: str, hold: bool = False, error: Exception | None = None):
+        self.name = name
+        self.hold = hold
+        self.error = error
+        self.calls = 0
+        self.arrived = asyncio.Event()
+
+    async def Route(self, request, context):
+        self.calls += 1
+        self.arrived.set()
+        if self.error is not None:
+            raise self.error
+        if self.hold:
+            await asyncio.Event().wait()
+        return router_pb2.RouteResponse(address=self.name, worker_id="w")
+
+
+async def _serve(servicer: Router, port: int) -> GrpcServer:
+    server = GrpcServer("router", "127.0.0.1", port, grace_s=0)
+    router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server.server)
+    await server.start()
+    return server
+
+
+def _route(rid: str = "r1") -> router_pb2.RouteRequest:
+    return router_pb2.RouteRequest(request_id=rid, model="m")
+
+
+async def test_a_request_waits_for_a_stage_that_comes_up_within_the_wait():
+    port = free_port()
+    client = GrpcRouter(f"127.0.0.1:{port}", wait_s=10)
+    call = asyncio.create_task(client.route(_route()))
+    await asyncio.sleep(1.0)  # the router is down (restarting): the request must not have failed
+    assert not call.done()
+    server = await _serve(Router("second"), port)
+    try:
+        assert (await asyncio.wait_for(call, 10)).address == "second"
+    finally:
+        await server.stop()
+        await client.stage.channel.close()
+
+
+async def test_a_call_its_stage_died_under_is_sent_again_once_the_stage_is_back():
+    port = free_port()
+    first = Router("first", hold=True)
+    server = await _serve(first, port)
+    client = GrpcRouter(f"127.0.0.1:{port}", wait_s=10)
+    second = Router("second")
+    try:
+        call = asyncio.create_task(client.route(_route()))
+        await asyncio.wait_for(first.arrived.wait(), 10)
+        await server.server.stop(0)  # the router dies with the call in flight
+        await asyncio.sleep(0.3)
+        server = await _serve(second, port)
+        assert (await asyncio.wait_for(call, 10)).address == "second"
+        assert (first.calls, second.calls) == (1, 1)
+    finally:
+        await server.stop()
+        await client.stage.channel.close()
+
+
+async def test_a_stage_that_stays_away_past_the_wait_is_a_503_with_a_fixed_text():
+    client = GrpcRouter(f"127.0.0.1:{free_port()}", wait_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(StageUnavailable) as info:
+        await client.route(_route())
+    assert 0.5 <= time.monotonic() - started < 5
+    assert info.value.message == "the router is unavailable" and info.value.http_status == 503
+    await client.stage.channel.close()
+
+
+async def test_the_stage_s_own_error_is_not_sent_again():
+    port = free_port()
+    router = Router("r", error=NoWorkers("no worker serves model m"))
+    server = await _serve(router, port)
+    client = GrpcRouter(f"127.0.0.1:{port}", wait_s=5)
+    try:
+        with pytest.raises(NoWorkers, match="no worker serves model m"):
+            await client.route(_route())
+        assert router.calls == 1
+    finally:
+        await server.stop()
+        await client.stage.channel.close()
+
+
+async def test_grpc_s_own_failure_text_never_reaches_the_client():
+    port = free_port()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await router_pb2_grpc.RouterServiceStub(channel).Route(_route(), timeout=5)
+    assert f"127.0.0.1:{port}" in info.value.details()  # what gRPC says: the address, the socket error
+    err = from_rpc_error(info.value)
+    assert err.http_status == 503 and err.message == "a service this request needs is unavailable"
+
+
+async def test_health_is_503_naming_a_stage_unreachable_past_the_wait_and_200_once_it_is_back():
+    port = free_port()
+    client = GrpcRouter(f"127.0.0.1:{port}", wait_s=0.5)
+    watch = StageWatch({"router": client.stage.unreachable}, grace_s=0.5)
+    models = {"m": ["a worker"]}
+    deadline = time.monotonic() + 10
+    while not watch.poll() and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_S)
+    ready, body = models_api.health(models, unavailable=watch.unavailable)  # type: ignore[arg-type]
+    assert not ready
+    assert body["status"] == "unavailable" and body["unavailable"] == ["router"]
+    assert body["message"] == "the router is unavailable" and str(port) not in str(body)
+    server = await _serve(Router("back"), port)
+    try:
+        deadline = time.monotonic() + 10
+        while watch.poll() and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+        assert models_api.health(models, unavailable=watch.unavailable)[0]  # type: ignore[arg-type]
+    finally:
+        await server.stop()
+        await client.stage.channel.close()
+
+
+async def test_a_postprocessor_replica_away_for_the_grace_makes_the_stage_unavailable_until_it_is_back():
+    """The multiplexed client's channels (pick-first) cycle through failing, idle and connecting while the
+    replica is away: the watch must still see it unreachable for the whole grace."""
+    port = free_port()
+    client = MuxPostprocessor(f"127.0.0.1:{port}", wait_s=0.5)
+    watch = StageWatch({"postprocessor": client.unreachable}, grace_s=1.5)
+    deadline = time.monotonic() + 10
+    while not watch.poll() and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_S)
+    assert watch.unavailable == ["postprocessor"]
+    server = await _serve(Router("any server on the port"), port)  # a connection is all the watch asks for
+    try:
+        deadline = time.monotonic() + 10
+        while watch.poll() and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+        assert watch.unavailable == []
+    finally:
+        await server.stop()
+        await client.close()
