@@ -3,8 +3,8 @@
 One streamed request the way a paced engine feeds it: 64 postprocessor responses of one token (a few
 characters) each, the first with the prompt counts (its chunk carries the role), the last with the
 finish reason. Each is turned into a ``Delta`` (``Pipeline._delta``) and rendered alone
-(``ResponseRenderer.sse``), as ``Pipeline.run`` yields them for n=1; the renderer gets the server's
-``ResponseExtensions`` with no extra fields, so the per-chunk ``chunk_nvext`` call is counted too.
+(``ChatRenderer.sse`` / ``CompletionRenderer.sse``), as ``Pipeline.run`` yields them for n=1; the renderer
+gets the server's ``ResponseExtensions`` with no extra fields, so the per-chunk ``chunk_nvext`` call is counted too.
 
 "before" is the frozen pre-fast-path copy that tests/unit/gateway/test_render_fast_path.py keeps as
 its oracle (the product carries no old code), "after" is the product. Figures are µs per delta: the
@@ -23,11 +23,12 @@ from typing import Any
 
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
+
+from services.gateway.core.nvext import NvExt
+from services.gateway.core.pipeline import Pipeline
+from services.gateway.core.trace import RequestTrace
 from services.gateway.openai.extensions import ResponseExtensions
-from services.gateway.openai.nvext import NvExt
-from services.gateway.openai.responses import ResponseRenderer
-from services.gateway.pipeline import Pipeline
-from services.gateway.trace import RequestTrace
+from services.gateway.openai.render import renderer_for
 from tests.unit.gateway.test_render_fast_path import LegacyRenderer, legacy_delta
 
 TOKENS = 64
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                   "n_choices": 1, "want_logprobs": False, "include_usage": include_usage}
             sides: list[tuple[str, Callable[[], Any], Callable[..., Any]]] = [
                 ("before", lambda kw=kw: LegacyRenderer(**kw, nvext=ext()), legacy_delta),
-                ("after", lambda kw=kw: ResponseRenderer(**kw, nvext=ext()), Pipeline._delta)]
+                ("after", lambda kw=kw: renderer_for(**kw, nvext=ext()), Pipeline._delta)]
             for name, make, delta in sides:
                 loop, whole = measure(make, delta, args.rounds, args.requests)
                 print(f"{str(include_usage):<14} {str(chat):<5} {name:<7} {loop:>10.2f} {whole:>8.2f}")

@@ -7,7 +7,7 @@ INTERNAL with a fixed message naming the service and the request id, never the e
 
 Servicers therefore raise and never catch to abort. What stays in servicers is in-band error handling
 that is not a call's status: one request's failure inside a multiplexed stream, or the gateway's HTTP
-error trailers for Envoy (services/gateway/server.py).
+error trailers for Envoy (services/gateway/front_door.py).
 """
 
 from __future__ import annotations

@@ -13,8 +13,13 @@ from collections.abc import Callable
 
 from grpc_health.v1 import health_pb2
 
-from meshfront.gateway.v1 import (anthropic_pb2_grpc, edge_pb2_grpc, embeddings_pb2_grpc, gateway_pb2_grpc,
-                                     responses_pb2_grpc)
+from meshfront.gateway.v1 import (
+    anthropic_pb2_grpc,
+    edge_pb2_grpc,
+    embeddings_pb2_grpc,
+    gateway_pb2_grpc,
+    responses_pb2_grpc,
+)
 
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
@@ -24,18 +29,18 @@ from services.common.stage_wait import DEFAULT_WAIT_S
 from services.gateway import clients, frontend_metrics
 from services.gateway.anthropic.server import AnthropicServicer
 from services.gateway.config import GatewayConfig
+from services.gateway.core.pipeline import Pipeline
 from services.gateway.edge.replicas import ReplicaMetrics
 from services.gateway.edge.server import EdgeServicer
 from services.gateway.embeddings.pipeline import EmbeddingsPipeline
 from services.gateway.embeddings.server import EmbeddingsServicer
 from services.gateway.embeddings.worker_client import GrpcEmbedWorker
 from services.gateway.kserve import server as kserve
-from services.gateway.pipeline import Pipeline
+from services.gateway.openai.server import GatewayServicer
 from services.gateway.postprocessor_mux import MuxPostprocessor
+from services.gateway.releases import RidingReleases
 from services.gateway.responses_api.server import ResponsesServicer
 from services.gateway.responses_api.store import ResponseStore
-from services.gateway.releases import RidingReleases
-from services.gateway.server import GatewayServicer
 from services.gateway.stage_watch import StageWatch
 from services.gateway.warmup import Warmup
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
 from services.common.stage_wait import DEFAULT_WAIT_S
 from services.common.targets import split_target
+from services.gateway.core.nvext import MAX_STREAM_INTERVAL
 from services.gateway.frontend_metrics import DEFAULT_PREFIX, check_prefix
-from services.gateway.openai.nvext import MAX_STREAM_INTERVAL
 
 DEFAULT_PORT = 9100
 # mux: one GenerateStream per postprocessor replica carrying every request; unary: one stream per request.

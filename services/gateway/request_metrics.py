@@ -16,7 +16,8 @@ from services.gateway.frontend_metrics import Outcome, recorder
 
 
 class RequestTracker:
-    """Tracks one request from arrival; ``close`` must run exactly once (it does in a ``finally``)."""
+    """Tracks one request from arrival; used as a context manager, which closes it exactly once
+    (``with RequestTracker("chat") as track: ...``)."""
 
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
@@ -30,6 +31,12 @@ class RequestTracker:
         self._started = False
         self._tokens = (0, 0, 0)
         self._itl: float | None = None
+
+    def __enter__(self) -> RequestTracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def start(self, model: str, stream: bool) -> None:
         """The request was valid and is about to run."""

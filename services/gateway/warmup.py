@@ -18,14 +18,14 @@ import logging
 import time
 
 import orjson
-
 from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
+
 from services.common.discovery import CHAT, COMPLETIONS, ModelCard, WorkerCard, WorkerRegistry
 from services.common.errors import InvalidRequest, MeshError
-from services.gateway.openai.requests import parse_chat, parse_completion
-from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess
-from services.gateway.pipeline import Pipeline
+from services.gateway.core.pipeline import Pipeline
+from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess
+from services.gateway.openai.request import parse_chat, parse_completion
 
 log = logging.getLogger(__name__)
 

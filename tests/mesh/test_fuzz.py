@@ -25,10 +25,10 @@ import httpx
 import pytest
 from google.api import httpbody_pb2
 from google.rpc import error_details_pb2, status_pb2
-
 from meshfront.gateway.v1 import gateway_pb2_grpc
+
 from services.gateway.kserve import protocol
-from services.gateway.kserve.requests import SAMPLING_PARAMS
+from services.gateway.kserve.request import SAMPLING_PARAMS
 from tests.conftest import require_module
 from tests.mesh.conftest import DEMO
 

@@ -147,3 +147,128 @@ async def test_cancelled_stream_stops_the_worker(mesh):
     while sum(mesh.logs(w).count("aborted by the caller") for w in workers) == before:
         assert time.monotonic() - t0 < 5, "the worker kept generating after the client cancelled"
         await asyncio.sleep(0.02)
+
+
+# The demo model's scripted tool call and reasoning (as tests/mesh/test_tools.py asks for them over OpenAI).
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                   "required": ["city"]}}}]
+WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _chat_inputs(messages: list[dict], tools: list[dict] | None = None) -> list[triton.InferInput]:
+    inputs = [bytes_input("messages", json.dumps(messages))]
+    if tools is not None:
+        inputs.append(bytes_input("tools", json.dumps(tools)))
+    return inputs
+
+
+def _one(result, name: str) -> str:
+    [value] = result.as_numpy(name)
+    return value.decode()
+
+
+def _without_ids(calls: list[dict]) -> list[dict]:
+    """Tool calls with their ids checked for shape and dropped (each response mints its own)."""
+    assert all(c["id"].startswith("call_") for c in calls)
+    return [{k: v for k, v in c.items() if k != "id"} for c in calls]
+
+
+def test_kserve_chat_gets_the_openai_tool_calls_and_reasoning(mesh):
+    """A KServe chat with tools gets what an OpenAI client gets: the tool calls (JSON, OpenAI's shape) and the
+    reasoning, not an empty ``text_output`` beside ``finish_reason: tool_calls``."""
+    r = httpx.post(f"{mesh.url}/v1/chat/completions", json={"model": DEMO, "messages": WEATHER, "tools": TOOLS},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"]
+    client = triton.InferenceServerClient(mesh.grpc_target)
+    try:
+        result = client.infer(DEMO, _chat_inputs(WEATHER, TOOLS))
+    finally:
+        client.close()
+    assert _one(result, "finish_reason") == "tool_calls"
+    assert _one(result, "text_output") == ""
+    assert _one(result, "reasoning_content") == choice["message"]["reasoning_content"]
+    calls = json.loads(_one(result, "tool_calls"))
+    assert _without_ids(calls) == _without_ids(choice["message"]["tool_calls"])
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris", "unit": "°C"}
+
+
+async def test_kserve_stream_carries_tool_call_chunks_and_reasoning(target):
+    client = triton_aio.InferenceServerClient(target)
+
+    async def one_request():
+        yield {"model_name": DEMO, "inputs": _chat_inputs(WEATHER, TOOLS), "request_id": "weather"}
+
+    try:
+        responses = []
+        async for result, error in client.stream_infer(one_request()):
+            assert error is None, error
+            responses.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        await client.close()
+    chunks = [c for r in responses for c in json.loads(_one(r, "tool_calls"))]
+    heads = [c for c in chunks if "id" in c]
+    assert len(heads) == 1 and heads[0]["function"]["name"] == "get_weather" and heads[0]["type"] == "function"
+    assert all(c["index"] == 0 for c in chunks)
+    arguments = "".join(c["function"]["arguments"] for c in chunks)
+    assert json.loads(arguments) == {"city": "Paris", "unit": "°C"}
+    assert "".join(_one(r, "reasoning_content") for r in responses) == (
+        "The user wants the weather; I should call get_weather.")
+    assert "".join(_one(r, "text_output") for r in responses) == ""
+    assert _one(responses[-1], "finish_reason") == "tool_calls"
+
+
+def test_kserve_outputs_are_announced_and_chat_only_outputs_refused_for_completions(mesh):
+    client = triton.InferenceServerClient(mesh.grpc_target)
+    try:
+        meta = client.get_model_metadata(DEMO, as_json=True)
+        assert [o["name"] for o in meta["outputs"]] == ["text_output", "finish_reason", "reasoning_content",
+                                                        "tool_calls"]
+        completion = client.infer(DEMO, [bytes_input("text_input", "Count to ten")], parameters={"max_tokens": 2})
+        assert {o["name"] for o in completion.get_response(as_json=True)["outputs"]} == {"text_output",
+                                                                                         "finish_reason"}
+        with pytest.raises(InferenceServerException) as e:
+            client.infer(DEMO, [bytes_input("text_input", "hi")], outputs=[triton.InferRequestedOutput("tool_calls")])
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "chat only" in e.value.message()
+    finally:
+        client.close()
+
+
+def test_kserve_requests_are_counted_in_metrics(mesh):
+    """KServe requests appear in the gateway's request families, under endpoint ``kserve``."""
+    from tests.mesh.test_metrics import processes_of, scrape, value
+
+    def kserve_requests(scraped, **labels) -> float:
+        return sum(value(scraped[p], "meshfront_gateway_requests", "_total", model=DEMO, endpoint="kserve", **labels)
+                   for p in processes_of(scraped, "meshfront_gateway_"))
+
+    before = scrape(mesh)
+    client = triton.InferenceServerClient(mesh.grpc_target)
+    try:
+        client.infer(DEMO, [bytes_input("text_input", "Count to ten")], parameters={"max_tokens": 3})
+        with pytest.raises(InferenceServerException):
+            client.infer(DEMO, [bytes_input("text_input", "hi")], parameters={"colour": "red"})
+    finally:
+        client.close()
+    deadline = time.monotonic() + 3  # the books close just after the last byte
+    while True:
+        after = scrape(mesh)
+        done = kserve_requests(after, stream="false", status="200") - kserve_requests(before, stream="false",
+                                                                                      status="200")
+        if done >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert done >= 1
+    tokens = sum(value(after[p], "meshfront_gateway_output_tokens", "_total", model=DEMO)
+                 - value(before[p], "meshfront_gateway_output_tokens", "_total", model=DEMO)
+                 for p in processes_of(after, "meshfront_gateway_"))
+    assert tokens >= 3
+    refused = sum(value(after[p], "meshfront_gateway_requests", "_total", endpoint="kserve", status="400")
+                  - value(before[p], "meshfront_gateway_requests", "_total", endpoint="kserve", status="400")
+                  for p in processes_of(after, "meshfront_gateway_"))
+    assert refused >= 1

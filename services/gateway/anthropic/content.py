@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from services.common.errors import InvalidRequest
-from services.gateway.openai import tools as tools_checks
+from services.gateway.core import tools as tools_checks
 
 # Anthropic's tool name rule.
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")

@@ -9,9 +9,9 @@ from meshfront.gateway.v1 import edge_pb2, edge_pb2_grpc
 from services.common.errors import NotFound
 from services.gateway.edge import swagger_ui
 from services.gateway.edge.replicas import ReplicaMetrics
+from services.gateway.front_door import abort_http
 from services.gateway.http_api.openapi import document_bytes
 from services.gateway.http_api.routes import JSON, PROMETHEUS
-from services.gateway.server import abort_http
 
 # Assets go out in pieces well under Envoy's per-connection buffer (1 MiB) and gRPC's message limit.
 CHUNK = 256 * 1024

@@ -18,8 +18,8 @@ import dataclasses
 from typing import Any
 
 from services.common.errors import InvalidRequest
-from services.gateway.openai.fields import UINT32, Fields, token_ids
-from services.gateway.openai.requests import load_json
+from services.gateway.core.fields import UINT32, Fields, token_ids
+from services.gateway.core.request import load_json
 
 ENCODING_FORMATS = ("float", "base64")
 # OpenAI's limit on inputs per request.

@@ -1,6 +1,6 @@
 """Schemas of the OpenAI-compatible routes: chat, completions, models, embeddings, responses, errors.
 
-Request schemas list exactly the fields the parsers accept (services/gateway/openai/requests.py);
+Request schemas list exactly the fields the parsers accept (services/gateway/openai/request.py);
 tests/unit/gateway/test_openapi.py sends each listed field to the parser and checks that fields the
 schema does not list are refused, so the two cannot drift.
 """

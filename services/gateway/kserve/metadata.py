@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import metadata as pkg_metadata
 
 from services.gateway.kserve import protocol
-from services.gateway.kserve.responses import MODEL_VERSION
+from services.gateway.kserve.render import CHAT_OUTPUTS, MODEL_VERSION
 
 SERVER_NAME = "meshfront"
 PLATFORM = "meshfront"
@@ -17,7 +17,8 @@ INPUTS = {
     "input_ids": ("INT64", [-1]),
     "stream": ("BOOL", [1]),
 }
-OUTPUTS = {"text_output": ("BYTES", [-1]), "finish_reason": ("BYTES", [-1])}
+# Chat requests get all four (completions: text_output and finish_reason); see render.py.
+OUTPUTS = {name: ("BYTES", [-1]) for name in CHAT_OUTPUTS}
 _CONFIG_TYPE = {"BYTES": "TYPE_STRING", "INT64": "TYPE_INT64", "BOOL": "TYPE_BOOL"}
 
 

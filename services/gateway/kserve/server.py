@@ -1,9 +1,9 @@
 """gRPC glue for ``inference.GRPCInferenceService`` (KServe v2 / Triton) on the gateway's server.
 
-Requests go through the same Pipeline as the OpenAI API (preprocess, route,
-generate, release), so cancellation, routing and errors behave the same.
-Unary calls fail with a gRPC status carrying ErrorInfo; on ModelStreamInfer a
-failing request gets ``error_message`` (Triton's way: tritonclient hands it to
+Requests go through the same front door (services/gateway/front_door.py) and Pipeline as the
+OpenAI API (preprocess, route, generate, release), so cancellation, routing, errors and metrics
+(endpoint ``kserve``) behave the same. Unary calls fail with a gRPC status carrying ErrorInfo; on
+ModelStreamInfer a failing request gets ``error_message`` (Triton's way: tritonclient hands it to
 the callback) and the stream goes on serving the others.
 """
 
@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import grpc
 
-from services.common.discovery import WorkerCard
-from services.common.errors import InvalidRequest, MeshError, ModelNotFound, NotFound
+from services.common.errors import InvalidRequest, MeshError, NotFound
+from services.gateway.core.pipeline import Pipeline
+from services.gateway.core.request import ChatRequest
+from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
+from services.gateway.front_door import AS_IS, GRPC, Generation, Models, check_model, headers, serve_generation
 from services.gateway.kserve import metadata, protocol
-from services.gateway.kserve.requests import KServeRequest, parse_request
-from services.gateway.kserve.responses import ResponseBuilder
-from services.gateway.openai.requests import ChatRequest
-from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
-from services.gateway.pipeline import Pipeline
+from services.gateway.kserve.render import InferResponseBuilder, error_response
+from services.gateway.kserve.request import parse_request
 
 log = logging.getLogger(__name__)
 # Responses waiting for a slow stream reader before the generating requests pause (backpressure).
@@ -32,23 +32,24 @@ STREAM_QUEUE = 64
 # Requests one ModelStreamInfer call may have in flight; the reader waits beyond it.
 MAX_IN_FLIGHT_PER_STREAM = 256
 _END = object()
+ENDPOINT = "kserve"  # the requests' ``endpoint`` label in /metrics
 
 
-def _headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
-    return {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+def _serve(servicer: KServeServicer, request, context: grpc.aio.ServicerContext, *, unary: bool):
+    """The front door over one request: ModelInfer's (unary: an error is the call's status) or one of a
+    ModelStreamInfer call (an early error is raised to ``_serve_one``, a later one is its ``error_message``)."""
+    start = functools.partial(KServeServicer._start_generation, unary=unary, call_headers=headers(context))
+    return serve_generation(servicer, start, ENDPOINT, GRPC, request, context if unary else None, AS_IS)
 
 
 class KServeServicer:
-    def __init__(self, pipeline: Pipeline, models: Callable[[], dict[str, list[WorkerCard]]],
-                 draining: Callable[[], bool] = lambda: False):
+    def __init__(self, pipeline: Pipeline, models: Models, draining: Callable[[], bool] = lambda: False):
         self._pipeline = pipeline
         self._models = models
         self._draining = draining
 
     def _check_model(self, name: str, version: str) -> None:
-        if name not in self._models():
-            raise ModelNotFound(f"The model `{name}` does not exist or has no live worker.", param="model_name",
-                                code="model_not_found")
+        check_model(self._models(), name, param="model_name")
         if not metadata.version_known(version):
             raise NotFound(f"The model `{name}` has no version {version!r}; it serves version "
                            f"{metadata.MODEL_VERSION!r}", param="model_version")
@@ -74,45 +75,39 @@ class KServeServicer:
         self._check_model(request.name, request.version)
         return metadata.model_config(request.name)
 
-    def _start(self, request, context) -> tuple[KServeRequest, AsyncIterator]:
+    async def _start_generation(self, request, context: grpc.aio.ServicerContext | None, rid: str, *,
+                                unary: bool, call_headers: dict[str, str]) -> Generation:
         """Parses, checks the model and starts the pipeline (lazily: nothing runs before iteration)."""
-        parsed = parse_request(request, _headers(context))
+        parsed = parse_request(request, call_headers)
         self._check_model(request.model_name, request.model_version)
-        rid = uuid.uuid4().hex
+        if unary and parsed.stream:
+            raise InvalidRequest("ModelInfer returns one response; use ModelStreamInfer to stream", param="stream")
         req = parsed.parsed
         prep = [chat_to_preprocess(req, rid) if isinstance(req, ChatRequest)
                 else completion_to_preprocess(req, req.prompts[0], rid)]
         log.debug("kserve request %r runs as %s", request.id, rid)
-        return parsed, self._pipeline.run(prep, req.n, req.worker_id, options=postprocess_options(req, prep[0]))
+        renderer = InferResponseBuilder(request.model_name, request.id, parsed.outputs, decoupled=not unary,
+                                        empty_final=parsed.empty_final and not unary)
+        streaming = not unary and parsed.stream is not False  # ModelStreamInfer streams unless told not to
+        stream = self._pipeline.run(prep, req.n, req.worker_id, options=postprocess_options(req, prep[0]))
+        return Generation(req.model, streaming, renderer, stream)
 
     async def ModelInfer(self, request, context):
-        parsed, stream = self._start(request, context)
-        if parsed.stream:
-            raise InvalidRequest("ModelInfer returns one response; use ModelStreamInfer to stream", param="stream")
-        builder = ResponseBuilder(request.model_name, request.id, parsed.outputs, decoupled=False)
-        deltas = [d async for batch in stream for d in batch]
-        return builder.data(deltas)
+        served = _serve(self, request, context, unary=True)
+        try:
+            return (await anext(served))[0]  # unary: the one folded response (or the front door aborts)
+        finally:
+            await served.aclose()  # ends the request's books now, not when the generator is collected
 
-    async def _serve_one(self, request, context, put: Callable) -> None:
+    async def _serve_one(self, request, context: grpc.aio.ServicerContext, put: Callable) -> None:
         """Answers one request of a ModelStreamInfer call; errors become its error_message."""
         try:
-            parsed, stream = self._start(request, context)
-            builder = ResponseBuilder(request.model_name, request.id, parsed.outputs, decoupled=True,
-                                      empty_final=parsed.empty_final)
-            if parsed.stream is False:
-                await put(builder.data([d async for batch in stream for d in batch]))
-            else:
-                async for batch in stream:
-                    await put(builder.data(batch))
-            closing = builder.closing()
-            if closing is not None:
-                await put(closing)
+            async for responses in _serve(self, request, context, unary=False):
+                for response in responses:
+                    await put(response)
         except MeshError as e:
             log.info("kserve stream request %r failed: %s", request.id, e.message)
-            await put(protocol.ModelStreamInferResponse(error_message=f"{e.grpc_code.name}: {e.message}"))
-        except Exception:  # noqa: BLE001 - one request's bug must not end the other requests' stream
-            log.exception("kserve stream request %r failed", request.id)
-            await put(protocol.ModelStreamInferResponse(error_message="INTERNAL: the request failed"))
+            await put(error_response(e))
 
     async def ModelStreamInfer(self, request_iterator, context):
         out: asyncio.Queue = asyncio.Queue(STREAM_QUEUE)

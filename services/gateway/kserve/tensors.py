@@ -13,7 +13,7 @@ import struct
 from typing import Any
 
 from services.common.errors import InvalidRequest
-from services.gateway.openai import fields
+from services.gateway.core import fields
 
 # KServe datatype -> (InferTensorContents field, struct code for raw data)
 _LAYOUT = {

@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
-from services.gateway.openai.nvext import NvExt
-from services.gateway.trace import RequestTrace
+from services.gateway.core.nvext import NvExt
+from services.gateway.core.trace import RequestTrace
 
 IGNORED_FIELDS_HEADER = "x-meshfront-ignored-fields"
 

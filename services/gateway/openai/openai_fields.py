@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any
 
 from services.common.errors import InvalidRequest
-from services.gateway.openai.fields import Fields
+from services.gateway.core.fields import Fields
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 VERBOSITIES = ("low", "medium", "high")

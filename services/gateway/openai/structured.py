@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from services.common.errors import InvalidRequest
-from services.gateway.openai.fields import Fields
-from services.gateway.openai.tools import check_schema
+from services.gateway.core.fields import Fields
+from services.gateway.core.tools import check_schema
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 _LEGACY = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}

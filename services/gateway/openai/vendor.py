@@ -19,7 +19,7 @@ import dataclasses
 from typing import Any
 
 from services.common.errors import InvalidRequest
-from services.gateway.openai.fields import UINT32, Fields
+from services.gateway.core.fields import UINT32, Fields
 
 THINKING_TYPES = ("enabled", "disabled", "auto")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.gateway.openai.requests import ChatRequest, Sampling
+from services.gateway.core.request import ChatRequest, Sampling
 from services.gateway.responses_api.request import ResponsesRequest
 
 

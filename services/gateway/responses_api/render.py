@@ -26,12 +26,13 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from services.common.errors import MeshError
-from services.gateway.openai.responses import Delta
+from services.gateway.core.delta import Delta
 from services.gateway.responses_api.request import ResponsesRequest
 
 
@@ -62,7 +63,9 @@ def echo_fields(req: ResponsesRequest) -> dict[str, Any]:
     }
 
 
-class ResponseBuilder:
+class ResponseObjectBuilder:
+    """One response: its output items as they are generated, the events announcing them, its usage."""
+
     def __init__(self, response_id: str, echo: dict[str, Any], created_at: int | None = None):
         self.id = response_id
         self.echo = echo
@@ -240,3 +243,51 @@ def _copy(item: dict[str, Any]) -> dict[str, Any]:
 def sse(events: list[dict[str, Any]]) -> bytes:
     """Events as SSE frames, each named by an ``event:`` line as OpenAI sends them."""
     return b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events)
+
+
+class ResponsesRenderer:
+    """The front door's renderer over a ``ResponseObjectBuilder``, with the store as its completion hook.
+
+    ``complete`` (the front door's ``on_complete``) settles the response and stores it before the client
+    learns it is done: before the body, or before ``response.completed``. A stream's first frame
+    opens with response.created and response.in_progress; a failure after it is ``response.failed``.
+    """
+
+    def __init__(self, builder: ResponseObjectBuilder,
+                 store: Callable[[ResponseObjectBuilder], Awaitable[None]]):
+        self.builder = builder
+        self._store = store
+        self._opened = False
+        self._closing: list[dict[str, Any]] = []  # the last item's closing events, from ``complete``
+
+    prompt_tokens = property(lambda self: self.builder.input_tokens)
+    completion_tokens = property(lambda self: self.builder.output_tokens)
+    cached_tokens = property(lambda self: self.builder.cached_tokens)
+
+    def _open(self) -> list[dict[str, Any]]:
+        if self._opened:
+            return []
+        self._opened = True
+        return self.builder.start()
+
+    async def complete(self) -> None:
+        self._closing = self.builder.finish()
+        await self._store(self.builder)
+
+    def fold(self, deltas: list[Delta]) -> None:
+        self.builder.feed(deltas)  # the events are the stream's; a folded response needs only the items
+
+    def body(self) -> bytes:
+        return orjson.dumps(self.builder.response())
+
+    def sse(self, deltas: list[Delta]) -> bytes:
+        return sse(self._open() + self.builder.feed(deltas))
+
+    def sse_end(self) -> bytes:
+        return sse([*self._open(), *self._closing, self.builder.final_event()])
+
+    def sse_error(self, err: MeshError) -> bytes:
+        return sse(self._open() + self._closing + self.builder.fail(err))
+
+    def usage(self) -> dict[str, Any]:
+        return self.builder.usage()

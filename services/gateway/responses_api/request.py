@@ -14,9 +14,9 @@ import re
 from typing import Any
 
 from services.common.errors import InvalidRequest
-from services.gateway.openai.fields import UINT32, Fields
-from services.gateway.openai.requests import load_json
-from services.gateway.openai.tools import check_schema
+from services.gateway.core.fields import UINT32, Fields
+from services.gateway.core.request import load_json
+from services.gateway.core.tools import check_schema
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text")

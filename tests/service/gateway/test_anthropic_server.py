@@ -22,7 +22,7 @@ from services.common.discovery import ModelCard, WorkerCard
 from services.common.errors import Overloaded, WorkerFailed
 from services.common.grpc_server import GrpcServer
 from services.gateway.anthropic.server import AnthropicServicer
-from services.gateway.pipeline import Pipeline
+from services.gateway.core.pipeline import Pipeline
 from services.models import default_test_model_dir
 from services.preprocessor.service import Preprocessor
 

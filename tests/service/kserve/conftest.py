@@ -13,8 +13,8 @@ import pytest
 
 from services.allinone import clients
 from services.common.grpc_server import GrpcServer
+from services.gateway.core.pipeline import Pipeline
 from services.gateway.kserve.server import KServeServicer, add_to_server
-from services.gateway.pipeline import Pipeline
 from services.models import default_test_model_dir
 from services.postprocessor.service import Postprocessor
 from services.preprocessor.service import Preprocessor

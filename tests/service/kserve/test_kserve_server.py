@@ -60,7 +60,7 @@ async def test_health_and_metadata(kserve_gateway, aio_client):
     assert (await aio_client.get_server_metadata()).name == "meshfront"
     meta = await aio_client.get_model_metadata(MODEL, as_json=True)
     assert {i["name"] for i in meta["inputs"]} >= {"text_input", "messages", "input_ids"}
-    assert [o["name"] for o in meta["outputs"]] == ["text_output", "finish_reason"]
+    assert [o["name"] for o in meta["outputs"]] == ["text_output", "finish_reason", "reasoning_content", "tool_calls"]
     config = (await aio_client.get_model_config(MODEL, as_json=True))["config"]
     assert config["model_transaction_policy"]["decoupled"] is True
     assert config["input"][0]["data_type"] == "TYPE_STRING"

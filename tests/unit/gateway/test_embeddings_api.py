@@ -11,9 +11,9 @@ from meshfront.worker.v1 import worker_pb2
 
 from services.common.discovery import EMBEDDINGS, ModelCard, WorkerCard
 from services.common.errors import InvalidRequest, NotFound
+from services.gateway.embeddings.render import render
 from services.gateway.embeddings.request import MAX_INPUTS, parse_embeddings
-from services.gateway.embeddings.response import render
-from services.gateway.embeddings.server import check_embedding_model
+from services.gateway.front_door import check_model
 
 pytestmark = pytest.mark.unit
 
@@ -95,9 +95,13 @@ def test_the_model_must_exist_and_be_an_embedding_model():
     embed = WorkerCard("w1", "h:1", ModelCard("e", "/d", endpoints=(EMBEDDINGS,)), kind="embed")
     chat = WorkerCard("w2", "h:2", ModelCard("c", "/d"))
     models = {"e": [embed], "c": [chat]}
-    check_embedding_model(models, "e")
+    check_model(models, "e", embedding=True)
     with pytest.raises(InvalidRequest, match="`c` is not an embedding model") as e:
-        check_embedding_model(models, "c")
+        check_model(models, "c", embedding=True)
     assert e.value.param == "model"
     with pytest.raises(NotFound):
-        check_embedding_model(models, "nope")
+        check_model(models, "nope", embedding=True)
+    # The same check guards the generating routes from an embedding model.
+    check_model(models, "c")
+    with pytest.raises(InvalidRequest, match="`e` is an embedding model; use /v1/embeddings"):
+        check_model(models, "e")

@@ -8,10 +8,10 @@ import orjson
 import pytest
 
 from services.common.errors import InvalidRequest
+from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess
+from services.gateway.core.trace import RequestTrace, TracedPrompt
 from services.gateway.openai.extensions import ResponseExtensions
-from services.gateway.openai.requests import parse_chat, parse_completion
-from services.gateway.openai.to_proto import chat_to_preprocess, completion_to_preprocess
-from services.gateway.trace import PreparedPrompt, RequestTrace
+from services.gateway.openai.request import parse_chat, parse_completion
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(8)).decode()
 
@@ -213,7 +213,7 @@ def test_annotation_events_and_response_nvext():
     req = parse_chat(chat(nvext={"annotations": ["request_id", "formatted_prompt", "token_ids", "other"],
                                  "extra_fields": ["worker_id", "timing"]}))
     trace = RequestTrace()
-    trace.prompts = [PreparedPrompt([1, 2], "<p>")]
+    trace.prompts = [TracedPrompt([1, 2], "<p>")]
     trace.on_routed(0, "w1", 0)
     ext = ResponseExtensions(req.nvext, trace, "rid")
     assert ext.annotation_events() == (b'event: request_id\n: "rid"\n\nevent: formatted_prompt\n: "<p>"\n\n'

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -68,22 +70,20 @@ def test_ours_keeps_http_statuses_and_reasons():
 def test_tracker_records_one_outcome_per_request(monkeypatch):
     rec = DynamoRecorder("trk")
     monkeypatch.setattr(request_metrics, "recorder", lambda: rec)
-    ok = request_metrics.RequestTracker("completions")
-    ok.start("m", stream=True)
-    ok.first_token()
-    ok.finish(7, 3, 0)
-    ok.close()
-    bad = request_metrics.RequestTracker("chat")
-    bad.fail(InvalidRequest("no", param="x"))
-    bad.close()
-    gone = request_metrics.RequestTracker("chat")
-    gone.start("m", stream=False)
-    gone.close()
-    mid = request_metrics.RequestTracker("chat")
-    mid.start("m", stream=True)
-    mid.first_token()
-    mid.fail(WorkerFailed("lost"), mid_stream=True)
-    mid.close()
+    # A context manager: leaving the block closes the request's books, whatever ended it.
+    with request_metrics.RequestTracker("completions") as ok:
+        ok.start("m", stream=True)
+        ok.first_token()
+        ok.finish(7, 3, 0)
+    with request_metrics.RequestTracker("chat") as bad:
+        bad.fail(InvalidRequest("no", param="x"))
+    with pytest.raises(asyncio.CancelledError), request_metrics.RequestTracker("chat") as gone:
+        gone.start("m", stream=False)
+        raise asyncio.CancelledError  # the client went away: neither finished nor failed
+    with request_metrics.RequestTracker("chat") as mid:
+        mid.start("m", stream=True)
+        mid.first_token()
+        mid.fail(WorkerFailed("lost"), mid_stream=True)
     assert value(rec, "trk_requests_total", model="m", endpoint="completions", request_type="stream",
                  status="success", error_type="") == 1
     assert value(rec, "trk_requests_total", model="", endpoint="chat_completions", request_type="unary",

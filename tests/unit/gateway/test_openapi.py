@@ -20,7 +20,7 @@ from services.common.errors import InvalidRequest
 from services.gateway.http_api import openai_schemas
 from services.gateway.http_api.openapi import document, document_bytes
 from services.gateway.http_api.routes import ENDPOINTS
-from services.gateway.openai.requests import parse_chat, parse_completion
+from services.gateway.openai.request import parse_chat, parse_completion
 from services.launcher.envoy_config import DESCRIPTOR, ENVOY_YAML
 from tests.conftest import require_module
 

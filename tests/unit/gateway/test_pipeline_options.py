@@ -1,4 +1,4 @@
-"""Each fact reaches the postprocessor once, from its owner (services/gateway/pipeline.py).
+"""Each fact reaches the postprocessor once, from its owner (services/gateway/core/pipeline.py).
 
 The request's own postprocess options (tools, tool choice, single tool call, stream interval) come
 from the gateway; the model's (model directory, parsers) from the preprocessor, which no longer echoes
@@ -11,15 +11,15 @@ import asyncio
 
 import orjson
 import pytest
-
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.router.v1 import router_pb2
+
 from services.allinone.clients import InProcessPreprocessor
 from services.common.discovery import ModelCard
-from services.gateway.openai.requests import parse_chat
-from services.gateway.openai.to_proto import chat_to_preprocess, postprocess_options
-from services.gateway.pipeline import Pipeline
+from services.gateway.core.pipeline import Pipeline
+from services.gateway.core.to_proto import chat_to_preprocess, postprocess_options
+from services.gateway.openai.request import parse_chat
 from services.models import default_test_model_dir
 from services.preprocessor.service import Preprocessor
 

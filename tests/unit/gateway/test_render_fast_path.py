@@ -1,4 +1,5 @@
-"""The byte-template fast path of ``ResponseRenderer.sse`` against a frozen copy of the dict renderer.
+"""The byte-template fast path of ``ChatRenderer.sse`` and ``CompletionRenderer.sse`` against a frozen
+copy of the dict renderer.
 
 ``LegacyRenderer``, ``LegacyDelta`` and ``legacy_delta`` are the chunk rendering and proto-to-delta
 code as they were before the fast path, kept unchanged as the oracle (and as the "before" side of
@@ -15,11 +16,12 @@ from typing import Any
 
 import orjson
 import pytest
-
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
-from services.gateway.openai.responses import FINISH, Delta, ResponseRenderer
-from services.gateway.pipeline import Pipeline
+
+from services.gateway.core.delta import FINISH, Delta
+from services.gateway.core.pipeline import Pipeline
+from services.gateway.openai.render import ChatRenderer, CompletionRenderer, renderer_for
 
 pytestmark = pytest.mark.unit
 
@@ -256,9 +258,12 @@ def _request(rng: random.Random, chat: bool) -> tuple[dict[str, Any], list[list[
     return kwargs, batches
 
 
-def _both(kwargs: dict[str, Any]) -> tuple[ResponseRenderer, LegacyRenderer]:
+def _both(kwargs: dict[str, Any]) -> tuple[ChatRenderer | CompletionRenderer, LegacyRenderer]:
     mode = kwargs.pop("nvext")
-    new = ResponseRenderer(**kwargs, nvext=FakeNvext(mode) if mode else None)
+    # Echo is a completions field: the chat renderer takes neither of its keys.
+    only_completions = ("echo_prompts", "n_per_prompt")
+    ours = {k: v for k, v in kwargs.items() if not (kwargs["chat"] and k in only_completions)}
+    new = renderer_for(**ours, nvext=FakeNvext(mode) if mode else None)
     old = LegacyRenderer(**kwargs, nvext=FakeNvext(mode) if mode else None, created=new.created)
     return new, old
 
@@ -304,7 +309,7 @@ def test_fast_path_cases_by_hand():
 
 def test_id_model_and_created_are_read_only():
     """The chunk head is rendered once: changing them afterwards would desynchronise it, so it cannot be done."""
-    r = ResponseRenderer(chat=True, request_id="a", model="m", n_choices=1, want_logprobs=False, include_usage=True)
+    r = renderer_for(chat=True, request_id="a", model="m", n_choices=1, want_logprobs=False, include_usage=True)
     assert (r.id, r.model) == ("a", "m") and r.created > 0
     with pytest.raises(AttributeError):
         r.id = "b"

@@ -3,7 +3,8 @@
 import orjson
 import pytest
 
-from services.gateway.openai.responses import Delta, ResponseRenderer
+from services.gateway.core.delta import Delta
+from services.gateway.openai.render import renderer_for
 
 pytestmark = pytest.mark.unit
 
@@ -18,7 +19,7 @@ def frames(data: bytes):
 
 
 def test_chat_stream_role_once_finish_usage_and_done():
-    r = ResponseRenderer(chat=True, request_id="chatcmpl-1", model="m", n_choices=1, want_logprobs=False,
+    r = renderer_for(chat=True, request_id="chatcmpl-1", model="m", n_choices=1, want_logprobs=False,
                          include_usage=True)
     a = frames(r.sse([Delta(0, "Hel", completion_tokens=1, prompt_tokens=7, cached_tokens=4, counts_prompt=True),
                       Delta(0, "lo", completion_tokens=2)]))
@@ -37,13 +38,13 @@ def test_chat_stream_role_once_finish_usage_and_done():
 
 
 def test_no_usage_chunk_without_include_usage():
-    r = ResponseRenderer(chat=False, request_id="cmpl-1", model="m", n_choices=1, want_logprobs=False,
+    r = renderer_for(chat=False, request_id="cmpl-1", model="m", n_choices=1, want_logprobs=False,
                          include_usage=False)
     assert frames(r.sse_end()) == ["[DONE]"]
 
 
 def test_fold_chat_and_completion_with_echo():
-    r = ResponseRenderer(chat=True, request_id="c", model="m", n_choices=2, want_logprobs=False, include_usage=False)
+    r = renderer_for(chat=True, request_id="c", model="m", n_choices=2, want_logprobs=False, include_usage=False)
     r.fold([Delta(0, "a", completion_tokens=1, prompt_tokens=5, counts_prompt=True), Delta(1, "b", completion_tokens=1,
                                                                                           prompt_tokens=5)])
     r.fold([Delta(0, "c", finish_reason="length", completion_tokens=1), Delta(1, "", finish_reason="stop",
@@ -54,7 +55,7 @@ def test_fold_chat_and_completion_with_echo():
     assert [c["finish_reason"] for c in body["choices"]] == ["length", "stop"]
     assert body["choices"][1]["stop_reason"] == "END"
     assert body["usage"]["prompt_tokens"] == 5 and body["usage"]["completion_tokens"] == 3
-    e = ResponseRenderer(chat=False, request_id="x", model="m", n_choices=1, want_logprobs=False, include_usage=False,
+    e = renderer_for(chat=False, request_id="x", model="m", n_choices=1, want_logprobs=False, include_usage=False,
                          echo_prompts=["Q: "])
     e.fold([Delta(0, "A", finish_reason="stop")])
     assert orjson.loads(e.body())["choices"][0]["text"] == "Q: A"

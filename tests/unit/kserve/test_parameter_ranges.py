@@ -12,9 +12,9 @@ import struct
 import pytest
 
 from services.common.errors import InvalidRequest
+from services.gateway.core.to_proto import completion_to_preprocess
 from services.gateway.kserve import protocol
-from services.gateway.kserve.requests import SAMPLING_PARAMS, parse_request
-from services.gateway.openai.to_proto import completion_to_preprocess
+from services.gateway.kserve.request import SAMPLING_PARAMS, parse_request
 
 pytestmark = pytest.mark.unit
 

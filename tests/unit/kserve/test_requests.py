@@ -8,9 +8,9 @@ import struct
 import pytest
 
 from services.common.errors import InvalidRequest
+from services.gateway.core.request import ChatRequest, CompletionRequest
 from services.gateway.kserve import protocol
-from services.gateway.kserve.requests import parse_request
-from services.gateway.openai.requests import ChatRequest, CompletionRequest
+from services.gateway.kserve.request import parse_request
 
 pytestmark = pytest.mark.unit
 

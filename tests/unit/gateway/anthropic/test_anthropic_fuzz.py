@@ -12,11 +12,11 @@ import functools
 import json
 
 import pytest
-
 from meshfront.common.v1 import common_pb2
+
 from services.common.errors import InvalidRequest
-from services.gateway.anthropic.requests import parse_count_tokens, parse_messages
-from services.gateway.openai.to_proto import chat_to_preprocess
+from services.gateway.anthropic.request import parse_count_tokens, parse_messages
+from services.gateway.core.to_proto import chat_to_preprocess
 from services.models import default_test_model_dir
 from services.preprocessor.core import prompt as core
 from services.preprocessor.core.artifacts import ArtifactCache

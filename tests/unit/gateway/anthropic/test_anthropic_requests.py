@@ -3,10 +3,10 @@
 import orjson
 import pytest
 
-from services.gateway.openai.tools import tool_choice_proto
 from services.common.errors import InvalidRequest
-from services.gateway.anthropic.requests import parse_count_tokens, parse_messages
-from services.gateway.openai.to_proto import chat_to_preprocess
+from services.gateway.anthropic.request import parse_count_tokens, parse_messages
+from services.gateway.core.to_proto import chat_to_preprocess
+from services.gateway.core.tools import tool_choice_proto
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ from anthropic.types import Message, RawMessageStreamEvent
 
 from services.common.errors import InvalidRequest, NotFound, NoWorkers, Overloaded, WorkerFailed
 from services.gateway.anthropic import errors
-from services.gateway.anthropic.responses import MessageRenderer
-from services.gateway.openai.responses import Delta
+from services.gateway.anthropic.render import MessageRenderer
+from services.gateway.core.delta import Delta
 
 pytestmark = pytest.mark.unit
 

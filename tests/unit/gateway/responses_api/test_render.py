@@ -5,23 +5,24 @@ import pytest
 from meshfront.postprocessor.v1 import postprocessor_pb2
 
 from services.common.errors import WorkerFailed
-from services.gateway.openai.responses import Delta
-from services.gateway.responses_api.render import ResponseBuilder, echo_fields, sse
+from services.gateway.responses_api.store import StoreUnavailable
+from services.gateway.core.delta import Delta
+from services.gateway.responses_api.render import ResponseObjectBuilder, ResponsesRenderer, echo_fields, sse
 from services.gateway.responses_api.request import parse_responses
 
 pytestmark = pytest.mark.unit
 
 
-def builder(**kw) -> ResponseBuilder:
+def builder(**kw) -> ResponseObjectBuilder:
     req = parse_responses(orjson.dumps({"model": "m", "input": "hi", **kw}))
-    return ResponseBuilder("resp_1", echo_fields(req), created_at=100)
+    return ResponseObjectBuilder("resp_1", echo_fields(req), created_at=100)
 
 
 def call(name="", arguments="", id_="", index=0):
     return postprocessor_pb2.ToolCallDelta(index=index, id=id_, name=name, arguments=arguments)
 
 
-def run(b: ResponseBuilder, batches: list[list[Delta]]) -> list[dict]:
+def run(b: ResponseObjectBuilder, batches: list[list[Delta]]) -> list[dict]:
     events = b.start()
     for batch in batches:
         events += b.feed(batch)
@@ -140,3 +141,50 @@ def test_echo_of_request_parameters():
     assert r["text"] == {"format": {"type": "json_object"}} and r["reasoning"] == {"effort": "high", "summary": None}
     assert r["store"] is False and r["user"] == "u1" and r["previous_response_id"] == "resp_0"
     assert r["parallel_tool_calls"] is True and r["truncation"] == "disabled" and r["background"] is False
+
+
+def frames(data: bytes) -> list[dict]:
+    return [orjson.loads(line.removeprefix(b"data: ")) for line in data.split(b"\n") if line.startswith(b"data: ")]
+
+
+async def test_the_front_door_renderer_stores_before_the_end_and_says_when_it_could_not():
+    """``ResponsesRenderer``: the stream opens with created/in_progress, the response is stored (settled)
+    before ``response.completed``; a store that fails after the output went out ends in ``response.failed``
+    after the last item's closing events."""
+    stored: list[dict] = []
+
+    async def store(b: ResponseObjectBuilder) -> None:
+        stored.append(b.response())
+
+    r = ResponsesRenderer(builder(), store)
+    first = frames(r.sse([Delta(0, text="hi", prompt_tokens=3, counts_prompt=True, completion_tokens=1)]))
+    assert [e["type"] for e in first][:2] == ["response.created", "response.in_progress"]
+    await r.complete()
+    end = frames(r.sse_end())
+    assert end[-1]["type"] == "response.completed" and stored[0]["status"] == "completed"
+    assert (r.prompt_tokens, r.completion_tokens, r.cached_tokens) == (3, 1, 0)
+
+    async def broken(b: ResponseObjectBuilder) -> None:
+        raise StoreUnavailable("the response store is unavailable")
+
+    r = ResponsesRenderer(builder(), broken)
+    r.sse([Delta(0, text="hi", completion_tokens=1)])
+    with pytest.raises(StoreUnavailable) as e:
+        await r.complete()
+    failed = [ev["type"] for ev in frames(r.sse_error(e.value))]
+    assert failed == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                      "response.failed"]
+
+
+async def _not_stored(b: ResponseObjectBuilder) -> None:
+    """A response with store=false: nothing to keep."""
+
+
+def test_a_folded_response_opens_nothing_and_an_empty_stream_still_opens():
+    r = ResponsesRenderer(builder(), _not_stored)
+    r.fold([Delta(0, text="x", completion_tokens=1)])
+    assert orjson.loads(r.body())["output"][0]["type"] == "message"
+    empty = ResponsesRenderer(builder(), _not_stored)
+    empty.builder.finish()
+    assert [e["type"] for e in frames(empty.sse_end())] == ["response.created", "response.in_progress",
+                                                            "response.completed"]

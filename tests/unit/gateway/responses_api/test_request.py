@@ -5,7 +5,7 @@ import pytest
 from meshfront.common.v1 import common_pb2
 
 from services.common.errors import InvalidRequest
-from services.gateway.openai.to_proto import chat_to_preprocess, postprocess_options
+from services.gateway.core.to_proto import chat_to_preprocess, postprocess_options
 from services.gateway.responses_api.conversation import output_as_input, to_chat, to_messages
 from services.gateway.responses_api.request import parse_responses
 

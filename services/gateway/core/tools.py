@@ -17,8 +17,8 @@ import re
 from typing import Any
 
 import orjson
-
 from meshfront.common.v1 import common_pb2
+
 from services.common.errors import InvalidRequest
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")

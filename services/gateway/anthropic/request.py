@@ -1,7 +1,7 @@
 """Parses and validates Anthropic Messages bodies into the chat request the OpenAI path runs.
 
 ``POST /v1/messages`` and ``/v1/messages/count_tokens`` both become an OpenAI ``ChatRequest``
-(services/gateway/openai/requests.py), so templating, tool-call guidance, stop strings and parsing
+(services/gateway/openai/request.py), so templating, tool-call guidance, stop strings and parsing
 are the mesh's one chat path. Every field is read or refused: unknown ones are a 400 naming them.
 
 ``thinking`` maps onto the chat template's ``enable_thinking`` switch, which the reasoning parser
@@ -19,9 +19,9 @@ from typing import Any
 
 from services.common.errors import InvalidRequest
 from services.gateway.anthropic import content
-from services.gateway.openai import tools as tools_checks
-from services.gateway.openai.fields import INT32, UINT32, Fields
-from services.gateway.openai.requests import ChatRequest, Sampling, load_json
+from services.gateway.core import tools as tools_checks
+from services.gateway.core.fields import INT32, UINT32, Fields
+from services.gateway.core.request import ChatRequest, Sampling, load_json
 
 MAX_STOP_SEQUENCES = 32  # the preprocessor's limit on stop strings
 MIN_THINKING_BUDGET = 1024

@@ -23,7 +23,7 @@ class RouteHints:
 
 
 @dataclasses.dataclass
-class PreparedPrompt:
+class TracedPrompt:
     token_ids: list[int]
     formatted_prompt: str = ""
 
@@ -32,7 +32,7 @@ class PreparedPrompt:
 class RequestTrace:
     received: float = dataclasses.field(default_factory=time.monotonic)
     received_unix_ms: float = dataclasses.field(default_factory=lambda: time.time() * 1000)
-    prompts: list[PreparedPrompt] = dataclasses.field(default_factory=list)
+    prompts: list[TracedPrompt] = dataclasses.field(default_factory=list)
     workers: dict[int, str] = dataclasses.field(default_factory=dict)  # choice index -> worker id
     routed: float | None = None  # the first choice routed
     queue_depth: int = 0

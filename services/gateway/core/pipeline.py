@@ -17,17 +17,18 @@ from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 from meshfront.router.v1 import router_pb2
+
 from services.common.errors import WorkerFailed
 from services.gateway.clients import PostprocessorClient, PreprocessorClient, RouterClient
-from services.gateway.openai.responses import FINISH, Delta
-from services.gateway.trace import PreparedPrompt, RequestTrace, RouteHints
+from services.gateway.core.delta import FINISH, Delta
+from services.gateway.core.trace import RequestTrace, RouteHints, TracedPrompt
 
 _DONE = object()
 _NO_HINTS = RouteHints()
 
 
 @dataclasses.dataclass(frozen=True)
-class _Choice:
+class _RoutedChoice:
     """One choice of a request, routed and ready to generate."""
 
     index: int
@@ -57,7 +58,7 @@ class Pipeline:
     def _release(self, request_id: str) -> None:
         self._notify_router(self.router.release(router_pb2.ReleaseRequest(request_id=request_id)))
 
-    def _report_first_token(self, c: _Choice, resp: postprocessor_pb2.GenerateResponse) -> None:
+    def _report_first_token(self, c: _RoutedChoice, resp: postprocessor_pb2.GenerateResponse) -> None:
         """Tells the router that prefill is done and what the worker had cached (its accuracy metrics)."""
         if c.legacy_first_token:
             self._notify_router(self.router.release(router_pb2.ReleaseRequest(
@@ -69,7 +70,7 @@ class Pipeline:
 
     async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, options: common_pb2.PostprocessOptions,
                      request_id: str, index: int, choice: int, worker_id: str, hints: RouteHints,
-                     trace: RequestTrace | None) -> _Choice:
+                     trace: RequestTrace | None) -> _RoutedChoice:
         # The constructor copies the request once; each choice then edits only its own copy. The
         # preprocessor's options say what it learnt from the model, ``options`` what the request asked.
         gen = postprocessor_pb2.GenerateRequest(request=prepared.request, options=prepared.postprocess)
@@ -88,7 +89,7 @@ class Pipeline:
         gen.worker_address, gen.worker_id = route.address, route.worker_id
         if trace is not None:
             trace.on_routed(index, route.worker_id, route.queue_depth)
-        return _Choice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token,
+        return _RoutedChoice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token,
                        not route.reads_first_token_reports)
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
@@ -100,10 +101,10 @@ class Pipeline:
         records what the request went through, for nvext responses."""
         prepared = await asyncio.gather(*(self.pre.preprocess(r) for r in requests))
         if trace is not None:
-            trace.prompts = [PreparedPrompt(list(p.request.token_ids), p.formatted_prompt) for p in prepared]
+            trace.prompts = [TracedPrompt(list(p.request.token_ids), p.formatted_prompt) for p in prepared]
         base_id = requests[0].request.request_id
         total = len(requests) * n
-        choices: list[_Choice] = []
+        choices: list[_RoutedChoice] = []
         try:
             for p, prep in enumerate(prepared):
                 for j in range(n):
@@ -130,7 +131,7 @@ class Pipeline:
             for c in choices:
                 self._release(c.request_id)
 
-    async def _stream(self, c: _Choice) -> AsyncIterator[list[Delta]]:
+    async def _stream(self, c: _RoutedChoice) -> AsyncIterator[list[Delta]]:
         """One choice's deltas, as many as were ready together; tells the router about the first token
         when it asked to know."""
         async for responses in self.post.generate(c.gen):
@@ -156,11 +157,11 @@ class Pipeline:
                      resp.completion_tokens, (prompt_tokens or prompt_len) if first else 0,
                      resp.cached_tokens if first else 0, counts_prompt and first, resp.worker_id)
 
-    async def _merge(self, choices: list[_Choice]) -> AsyncIterator[list[Delta]]:
+    async def _merge(self, choices: list[_RoutedChoice]) -> AsyncIterator[list[Delta]]:
         """Runs every choice's stream at once and yields whatever is ready, across choices."""
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(choice: _Choice) -> None:
+        async def pump(choice: _RoutedChoice) -> None:
             try:
                 async for deltas in self._stream(choice):
                     queue.put_nowait(deltas)

@@ -29,7 +29,7 @@ import urllib.parse
 from typing import Any
 
 from services.common.errors import InvalidRequest
-from services.gateway.openai.fields import INT32, UINT32, UINT64, Fields, check_float, check_int, token_ids
+from services.gateway.core.fields import INT32, UINT32, UINT64, Fields, check_float, check_int, token_ids
 
 ANNOTATIONS = ("request_id", "formatted_prompt", "token_ids")
 EXTRA_FIELDS = ("worker_id", "timing")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import orjson
-
 from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
-from services.gateway.openai.media import Media
-from services.gateway.openai.requests import ChatRequest, CompletionRequest, GenerationRequest
-from services.gateway.openai.tools import guided_decoding, tool_choice_proto
+
+from services.gateway.core.media import Media
+from services.gateway.core.request import ChatRequest, CompletionRequest, GenerationRequest
+from services.gateway.core.tools import guided_decoding, tool_choice_proto
 
 
 def _base(req: GenerationRequest, request_id: str) -> common_pb2.PreprocessedRequest:

@@ -29,7 +29,9 @@ from typing import Any
 import orjson
 import partial_json_parser
 
-from services.gateway.openai.responses import Delta
+from services.common.errors import MeshError
+from services.gateway.anthropic.errors import sse_error_event
+from services.gateway.core.delta import Delta
 
 log = logging.getLogger(__name__)
 Event = dict[str, Any]
@@ -173,6 +175,10 @@ class MessageRenderer:
     def sse_end(self) -> bytes:
         head = b"" if self._started else self._message_start()
         return head + b"".join(self._frame(e) for e in self._end())
+
+    def sse_error(self, err: MeshError) -> bytes:
+        """A failure after the first byte: Anthropic's in-band ``error`` event."""
+        return sse_error_event(err)
 
     # ---- one message object ------------------------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
-"""OpenAI response shapes: streamed chunks, folded non-stream bodies, usage, logprobs.
+"""OpenAI response shapes for /v1/chat/completions (``ChatRenderer``) and /v1/completions
+(``CompletionRenderer``): streamed chunks, folded non-stream bodies, usage, logprobs.
 
-Inputs are ``Delta`` records (one choice's new output); the renderer keeps the
-per-request state (first chunk carries the role, usage totals, folded text).
+Inputs are ``Delta`` records (one choice's new output); a renderer keeps the per-request state (first
+chunk carries the role, usage totals, folded text). Both share the pre-rendered chunk templates and the
+fast path in ``_ChunkRenderer``; each says only how its choice looks.
 """
 
 from __future__ import annotations
@@ -13,44 +15,13 @@ from typing import Any, Protocol
 
 import orjson
 
-from meshfront.common.v1 import common_pb2
-
-FINISH = {
-    common_pb2.FINISH_REASON_EOS: "stop",
-    common_pb2.FINISH_REASON_STOP: "stop",
-    common_pb2.FINISH_REASON_LENGTH: "length",
-    common_pb2.FINISH_REASON_CANCELLED: "stop",
-    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
-}
-
-
-@dataclasses.dataclass(slots=True)
-class Delta:
-    """New output of one choice; one is built per token, hence slots and no per-instance default lists.
-
-    ``Pipeline._delta`` passes the fields by position: keep their order (test_render_fast_path checks
-    each field by name against the pre-fast-path conversion).
-    """
-
-    index: int
-    text: str = ""
-    reasoning: str = ""
-    # Read-only sequences: consumers iterate them, test them and extend lists from them; empty ones are ().
-    tool_calls: Sequence[Any] = ()  # postprocessor ToolCallDelta messages
-    logprobs: Sequence[Any] = ()  # postprocessor TokenText messages
-    finish_reason: str | None = None
-    stop_reason: str = ""
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    # Set on a choice's first delta: its prompt counts once per prompt, not per choice.
-    counts_prompt: bool = False
-    # Set when the choice moved to another worker (migration): that worker's id.
-    worker_id: str = ""
+from services.common.errors import MeshError
+from services.gateway.core.delta import Delta, fold_tool_calls, joined_tool_calls, tool_call_chunk
+from services.gateway.core.errors import sse_error_frame
 
 
 @dataclasses.dataclass
-class _Choice:
+class _ChoiceOutput:
     text: list[str] = dataclasses.field(default_factory=list)
     reasoning: list[str] = dataclasses.field(default_factory=list)
     tool_calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -66,31 +37,13 @@ def _chat_logprobs(items: Sequence[Any]) -> dict[str, Any]:
                                           for a in t.top]} for t in items]}
 
 
-def _tool_call_delta(call: Any) -> dict[str, Any]:
-    """A streamed tool-call delta: id, type and name on a call's first delta, then argument fragments."""
-    if call.name:
-        return {"index": call.index, "id": call.id, "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments}}
-    return {"index": call.index, "function": {"arguments": call.arguments}}
-
-
-def _fold_tool_calls(calls: list[dict[str, Any]], deltas: Sequence[Any]) -> None:
-    for d in deltas:
-        if d.name:
-            calls.append({"id": d.id, "type": "function", "function": {"name": d.name, "arguments": [d.arguments]}})
-        elif calls:
-            calls[-1]["function"]["arguments"].append(d.arguments)
-
-
-def _message(text: str, c: _Choice) -> dict[str, Any]:
+def _message(text: str, c: _ChoiceOutput) -> dict[str, Any]:
     """The non-stream assistant message: content is null when the reply is only tool calls."""
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not c.tool_calls else None}
     if c.reasoning:
         message["reasoning_content"] = "".join(c.reasoning)
     if c.tool_calls:
-        message["tool_calls"] = [{**call, "function": {"name": call["function"]["name"],
-                                                       "arguments": "".join(call["function"]["arguments"])}}
-                                 for call in c.tool_calls]
+        message["tool_calls"] = joined_tool_calls(c.tool_calls)
     return message
 
 
@@ -111,8 +64,8 @@ class NvextFields(Protocol):
     def body_nvext(self) -> dict[str, Any] | None: ...
 
 
-class ResponseRenderer:
-    """Turns deltas into SSE frames or one folded body, for chat or completions.
+class _ChunkRenderer:
+    """Turns deltas into SSE frames or one folded body; a subclass renders its endpoint's choice.
 
     Every chunk of a stream shares its head (id, object, created, model) and its tail (usage), so they
     are rendered once per request, as bytes, and a chunk only renders its choice in between. A started
@@ -122,23 +75,25 @@ class ResponseRenderer:
     it to the dict renderer byte for byte.
     """
 
-    def __init__(self, *, chat: bool, request_id: str, model: str, n_choices: int, want_logprobs: bool,
-                 include_usage: bool, echo_prompts: list[str] | None = None, n_per_prompt: int = 1,
-                 nvext: NvextFields | None = None):
-        self.chat = chat
+    _object: str  # the chunk's "object"
+    _body_object: str  # the folded body's "object"
+    _text_key: bytes  # the fast path's frame up to the text: a choice's text field
+    _text_close: bytes  # what closes the text's field before logprobs
+
+    def __init__(self, *, request_id: str, model: str, n_choices: int, want_logprobs: bool,
+                 include_usage: bool, nvext: NvextFields | None = None):
         self._id = request_id
         self._model = model
         self._created = int(time.time())
         self.want_logprobs = want_logprobs
-        self.include_usage = include_usage  # fixed at construction, like chat: the templates depend on both
-        self.choices = [_Choice() for _ in range(n_choices)]
+        self.include_usage = include_usage  # fixed at construction: the templates depend on it
+        self.choices = [_ChoiceOutput() for _ in range(n_choices)]
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cached_tokens = 0
-        self._echo = echo_prompts
-        self._n_per_prompt = n_per_prompt
+        self._echo: list[str] | None = None
+        self._n_per_prompt = 1
         self._text_len = [0] * n_choices
-        self._object = "chat.completion.chunk" if chat else "text_completion"
         self._nvext = nvext
         self._render_templates()
 
@@ -155,9 +110,9 @@ class ResponseRenderer:
         self._close = b'],"usage":null' if self.include_usage else b"]"
         self._tail = self._close + b"}\n\n"
         # The fast path's frame, for a started choice's text without logprobs, finish reason or nvext fields.
-        key = b',"delta":{"content":' if self.chat else b',"text":'
-        self._text_heads = [self._head + b'{"index":' + orjson.dumps(i) + key for i in range(len(self.choices))]
-        self._text_tail = (b"}" if self.chat else b"") + b',"logprobs":null,"finish_reason":null}' + self._tail
+        self._text_heads = [self._head + b'{"index":' + orjson.dumps(i) + self._text_key
+                            for i in range(len(self.choices))]
+        self._text_tail = self._text_close + b',"logprobs":null,"finish_reason":null}' + self._tail
 
     def _account(self, d: Delta) -> None:
         self.completion_tokens += d.completion_tokens
@@ -166,33 +121,10 @@ class ResponseRenderer:
             self.cached_tokens += d.cached_tokens
 
     def _chunk_choice(self, d: Delta) -> dict[str, Any]:
-        choice = self.choices[d.index]
-        text = d.text
-        if not choice.started and self._echo is not None:
-            text = self._echo[d.index // self._n_per_prompt] + text
-        if self.chat:
-            delta: dict[str, Any] = {}
-            if not choice.started:
-                delta["role"] = "assistant"
-            if text or not choice.started:
-                delta["content"] = text
-            if d.reasoning:
-                delta["reasoning_content"] = d.reasoning
-            if d.tool_calls:
-                delta["tool_calls"] = [_tool_call_delta(c) for c in d.tool_calls]
-            out: dict[str, Any] = {"index": d.index, "delta": delta}
-            lp = _chat_logprobs(d.logprobs) if self.want_logprobs and d.logprobs else None
-        else:
-            out = {"index": d.index, "text": text}
-            want = self.want_logprobs and d.logprobs
-            lp = _completion_logprobs(d.logprobs, self._text_len[d.index]) if want else None
-        choice.started = True
-        self._text_len[d.index] += len(text)
-        out["logprobs"] = lp
-        out["finish_reason"] = d.finish_reason
-        if d.finish_reason and d.stop_reason:
-            out["stop_reason"] = d.stop_reason
-        return out
+        raise NotImplementedError
+
+    def _body_choice(self, index: int, text: str, c: _ChoiceOutput) -> dict[str, Any]:
+        raise NotImplementedError
 
     def sse(self, deltas: list[Delta]) -> bytes:
         """All ready deltas in one buffer: one SSE frame each, to be sent as one HttpBody."""
@@ -222,10 +154,14 @@ class ResponseRenderer:
 
     def _frame(self, d: Delta, ext: dict[str, Any] | None) -> bytes:
         """A chunk through the dict: its choice, and the nvext fields after usage, inside the pre-rendered parts."""
-        choice = orjson.dumps(self._chunk_choice(d))
+        choice = self._chunk_choice(d)
+        choice["finish_reason"] = d.finish_reason
+        if d.finish_reason and d.stop_reason:
+            choice["stop_reason"] = d.stop_reason
+        data = orjson.dumps(choice)
         if ext:
-            return self._head + choice + self._close + b',"nvext":' + orjson.dumps(ext) + b"}\n\n"
-        return self._head + choice + self._tail
+            return self._head + data + self._close + b',"nvext":' + orjson.dumps(ext) + b"}\n\n"
+        return self._head + data + self._tail
 
     def usage(self) -> dict[str, Any]:
         u: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -241,6 +177,9 @@ class ResponseRenderer:
             tail = b"data: " + orjson.dumps(chunk) + b"\n\n"
         return tail + b"data: [DONE]\n\n"
 
+    def sse_error(self, err: MeshError) -> bytes:
+        return sse_error_frame(err)
+
     def fold(self, deltas: list[Delta]) -> None:
         for d in deltas:
             self._account(d)
@@ -251,7 +190,7 @@ class ResponseRenderer:
             c.text.append(d.text)
             if d.reasoning:
                 c.reasoning.append(d.reasoning)
-            _fold_tool_calls(c.tool_calls, d.tool_calls)
+            fold_tool_calls(c.tool_calls, d.tool_calls)
             c.logprobs.extend(d.logprobs)
             if d.finish_reason:
                 c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
@@ -259,21 +198,78 @@ class ResponseRenderer:
     def body(self) -> bytes:
         choices = []
         for i, c in enumerate(self.choices):
-            text = "".join(c.text)
-            if self.chat:
-                out: dict[str, Any] = {"index": i, "message": _message(text, c),
-                                       "logprobs": _chat_logprobs(c.logprobs) if self.want_logprobs else None}
-            else:
-                out = {"index": i, "text": text,
-                       "logprobs": _completion_logprobs(c.logprobs, 0) if self.want_logprobs else None}
+            out = self._body_choice(i, "".join(c.text), c)
             out["finish_reason"] = c.finish_reason
             if c.stop_reason:
                 out["stop_reason"] = c.stop_reason
             choices.append(out)
-        body: dict[str, Any] = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                                "created": self.created, "model": self.model, "choices": choices,
-                                "usage": self.usage()}
+        body: dict[str, Any] = {"id": self.id, "object": self._body_object, "created": self.created,
+                                "model": self.model, "choices": choices, "usage": self.usage()}
         ext = self._nvext.body_nvext() if self._nvext else None
         if ext:
             body["nvext"] = ext
         return orjson.dumps(body)
+
+
+class ChatRenderer(_ChunkRenderer):
+    """/v1/chat/completions: chunks carry a ``delta`` (role first, then content, reasoning, tool calls)."""
+
+    _object = "chat.completion.chunk"
+    _body_object = "chat.completion"
+    _text_key = b',"delta":{"content":'
+    _text_close = b"}"
+
+    def _chunk_choice(self, d: Delta) -> dict[str, Any]:
+        choice = self.choices[d.index]
+        text = d.text
+        delta: dict[str, Any] = {}
+        if not choice.started:
+            delta["role"] = "assistant"
+        if text or not choice.started:
+            delta["content"] = text
+        if d.reasoning:
+            delta["reasoning_content"] = d.reasoning
+        if d.tool_calls:
+            delta["tool_calls"] = [tool_call_chunk(c) for c in d.tool_calls]
+        choice.started = True
+        self._text_len[d.index] += len(text)
+        return {"index": d.index, "delta": delta,
+                "logprobs": _chat_logprobs(d.logprobs) if self.want_logprobs and d.logprobs else None}
+
+    def _body_choice(self, index: int, text: str, c: _ChoiceOutput) -> dict[str, Any]:
+        return {"index": index, "message": _message(text, c),
+                "logprobs": _chat_logprobs(c.logprobs) if self.want_logprobs else None}
+
+
+class CompletionRenderer(_ChunkRenderer):
+    """/v1/completions: chunks carry ``text``; ``echo`` puts each prompt before its choices' text."""
+
+    _object = "text_completion"
+    _body_object = "text_completion"
+    _text_key = b',"text":'
+    _text_close = b""
+
+    def __init__(self, *, echo_prompts: list[str] | None = None, n_per_prompt: int = 1, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._echo = echo_prompts
+        self._n_per_prompt = n_per_prompt
+
+    def _chunk_choice(self, d: Delta) -> dict[str, Any]:
+        choice = self.choices[d.index]
+        text = d.text
+        if not choice.started and self._echo is not None:
+            text = self._echo[d.index // self._n_per_prompt] + text
+        want = self.want_logprobs and d.logprobs
+        lp = _completion_logprobs(d.logprobs, self._text_len[d.index]) if want else None
+        choice.started = True
+        self._text_len[d.index] += len(text)
+        return {"index": d.index, "text": text, "logprobs": lp}
+
+    def _body_choice(self, index: int, text: str, c: _ChoiceOutput) -> dict[str, Any]:
+        return {"index": index, "text": text,
+                "logprobs": _completion_logprobs(c.logprobs, 0) if self.want_logprobs else None}
+
+
+def renderer_for(*, chat: bool, **kwargs: Any) -> ChatRenderer | CompletionRenderer:
+    """The renderer of /v1/chat/completions (``chat``) or /v1/completions, built with ``kwargs``."""
+    return ChatRenderer(**kwargs) if chat else CompletionRenderer(**kwargs)

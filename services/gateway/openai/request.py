@@ -10,13 +10,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import orjson
-
 from services.common.errors import InvalidRequest
-from services.gateway.openai import tools as tools_checks
-from services.gateway.openai.fields import INT32, INT64, UINT32, UINT64, Fields, IntType, token_ids
-from services.gateway.openai.media import Media, check_content_parts
-from services.gateway.openai.nvext import NvExt, parse_nvext
+from services.gateway.core import tools as tools_checks
+from services.gateway.core.fields import INT32, INT64, UINT32, UINT64, Fields, IntType, token_ids
+from services.gateway.core.media import Media, check_content_parts
+from services.gateway.core.nvext import parse_nvext
+from services.gateway.core.request import ChatRequest, CompletionRequest, GenerationRequest, Sampling, load_json
 from services.gateway.openai.openai_fields import parse_openai_options
 from services.gateway.openai.structured import parse_structured_outputs
 from services.gateway.openai.vendor import parse_vendor_chat_fields
@@ -34,78 +33,9 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 _NO_OP_FIELDS = ("user", "metadata", "store", "service_tier")
 
 
-@dataclasses.dataclass
-class Sampling:
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    max_tokens: int | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool = False
-    stop: list[str] = dataclasses.field(default_factory=list)
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = False
-    logprobs: int | None = None  # number of alternatives; None = no logprobs
-    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
-    max_thinking_tokens: int | None = None
-
-
-@dataclasses.dataclass
-class GenerationRequest:
-    """What both endpoints share once parsed."""
-
-    model: str
-    stream: bool
-    include_usage: bool
-    n: int
-    sampling: Sampling
-    worker_id: str = ""
-    # vLLM-style structured outputs as GuidedDecoding fields (structured.py); None: unconstrained.
-    structured: dict[str, Any] | None = None
-    nvext: NvExt = dataclasses.field(default_factory=NvExt)
-    # Sticky routing key: nvext.session_control.session_id, else prompt_cache_key.
-    session_id: str = ""
-
-
-@dataclasses.dataclass
-class ChatRequest(GenerationRequest):
-    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    parallel_tool_calls: bool = True
-    # Validated response_format: None (text), {"type": "json_object"} or {"type": "json_schema", "schema": {...}}.
-    response_format: dict[str, Any] | None = None
-    media: list[Media] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class CompletionRequest(GenerationRequest):
-    # Each prompt is a string or a list of token ids.
-    prompts: list[str | list[int]] = dataclasses.field(default_factory=list)
-    echo: bool = False
-
-
 def _shared(base: GenerationRequest) -> dict[str, Any]:
     """The fields both endpoints parse, as keyword arguments (shallow: nested objects are kept)."""
     return {f.name: getattr(base, f.name) for f in dataclasses.fields(GenerationRequest)}
-
-
-def load_json(raw: bytes) -> dict[str, Any]:
-    if not raw:
-        raise InvalidRequest("The request body is empty; expected a JSON object")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise InvalidRequest(f"The request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object")
-    return body
 
 
 def _stop(f: Fields) -> list[str]:

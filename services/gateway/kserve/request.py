@@ -1,7 +1,7 @@
 """A KServe ModelInferRequest -> the gateway's parsed OpenAI request (pure: no grpc).
 
 The request is rebuilt as the OpenAI body it stands for and handed to the
-very parsers the HTTP API uses (``services/gateway/openai/requests.py``), so
+very parsers the HTTP API uses (``services/gateway/openai/request.py``), so
 validation, defaults and error messages are the same on both paths:
 
 - ``text_input`` (BYTES [1])            -> completions ``prompt``
@@ -25,8 +25,10 @@ from typing import Any
 import orjson
 
 from services.common.errors import InvalidRequest
+from services.gateway.core.request import ChatRequest, CompletionRequest
+from services.gateway.kserve.render import CHAT_OUTPUTS, TEXT_OUTPUTS
 from services.gateway.kserve.tensors import Tensor, one_bool, one_string, read_inputs, token_ids
-from services.gateway.openai.requests import ChatRequest, CompletionRequest, parse_chat, parse_completion
+from services.gateway.openai.request import parse_chat, parse_completion
 
 SAMPLING_PARAMS = frozenset({
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty", "presence_penalty",
@@ -37,7 +39,6 @@ CHAT_PARAMS = frozenset({"max_completion_tokens", "tool_choice", "chat_template_
 _JSON_PARAMS = frozenset({"chat_template_kwargs"})
 CONTROL_PARAMS = frozenset({"chat", "stream", "triton_enable_empty_final_response"})
 INPUTS = frozenset({"text_input", "input_ids", "messages", "tools", "stream", "streaming"})
-OUTPUTS = ("text_output", "finish_reason")
 
 
 @dataclasses.dataclass
@@ -161,13 +162,16 @@ def _completion_body(inputs: dict[str, Tensor]) -> dict[str, Any]:
                          param="text_input")
 
 
-def _outputs(request) -> tuple[str, ...]:
+def _outputs(request, chat: bool) -> tuple[str, ...]:
+    """The outputs asked for, or every output of the request's kind (render.py says what each holds)."""
+    produced = CHAT_OUTPUTS if chat else TEXT_OUTPUTS
     names = tuple(o.name for o in request.outputs)
-    unknown = [n for n in names if n not in OUTPUTS]
+    unknown = [n for n in names if n not in produced]
     if unknown:
-        raise InvalidRequest(f"unknown output(s) {', '.join(map(repr, unknown))}; this model produces "
-                             f"{', '.join(OUTPUTS)}", param=unknown[0])
-    return names or OUTPUTS
+        hint = " (chat only: send a 'messages' input or chat=true)" if set(unknown) <= set(CHAT_OUTPUTS) else ""
+        raise InvalidRequest(f"unknown output(s) {', '.join(map(repr, unknown))}; this request produces "
+                             f"{', '.join(produced)}{hint}", param=unknown[0])
+    return names or produced
 
 
 def parse_request(request, headers: dict[str, str] | None = None) -> KServeRequest:
@@ -188,4 +192,4 @@ def parse_request(request, headers: dict[str, str] | None = None) -> KServeReque
     parsed = parse_chat(raw, headers) if chat else parse_completion(raw, headers)
     return KServeRequest(parsed=parsed, chat=chat, stream=_stream_flag(inputs, params),
                          empty_final=bool(_control_bool(params, "triton_enable_empty_final_response")),
-                         outputs=_outputs(request))
+                         outputs=_outputs(request, chat))

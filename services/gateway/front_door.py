@@ -1,0 +1,252 @@
+"""The front door every front end shares: headers, the model check, the abort, and one request's lifecycle.
+
+A front end (openai/, anthropic/, responses_api/, embeddings/, kserve/) brings three things: its
+``request.py`` (body -> request type), its ``render.py`` (a ``Renderer``: deltas -> its wire shape) and
+its ``server.py``, whose RPC hands ``serve_generation`` a ``start`` callable that parses, checks and
+starts the pipeline. Everything else happens here, once:
+
+- before the first byte, an error aborts the call in the caller's shape (``ErrorShape``): for HTTP,
+  a gRPC status plus ``x-meshfront-status`` / ``x-meshfront-body`` trailers that Envoy's Lua filter
+  turns into the HTTP status and body (OpenAI's or Anthropic's); for KServe, the status alone;
+- a non-streamed request folds every delta, then sends one body;
+- a streamed one sends its first bytes with its first tokens (so routing and worker-start failures
+  keep a real status), then one frame per batch, then the end; a failure after the first byte is the
+  renderer's in-band error frame, since the status is already sent;
+- a bug (any other exception) is logged and answered as a 500 in the same shape;
+- the request's metrics (``RequestTracker``) are recorded exactly once, however it ends.
+
+Nothing here runs per token: one ``if`` per batch, and the renderer's pre-rendered bytes go out as
+they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, NoReturn, Protocol
+
+import grpc
+from google.api import httpbody_pb2
+
+from services.common.discovery import WorkerCard
+from services.common.errors import Internal, InvalidRequest, MeshError, NotFound, Overloaded, to_status
+from services.gateway.core import errors as openai_errors
+from services.gateway.core.delta import Delta
+from services.gateway.request_metrics import RequestTracker
+
+log = logging.getLogger(__name__)
+JSON = "application/json"
+SSE = "text/event-stream"
+Models = Callable[[], dict[str, list[WorkerCard]]]
+
+
+def headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's text metadata: the HTTP request headers Envoy forwarded (binary ``-bin`` keys left out)."""
+    return {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+
+
+def check_model(models: Mapping[str, Sequence[WorkerCard]], name: str, *, embedding: bool = False,
+                param: str = "model") -> None:
+    """A 404 for a model nobody serves; a 400 for one of the other kind (generation vs embedding)."""
+    cards = models.get(name)
+    if not cards:
+        # NotFound (reason NOT_FOUND), as /metrics has always counted the gateway's unknown models.
+        raise NotFound(f"The model `{name}` does not exist.", param=param, code="model_not_found")
+    if cards[0].model.is_embedding and not embedding:
+        raise InvalidRequest(f"The model `{name}` is an embedding model; use /v1/embeddings with it", param=param)
+    if embedding and not cards[0].model.is_embedding:
+        raise InvalidRequest(f"The model `{name}` is not an embedding model; use /v1/chat/completions or "
+                             "/v1/completions with it", param=param)
+
+
+def http_trailers(status: int, body: bytes) -> tuple[tuple[str, str], ...]:
+    """What Envoy's Lua filter turns into the HTTP status and body of a call that ends without one."""
+    return ("x-meshfront-status", str(status)), ("x-meshfront-body", body.decode())
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorShape:
+    """How the caller hears an error before the first byte.
+
+    ``body`` (and ``status``) set: an HTTP front end; the trailers carry the status and body for Envoy.
+    Neither: a native gRPC front end (KServe), which gets the status with ErrorInfo details alone.
+    """
+
+    body: Callable[[MeshError], bytes] | None = None
+    status: Callable[[MeshError], int] = lambda err: err.http_status
+    retry_after: Callable[[MeshError], bool] = lambda err: False
+
+    async def abort(self, context: grpc.aio.ServicerContext | None, err: MeshError) -> NoReturn:
+        """Ends the call with ``err``; without a context (one request of a KServe stream) raises it."""
+        if context is None:
+            raise err
+        code, message, trailers = to_status(err)
+        metadata: tuple[tuple[str, str | bytes], ...] = trailers
+        if self.body is not None:
+            metadata += http_trailers(self.status(err), self.body(err))
+            if self.retry_after(err):
+                metadata += (("x-meshfront-retry-after", "1"),)
+        await context.abort(code, message, trailing_metadata=metadata)
+        raise AssertionError("unreachable: abort raises")
+
+
+OPENAI = ErrorShape(body=openai_errors.error_body, retry_after=lambda err: isinstance(err, Overloaded))
+GRPC = ErrorShape()
+
+
+async def abort_http(context: grpc.aio.ServicerContext, err: MeshError) -> NoReturn:
+    """Aborts with OpenAI's error shape (every HTTP route but /v1/messages)."""
+    await OPENAI.abort(context, err)
+
+
+def unexpected(what: str, request_id: str) -> Internal:
+    """A bug: logged with its traceback, answered as a 500 that names nothing internal."""
+    log.exception("%s failed on request %s", what, request_id)
+    return Internal("internal error in the gateway")
+
+
+class Renderer(Protocol):
+    """One request's reply in a front end's wire shape: ``fold`` then ``body``, or ``sse`` per batch then
+    ``sse_end``; ``sse_error`` is the in-band failure after the first byte. The token counts feed the
+    request's metrics; ``usage`` is the API's own usage object."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    def fold(self, deltas: list[Delta]) -> None: ...
+
+    def body(self) -> Any: ...
+
+    def sse(self, deltas: list[Delta]) -> Any: ...
+
+    def sse_end(self) -> Any: ...
+
+    def sse_error(self, err: MeshError) -> Any: ...
+
+    def usage(self) -> Any: ...
+
+
+class Extras(Protocol):
+    """What a request's extensions add around the reply (openai/extensions.py)."""
+
+    def headers(self) -> Sequence[tuple[str, str]]: ...
+
+    def annotation_events(self) -> bytes: ...
+
+
+@dataclasses.dataclass
+class Generation:
+    """A started request: what ``start`` returns once the request is parsed, checked and running."""
+
+    model: str
+    streaming: bool
+    renderer: Renderer
+    stream: AsyncIterator[list[Delta]]
+    extras: Extras | None = None
+    # Runs after the last delta, before the body or the end goes out (the Responses API's store).
+    on_complete: Callable[[], Awaitable[None]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Framing:
+    """Wraps a renderer's output as the RPC's message: HttpBody for HTTP, as it is for KServe."""
+
+    body: Callable[[Any], Any]
+    frame: Callable[[Any], Any]
+
+
+HTTP = Framing(body=lambda data: httpbody_pb2.HttpBody(content_type=JSON, data=data),
+               frame=lambda data: httpbody_pb2.HttpBody(content_type=SSE, data=data))
+AS_IS = Framing(body=lambda out: out, frame=lambda out: out)
+
+
+async def _send_headers(context: grpc.aio.ServicerContext | None, gen: Generation) -> None:
+    """Response headers the request's extensions add (Envoy passes them on); sent with the first bytes."""
+    if gen.extras is not None and context is not None:
+        extra = gen.extras.headers()
+        if extra:
+            await context.send_initial_metadata(extra)
+
+
+Start = Callable[[Any, Any, Any, str], Awaitable[Generation]]
+
+
+async def _begin(servicer: Any, start: Start, request: Any, context: grpc.aio.ServicerContext | None,
+                 request_id: str, track: RequestTracker) -> tuple[Generation, Any]:
+    """Everything before the first byte: start the request, then fold it into its body (not streamed)
+    or wait for its first batch (streamed); returns the generation and that body or batch."""
+    gen = await start(servicer, request, context, request_id)
+    track.start(gen.model, gen.streaming)
+    if gen.streaming:
+        out = await anext(gen.stream, None)
+    else:
+        async for batch in gen.stream:
+            gen.renderer.fold(batch)
+        if gen.on_complete is not None:
+            await gen.on_complete()
+        out = gen.renderer.body()
+    await _send_headers(context, gen)
+    return gen, out
+
+
+async def serve_generation(servicer: Any, start: Start, endpoint: str, shape: ErrorShape, request: Any,
+                           context: grpc.aio.ServicerContext | None, framing: Framing = HTTP) -> AsyncIterator[Any]:
+    """One generation request from start to end; yields the RPC's messages.
+
+    ``start(servicer, request, context, request_id)`` parses, checks and starts the request; ``endpoint``
+    names it in the metrics. ``context`` None: the caller is one request of a multiplexed stream
+    (KServe's ModelStreamInfer), so an early error is raised to it instead of ending the call.
+    """
+    request_id = uuid.uuid4().hex
+    with RequestTracker(endpoint) as track:
+        err: MeshError
+        try:
+            gen, out = await _begin(servicer, start, request, context, request_id, track)
+        except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
+            err = e if isinstance(e, MeshError) else unexpected(endpoint, request_id)
+            track.fail(err)
+            await shape.abort(context, err)
+        renderer = gen.renderer
+        if not gen.streaming:
+            track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
+            yield framing.body(out)
+            return
+        # Streamed: the first batch goes out with the response headers, then a frame per batch, then the end.
+        try:
+            if out is not None:
+                track.first_token()
+                lead = gen.extras.annotation_events() if gen.extras is not None else b""
+                data = renderer.sse(out)
+                yield framing.frame(lead + data if lead else data)
+            async for batch in gen.stream:
+                data = renderer.sse(batch)
+                if data:
+                    yield framing.frame(data)
+            if gen.on_complete is not None:
+                await gen.on_complete()
+            track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
+            data = renderer.sse_end()
+            if data:
+                yield framing.frame(data)
+            return
+        except MeshError as e:
+            err = e
+        except Exception:  # noqa: BLE001 - reported in-band like any other failure
+            err = unexpected(f"{endpoint} stream", request_id)
+        track.fail(err, mid_stream=True)
+        log.warning("request %s failed mid-stream: %s", request_id, err.message)
+        yield framing.frame(renderer.sse_error(err))
+
+
+def generation_rpc(start: Start, endpoint: str, shape: ErrorShape = OPENAI) -> Any:
+    """A servicer's RPC method (in its class body) that serves a generation request with ``start``.
+
+    The method is ``serve_generation`` itself with the front end's arguments bound, not a wrapper
+    re-yielding its messages: one generator per call, and it stays an async generator function, which
+    the error interceptor drives with ``context.write``.
+    """
+    return functools.partialmethod(serve_generation, start, endpoint, shape)

@@ -1,0 +1,115 @@
+"""gRPC glue of ``GatewayService``: POST /v1/chat/completions and /v1/completions (HttpBody in, OpenAI
+JSON or SSE out), and the model list, health and liveness documents.
+
+The request lifecycle (statuses before the first byte, SSE frames after it, metrics) is the front
+door's (services/gateway/front_door.py); this module parses, checks the model and starts the pipeline.
+"""
+
+from __future__ import annotations
+
+import functools
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import orjson
+from google.api import httpbody_pb2
+from meshfront.gateway.v1 import gateway_pb2_grpc
+
+from services.common.errors import NotFound
+from services.gateway import models_api
+from services.gateway.anthropic import models as anthropic_models
+from services.gateway.core.errors import error_body
+from services.gateway.core.pipeline import Pipeline
+from services.gateway.core.request import GenerationRequest
+from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
+from services.gateway.core.trace import RequestTrace, RouteHints
+from services.gateway.front_door import (JSON, Generation, Models, check_model, generation_rpc, headers,
+                                           http_trailers)
+from services.gateway.openai.extensions import ResponseExtensions
+from services.gateway.openai.render import renderer_for
+from services.gateway.openai.request import parse_chat, parse_completion
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
+    def __init__(self, pipeline: Pipeline, models: Models,
+                 draining: Callable[[], bool] = lambda: False, warming: Callable[[], list[str]] = lambda: [],
+                 unavailable: Callable[[], list[str]] = lambda: []):
+        self._pipeline = pipeline
+        self._models = models
+        self._draining = draining
+        self._warming = warming  # models of the first discovery view still warming up (not ready yet)
+        self._unavailable = unavailable  # stages unreachable past --stage-wait-s (stage_watch.py)
+
+    async def _start(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext, rid: str, *,
+                     chat: bool) -> Generation:
+        """POST /v1/chat/completions (``chat``) and /v1/completions: parsed, checked and started."""
+        trace = RequestTrace()
+        req: GenerationRequest
+        echo: dict[str, Any] = {}
+        if chat:
+            req = chat_req = parse_chat(request.data, headers(context))
+            check_model(self._models(), req.model)
+            prep = [chat_to_preprocess(chat_req, rid)]
+        else:
+            req = completion = parse_completion(request.data, headers(context))
+            check_model(self._models(), req.model)
+            prep = [completion_to_preprocess(completion, p, rid) for p in completion.prompts]
+            # parse_completion refuses echo for token-id prompts, so these are all strings
+            echo = {"n_per_prompt": req.n, "echo_prompts": [p for p in completion.prompts if isinstance(p, str)]
+                    if completion.echo else None}
+        ext = ResponseExtensions(req.nvext, trace, rid)
+        renderer = renderer_for(chat=chat, request_id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}", model=req.model,
+                                n_choices=len(prep) * req.n, want_logprobs=req.sampling.logprobs is not None,
+                                include_usage=req.include_usage, nvext=ext, **echo)
+        hints = RouteHints(req.session_id, req.nvext.session_action, req.nvext.session_timeout_s,
+                           req.nvext.priority_jump_s)
+        stream = self._pipeline.run(prep, req.n, req.worker_id, hints, trace, options=postprocess_options(req, prep[0]))
+        return Generation(req.model, req.stream, renderer, stream, extras=ext)
+
+    ChatCompletions = generation_rpc(functools.partial(_start, chat=True), "chat")
+    Completions = generation_rpc(functools.partial(_start, chat=False), "completions")
+
+    async def _json(self, context, build: Callable[[], Awaitable[tuple[int, dict]]]):
+        status, body = await build()
+        if status != 200:
+            await context.abort(grpc.StatusCode.UNAVAILABLE if status >= 500 else grpc.StatusCode.NOT_FOUND,
+                                body.get("status", "error") if "error" not in body else body["error"]["message"],
+                                trailing_metadata=http_trailers(status, orjson.dumps(body)))
+        return httpbody_pb2.HttpBody(content_type=JSON, data=orjson.dumps(body))
+
+    async def ListModels(self, request, context):
+        async def build():
+            if anthropic_models.VERSION_HEADER in headers(context):
+                return 200, anthropic_models.list_models(self._models())
+            return 200, models_api.list_models(self._models())
+        return await self._json(context, build)
+
+    async def GetModel(self, request, context):
+        async def build():
+            # Clients escape the slash in ids like org/model; the transcoder leaves %2F as is.
+            model_id = urllib.parse.unquote(request.model_id)
+            if anthropic_models.VERSION_HEADER in headers(context):
+                found = anthropic_models.get_model(self._models(), model_id)
+                return (200, found) if found else (404, anthropic_models.not_found(model_id))
+            entry = models_api.get_model(self._models(), model_id)
+            if entry is None:
+                err = NotFound(f"The model `{model_id}` does not exist.", param="model",
+                               code="model_not_found")
+                return 404, orjson.loads(error_body(err))
+            return 200, entry
+        return await self._json(context, build)
+
+    async def Health(self, request, context):
+        async def build():
+            ready, body = models_api.health(self._models(), self._warming(), self._unavailable())
+            return (200 if ready else 503), body
+        return await self._json(context, build)
+
+    async def Live(self, request, context):
+        async def build():
+            if self._draining():
+                return 503, {"status": "shutting_down", "message": "Service is draining"}
+            return 200, {"status": "live", "message": "Service is live"}
+        return await self._json(context, build)
