@@ -8,10 +8,10 @@ import orjson
 import pytest
 
 from services.common.errors import InvalidRequest
-from services.gateway.anthropic.requests import parse_messages
+from services.gateway.anthropic.request import parse_messages
 from services.gateway.kserve import protocol
-from services.gateway.kserve.requests import parse_request
-from services.gateway.openai.requests import parse_chat, parse_completion
+from services.gateway.kserve.request import parse_request
+from services.gateway.openai.request import parse_chat, parse_completion
 
 pytestmark = pytest.mark.unit
 
