@@ -10,6 +10,7 @@ error frame, because the HTTP status is already sent.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import urllib.parse
 import uuid
@@ -144,7 +145,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE if status >= 500 else grpc.StatusCode.NOT_FOUND,
                                 body.get("status", "error") if "error" not in body else body["error"]["message"],
                                 trailing_metadata=(("x-meshfront-status", str(status)),
-                                                   ("x-meshfront-body", orjson.dumps(body).decode())))
+                                                   # ASCII: a trailer cannot carry a model id like "café"
+                                                   ("x-meshfront-body", json.dumps(body, ensure_ascii=True))))
         return httpbody_pb2.HttpBody(content_type=JSON, data=orjson.dumps(body))
 
     async def ListModels(self, request, context):
