@@ -218,3 +218,64 @@ def test_envoys_own_replies_name_nothing_internal(lone_envoy):
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400"), raw
     assert_api_error(httpx.Response(400, headers={"content-type": "application/json"}, content=body), 400)
+
+
+@pytest.fixture
+def envoy_over_bare_statuses(envoy_bin, tmp_path):
+    """Envoy over a gRPC server that answers like the gateway's gRPC layer does when no servicer code ran (a
+    request it could not parse, a metadata limit, a server going away): a bare status, no x-meshfront
+    trailers, with gRPC's and Python's own text."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    from meshfront.gateway.v1 import anthropic_pb2_grpc, gateway_pb2_grpc
+
+    class Bare(gateway_pb2_grpc.GatewayServiceServicer):
+        def ListModels(self, request, context):
+            context.abort(grpc.StatusCode.INTERNAL, "Unexpected <class 'google.protobuf.message.DecodeError'>: "
+                                                    "Error parsing message with type 'meshfront.gateway.v1.X'")
+
+        def GetModel(self, request, context):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "received metadata size exceeds hard limit")
+
+    class BareAnthropic(anthropic_pb2_grpc.AnthropicServiceServicer):
+        def CountTokens(self, request, context):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "Server is shutting down (ipv4:127.0.0.1:9100)")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(Bare(), server)
+    anthropic_pb2_grpc.add_AnthropicServiceServicer_to_server(BareAnthropic(), server)
+    checks = health.HealthServicer()
+    checks.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    upstream = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    port, admin = free_port(), free_port()
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render(listen_host="127.0.0.1", listen_port=port, admin_port=admin,
+                           gateways=[("127.0.0.1", upstream)]))
+    proc = subprocess.Popen([envoy_bin, "-c", str(path), "--concurrency", "1", "--base-id", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import time
+
+    assert wait_port(port, time.monotonic() + 20)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20  # until the health check lets the upstream in
+    while httpx.get(f"{url}/v1/models", timeout=10).status_code == 503 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    yield url
+    proc.terminate()
+    assert proc.wait(10) == 0
+    server.stop(0)
+
+
+def test_a_bare_grpc_status_gets_fixed_text_and_no_retryable_429(envoy_over_bare_statuses):
+    url = envoy_over_bare_statuses
+    err = assert_api_error(httpx.get(f"{url}/v1/models", timeout=10), 500)
+    assert "DecodeError" not in err["message"] and err["type"] == "internal_server_error"
+    # gRPC's RESOURCE_EXHAUSTED is one of its size limits here, not a rate limit the SDKs would retry.
+    assert_api_error(httpx.get(f"{url}/v1/models/m", timeout=10), 400)
+    err = assert_api_error(httpx.post(f"{url}/v1/messages/count_tokens", json={}, timeout=10), 529, anthropic=True)
+    assert err["type"] == "overloaded_error"
