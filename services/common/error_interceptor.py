@@ -19,8 +19,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from services.common.errors import Internal, MeshError, to_status
+from services.common.errors import Internal, InvalidRequest, MeshError, to_status
 
 # Callers that know the request id send it, so that a log line and a client's error meet.
 REQUEST_ID_KEY = "x-request-id"
@@ -31,6 +32,31 @@ Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]
 def request_id_metadata(request_id: str) -> tuple[tuple[str, str]]:
     """Call metadata that names the request in the callee's error logs."""
     return ((REQUEST_ID_KEY, request_id),)
+
+
+class _Undecodable:
+    """A request message grpc could not parse (a proto3 string that is not UTF-8, truncated bytes).
+
+    grpc answers a deserializer's exception itself: a traceback in the log and a status that names the
+    exception's class and the proto type. The call's wrapper turns this into INVALID_ARGUMENT instead.
+    """
+
+    @staticmethod
+    def error() -> InvalidRequest:
+        return InvalidRequest("The request message could not be parsed: malformed bytes, or a string field "
+                              "that is not UTF-8")
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError:
+            return _Undecodable()
+    return parse
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -48,10 +74,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         rid = sent if isinstance(sent, str) else ""  # only keys ending in -bin carry bytes
         io = {"request_deserializer": handler.request_deserializer,
               "response_serializer": handler.response_serializer}
+        # One request message: parsed tolerantly, refused as the caller's mistake (``_Undecodable``). A
+        # request stream's messages are left to grpc: they are parsed while the servicer iterates.
+        one = {**io, "request_deserializer": _tolerant(handler.request_deserializer)}
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method, rid), **io)
+            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method, rid), **one)
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, method, rid), **io)
+            return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, method, rid), **one)
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(self._unary(handler.stream_unary, method, rid), **io)
         return grpc.stream_stream_rpc_method_handler(self._stream(handler.stream_stream, method, rid), **io)
@@ -76,6 +105,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def _unary(self, behavior: Behavior, method: str, rid: str) -> Behavior:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
+                if isinstance(request, _Undecodable):
+                    raise request.error()
                 return await behavior(request, context)
             except grpc.aio.AbortError:
                 raise  # the servicer set the status itself
@@ -96,6 +127,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             # servicer's generators (and what they hold open upstream: a multiplexed call, a worker
             # sequence) at once. Iterated by grpc, a cancel during its send left them suspended until
             # the garbage collector found them, and the worker generated on for nobody.
+            if isinstance(request, _Undecodable):
+                await self._fail(context, request.error(), method, rid)
             responses = behavior(request, context)
             try:
                 async for response in responses:

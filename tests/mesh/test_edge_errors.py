@@ -150,3 +150,17 @@ def test_kserve_fields_past_grpcs_metadata_limits_get_their_error(mesh):
         assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "x-request-id" in e.value.message()
     finally:
         client.close()
+
+
+def test_a_kserve_request_that_does_not_parse_is_invalid_argument(mesh):
+    """A model_name that is not UTF-8 (raw bytes: no client library writes one) was UNKNOWN naming
+    DecodeError and inference.ModelInferRequest, with a traceback in the gateway's log."""
+    import grpc
+
+    with grpc.insecure_channel(mesh.grpc_target) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as e:
+            infer(b"\x0a\x01\xff", timeout=30)  # field 1 (model_name), 1 byte: 0xff
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "DecodeError" not in e.value.details() and "inference." not in e.value.details()
+    assert "DecodeError" not in mesh.full_log("gateway-0")
