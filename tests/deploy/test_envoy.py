@@ -199,6 +199,20 @@ def test_oversized_metadata_of_a_native_grpc_call_is_invalid_argument(lone_envoy
     assert "x-request-id" in e.value.details()
 
 
+def test_envoys_own_replies_to_native_grpc_calls_are_plain_fixed_text(lone_envoy):
+    """Their body becomes grpc-message: neither an HTTP error document nor Envoy's "no healthy upstream"."""
+    import grpc
+
+    with grpc.insecure_channel(lone_envoy.removeprefix("http://")) as channel:
+        for method, code, text in (("/inference.GRPCInferenceService/ServerLive", grpc.StatusCode.UNAVAILABLE,
+                                    "The service is unavailable (restarting or overloaded); try again."),
+                                   ("/no.such.Service/Call", grpc.StatusCode.UNIMPLEMENTED, "Unknown method.")):
+            call = channel.unary_unary(method, request_serializer=bytes, response_deserializer=bytes)
+            with pytest.raises(grpc.RpcError) as e:
+                call(b"", timeout=10)
+            assert (e.value.code(), e.value.details()) == (code, text)
+
+
 def test_envoys_own_replies_name_nothing_internal(lone_envoy):
     """Local replies (no gateway: 503/529; the codec's 400 and 431) in the API's shape, with fixed text."""
     import socket
