@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -59,6 +59,15 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
     return parse
 
 
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A request stream whose undecodable message raises InvalidRequest in the servicer's read loop (the
+    servicers end the call with it). One step per request message, none per response."""
+    async for request in requests:
+        if isinstance(request, _Undecodable):
+            raise request.error()
+        yield request
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, service: str):
         self.service = service
@@ -72,18 +81,18 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         method = details.method
         sent = dict(details.invocation_metadata or ()).get(REQUEST_ID_KEY)
         rid = sent if isinstance(sent, str) else ""  # only keys ending in -bin carry bytes
-        io = {"request_deserializer": handler.request_deserializer,
+        # Request messages are parsed tolerantly and refused as the caller's mistake (``_Undecodable``).
+        io = {"request_deserializer": _tolerant(handler.request_deserializer),
               "response_serializer": handler.response_serializer}
-        # One request message: parsed tolerantly, refused as the caller's mistake (``_Undecodable``). A
-        # request stream's messages are left to grpc: they are parsed while the servicer iterates.
-        one = {**io, "request_deserializer": _tolerant(handler.request_deserializer)}
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method, rid), **one)
+            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method, rid), **io)
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, method, rid), **one)
+            return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, method, rid), **io)
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(self._unary(handler.stream_unary, method, rid), **io)
-        return grpc.stream_stream_rpc_method_handler(self._stream(handler.stream_stream, method, rid), **io)
+            return grpc.stream_unary_rpc_method_handler(
+                self._unary(handler.stream_unary, method, rid, streamed=True), **io)
+        return grpc.stream_stream_rpc_method_handler(
+            self._stream(handler.stream_stream, method, rid, streamed=True), **io)
 
     async def _fail(self, context: grpc.aio.ServicerContext, err: Exception, method: str, rid: str) -> None:
         if isinstance(err, MeshError):
@@ -102,10 +111,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         # Nobody is left to answer, and it is not a bug of ours.
         self._log.info("%s for request %s ended by the transport: %s", method, rid or "(unnamed)", err)
 
-    def _unary(self, behavior: Behavior, method: str, rid: str) -> Behavior:
+    def _unary(self, behavior: Behavior, method: str, rid: str, streamed: bool = False) -> Behavior:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
-                if isinstance(request, _Undecodable):
+                if streamed:
+                    request = _checked(request)
+                elif isinstance(request, _Undecodable):
                     raise request.error()
                 return await behavior(request, context)
             except grpc.aio.AbortError:
@@ -117,9 +128,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 await self._fail(context, e, method, rid)
         return call
 
-    def _stream(self, behavior: Behavior, method: str, rid: str) -> Behavior:
+    def _stream(self, behavior: Behavior, method: str, rid: str, streamed: bool = False) -> Behavior:
         if not inspect.isasyncgenfunction(behavior):  # writes with context.write (errors.relay)
-            return self._unary(behavior, method, rid)
+            return self._unary(behavior, method, rid, streamed)
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> None:
             # A generator servicer is driven from here with context.write, not handed to grpc to iterate:
@@ -127,7 +138,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             # servicer's generators (and what they hold open upstream: a multiplexed call, a worker
             # sequence) at once. Iterated by grpc, a cancel during its send left them suspended until
             # the garbage collector found them, and the worker generated on for nobody.
-            if isinstance(request, _Undecodable):
+            if streamed:
+                request = _checked(request)
+            elif isinstance(request, _Undecodable):
                 await self._fail(context, request.error(), method, rid)
             responses = behavior(request, context)
             try:

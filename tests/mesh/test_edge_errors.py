@@ -157,10 +157,15 @@ def test_a_kserve_request_that_does_not_parse_is_invalid_argument(mesh):
     DecodeError and inference.ModelInferRequest, with a traceback in the gateway's log."""
     import grpc
 
+    raw = b"\x0a\x01\xff"  # field 1 (model_name), 1 byte: 0xff
     with grpc.insecure_channel(mesh.grpc_target) as channel:
         infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-        with pytest.raises(grpc.RpcError) as e:
-            infer(b"\x0a\x01\xff", timeout=30)  # field 1 (model_name), 1 byte: 0xff
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "DecodeError" not in e.value.details() and "inference." not in e.value.details()
+        with pytest.raises(grpc.RpcError) as unary:
+            infer(raw, timeout=30)
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        with pytest.raises(grpc.RpcError) as streamed:
+            list(stream(iter([raw]), timeout=30))
+    for e in (unary, streamed):
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+        assert "DecodeError" not in e.value.details() and "inference." not in e.value.details()
     assert "DecodeError" not in mesh.full_log("gateway-0")
