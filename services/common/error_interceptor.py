@@ -15,12 +15,13 @@ from __future__ import annotations
 import inspect
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from services.common.errors import Internal, MeshError, to_status
+from services.common.errors import Internal, InvalidRequest, MeshError, to_status
 
 # Callers that know the request id send it, so that a log line and a client's error meet.
 REQUEST_ID_KEY = "x-request-id"
@@ -31,6 +32,40 @@ Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]
 def request_id_metadata(request_id: str) -> tuple[tuple[str, str]]:
     """Call metadata that names the request in the callee's error logs."""
     return ((REQUEST_ID_KEY, request_id),)
+
+
+class _Undecodable:
+    """A request message grpc could not parse (a proto3 string that is not UTF-8, truncated bytes).
+
+    grpc answers a deserializer's exception itself: a traceback in the log and a status that names the
+    exception's class and the proto type. The call's wrapper turns this into INVALID_ARGUMENT instead.
+    """
+
+    @staticmethod
+    def error() -> InvalidRequest:
+        return InvalidRequest("The request message could not be parsed: malformed bytes, or a string field "
+                              "that is not UTF-8")
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError:
+            return _Undecodable()
+    return parse
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A request stream whose undecodable message raises InvalidRequest in the servicer's read loop (the
+    servicers end the call with it). One step per request message, none per response."""
+    async for request in requests:
+        if isinstance(request, _Undecodable):
+            raise request.error()
+        yield request
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -46,15 +81,18 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         method = details.method
         sent = dict(details.invocation_metadata or ()).get(REQUEST_ID_KEY)
         rid = sent if isinstance(sent, str) else ""  # only keys ending in -bin carry bytes
-        io = {"request_deserializer": handler.request_deserializer,
+        # Request messages are parsed tolerantly and refused as the caller's mistake (``_Undecodable``).
+        io = {"request_deserializer": _tolerant(handler.request_deserializer),
               "response_serializer": handler.response_serializer}
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method, rid), **io)
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, method, rid), **io)
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(self._unary(handler.stream_unary, method, rid), **io)
-        return grpc.stream_stream_rpc_method_handler(self._stream(handler.stream_stream, method, rid), **io)
+            return grpc.stream_unary_rpc_method_handler(
+                self._unary(handler.stream_unary, method, rid, streamed=True), **io)
+        return grpc.stream_stream_rpc_method_handler(
+            self._stream(handler.stream_stream, method, rid, streamed=True), **io)
 
     async def _fail(self, context: grpc.aio.ServicerContext, err: Exception, method: str, rid: str) -> None:
         if isinstance(err, MeshError):
@@ -73,9 +111,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         # Nobody is left to answer, and it is not a bug of ours.
         self._log.info("%s for request %s ended by the transport: %s", method, rid or "(unnamed)", err)
 
-    def _unary(self, behavior: Behavior, method: str, rid: str) -> Behavior:
+    def _unary(self, behavior: Behavior, method: str, rid: str, streamed: bool = False) -> Behavior:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
+                if streamed:
+                    request = _checked(request)
+                elif isinstance(request, _Undecodable):
+                    raise request.error()
                 return await behavior(request, context)
             except grpc.aio.AbortError:
                 raise  # the servicer set the status itself
@@ -86,9 +128,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 await self._fail(context, e, method, rid)
         return call
 
-    def _stream(self, behavior: Behavior, method: str, rid: str) -> Behavior:
+    def _stream(self, behavior: Behavior, method: str, rid: str, streamed: bool = False) -> Behavior:
         if not inspect.isasyncgenfunction(behavior):  # writes with context.write (errors.relay)
-            return self._unary(behavior, method, rid)
+            return self._unary(behavior, method, rid, streamed)
 
         async def call(request: Any, context: grpc.aio.ServicerContext) -> None:
             # A generator servicer is driven from here with context.write, not handed to grpc to iterate:
@@ -96,6 +138,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             # servicer's generators (and what they hold open upstream: a multiplexed call, a worker
             # sequence) at once. Iterated by grpc, a cancel during its send left them suspended until
             # the garbage collector found them, and the worker generated on for nobody.
+            if streamed:
+                request = _checked(request)
+            elif isinstance(request, _Undecodable):
+                await self._fail(context, request.error(), method, rid)
             responses = behavior(request, context)
             try:
                 async for response in responses:

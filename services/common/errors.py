@@ -18,10 +18,32 @@ from google.rpc import error_details_pb2, status_pb2
 DOMAIN = "meshfront"
 
 log = logging.getLogger(__name__)
+# Messages echo client values (ids, model names, parameter names) and travel in gRPC trailers three times
+# over (grpc-message percent-encoded, the status details, the HTTP body the gateway hands Envoy), where
+# gRPC clients refuse more than 8-16 KiB and Envoy more than 60 KiB: a 100 KB id once turned a 404 into a
+# 502 "protocol error". Every message and param is bounded here, whatever raised it.
+MAX_MESSAGE_BYTES = 1024
+MAX_PARAM_BYTES = 256
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text`` within ``limit`` UTF-8 bytes, cut in the middle: a message's start says what was wrong
+    and its end often the verdict ("... not found"), while the echoed value sits between them."""
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    marker = f" [{len(raw) - limit} bytes cut] "
+    keep = max(limit - len(marker), 0)
+    # errors="ignore" drops a character split by the cut, so the result stays within the limit
+    head = raw[:keep - keep // 3].decode(errors="ignore")
+    tail = raw[len(raw) - keep // 3:].decode(errors="ignore") if keep // 3 else ""
+    return head + marker + tail
 
 
 class MeshError(Exception):
-    """Base class: a message for the client, a machine-readable reason, an optional param."""
+    """Base class: a message for the client, a machine-readable reason, an optional param.
+
+    Both are bounded (``bounded``): raisers may echo what the client sent without measuring it."""
 
     grpc_code = grpc.StatusCode.INTERNAL
     http_status = 500
@@ -29,9 +51,10 @@ class MeshError(Exception):
     reason = "INTERNAL"
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        message = bounded(message, MAX_MESSAGE_BYTES)
         super().__init__(message)
         self.message = message
-        self.param = param
+        self.param = None if param is None else bounded(param, MAX_PARAM_BYTES)
         self.code = code
 
 

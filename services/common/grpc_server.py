@@ -22,6 +22,7 @@ from services.common.error_interceptor import ErrorInterceptor
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 << 20
+MAX_METADATA_BYTES = 64 << 10
 
 # Prompts may be megabytes; the 4 MiB default would surface as RESOURCE_EXHAUSTED (a misleading 429).
 SERVER_OPTIONS = [
@@ -33,6 +34,11 @@ SERVER_OPTIONS = [
     # Postprocessors ping workers every second to notice a frozen one (worker_client.py); a
     # stricter limit would answer those pings with GOAWAY and kill every stream on the connection.
     ("grpc.http2.min_ping_interval_without_data_ms", 500),
+    # gRPC refuses metadata past 8 KiB at random and past 16 KiB always, as RESOURCE_EXHAUSTED (a 429
+    # that SDKs retry). Envoy refuses request headers past 32 KiB itself, naming the header (the Lua
+    # filter in deploy/envoy/envoy.yaml): everything it lets through, plus what it adds, must fit here.
+    ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+    ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
 ]
 
 CHANNEL_OPTIONS = [

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -64,7 +65,10 @@ def check_model(models: Mapping[str, Sequence[WorkerCard]], name: str, *, embedd
 
 def http_trailers(status: int, body: bytes) -> tuple[tuple[str, str], ...]:
     """What Envoy's Lua filter turns into the HTTP status and body of a call that ends without one."""
-    return ("x-meshfront-status", str(status)), ("x-meshfront-body", body.decode())
+    text = body.decode()
+    if not text.isascii():  # a trailer cannot carry a model id like "café": \u-escape it, as JSON allows
+        text = json.dumps(json.loads(text), ensure_ascii=True)
+    return ("x-meshfront-status", str(status)), ("x-meshfront-body", text)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,7 +48,15 @@ def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Seq
         cluster["transport_socket"] = upstream_mtls(*upstream_tls)
     cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [
         {"endpoint": {"address": {"socket_address": {"address": h, "port_value": p}}}} for h, p in gateways]}]
-    return yaml.safe_dump(cfg, sort_keys=False)
+    return yaml.dump(cfg, Dumper=_Expanded, sort_keys=False)
+
+
+class _Expanded(yaml.SafeDumper):
+    """Writes a node the shipped file shares through a YAML anchor (the Anthropic routes' filter) in full
+    at each use, not as PyYAML's ``&id001`` / ``*id001``: the rendered file reads like the shipped one."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
 
 
 def downstream_tls(cert: str, key: str) -> dict:

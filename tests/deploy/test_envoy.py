@@ -90,3 +90,206 @@ def test_local_replies_on_the_anthropic_routes_are_anthropic_errors(lone_envoy):
         client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
     client.close()
     assert httpx.get(f"{lone_envoy}/v1/models", timeout=10).status_code == 503  # the OpenAI routes keep theirs
+
+
+# What no body may carry: Envoy's own texts and filter names, proto and gRPC names, addresses.
+INTERNALS = ("envoy", "upstream", "transcode", "grpc", "meshfront.", "google.", "127.0.0.1", "codec", "reset",
+             "Could not", "delayed connect", "healthy")
+
+
+def assert_api_error(r: httpx.Response, status: int, *, anthropic: bool = False) -> dict:
+    """``r`` is ``status`` with an API-shaped JSON error that names nothing internal; its ``error`` object."""
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    if anthropic:
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+    else:
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["message"] and body["error"]["type"], body
+    assert not [word for word in INTERNALS if word.lower() in r.text.lower()], r.text
+    return body["error"]
+
+
+def example_path(template: str) -> str:
+    return template.replace("{model_id}", "org/model").replace("{response_id}", "resp_1").replace("{name}", "a.js")
+
+
+def test_every_route_takes_its_methods_and_a_wrong_method_is_405_with_allow(lone_envoy):
+    """The Lua route table agrees with routes.ENDPOINTS (which tests/unit/gateway/test_openapi.py holds equal
+    to the descriptor Envoy transcodes): a served (method, path) reaches for the gateway (503 without one),
+    any other method is a 405 naming the allowed ones."""
+    from services.gateway.http_api.routes import ENDPOINTS
+
+    allowed: dict[str, set[str]] = {}
+    for e in ENDPOINTS:
+        allowed.setdefault(e.path, set()).add(e.method.upper())
+    with httpx.Client(base_url=lone_envoy, timeout=10) as http:
+        for template, methods in allowed.items():
+            path = example_path(template)
+            for method in methods:
+                r = http.request(method, path, json={} if method == "POST" else None)
+                assert r.status_code in (503, 529), f"{method} {path}: {r.status_code} {r.text}"
+            for method in {"GET", "POST", "DELETE", "PUT", "PATCH"} - methods:
+                r = http.request(method, path)
+                err = assert_api_error(r, 405, anthropic=path.startswith("/v1/messages"))
+                assert set(r.headers["allow"].split(", ")) == methods, (method, path, r.headers["allow"])
+                assert method in err["message"] and path in err["message"]
+
+
+def test_an_unknown_route_is_an_api_404(lone_envoy):
+    for path in ("/v1/nope", "/", "/v1/responses/resp_1/input_items", "/v1/models/", "/v2/models"):
+        err = assert_api_error(httpx.get(f"{lone_envoy}{path}", timeout=10), 404)
+        assert err["type"] == "not_found_error" and path in err["message"]
+    assert_api_error(httpx.post(f"{lone_envoy}/v1/messages/nope", json={}, timeout=10), 404, anthropic=True)
+
+
+def test_query_parameters_are_ignored(lone_envoy):
+    """The Anthropic beta client's ?beta=true and Azure's ?api-version= reach the gateway (here: none, so 503
+    or Anthropic's 529) instead of a 400 naming google.api.HttpBody."""
+    for path in ("/v1/chat/completions?api-version=2024-10-21", "/v1/embeddings?x=1&y"):
+        assert_api_error(httpx.post(f"{lone_envoy}{path}", json={}, timeout=10), 503)
+    assert_api_error(httpx.post(f"{lone_envoy}/v1/messages?beta=true", json={}, timeout=10), 529, anthropic=True)
+    assert_api_error(httpx.get(f"{lone_envoy}/v1/models?limit=5", timeout=10), 503)
+
+
+def test_a_url_that_is_not_utf8_is_a_400_naming_the_parameter(lone_envoy):
+    for method, path, param in (("GET", "/v1/responses/%ff%fe", "response_id"),
+                                ("DELETE", "/v1/responses/resp_%C3", "response_id"),
+                                ("GET", "/v1/models/org/%ff", "model_id"),
+                                ("GET", "/v1/models/%ED%A0%80", "model_id"),  # a UTF-16 surrogate
+                                ("GET", "/docs/assets/%C0%AF", "name")):  # an overlong "/"
+        err = assert_api_error(httpx.request(method, f"{lone_envoy}{path}", timeout=10), 400)
+        assert err["param"] == param and "UTF-8" in err["message"], (path, err)
+    err = assert_api_error(httpx.post(f"{lone_envoy}/v1/chat/completions?q=%ff", json={}, timeout=10), 400)
+    assert "query" in err["message"]
+    # Valid UTF-8, escaped or not, passes on to the gateway.
+    assert_api_error(httpx.get(f"{lone_envoy}/v1/models/caf%C3%A9-%F0%9F%98%80", timeout=10), 503)
+
+
+def test_oversized_or_undecodable_headers_are_refused_naming_the_header(lone_envoy):
+    """Under gRPC's metadata limits at the gateway, refused before: a 431/414 naming what was too large,
+    never the 429 "received metadata size exceeds hard limit" that SDKs retry."""
+    big = "a" * 60_000
+    err = assert_api_error(httpx.get(f"{lone_envoy}/v1/models", headers={"x-request-id": big}, timeout=10), 431)
+    assert err["param"] == "x-request-id" and "x-request-id" in err["message"] and big not in err["message"]
+    err = assert_api_error(httpx.get(f"{lone_envoy}/v1/models", headers={"authorization": "Bearer " + "k" * 20_000},
+                                     timeout=10), 431)
+    assert err["param"] == "authorization"
+    many = {f"x-h{i}": "v" * 7000 for i in range(5)}
+    err = assert_api_error(httpx.get(f"{lone_envoy}/v1/models", headers=many, timeout=10), 431)
+    assert "total" in err["message"]
+    assert_api_error(httpx.get(f"{lone_envoy}/v1/responses/resp_{'x' * 9000}", timeout=10), 414)
+    err = assert_api_error(httpx.post(f"{lone_envoy}/v1/messages", json={}, headers={"x-api-key": "k" * 9000},
+                                      timeout=10), 431, anthropic=True)
+    assert "x-api-key" in err["message"]
+    err = assert_api_error(httpx.get(f"{lone_envoy}/v1/models", headers={"x-note": b"caf\xe9"}, timeout=10), 400)
+    assert err["param"] == "x-note"
+
+
+def test_oversized_metadata_of_a_native_grpc_call_is_invalid_argument(lone_envoy):
+    import grpc
+
+    with grpc.insecure_channel(lone_envoy.removeprefix("http://")) as channel:
+        live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive",
+                                   request_serializer=bytes, response_deserializer=bytes)
+        with pytest.raises(grpc.RpcError) as e:
+            live(b"", metadata=(("x-request-id", "r" * 60_000),), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "x-request-id" in e.value.details()
+
+
+def test_envoys_own_replies_to_native_grpc_calls_are_plain_fixed_text(lone_envoy):
+    """Their body becomes grpc-message: neither an HTTP error document nor Envoy's "no healthy upstream"."""
+    import grpc
+
+    with grpc.insecure_channel(lone_envoy.removeprefix("http://")) as channel:
+        for method, code, text in (("/inference.GRPCInferenceService/ServerLive", grpc.StatusCode.UNAVAILABLE,
+                                    "The service is unavailable (restarting or overloaded); try again."),
+                                   ("/no.such.Service/Call", grpc.StatusCode.UNIMPLEMENTED, "Unknown method.")):
+            call = channel.unary_unary(method, request_serializer=bytes, response_deserializer=bytes)
+            with pytest.raises(grpc.RpcError) as e:
+                call(b"", timeout=10)
+            assert (e.value.code(), e.value.details()) == (code, text)
+
+
+def test_envoys_own_replies_name_nothing_internal(lone_envoy):
+    """Local replies (no gateway: 503/529; the codec's 400 and 431) in the API's shape, with fixed text."""
+    import socket
+
+    assert_api_error(httpx.get(f"{lone_envoy}/health", timeout=10), 503)
+    assert_api_error(httpx.post(f"{lone_envoy}/v1/chat/completions", json={}, timeout=10), 503)
+    assert_api_error(httpx.post(f"{lone_envoy}/v1/messages/count_tokens", json={}, timeout=10), 529, anthropic=True)
+    huge = {f"x-h{i}": "v" * 8000 for i in range(13)}  # past max_request_headers_kb: the codec refuses it
+    r = httpx.get(f"{lone_envoy}/v1/models", headers=huge, timeout=10)
+    assert_api_error(r, 431)
+    host, port = lone_envoy.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"GET /v1/models/\xff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), raw
+    assert_api_error(httpx.Response(400, headers={"content-type": "application/json"}, content=body), 400)
+
+
+@pytest.fixture
+def envoy_over_bare_statuses(envoy_bin, tmp_path):
+    """Envoy over a gRPC server that answers like the gateway's gRPC layer does when no servicer code ran (a
+    request it could not parse, a metadata limit, a server going away): a bare status, no x-meshfront
+    trailers, with gRPC's and Python's own text."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    from meshfront.gateway.v1 import anthropic_pb2_grpc, gateway_pb2_grpc
+
+    class Bare(gateway_pb2_grpc.GatewayServiceServicer):
+        def ListModels(self, request, context):
+            context.abort(grpc.StatusCode.INTERNAL, "Unexpected <class 'google.protobuf.message.DecodeError'>: "
+                                                    "Error parsing message with type 'meshfront.gateway.v1.X'")
+
+        def GetModel(self, request, context):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "received metadata size exceeds hard limit")
+
+    class BareAnthropic(anthropic_pb2_grpc.AnthropicServiceServicer):
+        def CountTokens(self, request, context):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "Server is shutting down (ipv4:127.0.0.1:9100)")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(Bare(), server)
+    anthropic_pb2_grpc.add_AnthropicServiceServicer_to_server(BareAnthropic(), server)
+    checks = health.HealthServicer()
+    checks.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    upstream = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    port, admin = free_port(), free_port()
+    path = tmp_path / "envoy.yaml"
+    path.write_text(render(listen_host="127.0.0.1", listen_port=port, admin_port=admin,
+                           gateways=[("127.0.0.1", upstream)]))
+    proc = subprocess.Popen([envoy_bin, "-c", str(path), "--concurrency", "1", "--base-id", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import time
+
+    assert wait_port(port, time.monotonic() + 20)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20  # until the health check lets the upstream in
+    while httpx.get(f"{url}/v1/models", timeout=10).status_code == 503 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    yield url
+    proc.terminate()
+    assert proc.wait(10) == 0
+    server.stop(0)
+
+
+def test_a_bare_grpc_status_gets_fixed_text_and_no_retryable_429(envoy_over_bare_statuses):
+    url = envoy_over_bare_statuses
+    err = assert_api_error(httpx.get(f"{url}/v1/models", timeout=10), 500)
+    assert "DecodeError" not in err["message"] and err["type"] == "internal_server_error"
+    # gRPC's RESOURCE_EXHAUSTED is one of its size limits here, not a rate limit the SDKs would retry.
+    assert_api_error(httpx.get(f"{url}/v1/models/m", timeout=10), 400)
+    err = assert_api_error(httpx.post(f"{url}/v1/messages/count_tokens", json={}, timeout=10), 529, anthropic=True)
+    assert err["type"] == "overloaded_error"

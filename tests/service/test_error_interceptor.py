@@ -13,6 +13,7 @@ import logging
 import grpc
 import pytest
 
+from meshfront.common.v1 import common_pb2
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common.error_interceptor import request_id_metadata
@@ -143,3 +144,39 @@ async def test_a_cancel_while_the_server_waits_to_send_closes_the_generator_at_o
             await asyncio.wait_for(servicer.closed.wait(), 2)  # not whenever the garbage collector runs
     finally:
         await server.stop()
+
+
+
+def _string_not_utf8(message, field: str) -> bytes:
+    """The wire bytes of ``message`` with ``field`` (a string) set to b"\\xff", which no proto library writes."""
+    f = message.DESCRIPTOR.fields_by_name[field]
+    assert f.type == f.TYPE_STRING
+    return bytes([f.number << 3 | 2, 1, 0xFF])
+
+
+async def test_a_request_that_does_not_parse_is_invalid_argument_without_a_traceback(caplog):
+    """grpc's own answer named DecodeError and the proto type, with a traceback in the log (a KServe
+    ModelInferRequest with such a model_name, sent through Envoy, did the same)."""
+    server = GrpcServer("scripted", "127.0.0.1", 0)
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(Scripted(), server.server)
+    router_pb2_grpc.add_RouterServiceServicer_to_server(Scripted(), server.server)
+    await server.start()
+    caplog.set_level(logging.ERROR)
+    route_request = _string_not_utf8(router_pb2.RouteRequest, "request_id")
+    # GenerateRequest.request (field 1) holds a PreprocessedRequest whose request_id (field 1) is not UTF-8.
+    inner = _string_not_utf8(common_pb2.PreprocessedRequest, "request_id")
+    generate_request = bytes([1 << 3 | 2, len(inner)]) + inner
+    try:
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as unary:
+                await ch.unary_unary("/meshfront.router.v1.RouterService/Route")(route_request, timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError) as streamed:
+                async for _ in ch.unary_stream("/meshfront.worker.v1.WorkerService/Generate")(generate_request,
+                                                                                             timeout=10):
+                    pass
+    finally:
+        await server.stop()
+    for e in (unary.value, streamed.value):
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+        assert "DecodeError" not in e.details() and "Request" not in e.details(), e.details()
+    assert "Traceback" not in caplog.text and "DecodeError" not in caplog.text

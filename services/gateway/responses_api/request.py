@@ -22,6 +22,8 @@ ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text")
 UNSUPPORTED_PARTS = ("input_image", "input_file", "input_audio")
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
+# Longer than any id a server mints (OpenAI's are ~50 characters): refused before a lookup echoes it.
+MAX_RESPONSE_ID = 128
 # OpenAI's function names (the chat path's rule).
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 # Accepted and echoed back; they change nothing about generation.
@@ -290,6 +292,9 @@ def parse_responses(raw: bytes, headers: dict[str, str] | None = None) -> Respon
     previous = f.str("previous_response_id")
     if previous is not None and not previous:
         raise InvalidRequest("'previous_response_id' must not be empty", param="previous_response_id")
+    if previous is not None and len(previous) > MAX_RESPONSE_ID:  # ours are 37 ("resp_" + 32 hex)
+        raise InvalidRequest(f"'previous_response_id' is {len(previous)} characters; a response id has at most "
+                             f"{MAX_RESPONSE_ID}", param="previous_response_id")
     req.previous_response_id = previous
     req.tools = _tools(f.list("tools"))
     req.tool_choice = _tool_choice(f.raw("tool_choice"), req.tools)

@@ -77,6 +77,7 @@ BAD = [
     ("truncation auto", body(truncation="auto"), "truncation"),
     ("metadata not string", body(metadata={"k": 1}), "metadata.k"),
     ("empty previous id", body(previous_response_id=""), "previous_response_id"),
+    ("100 KB previous id", body(previous_response_id="resp_" + "x" * 100_000), "previous_response_id"),
     ("unknown field", body(frobnicate=True), "frobnicate"),
     ("stream not bool", body(stream="yes"), "stream"),
     ("store not bool", body(store="no"), "store"),
