@@ -9,6 +9,12 @@ early, which cancels the worker call).
 Worker failures surface as ``WorkerFailed``. Unless migration is off, ``generate`` then moves the
 request to another worker (``migration.Migrator``): the prompt plus the ids the decoder kept,
 budgets reduced, fed into the same decoder, so the caller sees one uninterrupted stream.
+
+Every response names the worker token ids it accounts for (``token_ids``). When a replica of this
+service dies mid-stream, the gateway starts the request on another one with those ids as
+``resume``: ``_ResponseBuilder.replay`` runs them through a fresh decoder and parsers with their
+output dropped (all of it is deterministic, so the state equals the dead replica's after its last
+response), and the sequence continues on its worker as after a migration, emitting only new output.
 """
 
 from __future__ import annotations
@@ -81,12 +87,26 @@ class _ResponseBuilder:
         self._parser = parser  # None: the text is plain content (no tools, no reasoning parser)
         self._first = True
         self._tokens = 0
+        self._reported = 0  # decoder.generated_ids[:_reported] were named in responses already
         self._logprobs: list[common_pb2.TokenLogprob] = []
 
     @property
     def first(self) -> bool:
         """No response was built yet (the first one carries the usage fields and goes at once)."""
         return self._first
+
+    def replay(self, ids: list[int]) -> None:
+        """Takes in ids whose output another replica already sent (``GenerateRequest.resume``): the decoder,
+        stop-string hold-back and parsers end up as they were there after its last response, and the next
+        response carries only what follows."""
+        delta = self.decoder.step(ids)
+        if self.decoder.finish is not None or delta.tokens != len(ids):
+            # The replica that sent them would have finished the sequence with them: they are not its output.
+            raise InvalidRequest("resume.token_ids end the sequence", param="resume.token_ids")
+        if self._parser is not None and ids:
+            self._parser.feed(delta.text, ids)
+        self._first = False  # the usage fields of the first response went out already
+        self._reported = len(self.decoder.generated_ids)
 
     def build(self, messages: list[worker_pb2.GenerateResponse]) -> postprocessor_pb2.GenerateResponse | None:
         ids: list[int] = []
@@ -138,6 +158,10 @@ class _ResponseBuilder:
             self._first = False
             response.cached_tokens = messages[0].cached_tokens
             response.prompt_tokens = messages[0].prompt_tokens
+        generated = self.decoder.generated_ids
+        if len(generated) > self._reported:  # one extend per response: the ids the caller resumes from
+            response.token_ids.extend(generated[self._reported:])
+            self._reported = len(generated)
         if self._logprobs:
             response.logprobs.extend(convert.token_texts(self._logprobs, self._texts))  # type: ignore[arg-type]
             self._logprobs = []
@@ -197,6 +221,12 @@ class Postprocessor:
         texts = model.texts if req.request.output.HasField("logprobs") else None
         builder = _ResponseBuilder(decoder, texts, output_parser(req.options, self._chat_processor, req.request))
         route, request, failed = WorkerRoute(req.worker_id, req.worker_address), req.request, []
+        if req.HasField("resume"):
+            # Another replica went away mid-stream. The sequence continues on the worker it ran on (its KV
+            # cache holds the prompt, and the router's booking for it stands), as a migration would.
+            builder.replay(list(req.resume.token_ids))
+            request = continuation(req.request, decoder.generated_ids)
+            log.info("request %s resumes after %d tokens", req.request.request_id, len(decoder.generated_ids))
         moved_to = ""  # after a migration: the new worker, told to the caller with the next response
         metrics = postprocessor_metrics()
         metrics.in_flight.inc()
