@@ -45,7 +45,7 @@ from services.postprocessor.core.parsers.types import concat
 from services.postprocessor.core.sequence import Delta, FinishReason, SequenceDecoder
 from services.postprocessor.core.tokenizers_cache import ModelTokenizer, TokenizerCache, TokenizerLoadError
 from services.postprocessor.idle_watch import IdleWatch
-from services.postprocessor.migration import Migrator, WorkerRoute, continuation
+from services.postprocessor.migration import Migrator, WorkerRoute, continuation, guided
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +224,8 @@ class Postprocessor:
         if req.HasField("resume"):
             # Another replica went away mid-stream. The sequence continues on the worker it ran on (its KV
             # cache holds the prompt, and the router's booking for it stands), as a migration would.
+            if req.resume.token_ids and guided(req.request):  # as migration refuses it, and for the same reason
+                raise WorkerFailed("the postprocessor serving this request went away; guided decoding cannot resume")
             builder.replay(list(req.resume.token_ids))
             request = continuation(req.request, decoder.generated_ids)
             log.info("request %s resumes after %d tokens", req.request.request_id, len(decoder.generated_ids))

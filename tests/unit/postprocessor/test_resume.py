@@ -16,7 +16,7 @@ import pytest
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
-from services.common.errors import InvalidRequest
+from services.common.errors import InvalidRequest, WorkerFailed
 from services.common.pump import StreamPump
 from services.models.qwen import EOS_TOKEN_IDS
 from services.postprocessor.core.tokenizers_cache import TokenizerCache
@@ -145,5 +145,17 @@ async def test_ids_that_would_have_ended_the_sequence_are_refused(demo_model_dir
     workers = ContinuingWorkers(list(req.request.token_ids), answer, common_pb2.FINISH_REASON_EOS)
     req.resume.token_ids.extend(answer)  # the hidden EOS ends it: no replica sent these without a finish
     with pytest.raises(InvalidRequest, match="resume.token_ids"):
+        await collect(Postprocessor(workers, tokenizers), req)
+    assert not workers.requests
+
+
+async def test_a_guided_sequence_with_tokens_is_not_resumed(demo_model_dir, tokenizer, tokenizers):
+    # Its grammar state died with the worker's sequence; a continuation would restart the grammar mid-answer.
+    req = request(demo_model_dir, tokenizer, parsed=False)
+    req.request.sampling.guided_decoding.json_schema = '{"type": "object"}'
+    answer = tokenizer.encode('{"a": 1}', add_special_tokens=False).ids
+    workers = ContinuingWorkers(list(req.request.token_ids), answer, common_pb2.FINISH_REASON_EOS)
+    req.resume.token_ids.extend(answer[:2])
+    with pytest.raises(WorkerFailed, match="guided decoding cannot resume"):
         await collect(Postprocessor(workers, tokenizers), req)
     assert not workers.requests
