@@ -1,10 +1,11 @@
 """The gateway's multiplexed ``PostprocessorClient``: one ``GenerateStream`` per postprocessor replica.
 
-The default (``--postprocessor-transport mux``; ``unary`` keeps a stream per request). With a stream
-per request, every response the postprocessor sends is one gRPC message on this hop, and with a
-paced engine that is one per token per request. On a shared stream the postprocessor sends the
-responses of every request that left the same engine step in one message, so this hop costs one
-message per engine step, as the worker hop does (services/common/mux_client.py, mux_session.py).
+The gateway's only client of this hop (a stream per request, ``--postprocessor-transport unary``, was
+measured against it and removed: bench/RESULTS.md). With a stream per request, every response the
+postprocessor sends is one gRPC message on this hop, and with a paced engine that is one per token per
+request. On a shared stream the postprocessor sends the responses of every request that left the same
+engine step in one message, so this hop costs one message per engine step, as the worker hop does
+(services/common/mux_client.py, mux_session.py).
 
 A stream sticks to one replica, where a per-request call goes to the next replica of the channel's
 round robin. So the target is expanded into replicas here: ``ipv4:a:1,b:2`` lists them,

@@ -1,7 +1,7 @@
 """The postprocessor as a transport-free service: proto in, proto stream out.
 
-``Postprocessor.generate`` opens the worker call, whose messages queue up as they arrive (a
-multiplexed call's own queue, or a ``StreamPump`` reading a per-request stream ahead), and turns
+``Postprocessor.generate`` opens the worker call, whose messages queue up as they arrive (the
+multiplexed call's own queue), and turns
 every group of worker messages that is ready into at most one response. The gRPC server wraps
 it; the gateway can also call it in-process (then it must ``aclose()`` the generator when it stops
 early, which cancels the worker call).
@@ -173,7 +173,7 @@ class Postprocessor:
     """Detokenizes, applies stop conditions and coalesces the token stream of a worker.
 
     Args:
-        workers: how to reach workers; by default a ``worker_client.GrpcWorkerClient`` that this
+        workers: how to reach workers; by default a ``mux_client.MuxWorkerClient`` that this
             object owns (``close`` closes its channels).
         tokenizers: shared tokenizer cache; one is created if not given.
         migrator: moves requests off failed workers; None disables migration.
@@ -189,9 +189,9 @@ class Postprocessor:
                  chat_processor: ChatProcessor | None = None):
         self._owned_client = None
         if workers is None:
-            from services.postprocessor.worker_client import GrpcWorkerClient  # keeps gRPC out of this module
+            from services.postprocessor.mux_client import MuxWorkerClient  # keeps gRPC out of this module
 
-            workers = self._owned_client = GrpcWorkerClient()
+            workers = self._owned_client = MuxWorkerClient()
         self._workers = workers
         self._tokenizers = tokenizers or TokenizerCache()
         self.migrator = migrator or Migrator(None, 0)
