@@ -201,6 +201,20 @@ class MuxPostprocessor:
         listed = [r for r in self._replicas.values() if r.listed]
         return bool(listed) and not any(stage_wait.connected(r.channel) for r in listed)
 
+    async def _pick_connected(self, refused: set[str], deadline: float | None,
+                              request_id: str) -> tuple[_Replica, float | None]:
+        """A replica to send to, and the deadline of the wait for one, which starts when one is first needed
+        and none is connected; raises ``StageUnavailable`` when none connected by then."""
+        replica = await self._pick(refused)
+        if stage_wait.connected(replica.channel):
+            return replica, deadline
+        # Connected replicas rank first, so none is: wait for one to connect (a restart), then pick again.
+        deadline = deadline if deadline is not None else time.monotonic() + self._wait_s
+        if not await self._any_connected(deadline - time.monotonic()):
+            log.warning("no postprocessor replica reachable for %.1f s; request %s fails", self._wait_s, request_id)
+            raise StageUnavailable.of("postprocessor")
+        return await self._pick(refused), deadline
+
     async def generate(self, req: postprocessor_pb2.GenerateRequest
                        ) -> AsyncIterator[list[postprocessor_pb2.GenerateResponse]]:
         refused: set[str] = set()
@@ -210,15 +224,7 @@ class MuxPostprocessor:
         answered = False
         sent = req
         while True:
-            replica = await self._pick(refused)
-            if not stage_wait.connected(replica.channel):
-                # Connected replicas rank first, so none is: wait for one to connect (a restart), then pick again.
-                deadline = deadline if deadline is not None else time.monotonic() + self._wait_s
-                if not await self._any_connected(deadline - time.monotonic()):
-                    log.warning("no postprocessor replica reachable for %.1f s; request %s fails", self._wait_s,
-                                req.request.request_id)
-                    raise StageUnavailable.of("postprocessor")
-                replica = await self._pick(refused)
+            replica, deadline = await self._pick_connected(refused, deadline, req.request.request_id)
             stream = replica.open_stream()
             call = stream.start(sent)
             try:

@@ -222,13 +222,7 @@ class Postprocessor:
         builder = _ResponseBuilder(decoder, texts, output_parser(req.options, self._chat_processor, req.request))
         route, request, failed = WorkerRoute(req.worker_id, req.worker_address), req.request, []
         if req.HasField("resume"):
-            # Another replica went away mid-stream. The sequence continues on the worker it ran on (its KV
-            # cache holds the prompt, and the router's booking for it stands), as a migration would.
-            if req.resume.token_ids and guided(req.request):  # as migration refuses it, and for the same reason
-                raise WorkerFailed("the postprocessor serving this request went away; guided decoding cannot resume")
-            builder.replay(list(req.resume.token_ids))
-            request = continuation(req.request, decoder.generated_ids)
-            log.info("request %s resumes after %d tokens", req.request.request_id, len(decoder.generated_ids))
+            request = _resume(req, builder)
         moved_to = ""  # after a migration: the new worker, told to the caller with the next response
         metrics = postprocessor_metrics()
         metrics.in_flight.inc()
@@ -319,6 +313,19 @@ class Postprocessor:
         except TokenizerLoadError as e:
             log.error("%s", e)
             raise Internal("the model's tokenizer cannot be loaded") from e
+
+
+def _resume(req: postprocessor_pb2.GenerateRequest, builder: _ResponseBuilder) -> common_pb2.PreprocessedRequest:
+    """Takes over a sequence another replica was running when it went away: replays what that one sent,
+    and returns the request that continues it on the worker it ran on (whose KV cache holds the prompt,
+    and whose booking at the router stands), as a migration would."""
+    if req.resume.token_ids and guided(req.request):  # as migration refuses it, and for the same reason
+        raise WorkerFailed("the postprocessor serving this request went away; guided decoding cannot resume")
+    builder.replay(list(req.resume.token_ids))
+    generated = builder.decoder.generated_ids
+    postprocessor_metrics().resumes.inc()
+    log.info("request %s resumes after %d tokens", req.request.request_id, len(generated))
+    return continuation(req.request, generated)
 
 
 def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatProcessor | None = None,
