@@ -64,7 +64,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     m.add_argument("--worker-flag", action="append", default=[], help="extra mocker flag (repeatable), e.g. "
                    "--worker-flag=--num-gpu-blocks=4096")
     m.add_argument("--postprocessor-flag", action="append", default=[], help="extra postprocessor flag "
-                   "(repeatable), e.g. --postprocessor-flag=--worker-transport=mux")
+                   "(repeatable), e.g. --postprocessor-flag=--stream-idle-timeout-s=0")
     m.add_argument("--gateway-flag", action="append", default=[], help="extra gateway flag (repeatable, both "
                    "shapes), e.g. --gateway-flag=--stream-interval=4")
     m.add_argument("--log-level", default="WARNING", help="log level of the mesh services")

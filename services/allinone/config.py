@@ -11,7 +11,7 @@ appears here without an edit. Two stages defining one flag name fails at parser 
 
 - ``--router``: the gateway's router target and the postprocessor's (asked for another worker when a
   request migrates). Both are the in-process router here; neither flag is offered.
-- ``--preprocessor``, ``--postprocessor`` (gateway targets), ``--postprocessor-transport`` and the waits
+- ``--preprocessor``, ``--postprocessor`` (gateway targets) and the waits
   for a restarting stage (``--stage-wait-s``, the postprocessor's ``--router-wait-s``): in-process; not offered.
 - ``--router-mode``: the router's own. (The gateway used to copy it for its in-process router; it no
   longer has it.)
@@ -41,7 +41,7 @@ STAGES = {"gateway": gateway_config, "preprocessor": preprocessor_config, "route
 # Stage -> flag -> (the value this process fixes, why giving the flag is an error).
 FIXED: dict[str, dict[str, tuple[Any, str]]] = {
     "gateway": {"--preprocessor": ("", _IN_PROCESS), "--router": ("", _IN_PROCESS),
-                "--postprocessor": ("", _IN_PROCESS), "--postprocessor-transport": ("mux", _IN_PROCESS),
+                "--postprocessor": ("", _IN_PROCESS),
                 "--stage-wait-s": (DEFAULT_WAIT_S, _IN_PROCESS)},
     "postprocessor": {"--router": ("", "migrations ask the all-in-one's in-process router"),
                       "--router-wait-s": (DEFAULT_WAIT_S, "migrations ask the all-in-one's in-process router")},

@@ -31,7 +31,7 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    # Postprocessors ping workers every second to notice a frozen one (worker_client.py); a
+    # Postprocessors ping workers every second to notice a frozen one (mux_client.py); a
     # stricter limit would answer those pings with GOAWAY and kill every stream on the connection.
     ("grpc.http2.min_ping_interval_without_data_ms", 500),
     # gRPC refuses metadata past 8 KiB at random and past 16 KiB always, as RESOURCE_EXHAUSTED (a 429

@@ -99,6 +99,7 @@ class MuxStream:
     Attributes:
         broken: the stream ended or failed; open a new one.
         draining: the peer refused a start because it is shutting down; start nothing more here.
+        failure: once broken, the error its open calls got (tells a lost stream from a call's own error).
     """
 
     def __init__(self, wire: Wire, address: str):
@@ -110,6 +111,7 @@ class MuxStream:
         self._call = wire.open(self._actions())
         self.broken = False
         self.draining = False
+        self.failure: MeshError | None = None
         self._task = asyncio.create_task(self._demux())
         log.info("opened a GenerateStream to %s %s", wire.peer, address)
 
@@ -170,10 +172,11 @@ class MuxStream:
     def _fail_all(self, error: MeshError | None) -> None:
         """Every open call fails (with ``error``, or as a stream that ended under it); the stream is done."""
         self.broken = True
+        self.failure = failure = error or self._wire.ended(self.address)
         calls, self._calls = self._calls, {}
         for call in calls.values():
             call.done = True
-            call.deliver(error or self._wire.ended(self.address))
+            call.deliver(failure)
         self._outgoing.put_nowait(None)
 
     async def close(self) -> None:

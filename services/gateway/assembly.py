@@ -129,13 +129,10 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     closers = []
     if postprocessor is not None:
         post = postprocessor
-    elif cfg.postprocessor_transport == "mux":
+    else:
         post = mux_post = MuxPostprocessor(cfg.postprocessor, tls, cfg.stage_wait_s)
         probes["postprocessor"] = mux_post.unreachable
         closers.append(mux_post.close)
-    else:
-        post = grpc_post = clients.GrpcPostprocessor(cfg.postprocessor, tls, cfg.stage_wait_s)
-        probes["postprocessor"] = grpc_post.stage.unreachable
     store = ResponseStore(cfg.nats_url, cfg.responses_ttl_s)
     # Every request family exists from the first scrape; /metrics at the edge gathers all replicas'.
     recorder = frontend_metrics.configure(cfg.metrics_prefix)

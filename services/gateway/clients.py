@@ -1,7 +1,8 @@
 """How the gateway reaches the preprocessor, router and postprocessor.
 
 Each has one small interface (the Protocols below) with two implementations: a
-gRPC stub here (the split mesh, one Deployment per service), and a direct
+gRPC client (the split mesh, one Deployment per service: here, and the postprocessor's
+multiplexed one in postprocessor_mux.py), and a direct
 in-process call on the same service object the remote server wraps, which
 belongs to the all-in-one process (services/allinone/clients.py) because it
 imports the stage packages. The seam passes proto messages, which are plain
@@ -16,12 +17,11 @@ from typing import Protocol
 
 import grpc
 
-from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
+from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
 from services.common import tls as mesh_tls
 from services.common.error_interceptor import request_id_metadata
-from services.common.errors import from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.stage_wait import DEFAULT_WAIT_S, StageCaller
 
@@ -48,6 +48,8 @@ class RouterClient(Protocol):
 
 
 class PostprocessorClient(Protocol):
+    """Over the mesh: ``postprocessor_mux.MuxPostprocessor``, one multiplexed stream per replica."""
+
     def generate(self, req: postprocessor_pb2.GenerateRequest
                  ) -> AsyncIterator[list[postprocessor_pb2.GenerateResponse]]:
         """The request's responses in order, as lists of every one that was ready together (one write)."""
@@ -94,32 +96,3 @@ class GrpcRouter:
     async def release_batch(self, req):
         with contextlib.suppress(grpc.aio.AioRpcError):  # as release: a lost one only skews load briefly
             await self._stub.ReleaseBatch(req, timeout=5)
-
-
-class GrpcPostprocessor:
-    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None, wait_s: float = DEFAULT_WAIT_S):
-        self.stage = StageCaller(channel(target, tls), "postprocessor", wait_s)
-        self._stub = postprocessor_pb2_grpc.PostprocessorServiceStub(self.stage.channel)
-
-    async def generate(self, req):
-        metadata = request_id_metadata(req.request.request_id)
-        # The stream opens once the postprocessor is reachable (waiting out a restart) and, when it failed
-        # by transport before its first response, opens again: the postprocessor had started nothing yet
-        # that the client saw. After the first response a failure is the client's (the stream's state died).
-        call = None
-
-        async def first():
-            nonlocal call
-            call = self._stub.Generate(req, metadata=metadata)
-            return await call.read()
-
-        try:
-            resp = await self.stage.call(first)
-            while resp is not grpc.aio.EOF:
-                yield [resp]
-                resp = await call.read()
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
-        finally:
-            if call is not None:
-                call.cancel()  # no-op when finished; stops the chain when the consumer went away

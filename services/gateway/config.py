@@ -19,8 +19,6 @@ from services.gateway.core.nvext import MAX_STREAM_INTERVAL
 from services.gateway.frontend_metrics import DEFAULT_PREFIX, check_prefix
 
 DEFAULT_PORT = 9100
-# mux: one GenerateStream per postprocessor replica carrying every request; unary: one stream per request.
-POSTPROCESSOR_TRANSPORTS = ("mux", "unary")
 DEFAULT_RESPONSES_TTL_S = 3600
 
 
@@ -42,7 +40,6 @@ class GatewayConfig:
     metrics_prefix: str = DEFAULT_PREFIX
     # Tokens the postprocessor gathers per response unless a request says (nvext.stream_interval).
     stream_interval: int = 1
-    postprocessor_transport: str = "mux"
     drain_grace_s: float = 10.0
     # How long a request waits for an unreachable preprocessor, router or postprocessor (a restart).
     stage_wait_s: float = DEFAULT_WAIT_S
@@ -55,11 +52,7 @@ class GatewayConfig:
         if self.responses_ttl_s < 1:
             # NATS per-message TTLs are whole seconds; 0 would mean "never expires" there.
             raise ValueError(f"--responses-ttl-s must be at least 1; got {self.responses_ttl_s}")
-        if self.postprocessor_transport not in POSTPROCESSOR_TRANSPORTS:
-            raise ValueError(f"--postprocessor-transport must be one of {', '.join(POSTPROCESSOR_TRANSPORTS)}; "
-                             f"got {self.postprocessor_transport!r}")
-        if self.postprocessor_transport == "mux":
-            split_target(self.postprocessor)  # expanded into replicas: a dns target without a port fails at start
+        split_target(self.postprocessor)  # expanded into replicas: a dns target without a port fails at start
         if not 0 < self.stage_wait_s <= 600:
             raise ValueError(f"--stage-wait-s must be above 0 and at most 600; got {self.stage_wait_s}")
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
@@ -78,9 +71,6 @@ def add_flags(p: Flags) -> None:
     p.add("--preprocessor", default="127.0.0.1:9200", help="preprocessor gRPC target")
     p.add("--router", default="127.0.0.1:9300", help="router gRPC target")
     p.add("--postprocessor", default="127.0.0.1:9400", help="postprocessor gRPC target")
-    p.add("--postprocessor-transport", default="mux",
-          help="how requests reach the postprocessor: mux (one stream per replica; the responses of every request "
-               "that are ready travel in one message) or unary (one stream per request)")
     p.add("--stage-wait-s", default=DEFAULT_WAIT_S, type=float,
           help="seconds a request waits for an unreachable preprocessor, router or postprocessor (one restarting) "
                "before it fails with 503 (\"the router is unavailable\"); /health is 503 while one stays away "

@@ -1,22 +1,31 @@
 """The gateway's multiplexed ``PostprocessorClient``: one ``GenerateStream`` per postprocessor replica.
 
-The default (``--postprocessor-transport mux``; ``unary`` keeps a stream per request). With a stream
-per request, every response the postprocessor sends is one gRPC message on this hop, and with a
-paced engine that is one per token per request. On a shared stream the postprocessor sends the
-responses of every request that left the same engine step in one message, so this hop costs one
-message per engine step, as the worker hop does (services/common/mux_client.py, mux_session.py).
+The gateway's only client of this hop (a stream per request, ``--postprocessor-transport unary``, was
+measured against it and removed: bench/RESULTS.md). With a stream per request, every response the
+postprocessor sends is one gRPC message on this hop, and with a paced engine that is one per token per
+request. On a shared stream the postprocessor sends the responses of every request that left the same
+engine step in one message, so this hop costs one message per engine step, as the worker hop does
+(services/common/mux_client.py, mux_session.py).
 
 A stream sticks to one replica, where a per-request call goes to the next replica of the channel's
 round robin. So the target is expanded into replicas here: ``ipv4:a:1,b:2`` lists them,
 ``dns:///name:port`` (a headless Kubernetes Service) is resolved now and every ``REFRESH_S``, and
 any other target is one replica. Each request goes to the usable replica with the fewest open
 requests, equally loaded ones taking turns. A replica that leaves the name keeps its stream until
-its requests end. One that drains refuses new requests (``Draining``), and one whose stream breaks
-before a request got its first response loses that request: either way the request starts over on
-another replica (a request on a per-request stream failed with a 503 there). A broken replica is
-passed over for ``DOWN_S``; its next request opens a fresh stream. When no replica is connected (the
-one replica restarting), a request waits up to ``wait_s`` (``--stage-wait-s``) for one to connect,
-then fails with "the postprocessor is unavailable".
+its requests end. One that drains refuses new requests (``Draining``): the request starts on another
+replica. One whose stream breaks (SIGKILL, a crash, a restart) loses the decode state of every request
+it was running; each of them moves to another replica, or to the same one once it is back: from the
+start when our caller got nothing yet, otherwise *resumed*. Every response names the worker token ids
+it accounts for; this client keeps those of the responses it passed on, and sends them as
+``GenerateRequest.resume``, which the new replica replays with its output dropped before it continues
+the sequence on the worker, so that the caller sees one uninterrupted stream (services/postprocessor/
+service.py). An error the postprocessor itself sent (a worker failure it could not migrate, a bad
+request) is the caller's, never retried here. A request moves at most ``MAX_SENDS`` times, or once per
+replica when there are more: a request that kills every replica it lands on stops there.
+
+A broken replica is passed over for ``DOWN_S``; its next request opens a fresh stream. When no replica
+is connected (the one replica restarting), a request waits up to ``wait_s`` (``--stage-wait-s``) for one
+to connect, then fails with "the postprocessor is unavailable".
 """
 
 from __future__ import annotations
@@ -65,6 +74,14 @@ def _wire(channel: grpc.aio.Channel) -> Wire:
             cancel=postprocessor_pb2.GenerateStreamCancel(id=seq_id)),
         stream_error=_stream_error, chunk_error=_chunk_error,
         ended=lambda address: WorkerFailed("the postprocessor ended the stream"), peer="postprocessor")
+
+
+def _resumed(req: postprocessor_pb2.GenerateRequest, delivered: list[int]) -> postprocessor_pb2.GenerateRequest:
+    """``req`` to continue after the output of ``delivered`` (the ids of every response passed on)."""
+    resumed = postprocessor_pb2.GenerateRequest()
+    resumed.CopyFrom(req)
+    resumed.resume.token_ids.extend(delivered)
+    return resumed
 
 
 class _Replica:
@@ -184,30 +201,40 @@ class MuxPostprocessor:
         listed = [r for r in self._replicas.values() if r.listed]
         return bool(listed) and not any(stage_wait.connected(r.channel) for r in listed)
 
+    async def _pick_connected(self, refused: set[str], deadline: float | None,
+                              request_id: str) -> tuple[_Replica, float | None]:
+        """A replica to send to, and the deadline of the wait for one, which starts when one is first needed
+        and none is connected; raises ``StageUnavailable`` when none connected by then."""
+        replica = await self._pick(refused)
+        if stage_wait.connected(replica.channel):
+            return replica, deadline
+        # Connected replicas rank first, so none is: wait for one to connect (a restart), then pick again.
+        deadline = deadline if deadline is not None else time.monotonic() + self._wait_s
+        if not await self._any_connected(deadline - time.monotonic()):
+            log.warning("no postprocessor replica reachable for %.1f s; request %s fails", self._wait_s, request_id)
+            raise StageUnavailable.of("postprocessor")
+        return await self._pick(refused), deadline
+
     async def generate(self, req: postprocessor_pb2.GenerateRequest
                        ) -> AsyncIterator[list[postprocessor_pb2.GenerateResponse]]:
         refused: set[str] = set()
         attempts = 0  # every replica once, and at least MAX_SENDS in all (the one replica restarting)
         deadline: float | None = None  # set when a request first has to wait for a connection
+        delivered: list[int] = []  # the token ids of every response passed on: what a resume replays
+        answered = False
+        sent = req
         while True:
-            replica = await self._pick(refused)
-            if not stage_wait.connected(replica.channel):
-                # Connected replicas rank first, so none is: wait for one to connect (a restart), then pick again.
-                deadline = deadline if deadline is not None else time.monotonic() + self._wait_s
-                if not await self._any_connected(deadline - time.monotonic()):
-                    log.warning("no postprocessor replica reachable for %.1f s; request %s fails", self._wait_s,
-                                req.request.request_id)
-                    raise StageUnavailable.of("postprocessor")
-                replica = await self._pick(refused)
+            replica, deadline = await self._pick_connected(refused, deadline, req.request.request_id)
             stream = replica.open_stream()
-            call = stream.start(req)
-            answered = False
+            call = stream.start(sent)
             try:
                 while True:
                     # Everything that arrived for this request since the last ask: one HttpBody downstream.
                     batch = await call.next_batch()
                     if batch.messages:
                         answered = True
+                        for message in batch.messages:
+                            delivered.extend(message.token_ids)
                         yield batch.messages
                     if batch.error is not None:
                         raise batch.error
@@ -215,17 +242,21 @@ class MuxPostprocessor:
                         return
             except MeshError as e:
                 attempts += 1
-                # Nothing reached our caller yet, and the replica refused the request (draining) or its
-                # stream broke (dead, restarting): the request starts over on another replica.
-                if answered or not (isinstance(e, Draining) or stream.broken) or \
+                # The replica refused the request (draining) or went away (its stream broke: dead, restarting),
+                # rather than failing it: the request moves to another replica, resumed if our caller got output.
+                lost = e is stream.failure
+                if not (lost or isinstance(e, Draining)) or \
                         (attempts > len(self._replicas) and attempts >= stage_wait.MAX_SENDS):
                     raise
-                if stream.broken:
+                if lost:
                     replica.down_until = time.monotonic() + DOWN_S
                     deadline = time.monotonic() + self._wait_s  # the wait for a replica counts from the break
                 refused.add(replica.address)
-                log.info("postprocessor %s %s; starting request %s on another replica", replica.address,
-                         "is draining" if isinstance(e, Draining) else "is unreachable", req.request.request_id)
+                if answered:
+                    sent = _resumed(req, delivered)
+                log.info("postprocessor %s %s; %s request %s on another replica after %d tokens", replica.address,
+                         "is unreachable" if lost else "is draining", "resuming" if answered else "starting",
+                         req.request.request_id, len(delivered))
             finally:
                 call.cancel()  # no-op when it ended; tells the postprocessor when our caller went away
 

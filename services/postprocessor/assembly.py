@@ -1,4 +1,4 @@
-"""Builds the postprocessor from its config: chat processor, worker transport, migration, idle timeout.
+"""Builds the postprocessor from its config: chat processor, worker client, migration, idle timeout.
 
 Used by the postprocessor's own process (main.py) and by the all-in-one process (services/allinone),
 so both shapes honour every postprocessor flag.
@@ -16,7 +16,6 @@ from services.postprocessor.migration import Migrator, RouterClient
 from services.postprocessor.mux_client import MuxWorkerClient
 from services.postprocessor.router_client import GrpcRouterClient
 from services.postprocessor.service import Postprocessor
-from services.postprocessor.worker_client import GrpcWorkerClient
 
 
 def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | None = None,
@@ -33,7 +32,7 @@ def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.Mesh
         grpc_router = GrpcRouterClient(cfg.router, tls, cfg.router_wait_s)
         router = grpc_router
         closers.append(grpc_router.close)
-    workers = MuxWorkerClient(tls) if cfg.worker_transport == "mux" else GrpcWorkerClient(tls)
+    workers = MuxWorkerClient(tls)
     postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit),
                                   idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor)
     closers.append(warm_each_new_model(registry, postprocessor.warm))

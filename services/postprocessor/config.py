@@ -13,8 +13,6 @@ from services.postprocessor.migration import DEFAULT_MIGRATION_LIMIT
 from services.postprocessor.service import DEFAULT_IDLE_TIMEOUT_S
 
 DEFAULT_PORT = 9400
-# unary: one Generate stream per request; mux: one GenerateStream per worker carrying every request.
-WORKER_TRANSPORTS = ("unary", "mux")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +30,6 @@ class PostprocessorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
-    worker_transport: str = "mux"
     # How long a migration waits for an unreachable router (one restarting) before the request fails.
     router_wait_s: float = DEFAULT_WAIT_S
 
@@ -47,8 +44,6 @@ class PostprocessorConfig:
             errors.append(f"--chat-processor {self.chat_processor!r} is not one of {', '.join(CHAT_PROCESSORS)}")
         if not 0 < self.router_wait_s <= 600:
             errors.append(f"--router-wait-s {self.router_wait_s} must be above 0 and at most 600")
-        if self.worker_transport not in WORKER_TRANSPORTS:
-            errors.append(f"--worker-transport {self.worker_transport!r} is not one of {', '.join(WORKER_TRANSPORTS)}")
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -73,9 +68,6 @@ def add_flags(p: Flags) -> None:
     p.add("--chat-processor", default=DEFAULT_CHAT_PROCESSOR,
           help=f"whose tool-call and reasoning parsers to use: {' | '.join(CHAT_PROCESSORS)} "
                "(vllm and sglang need that extra installed; see docs/parsers.md)")
-    p.add("--worker-transport", default="mux",
-          help="how requests reach workers: mux (one stream per worker, the tokens of every request of an "
-               "engine step in one message; the default) | unary (a stream per request)")
 
 
 def from_args(args: argparse.Namespace) -> PostprocessorConfig:

@@ -1,4 +1,4 @@
-"""The postprocessor's Prometheus families (docs/metrics.md): streams, worker failures, migrations."""
+"""The postprocessor's Prometheus families (docs/metrics.md): streams, worker failures, migrations, resumes."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ class PostprocessorMetrics:
     in_flight: Gauge
     worker_failures: Counter
     migrations: Counter
+    resumes: Counter
 
 
 @functools.cache  # once per process: the all-in-one process and tests build several postprocessors
@@ -24,4 +25,5 @@ def postprocessor_metrics() -> PostprocessorMetrics:
         in_flight=Gauge(f"{p}inflight_streams", "Generate streams being relayed"),
         worker_failures=Counter(f"{p}worker_failures", "Worker streams that failed, by reason", ["reason"]),
         migrations=Counter(f"{p}migrations", "Requests moved to another worker after a failure"),
+        resumes=Counter(f"{p}resumes", "Requests taken over mid-stream from a replica that went away"),
     )

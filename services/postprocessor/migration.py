@@ -60,7 +60,7 @@ def continuation(original: common_pb2.PreprocessedRequest, generated: Sequence[i
     return req
 
 
-def _guided(request: common_pb2.PreprocessedRequest) -> bool:
+def guided(request: common_pb2.PreprocessedRequest) -> bool:
     """Guided decoding keeps its grammar state on the worker: the generated ids alone cannot resume it
     (a continuation would restart the grammar at the generated text, and vLLM's and SGLang's grammar
     backends cannot be advanced over given tokens)."""
@@ -96,7 +96,7 @@ class Migrator:
         """
         if not isinstance(error, RETRIABLE) or not self.enabled:
             raise error
-        if generated and _guided(request):  # before the first token the grammar simply starts again
+        if generated and guided(request):  # before the first token the grammar simply starts again
             log.warning("request %s not migrated: guided decoding cannot resume on another worker after %d tokens",
                         request.request_id, generated)
             raise error

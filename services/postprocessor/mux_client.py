@@ -1,14 +1,15 @@
-"""The multiplexed ``WorkerClient``: one long-lived ``GenerateStream`` per worker, shared by all requests.
+"""The postprocessor's ``WorkerClient``: one long-lived ``GenerateStream`` per worker, shared by all requests.
 
-The default (``--worker-transport mux``; ``unary`` is the per-request alternative). With per-request
-streams a paced engine costs one gRPC message per token per request on this hop; here the worker
-sends the tokens of every request that left the same engine step in one message
-(services/common/mux_client.py demultiplexes them).
+A channel per worker address (an HTTP/2 connection, created on first use with the keepalive below, no
+transparent retries) carries one bidi stream, on which the worker sends the tokens of every request
+that left the same engine step in one message (services/common/mux_client.py demultiplexes them). A
+stream per request (``--worker-transport unary``) cost one gRPC message per token per request on this
+hop; it was measured against this and removed (bench/RESULTS.md).
 
-A broken stream fails every call still open on it with the same ``WorkerFailed`` the unary client
-raises, so migration works unchanged; the next ``generate`` for that address opens a fresh stream on
-the same channel. A draining worker refuses new sequences (``WorkerFailed`` here, so they migrate to
-another worker) and ends the stream once its running ones finish.
+A broken stream fails every call still open on it with ``WorkerFailed``, so each migrates; the next
+``generate`` for that address opens a fresh stream on the same channel. A draining worker refuses new
+sequences (``WorkerFailed`` here, so they migrate to another worker) and ends the stream once its
+running ones finish.
 """
 
 from __future__ import annotations
@@ -20,15 +21,48 @@ from google.rpc import status_pb2
 
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 from services.common import tls as mesh_tls
-from services.common.errors import Cancelled, Draining, Internal, MeshError, WorkerFailed, from_status_proto
+from services.common.errors import (
+    Cancelled,
+    Draining,
+    Internal,
+    MeshError,
+    WorkerFailed,
+    from_rpc_error,
+    from_status_proto,
+)
+from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.mux_client import MuxCall, MuxStream, Wire
-from services.postprocessor.worker_client import WORKER_CHANNEL_OPTIONS, worker_error
 
 log = logging.getLogger(__name__)
 
+# A frozen worker (SIGSTOP, a wedged host) keeps its TCP connection open and simply stops talking.
+# Pinging every second and giving up 2 s later fails its streams within ~3 s, so they migrate
+# instead of hanging; pings continue while a stream waits in a long prefill (no data either way).
+WORKER_CHANNEL_OPTIONS = [
+    *(o for o in CHANNEL_OPTIONS if o[0] not in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms")),
+    ("grpc.keepalive_time_ms", 1_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+def worker_error(e: grpc.aio.AioRpcError, address: str) -> MeshError:
+    """Maps a failed worker call to the error the postprocessor raises.
+
+    A worker that rejects a request with one of our reasons (invalid request, overloaded) keeps
+    that reason. Anything else (a dead or unreachable worker, a crash, a worker-side cancel while we
+    were still reading) is ``WorkerFailed``, which the gateway maps to 503 and a later migration
+    will retry elsewhere. The transport's details name hosts, so they go to the log, not the client.
+    """
+    err = from_rpc_error(e)
+    if isinstance(err, (WorkerFailed, Cancelled, Internal)):
+        log.warning("worker %s failed: %s %s", address, e.code().name, e.details())
+        return WorkerFailed(f"worker failed ({e.code().name})")
+    return err
+
 
 def _chunk_error(status: status_pb2.Status, address: str) -> MeshError:
-    """A sequence's failure, mapped as the unary client maps a failed call (``worker_error``)."""
+    """A sequence's failure, mapped as a broken stream is (``worker_error``)."""
     err = from_status_proto(status)
     if isinstance(err, (WorkerFailed, Draining, Cancelled, Internal)):
         log.warning("worker %s failed a sequence: %s", address, err.message)
@@ -47,7 +81,7 @@ def _wire(stub: worker_pb2_grpc.WorkerServiceStub) -> Wire:
 
 
 class MuxWorkerClient:
-    """Opens sequences over one ``GenerateStream`` per worker address (channels as in the unary client)."""
+    """Opens sequences over one ``GenerateStream`` per worker address, on one channel per address."""
 
     def __init__(self, tls: mesh_tls.MeshTls | None = None) -> None:
         self._tls = tls

@@ -1,7 +1,7 @@
 """The postprocessor as a transport-free service: proto in, proto stream out.
 
-``Postprocessor.generate`` opens the worker call, whose messages queue up as they arrive (a
-multiplexed call's own queue, or a ``StreamPump`` reading a per-request stream ahead), and turns
+``Postprocessor.generate`` opens the worker call, whose messages queue up as they arrive (the
+multiplexed call's own queue), and turns
 every group of worker messages that is ready into at most one response. The gRPC server wraps
 it; the gateway can also call it in-process (then it must ``aclose()`` the generator when it stops
 early, which cancels the worker call).
@@ -9,6 +9,12 @@ early, which cancels the worker call).
 Worker failures surface as ``WorkerFailed``. Unless migration is off, ``generate`` then moves the
 request to another worker (``migration.Migrator``): the prompt plus the ids the decoder kept,
 budgets reduced, fed into the same decoder, so the caller sees one uninterrupted stream.
+
+Every response names the worker token ids it accounts for (``token_ids``). When a replica of this
+service dies mid-stream, the gateway starts the request on another one with those ids as
+``resume``: ``_ResponseBuilder.replay`` runs them through a fresh decoder and parsers with their
+output dropped (all of it is deterministic, so the state equals the dead replica's after its last
+response), and the sequence continues on its worker as after a migration, emitting only new output.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from services.postprocessor.core.parsers.types import concat
 from services.postprocessor.core.sequence import Delta, FinishReason, SequenceDecoder
 from services.postprocessor.core.tokenizers_cache import ModelTokenizer, TokenizerCache, TokenizerLoadError
 from services.postprocessor.idle_watch import IdleWatch
-from services.postprocessor.migration import Migrator, WorkerRoute, continuation
+from services.postprocessor.migration import Migrator, WorkerRoute, continuation, guided
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +87,26 @@ class _ResponseBuilder:
         self._parser = parser  # None: the text is plain content (no tools, no reasoning parser)
         self._first = True
         self._tokens = 0
+        self._reported = 0  # decoder.generated_ids[:_reported] were named in responses already
         self._logprobs: list[common_pb2.TokenLogprob] = []
 
     @property
     def first(self) -> bool:
         """No response was built yet (the first one carries the usage fields and goes at once)."""
         return self._first
+
+    def replay(self, ids: list[int]) -> None:
+        """Takes in ids whose output another replica already sent (``GenerateRequest.resume``): the decoder,
+        stop-string hold-back and parsers end up as they were there after its last response, and the next
+        response carries only what follows."""
+        delta = self.decoder.step(ids)
+        if self.decoder.finish is not None or delta.tokens != len(ids):
+            # The replica that sent them would have finished the sequence with them: they are not its output.
+            raise InvalidRequest("resume.token_ids end the sequence", param="resume.token_ids")
+        if self._parser is not None and ids:
+            self._parser.feed(delta.text, ids)
+        self._first = False  # the usage fields of the first response went out already
+        self._reported = len(self.decoder.generated_ids)
 
     def build(self, messages: list[worker_pb2.GenerateResponse]) -> postprocessor_pb2.GenerateResponse | None:
         ids: list[int] = []
@@ -138,6 +158,10 @@ class _ResponseBuilder:
             self._first = False
             response.cached_tokens = messages[0].cached_tokens
             response.prompt_tokens = messages[0].prompt_tokens
+        generated = self.decoder.generated_ids
+        if len(generated) > self._reported:  # one extend per response: the ids the caller resumes from
+            response.token_ids.extend(generated[self._reported:])
+            self._reported = len(generated)
         if self._logprobs:
             response.logprobs.extend(convert.token_texts(self._logprobs, self._texts))  # type: ignore[arg-type]
             self._logprobs = []
@@ -149,7 +173,7 @@ class Postprocessor:
     """Detokenizes, applies stop conditions and coalesces the token stream of a worker.
 
     Args:
-        workers: how to reach workers; by default a ``worker_client.GrpcWorkerClient`` that this
+        workers: how to reach workers; by default a ``mux_client.MuxWorkerClient`` that this
             object owns (``close`` closes its channels).
         tokenizers: shared tokenizer cache; one is created if not given.
         migrator: moves requests off failed workers; None disables migration.
@@ -165,9 +189,9 @@ class Postprocessor:
                  chat_processor: ChatProcessor | None = None):
         self._owned_client = None
         if workers is None:
-            from services.postprocessor.worker_client import GrpcWorkerClient  # keeps gRPC out of this module
+            from services.postprocessor.mux_client import MuxWorkerClient  # keeps gRPC out of this module
 
-            workers = self._owned_client = GrpcWorkerClient()
+            workers = self._owned_client = MuxWorkerClient()
         self._workers = workers
         self._tokenizers = tokenizers or TokenizerCache()
         self.migrator = migrator or Migrator(None, 0)
@@ -197,6 +221,8 @@ class Postprocessor:
         texts = model.texts if req.request.output.HasField("logprobs") else None
         builder = _ResponseBuilder(decoder, texts, output_parser(req.options, self._chat_processor, req.request))
         route, request, failed = WorkerRoute(req.worker_id, req.worker_address), req.request, []
+        if req.HasField("resume"):
+            request = _resume(req, builder)
         moved_to = ""  # after a migration: the new worker, told to the caller with the next response
         metrics = postprocessor_metrics()
         metrics.in_flight.inc()
@@ -287,6 +313,19 @@ class Postprocessor:
         except TokenizerLoadError as e:
             log.error("%s", e)
             raise Internal("the model's tokenizer cannot be loaded") from e
+
+
+def _resume(req: postprocessor_pb2.GenerateRequest, builder: _ResponseBuilder) -> common_pb2.PreprocessedRequest:
+    """Takes over a sequence another replica was running when it went away: replays what that one sent,
+    and returns the request that continues it on the worker it ran on (whose KV cache holds the prompt,
+    and whose booking at the router stands), as a migration would."""
+    if req.resume.token_ids and guided(req.request):  # as migration refuses it, and for the same reason
+        raise WorkerFailed("the postprocessor serving this request went away; guided decoding cannot resume")
+    builder.replay(list(req.resume.token_ids))
+    generated = builder.decoder.generated_ids
+    postprocessor_metrics().resumes.inc()
+    log.info("request %s resumes after %d tokens", req.request.request_id, len(generated))
+    return continuation(req.request, generated)
 
 
 def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatProcessor | None = None,

@@ -1,4 +1,4 @@
-"""The split mesh with the postprocessor on the multiplexed worker transport (--worker-transport mux)."""
+"""The split mesh's multiplexed worker hop: the postprocessor's one GenerateStream per worker."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ COUNT = "one two three four five six seven eight nine ten"
 
 @pytest.fixture(scope="module")
 def mux_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
-    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS)],
-                   service_args={"postprocessor": ("--worker-transport", "mux")})
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS)])
     yield m
     stop_cleanly(m)
 
@@ -46,7 +45,7 @@ def test_streaming_and_not_give_the_exact_text(client, mux_mesh):
 
 @pytest.fixture(scope="module")
 def paced_mux(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
-    """Two paced workers (one token per engine step) on the default transport, which is mux."""
+    """Two paced workers (one token per engine step)."""
     m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "1"), mocker(demo_model_dir, DEMO, "1")])
     yield m
     stop_cleanly(m)

@@ -1,10 +1,10 @@
-"""The gateway's multiplexed postprocessor transport (the default): one stream per replica.
+"""The gateway's postprocessor client: one multiplexed stream per replica.
 
 Two postprocessor replicas behind one gateway (``--postprocessor ipv4:a,b``), two paced workers (one
 token per engine step), Envoy in front: many requests share the two streams, a client that hangs up
 cancels only its own request down to the worker, a draining replica finishes its requests and exits
-without waiting out its grace while new ones go to the other, and a dead replica's requests start
-over on the live one.
+without waiting out its grace while new ones go to the other, a dead replica's requests start over on
+the live one, and the streams it was decoding are resumed there, token-identical.
 """
 
 from __future__ import annotations
@@ -93,6 +93,24 @@ def test_requests_of_a_dead_replica_start_over_on_the_live_one(two_posts):
     # a request sent before that breaks with its stream and starts over (either way none fails).
     log = two_posts.full_log("gateway-0")
     assert "is unreachable; starting request" in log or "stream failed" in log
+    two_posts.restart("postprocessor")
+
+
+def test_streams_a_killed_replica_was_decoding_finish_on_the_live_one_token_identical(two_posts):
+    bodies = [{**chat(DEMO, 300 + i, 120), "ignore_eos": True} for i in range(8)]
+    reference = asyncio.run(run_streams(two_posts.url, bodies))
+    assert all(r.done and r.error is None for r in reference), reference
+
+    async def kill_once_all_streamed(events: list[asyncio.Event]) -> None:
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 30)
+        two_posts.kill("postprocessor")  # SIGKILL mid-stream: every stream it was decoding breaks
+
+    after = asyncio.run(run_streams(two_posts.url, bodies, kill_once_all_streamed))
+    two_posts.procs["postprocessor"].wait(10)
+    assert [(r.status, r.error) for r in after if not r.done or r.error] == []
+    assert [(r.text, r.finish) for r in after] == [(r.text, r.finish) for r in reference]
+    # Streams that had their first tokens were resumed, not started over (the gateway's client says which).
+    assert "is unreachable; resuming request" in two_posts.full_log("gateway-0")
     two_posts.restart("postprocessor")
 
 

@@ -12,7 +12,6 @@ from meshfront.worker.v1 import worker_pb2
 from services.common.errors import InvalidRequest, WorkerFailed
 from services.postprocessor.mux_client import MuxWorkerClient
 from services.postprocessor.service import Postprocessor
-from services.postprocessor.worker_client import GrpcWorkerClient
 from services.workers.mocker.config import parse_config
 from services.workers.mocker.main import build_engine
 from services.workers.server import build_server
@@ -111,7 +110,7 @@ async def test_a_broken_stream_fails_every_open_call_and_the_next_call_reconnect
         await engine.close()
 
 
-async def test_the_postprocessor_streams_the_same_text_over_either_transport(start_mocker, demo_model_dir):
+async def test_the_postprocessor_streams_a_workers_text_over_it(start_mocker, demo_model_dir):
     worker = await start_mocker("--speedup-ratio", "20", "--output-text", "One, two, three, four.")
 
     async def text(client) -> tuple[str, str]:
@@ -127,5 +126,4 @@ async def test_the_postprocessor_streams_the_same_text_over_either_transport(sta
         finally:
             await client.close()
 
-    assert await text(MuxWorkerClient()) == await text(GrpcWorkerClient()) == ("One, two, three, four.",
-                                                                                "FINISH_REASON_EOS")
+    assert await text(MuxWorkerClient()) == ("One, two, three, four.", "FINISH_REASON_EOS")

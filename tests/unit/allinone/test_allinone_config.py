@@ -43,7 +43,7 @@ def test_every_stage_flag_is_offered_once_or_fixed_explicitly():
 def test_stage_flags_reach_each_stage_build():
     cfg, mesh = built(["--port", "0", "--router-mode", "kv", "--kv-overlap-weight", "2.5",
                        "--max-in-flight-per-worker", "4", "--no-router-replica-sync",
-                       "--stream-idle-timeout-s", "30", "--migration-limit", "1", "--worker-transport", "unary",
+                       "--stream-idle-timeout-s", "30", "--migration-limit", "1",
                        "--offload-threshold", "7", "--default-chat-template-kwargs", '{"enable_thinking": false}'])
     assert cfg.router.router_mode == "kv" and cfg.router.kv_overlap_weight == 2.5
     router = mesh.router.service
@@ -55,7 +55,7 @@ def test_stage_flags_reach_each_stage_build():
     post = mesh.postprocessor.service
     assert post._idle is not None and post._idle.idle_s == 30
     assert post.migrator.limit == 1 and post.migrator._router is router  # migrations ask the in-process router
-    assert type(mesh.postprocessor.parts["workers"]).__name__ == "GrpcWorkerClient"  # not the default mux
+    assert type(mesh.postprocessor.parts["workers"]).__name__ == "MuxWorkerClient"  # the one worker client
     pre = mesh.preprocessor.service
     assert pre._offload_threshold == 7 and pre._default_kwargs == {"enable_thinking": False}
     pipeline = mesh.gateway.service.pipeline

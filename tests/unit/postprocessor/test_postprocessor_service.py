@@ -10,7 +10,7 @@ from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
 from services.common.errors import InvalidRequest, WorkerFailed
-from services.common.pump import StreamPump
+from tests.unit.postprocessor.stream_pump import StreamPump
 from services.models.qwen import EOS_TOKEN_IDS
 from services.postprocessor.core.tokenizers_cache import TokenizerCache
 from services.postprocessor.service import Postprocessor
