@@ -25,4 +25,4 @@ TOOL_CALL_PARSER_NAMES = (
 )
 
 REASONING_PARSER_NAMES = ("basic", "qwen3", "glm45", "deepseek_r1", "mistral", "kimi", "gpt_oss",
-                          "minimax", "nemotron", "granite")
+                          "kimi_k2", "minimax", "nemotron", "granite")

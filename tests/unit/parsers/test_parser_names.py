@@ -36,7 +36,7 @@ def test_an_unknown_name_at_request_time_is_an_error_not_a_silent_no_op():
 
 NEW_FAMILIES = [("--tool-call-parser", name) for name in
                 ("qwen3_coder", "kimi_k2", "glm45", "glm47", "minimax_m2", "deepseek_v32")] + \
-               [("--reasoning-parser", name) for name in ("minimax", "nemotron", "granite")]
+               [("--reasoning-parser", name) for name in ("kimi_k2", "minimax", "nemotron", "granite")]
 
 
 @pytest.mark.parametrize(("flag", "name"), NEW_FAMILIES)

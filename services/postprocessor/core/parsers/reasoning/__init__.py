@@ -9,6 +9,7 @@ from __future__ import annotations
 from services.postprocessor.core.parsers.reasoning.granite import GraniteReasoningParser
 from services.postprocessor.core.parsers.reasoning.think_tags import (
     DeepSeekR1ReasoningParser,
+    KimiK2ReasoningParser,
     KimiReasoningParser,
     MiniMaxReasoningParser,
     MistralReasoningParser,
@@ -24,6 +25,7 @@ REASONING_PARSERS = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
     "mistral": MistralReasoningParser,
     "kimi": KimiReasoningParser,
+    "kimi_k2": KimiK2ReasoningParser,
     "minimax": MiniMaxReasoningParser,
     "nemotron": NemotronReasoningParser,
     "granite": GraniteReasoningParser,

@@ -50,6 +50,8 @@ class ThinkTagParser(TextParser):
     # Formats with spelling variants list them all (Granite's "Here's" / "Here is").
     open_tags: tuple[str, ...] = ()
     close_tags: tuple[str, ...] = ()
+    # Markers that end reasoning without a closing tag and are themselves content (Kimi K2's tool section).
+    content_starts: tuple[str, ...] = ()
 
     def __init__(self, prompt_opens_reasoning: bool = False):
         super().__init__()
@@ -68,9 +70,9 @@ class ThinkTagParser(TextParser):
             self._pos = len(buf)
             return False
         if state == "reasoning":
-            end, marker = find_marker(buf, pos, self._closes, final)
+            end, marker = find_marker(buf, pos, self._closes + self.content_starts, final)
             self._reasoning.push(buf[pos:end])
-            self._pos = end + len(marker or "")
+            self._pos = end + (len(marker) if marker in self._closes else 0)
             if marker is None:
                 return False
             self._state = "content"
@@ -121,6 +123,18 @@ class KimiReasoningParser(ThinkTagParser):
 
     open_tag = "◁think▷"
     close_tag = "◁/think▷"
+
+
+class KimiK2ReasoningParser(ThinkTagParser):
+    """Kimi K2 Thinking / K2.5: ``<think>`` … ``</think>``, reasoning first.
+
+    The model may also leave reasoning by starting its tool-call section without closing the block:
+    ``<|tool_calls_section_begin|>`` ends the reasoning and is passed on, with what follows, to the
+    tool-call parser (kimi_k2). ``thinking: false`` in chat_template_kwargs turns the parser off.
+    """
+
+    reasoning_first = True
+    content_starts = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
 
 
 class MiniMaxReasoningParser(ThinkTagParser):
