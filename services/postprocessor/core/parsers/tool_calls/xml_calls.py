@@ -135,14 +135,12 @@ class XmlCallParser(TextParser):
             return self._read_header(buf, pos, final)
         if state == "value":
             return self._read_value(buf, pos, final)
-        if state in ("skip_between", "skip_body"):
-            ends = (self.call_begin, self.section_end) if state == "skip_between" else self._body_ends()
-            end, marker = find_marker(buf, pos, ends, final)
-            self._record(buf[pos:end])
+        if state == "skip_body":  # stray text between a call's parameters is dropped
+            end, marker = find_marker(buf, pos, self._body_ends(), final)
             self._pos = end
             if marker is None:
                 return False
-            self._state = "between" if state == "skip_between" else "body"
+            self._state = "body"
             return True
         p = skip_ws(buf, pos)
         if state == "value_open":
@@ -171,7 +169,7 @@ class XmlCallParser(TextParser):
                 return True
         if p == len(buf):
             return False
-        self._state = "skip_between"  # stray text inside the section
+        self._close_block()  # other text ends the section (a missing SECTION_END): it is content again
         return True
 
     def _body_ends(self) -> tuple[str, ...]:
@@ -298,6 +296,6 @@ class XmlCallParser(TextParser):
         if state in ("body", "skip_body", "param_header", "value_open", "value"):
             self._end_call()
             self._raw, self._state = [], "content"
-        elif state in ("between", "skip_between", "call_header"):
+        elif state in ("between", "call_header"):
             self._show_raw()
         self._text.call_starts()  # whitespace after the last call is dropped
