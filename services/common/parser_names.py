@@ -16,7 +16,13 @@ TOOL_CALL_PARSER_NAMES = (
     "mistral",
     "pythonic", "llama4_pythonic",
     "deepseek_v3", "deepseek_v3_1", "deepseek_v31", "deepseek_r1",
+    "deepseek_v32",
     "harmony", "gpt_oss",
+    "qwen3_coder",
+    "kimi_k2",
+    "glm45", "glm47",
+    "minimax_m2",
 )
 
-REASONING_PARSER_NAMES = ("basic", "qwen3", "glm45", "deepseek_r1", "mistral", "kimi", "gpt_oss")
+REASONING_PARSER_NAMES = ("basic", "qwen3", "glm45", "deepseek_r1", "mistral", "kimi", "gpt_oss",
+                          "kimi_k2", "minimax", "nemotron", "granite")

@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Iterable
 from pathlib import Path
 
+import orjson
 import yaml
 
 from services.postprocessor.core.parsers import ParsedDelta, ParserConfig, ToolChoice, build_output_parser
@@ -21,6 +22,7 @@ class Case:
     config: ParserConfig
     text: str
     expect: dict
+    tools_json: str = ""  # the request's tools (a case file's ``tools``), for schema-typed formats
 
 
 @dataclasses.dataclass
@@ -39,7 +41,9 @@ def load_cases() -> list[Case]:
             settings = {**doc.get("defaults", {}), **{k: v for k, v in raw.items() if k in _CONFIG_KEYS}}
             if "tool_choice" in settings:
                 settings["tool_choice"] = ToolChoice(settings["tool_choice"])
-            cases.append(Case(raw["id"], ParserConfig(**settings), raw["text"], raw["expect"]))
+            tools = raw.get("tools", doc.get("tools"))
+            cases.append(Case(raw["id"], ParserConfig(**settings), raw["text"], raw["expect"],
+                              orjson.dumps(tools).decode() if tools else ""))
     ids = [c.id for c in cases]
     assert len(ids) == len(set(ids)), "case ids must be unique"
     return cases
@@ -64,9 +68,9 @@ def fold(deltas: Iterable[ParsedDelta]) -> Result:
     return out
 
 
-def run(config: ParserConfig, chunks: Iterable[str]) -> Result:
+def run(config: ParserConfig, chunks: Iterable[str], tools_json: str = "") -> Result:
     counter = itertools.count()
-    parser = build_output_parser(config, new_id=lambda: f"call_{next(counter)}")
+    parser = build_output_parser(config, new_id=lambda: f"call_{next(counter)}", tools_json=tools_json)
     if parser is None:
         return Result(content="".join(chunks))
     deltas = [parser.feed(chunk) for chunk in chunks]

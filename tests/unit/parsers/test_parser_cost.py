@@ -40,6 +40,22 @@ FORMATS = {
     "harmony": (ParserConfig("harmony", "gpt_oss", has_tools=True),
                 lambda s: (f"<|channel|>analysis<|message|>{s}<|end|><|start|>assistant<|channel|>commentary "
                            f'to=functions.f <|constrain|>json<|message|>{{"data": "{s}"}}<|call|>')),
+    "qwen3_coder": (ParserConfig("qwen3_coder", has_tools=True),
+                    lambda s: ("<tool_call>\n<function=f>\n<parameter=data>\n"
+                               f"{s}\n</parameter>\n</function>\n</tool_call>")),
+    "kimi_k2": (ParserConfig("kimi_k2", has_tools=True),
+                lambda s: ("<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
+                           f'{{"data": "{s}"}}<|tool_call_end|><|tool_calls_section_end|>')),
+    "glm47": (ParserConfig("glm47", has_tools=True),
+              lambda s: f"<tool_call>f<arg_key>data</arg_key><arg_value>{s}</arg_value></tool_call>"),
+    "minimax_m2": (ParserConfig("minimax_m2", "minimax", has_tools=True),
+                   lambda s: (f'{s}</think><minimax:tool_call><invoke name="f"><parameter name="data">{s}'
+                              "</parameter></invoke></minimax:tool_call>")),
+    "deepseek_v32": (ParserConfig("deepseek_v32", has_tools=True),
+                     lambda s: ('<｜DSML｜function_calls><｜DSML｜invoke name="f"><｜DSML｜parameter name="data" '
+                                f'string="true">{s}</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>')),
+    "granite": (ParserConfig(reasoning_parser="granite"),
+                lambda s: f"Here is my thought process: {s} Here is my response: {s}"),
     "required": (ParserConfig("hermes", has_tools=True, tool_choice=ToolChoice.REQUIRED),
                  lambda s: f'[{{"name": "f", "parameters": {{"data": "{s}"}}}}]'),
     "qwen3+hermes": (ParserConfig("hermes", "qwen3", has_tools=True),

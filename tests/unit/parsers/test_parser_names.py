@@ -32,3 +32,19 @@ def test_an_unknown_name_at_request_time_is_an_error_not_a_silent_no_op():
         build_output_parser(ParserConfig("nope", has_tools=True))
     with pytest.raises(LookupError, match="'nope'"):
         build_output_parser(ParserConfig(reasoning_parser="nope"))
+
+
+NEW_FAMILIES = [("--tool-call-parser", name) for name in
+                ("qwen3_coder", "kimi_k2", "glm45", "glm47", "minimax_m2", "deepseek_v32")] + \
+               [("--reasoning-parser", name) for name in ("kimi_k2", "minimax", "nemotron", "granite")]
+
+
+@pytest.mark.parametrize(("flag", "name"), NEW_FAMILIES)
+def test_a_worker_accepts_the_current_families_by_flag_and_by_env_twin(flag, name, demo_model_dir):
+    from services.workers.mocker import config as mocker_config
+
+    field = flag.lstrip("-").replace("-", "_")
+    by_flag = mocker_config.parse_config(["--model-dir", str(demo_model_dir), flag, name], {})
+    env = {f"MESHFRONT_MOCKER_{field.upper()}": name}
+    by_env = mocker_config.parse_config(["--model-dir", str(demo_model_dir)], env)
+    assert getattr(by_flag.worker, field) == getattr(by_env.worker, field) == name

@@ -16,7 +16,9 @@ from services.postprocessor.core.parsers.tool_calls import (
     HarmonyParser,
     NamedToolParser,
     RequiredToolParser,
+    XmlCallParser,
 )
+from services.postprocessor.core.parsers.tool_calls.param_types import ToolSchemas
 from services.postprocessor.core.parsers.types import ParsedDelta, TextParser, concat, new_call_id
 
 
@@ -94,7 +96,7 @@ def _merge(reasoning: ParsedDelta, tools: ParsedDelta) -> ParsedDelta:
     return ParsedDelta(tools.content, reasoning.reasoning + tools.reasoning, reasoning.tool_calls + tools.tool_calls)
 
 
-def _tool_parser(cfg: ParserConfig, new_id: Callable[[], str]) -> TextParser | None:
+def _tool_parser(cfg: ParserConfig, new_id: Callable[[], str], tools_json: str) -> TextParser | None:
     if not cfg.has_tools or cfg.tool_choice is ToolChoice.NONE:
         return None
     if cfg.tool_choice is ToolChoice.NAMED:
@@ -107,6 +109,8 @@ def _tool_parser(cfg: ParserConfig, new_id: Callable[[], str]) -> TextParser | N
     if cls is None:  # workers check the name at start (services/common/parser_names.py): a version skew
         raise LookupError(f"the worker registered tool-call parser {cfg.tool_call_parser!r}, "
                           "which this postprocessor does not know")
+    if issubclass(cls, XmlCallParser):  # raw-text argument values: the tools' schemas give their JSON types
+        return cls(new_id=new_id, schemas=ToolSchemas.from_json(tools_json))
     return cls(new_id=new_id)
 
 
@@ -123,9 +127,14 @@ def _reasoning_parser(cfg: ParserConfig, tools_in_harmony: bool,
     return cls(prompt_opens_reasoning=cfg.prompt_opens_reasoning)
 
 
-def build_output_parser(cfg: ParserConfig, new_id: Callable[[], str] = new_call_id) -> OutputParser | None:
-    """The parsers a request needs, or None when its output is plain content."""
-    tools = _tool_parser(cfg, new_id)
+def build_output_parser(cfg: ParserConfig, new_id: Callable[[], str] = new_call_id,
+                        tools_json: str = "") -> OutputParser | None:
+    """The parsers a request needs, or None when its output is plain content.
+
+    ``tools_json`` is the request's ``tools`` (OpenAI JSON): formats whose argument values are raw
+    text (``tool_calls/xml_calls.py``) read the parameters' types from it.
+    """
+    tools = _tool_parser(cfg, new_id, tools_json)
     harmony_tools = isinstance(tools, HarmonyParser)
     reasoning = _reasoning_parser(cfg, harmony_tools, new_id)
     if harmony_tools and isinstance(reasoning, HarmonyParser):

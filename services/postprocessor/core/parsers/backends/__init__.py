@@ -74,13 +74,13 @@ class ChatProcessor(Protocol):
 
 
 class OursChatProcessor:
-    """The default: this package's parsers (needs nothing from ``context``)."""
+    """The default: this package's parsers (of ``context`` they read only the tools' schemas)."""
 
     name = DEFAULT_CHAT_PROCESSOR
 
     def output_parser(self, config: ParserConfig, context: ParseContext,
                       new_id: Callable[[], str] = new_call_id) -> StreamingOutputParser | None:
-        return build_output_parser(config, new_id)
+        return build_output_parser(config, new_id, context.tools_json)
 
 
 def load_chat_processor(name: str) -> ChatProcessor:

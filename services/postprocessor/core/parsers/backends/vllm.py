@@ -43,7 +43,8 @@ TOOL_PARSER_NAMES = {
     "qwen": "hermes", "qwen25": "hermes", "qwen3": "hermes", "llama": "llama3_json",
     "deepseek_r1": "deepseek_v3", "deepseek_v3_1": "deepseek_v31", "harmony": "openai", "gpt_oss": "openai",
 }
-REASONING_PARSER_NAMES = {"basic": "qwen3", "gpt_oss": "openai_gptoss", "harmony": "openai_gptoss"}
+REASONING_PARSER_NAMES = {"basic": "qwen3", "gpt_oss": "openai_gptoss", "harmony": "openai_gptoss",
+                          "minimax": "minimax_m2", "nemotron": "nemotron_v3"}
 HARMONY_TOOL_PARSER = "openai"
 # tool_choice required / named is handled by vLLM's Parser generically (not in the model's format),
 # but only through a tool parser: this one carries it when the model registered none.

@@ -6,10 +6,14 @@ tool calls together.
 
 from __future__ import annotations
 
+from services.postprocessor.core.parsers.reasoning.granite import GraniteReasoningParser
 from services.postprocessor.core.parsers.reasoning.think_tags import (
     DeepSeekR1ReasoningParser,
+    KimiK2ReasoningParser,
     KimiReasoningParser,
+    MiniMaxReasoningParser,
     MistralReasoningParser,
+    NemotronReasoningParser,
     Qwen3ReasoningParser,
 )
 
@@ -21,6 +25,10 @@ REASONING_PARSERS = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
     "mistral": MistralReasoningParser,
     "kimi": KimiReasoningParser,
+    "kimi_k2": KimiK2ReasoningParser,
+    "minimax": MiniMaxReasoningParser,
+    "nemotron": NemotronReasoningParser,
+    "granite": GraniteReasoningParser,
 }
 REASONING_NAMES = (*REASONING_PARSERS, HARMONY)
 

@@ -47,9 +47,16 @@ class ThinkTagParser(TextParser):
     open_tag = "<think>"
     close_tag = "</think>"
     reasoning_first = False
+    # Formats with spelling variants list them all (Granite's "Here's" / "Here is").
+    open_tags: tuple[str, ...] = ()
+    close_tags: tuple[str, ...] = ()
+    # Markers that end reasoning without a closing tag and are themselves content (Kimi K2's tool section).
+    content_starts: tuple[str, ...] = ()
 
     def __init__(self, prompt_opens_reasoning: bool = False):
         super().__init__()
+        self._opens = self.open_tags or (self.open_tag,)
+        self._closes = self.close_tags or (self.close_tag,)
         forced = prompt_opens_reasoning or self.reasoning_first
         self._state = "maybe_open" if not forced else "skip_open"
         self._reasoning = _Trimmed(self.out.reasoning, trail=True)
@@ -63,20 +70,20 @@ class ThinkTagParser(TextParser):
             self._pos = len(buf)
             return False
         if state == "reasoning":
-            end, marker = find_marker(buf, pos, (self.close_tag,), final)
+            end, marker = find_marker(buf, pos, self._closes + self.content_starts, final)
             self._reasoning.push(buf[pos:end])
-            self._pos = end + len(marker or "")
+            self._pos = end + (len(marker) if marker in self._closes else 0)
             if marker is None:
                 return False
             self._state = "content"
             self._content = _Trimmed(self.out.content, trail=False)
             return True
         p = skip_ws(buf, pos)
-        verdict = expect(buf, p, self.open_tag, final)
-        if verdict == "wait" or (p == len(buf) and not final):
+        verdicts = [expect(buf, p, tag, final) for tag in self._opens]
+        if "yes" not in verdicts and ("wait" in verdicts or (p == len(buf) and not final)):
             return False
-        if verdict == "yes":
-            self._state, self._pos = "reasoning", p + len(self.open_tag)
+        if "yes" in verdicts:
+            self._state, self._pos = "reasoning", p + len(self._opens[verdicts.index("yes")])
         else:
             self._state = "reasoning" if state == "skip_open" else "content"
         return True
@@ -116,3 +123,35 @@ class KimiReasoningParser(ThinkTagParser):
 
     open_tag = "◁think▷"
     close_tag = "◁/think▷"
+
+
+class KimiK2ReasoningParser(ThinkTagParser):
+    """Kimi K2 Thinking / K2.5: ``<think>`` … ``</think>``, reasoning first.
+
+    The model may also leave reasoning by starting its tool-call section without closing the block:
+    ``<|tool_calls_section_begin|>`` ends the reasoning and is passed on, with what follows, to the
+    tool-call parser (kimi_k2). ``thinking: false`` in chat_template_kwargs turns the parser off.
+    """
+
+    reasoning_first = True
+    content_starts = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
+
+
+class MiniMaxReasoningParser(ThinkTagParser):
+    """MiniMax M2 / M2.1: ``<think>`` … ``</think>``, reasoning first.
+
+    The M2 template ends the prompt with ``<think>\n``, so the output starts inside the block (a
+    repeated opening tag is skipped) and everything before ``</think>`` is reasoning (minimax).
+    """
+
+    reasoning_first = True
+
+
+class NemotronReasoningParser(ThinkTagParser):
+    """NVIDIA Nemotron Nano v2 / v3: ``<think>`` … ``</think>``, reasoning first.
+
+    The template opens the block when thinking is on; with ``enable_thinking: false`` the request
+    has no reasoning parser at all, so the whole output is content (nemotron).
+    """
+
+    reasoning_first = True

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 from services.postprocessor.core.parsers.tool_calls.deepseek import DeepSeekToolParser
+from services.postprocessor.core.parsers.tool_calls.deepseek_v32 import DeepSeekV32ToolParser
 from services.postprocessor.core.parsers.tool_calls.forced import NamedToolParser, RequiredToolParser
+from services.postprocessor.core.parsers.tool_calls.glm import GlmToolParser
 from services.postprocessor.core.parsers.tool_calls.harmony import HarmonyParser
 from services.postprocessor.core.parsers.tool_calls.hermes import HermesToolParser
+from services.postprocessor.core.parsers.tool_calls.kimi_k2 import KimiK2ToolParser
 from services.postprocessor.core.parsers.tool_calls.llama3_json import Llama3JsonToolParser
+from services.postprocessor.core.parsers.tool_calls.minimax_m2 import MiniMaxM2ToolParser
 from services.postprocessor.core.parsers.tool_calls.mistral import MistralToolParser
 from services.postprocessor.core.parsers.tool_calls.pythonic import PythonicToolParser
+from services.postprocessor.core.parsers.tool_calls.qwen3_coder import Qwen3CoderToolParser
+from services.postprocessor.core.parsers.tool_calls.xml_calls import XmlCallParser
+from services.postprocessor.core.parsers.types import TextParser
 
 # Name -> parser class; the aliases follow the names vLLM, SGLang and Dynamo use.
-TOOL_CALL_PARSERS = {
+TOOL_CALL_PARSERS: dict[str, type[TextParser]] = {
     "hermes": HermesToolParser,
     "qwen": HermesToolParser,
     "qwen25": HermesToolParser,
@@ -25,8 +32,14 @@ TOOL_CALL_PARSERS = {
     "deepseek_v3_1": DeepSeekToolParser,
     "deepseek_v31": DeepSeekToolParser,
     "deepseek_r1": DeepSeekToolParser,
+    "deepseek_v32": DeepSeekV32ToolParser,
     "harmony": HarmonyParser,
     "gpt_oss": HarmonyParser,
+    "qwen3_coder": Qwen3CoderToolParser,
+    "kimi_k2": KimiK2ToolParser,
+    "glm45": GlmToolParser,
+    "glm47": GlmToolParser,
+    "minimax_m2": MiniMaxM2ToolParser,
 }
 
-__all__ = ["TOOL_CALL_PARSERS", "HarmonyParser", "NamedToolParser", "RequiredToolParser"]
+__all__ = ["TOOL_CALL_PARSERS", "HarmonyParser", "NamedToolParser", "RequiredToolParser", "XmlCallParser"]
