@@ -64,8 +64,16 @@ class ReplicaMetrics:
 
     async def _heard(self, msg: Msg) -> None:
         peer = msg.data.decode()
-        if peer != self.replica:
-            self._peers[peer] = time.monotonic()
+        if peer == self.replica:
+            return
+        newcomer = peer not in self.live_peers()
+        self._peers[peer] = time.monotonic()
+        if newcomer and self._nc is not None:
+            # Answer a newcomer's first announcement with ours: otherwise it learns of us only at our next
+            # heartbeat, and until then its scrapes would hold its own series alone (Envoy sends a new
+            # replica requests, and scrapes, before that). Once per newcomer, so no echo storm.
+            with contextlib.suppress(Exception):
+                await self._nc.publish(PRESENCE_SUBJECT, self.replica.encode())
 
     async def _answer(self, msg: Msg) -> None:
         if msg.data.decode() == self.replica or not msg.reply:  # our own gather: answered locally

@@ -61,6 +61,29 @@ async def test_gather_holds_every_replica_and_survives_a_dead_one(nats_url):
             await gw.close()
 
 
+async def test_a_new_replica_learns_its_peers_at_once(nats_url):
+    """A replica that starts next to running ones knows them after its first announcement, not after
+    their next heartbeat: its scrapes hold every replica's series from the start."""
+    old_rec, new_rec = MeshfrontRecorder("rep"), MeshfrontRecorder("rep")
+    served(old_rec, 1)
+    served(new_rec, 2)
+    heartbeat_s = 30.0  # no heartbeat comes during the test: only the answer to the newcomer can tell it
+    old = ReplicaMetrics(nats_url, "gw-old:9100", old_rec.registry, heartbeat_s=heartbeat_s, peer_ttl_s=90.0)
+    new = ReplicaMetrics(nats_url, "gw-new:9100", new_rec.registry, heartbeat_s=heartbeat_s, peer_ttl_s=90.0)
+    tasks = [asyncio.create_task(old.run())]
+    try:
+        await wait_for(lambda: old._nc is not None)
+        await asyncio.sleep(0.2)  # the old replica's first announcement went out before the new one listens
+        tasks.append(asyncio.create_task(new.run()))
+        await wait_for(lambda: new.live_peers() == {"gw-old:9100"}, within_s=5.0)
+        assert requests_by_replica(await new.gather()) == {"gw-old:9100": 1, "gw-new:9100": 2}
+    finally:
+        for task in tasks:
+            task.cancel()
+        await old.close()
+        await new.close()
+
+
 async def test_without_nats_a_replica_answers_alone():
     rec = MeshfrontRecorder("rep")
     served(rec, 4)
