@@ -338,7 +338,7 @@ class ServerDeployment(Deployment):
         while time.monotonic() < deadline:
             self.check()
             with contextlib.suppress(OSError, ValueError), \
-                    urllib.request.urlopen(f"{self.url}/v1/models", timeout=1) as r:  # noqa: S310 - our own http URL
+                    urllib.request.urlopen(f"{self.url}/v1/models", timeout=1) as r:
                 if any(m.get("id") == model for m in orjson.loads(r.read()).get("data", [])):
                     return
             time.sleep(0.5)

@@ -108,7 +108,7 @@ class Profiler:
         binary = py_spy()
         for name, pid in self._targets.items():
             path = self._out / f"{label}-{name}.txt"
-            proc = subprocess.Popen(  # noqa: S603 - our own binary and pids
+            proc = subprocess.Popen(
                 [binary, "record", "--pid", str(pid), "--rate", str(self._rate),
                  # Native unwinding must pause the process per sample; Python-only sampling need not.
                  *(["--native"] if self._native else ["--nonblocking"]), "--format", "raw", "-o", str(path)],

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 import nats
-from nats.aio.client import Client as NatsClient
 import orjson
+from nats.aio.client import Client as NatsClient
 from nats.errors import NoServersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import KeyValueConfig

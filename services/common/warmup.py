@@ -14,7 +14,6 @@ from typing import Any
 
 from services.common.discovery import ModelCard, WorkerCard, WorkerRegistry
 
-
 Warm = Callable[[ModelCard], Coroutine[Any, Any, None]]
 Closer = Callable[[], Coroutine[Any, Any, None]]
 

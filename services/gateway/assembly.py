@@ -12,7 +12,6 @@ import socket
 from collections.abc import Callable
 
 from grpc_health.v1 import health_pb2
-
 from meshfront.gateway.v1 import (
     anthropic_pb2_grpc,
     edge_pb2_grpc,
@@ -43,7 +42,6 @@ from services.gateway.responses_api.server import ResponsesServicer
 from services.gateway.responses_api.store import ResponseStore
 from services.gateway.stage_watch import StageWatch
 from services.gateway.warmup import Warmup
-
 
 # The gRPC health service name the gateway's liveness probe asks (deploy/k8s/base/gateway.yaml).
 LIVENESS_SERVICE = "liveness"

@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 import grpc
-
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
+
 from services.common import tls as mesh_tls
 from services.common.error_interceptor import request_id_metadata
 from services.common.grpc_server import CHANNEL_OPTIONS

@@ -38,10 +38,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 from google.rpc import status_pb2
-
 from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
-from services.common import tls as mesh_tls
+
 from services.common import stage_wait
+from services.common import tls as mesh_tls
 from services.common.errors import Draining, MeshError, StageUnavailable, WorkerFailed, from_status_proto
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.mux_client import MuxStream, Wire

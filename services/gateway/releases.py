@@ -16,6 +16,7 @@ import contextlib
 from typing import TypeVar
 
 from meshfront.router.v1 import router_pb2
+
 from services.gateway.clients import RouterClient
 
 FLUSH_S = 0.02  # how late a release may reach the router when no Route carries it

@@ -29,8 +29,8 @@ from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
 from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, WorkerSpec, free_port, specs
 from services.launcher.supervise import RestartPolicy, Spec, Supervisor
-from services.preprocessor.core.template_check import read_chat_template
 from services.models.minilm import EmbeddingModelMissing
+from services.preprocessor.core.template_check import read_chat_template
 from services.router.core.policies import POLICY_NAMES
 
 DEMO_MODEL_NAME = "meshfront/demo-qwen"
@@ -51,6 +51,17 @@ STOP_ORDER = (("envoy", "gateway-*"), ("preprocessor", "router", "router-*", "po
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = _parser()
+    args = p.parse_args(argv)
+    try:
+        _check_shape(args)
+        _check_files(args)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="meshfront run", description=__doc__)
     p.add_argument("--http-port", type=int, default=8000, help="Envoy's HTTP and gRPC port")
     p.add_argument("--workers", type=int, default=2, help="mocker workers serving the demo model")
@@ -102,38 +113,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="internal ports (NATS, gateways, stages, workers, Envoy admin) on free ports instead "
                    "of 4222 and 9100-9901; --http-port stays as given (a second mesh beside a running one)")
     p.add_argument("--run-dir", default="", help=f"NATS store and Envoy config (default {ROOT / '.run'})")
-    args = p.parse_args(argv)
+    return p
+
+
+def _check_shape(args: argparse.Namespace) -> None:
+    """Counts, limits and flag combinations (ValueError naming the flag); forwards --metrics-prefix."""
     if args.postprocessors < 1 or (args.inproc and args.postprocessors != 1):
-        p.error("--postprocessors must be at least 1, and the all-in-one shape (--inproc) has none of its own")
+        raise ValueError("--postprocessors must be at least 1, and the all-in-one shape (--inproc) has none of its "
+                         "own")
     if args.embedding_workers < 0:
-        p.error("--embedding-workers must be >= 0")
+        raise ValueError("--embedding-workers must be >= 0")
     if args.crash_window_s <= 0 or args.crash_limit < 1:
-        p.error("--crash-window-s must be positive and --crash-limit at least 1")
+        raise ValueError("--crash-window-s must be positive and --crash-limit at least 1")
     if args.engine_args is not None and args.worker_kind not in ENGINES:
-        p.error(f"--engine-args is for engine workers ({', '.join(ENGINES)}), not {args.worker_kind}")
+        raise ValueError(f"--engine-args is for engine workers ({', '.join(ENGINES)}), not {args.worker_kind}")
+    if args.metrics_prefix:
+        check_prefix(args.metrics_prefix)
+        args.gateway_flag.append(f"--metrics-prefix={args.metrics_prefix}")
+
+
+def _check_files(args: argparse.Namespace) -> None:
+    """TLS files (both or neither, and readable now rather than when Envoy fails to load them) and the chat
+    template (the preprocessor's own check, before any process starts)."""
     mesh_tls = (args.mesh_tls_ca, args.mesh_tls_cert, args.mesh_tls_key)
     if any(mesh_tls) and not all(mesh_tls):
-        p.error("--mesh-tls-ca, --mesh-tls-cert and --mesh-tls-key go together")
+        raise ValueError("--mesh-tls-ca, --mesh-tls-cert and --mesh-tls-key go together")
     args.mtls = tuple(os.path.abspath(f) for f in mesh_tls) if all(mesh_tls) else None
-    if args.metrics_prefix:
-        try:
-            check_prefix(args.metrics_prefix)
-        except ValueError as e:
-            p.error(str(e))
-        args.gateway_flag.append(f"--metrics-prefix={args.metrics_prefix}")
-    # Both or neither, and readable now rather than when Envoy fails to load them.
     if bool(args.tls_cert) != bool(args.tls_key):
-        p.error("--tls-cert and --tls-key go together")
+        raise ValueError("--tls-cert and --tls-key go together")
     for path in filter(None, (args.tls_cert, args.tls_key, *mesh_tls)):
         if not os.path.isfile(path):
-            p.error(f"{path} is not a file")
+            raise ValueError(f"{path} is not a file")
     if args.chat_template:
-        try:
-            read_chat_template(args.chat_template)  # the preprocessor's own check, before any process starts
-        except ValueError as e:
-            p.error(str(e))
+        read_chat_template(args.chat_template)
         args.preprocessor_flag = [*args.preprocessor_flag, "--chat-template", os.path.abspath(args.chat_template)]
-    return args
 
 
 def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float,

@@ -7,6 +7,7 @@ from typing import cast
 
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
+
 from services.postprocessor.core.detokenizer import PROMPT_CONTEXT_IDS
 from services.postprocessor.core.logprobs import TokenTexts
 from services.postprocessor.core.parsers import ParserConfig, ToolChoice

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from meshfront.postprocessor.v1 import postprocessor_pb2_grpc
+
 from services.common import service_main
 from services.common.assembly import Built
 from services.common.grpc_server import GrpcServer

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from meshfront.common.v1 import common_pb2
 from meshfront.router.v1 import router_pb2
+
 from services.common.errors import MeshError, Overloaded, WorkerFailed
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ import logging
 
 import grpc
 from google.rpc import status_pb2
-
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
+
 from services.common import tls as mesh_tls
 from services.common.errors import (
     Cancelled,

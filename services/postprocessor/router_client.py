@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
+
 from services.common import tls as mesh_tls
 from services.common.error_interceptor import request_id_metadata
 from services.common.grpc_server import CHANNEL_OPTIONS

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import grpc
-
 from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
+
 from services.common.errors import relay
 from services.common.mux_session import MuxSession, MuxSessions
 from services.postprocessor.service import Postprocessor

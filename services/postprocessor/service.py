@@ -28,23 +28,24 @@ from typing import Protocol
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
+
 from services.common.discovery import ModelCard
 from services.common.errors import Internal, InvalidRequest, MeshError, WorkerFailed
-from services.postprocessor.metrics import postprocessor_metrics
 from services.common.pump import Batch
 from services.postprocessor import convert
 from services.postprocessor.core.logprobs import TokenTexts
-from services.postprocessor.core.parsers.output import SingleToolCall
 from services.postprocessor.core.parsers.backends import (
     ChatProcessor,
     OursChatProcessor,
     ParseContext,
     StreamingOutputParser,
 )
+from services.postprocessor.core.parsers.output import SingleToolCall
 from services.postprocessor.core.parsers.types import concat
 from services.postprocessor.core.sequence import Delta, FinishReason, SequenceDecoder
 from services.postprocessor.core.tokenizers_cache import ModelTokenizer, TokenizerCache, TokenizerLoadError
 from services.postprocessor.idle_watch import IdleWatch
+from services.postprocessor.metrics import postprocessor_metrics
 from services.postprocessor.migration import Migrator, WorkerRoute, continuation, guided
 
 log = logging.getLogger(__name__)

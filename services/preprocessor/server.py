@@ -13,7 +13,6 @@ from services.common.grpc_server import GrpcServer
 from services.preprocessor.metrics import preprocessor_metrics
 from services.preprocessor.service import Preprocessor
 
-
 T = TypeVar("T")
 
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-
 from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 

@@ -141,10 +141,11 @@ class _LiveCollector:
             yield CounterMetricFamily(f"{_PREFIX}_kv_{name}", f"kv policy {name} (see policies/kv_aware.py)",
                                       value=value)
         if self._ingest is not None:
-            yield from self._kv_index()
+            yield from self._kv_index(self._ingest)
 
-    def _kv_index(self):
-        s = self._ingest.stats
+    @staticmethod
+    def _kv_index(ingest: KvEventIngest):
+        s = ingest.stats
         for name, value, doc in (("kv_event_messages", s.messages, "KV event messages received"),
                                  ("kv_events", s.events, "KV events applied"),
                                  ("kv_event_gaps", s.gaps, "Sequence gaps detected in workers' KV events"),
@@ -152,7 +153,7 @@ class _LiveCollector:
                                  ("kv_resyncs", s.resyncs, "Full block-set fetches requested"),
                                  ("kv_dumps_loaded", s.dumps_loaded, "Full block sets loaded")):
             yield CounterMetricFamily(f"{_PREFIX}_{name}", doc, value=value)
-        index = self._ingest.index
+        index = ingest.index
         blocks = GaugeMetricFamily(f"{_PREFIX}_kv_index_blocks", "Blocks the index knows per worker", labels=["worker"])
         for w in index.workers():
             blocks.add_metric([w], index.worker_blocks(w))

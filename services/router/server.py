@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import grpc
-
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
+
 from services.router.service import Router
 
 

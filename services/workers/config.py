@@ -8,8 +8,8 @@ import secrets
 import socket
 from pathlib import Path
 
-from services.common.parser_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 from services.common.flags import FlagParser, add_common_flags, common_errors
+from services.common.parser_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 from services.workers.model_dir import read_model_info
 
 

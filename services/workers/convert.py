@@ -11,8 +11,16 @@ from meshfront.common.v1 import common_pb2
 from meshfront.worker.v1 import worker_pb2
 
 from services.common.errors import InvalidRequest, MeshError, Overloaded, WorkerFailed
-from services.workers.engine import (EngineBusy, EngineError, EngineOutput, EngineRequest, GuidedDecoding,
-                                     MediaInput, RequestRejected, SamplingParams)
+from services.workers.engine import (
+    EngineBusy,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    GuidedDecoding,
+    MediaInput,
+    RequestRejected,
+    SamplingParams,
+)
 
 
 def _opt(message, field: str):

@@ -17,8 +17,8 @@ from meshfront.worker.v1 import worker_pb2
 
 from services.common.errors import InvalidRequest
 from services.workers import convert
-from services.workers.metrics import worker_metrics
 from services.workers.engine import Engine, EngineBusy, EngineError, FinishReason, RequestRejected
+from services.workers.metrics import worker_metrics
 
 log = logging.getLogger(__name__)
 

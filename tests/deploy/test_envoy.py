@@ -10,8 +10,8 @@ import yaml
 
 from services.launcher.envoy_config import ENVOY_YAML, render
 from services.launcher.plan import free_port
-from tests.conftest import ROOT
 from services.launcher.processes import wait_port
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.deploy
 
@@ -243,7 +243,6 @@ def envoy_over_bare_statuses(envoy_bin, tmp_path):
 
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
     from meshfront.gateway.v1 import anthropic_pb2_grpc, gateway_pb2_grpc
 
     class Bare(gateway_pb2_grpc.GatewayServiceServicer):

@@ -7,8 +7,8 @@ starts), in the all-in-one shape to keep the process count small.
 
 from __future__ import annotations
 
-import pathlib
 import json
+import pathlib
 import ssl
 import subprocess
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from services.launcher.plan import WorkerSpec, ephemeral_plan
-from tests.conftest import MOCKER_SCRIPT, ROOT, sdk_client, stop_cleanly
 from services.launcher.processes import Mesh
+from tests.conftest import MOCKER_SCRIPT, ROOT, sdk_client, stop_cleanly
 
 pytestmark = pytest.mark.mesh
 

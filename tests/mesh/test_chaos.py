@@ -22,9 +22,9 @@ import orjson
 import pytest
 
 from services.launcher.plan import WorkerSpec
+from tests.conftest import stop_cleanly
 from tests.mesh.chaos_client import chat, run_streams, stream_then_hang_up
 from tests.mesh.conftest import DEMO, start_mesh
-from tests.conftest import stop_cleanly
 
 pytestmark = pytest.mark.mesh
 

@@ -7,9 +7,9 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import stop_cleanly
 from tests.mesh.chaos_client import stream_then_hang_up
 from tests.mesh.conftest import DEMO, SECOND, mocker, start_mesh
-from tests.conftest import stop_cleanly
 
 pytestmark = pytest.mark.mesh
 

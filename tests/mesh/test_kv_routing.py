@@ -4,9 +4,9 @@ cache, and workers that leave or join keep the index right (read from the router
 from __future__ import annotations
 
 import os
-import sys
 import re
 import signal
+import sys
 import time
 import urllib.request
 

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.mesh.conftest import DEMO, DEMO_PARSERS, mocker, start_mesh, wait_until
 from tests.conftest import sdk_client, stop_cleanly
+from tests.mesh.conftest import DEMO, DEMO_PARSERS, mocker, start_mesh, wait_until
 
 pytestmark = pytest.mark.mesh
 

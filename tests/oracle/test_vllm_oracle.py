@@ -104,6 +104,7 @@ def test_expected_differences_name_real_cases():
 def test_the_service_builds_vllm_parsers_from_the_request(vllm_processor, tokenizer, oracle_model_dir):
     """The postprocessor's own path: request options and prompt ids (a proto field) to a vLLM parser."""
     from meshfront.common.v1 import common_pb2
+
     from services.postprocessor.service import output_parser
 
     prompt = tokenizer.encode("<|im_start|>assistant\n<think>\n", add_special_tokens=False)

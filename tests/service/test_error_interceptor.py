@@ -12,10 +12,10 @@ import logging
 
 import grpc
 import pytest
-
 from meshfront.common.v1 import common_pb2
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
+
 from services.common.error_interceptor import request_id_metadata
 from services.common.errors import InvalidRequest, Overloaded, from_rpc_error, relay
 from services.common.grpc_server import GrpcServer

@@ -13,8 +13,8 @@ import time
 
 import grpc
 import pytest
-
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
+
 from services.common.errors import NoWorkers, StageUnavailable, from_rpc_error
 from services.common.grpc_server import GrpcServer
 from services.gateway import models_api

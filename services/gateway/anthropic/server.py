@@ -20,9 +20,16 @@ from services.gateway.anthropic.render import MessageRenderer
 from services.gateway.anthropic.request import parse_count_tokens, parse_messages
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.to_proto import chat_to_preprocess, postprocess_options
-from services.gateway.front_door import (JSON, ErrorShape, Generation, Models, check_model, generation_rpc, headers,
-                                           unexpected)
-
+from services.gateway.front_door import (
+    JSON,
+    ErrorShape,
+    Generation,
+    Models,
+    check_model,
+    generation_rpc,
+    headers,
+    unexpected,
+)
 
 # /v1/messages' abort: Anthropic's status and body for Envoy; 529 tells the SDK to retry.
 ANTHROPIC = ErrorShape(body=errors.error_body, status=errors.http_status,

@@ -7,8 +7,8 @@ schema does not list are refused, so the two cannot drift.
 
 from __future__ import annotations
 
-from services.gateway.openai.openai_fields import REASONING_EFFORTS, VERBOSITIES
 from services.gateway.http_api.schema import Schema, array, boolean, integer, map_of, number, obj, one_of, ref, string
+from services.gateway.openai.openai_fields import REASONING_EFFORTS, VERBOSITIES
 
 UINT32_MAX = 2**32 - 1
 

@@ -52,18 +52,33 @@ def _stop(f: Fields) -> list[str]:
     return stops
 
 
+def _include_usage(f: Fields, stream: bool) -> bool:
+    stream_options = f.obj("stream_options")
+    if stream_options is None:
+        return False
+    if not stream:
+        raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    so = Fields(stream_options, "stream_options.")
+    include_usage = so.bool("include_usage")
+    so.bool("include_obfuscation")  # no obfuscation padding is ever added; the field is accepted
+    so.reject_unknown()
+    return include_usage
+
+
+def _check_sampling(s: Sampling) -> None:
+    """What the ranges alone do not say; a negative seed is taken as its 64-bit two's complement."""
+    if s.top_k == 0:
+        raise InvalidRequest("'top_k' must be -1 (disabled) or >= 1; got 0", param="top_k")
+    if s.repetition_penalty is not None and s.repetition_penalty <= 0:
+        raise InvalidRequest("'repetition_penalty' must be in (0, 2]", param="repetition_penalty")
+    if s.seed is not None and s.seed < 0:
+        s.seed &= 2**64 - 1
+
+
 def _common(f: Fields, headers: dict[str, str], *, max_tokens_key: str) -> GenerationRequest:
     model = f.required_str("model")
     stream = f.bool("stream")
-    stream_options = f.obj("stream_options")
-    include_usage = False
-    if stream_options is not None:
-        if not stream:
-            raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
-        so = Fields(stream_options, "stream_options.")
-        include_usage = so.bool("include_usage")
-        so.bool("include_obfuscation")  # no obfuscation padding is ever added; the field is accepted
-        so.reject_unknown()
+    include_usage = _include_usage(f, stream)
     # Each integer names the proto type it lands in (common.proto); ``n`` stays in the gateway.
     n = f.int("n", UINT32, 1, MAX_N) or 1
     s = Sampling(
@@ -81,12 +96,7 @@ def _common(f: Fields, headers: dict[str, str], *, max_tokens_key: str) -> Gener
         include_stop_str_in_output=f.bool("include_stop_str_in_output"),
         skip_special_tokens=f.bool("skip_special_tokens"),
     )
-    if s.top_k == 0:
-        raise InvalidRequest("'top_k' must be -1 (disabled) or >= 1; got 0", param="top_k")
-    if s.repetition_penalty is not None and s.repetition_penalty <= 0:
-        raise InvalidRequest("'repetition_penalty' must be in (0, 2]", param="repetition_penalty")
-    if s.seed is not None and s.seed < 0:
-        s.seed &= 2**64 - 1
+    _check_sampling(s)
     max_tokens = f.int("max_tokens", UINT32, 1)
     if max_tokens_key == "max_completion_tokens":
         mct = f.int("max_completion_tokens", UINT32, 1)

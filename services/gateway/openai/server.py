@@ -25,8 +25,7 @@ from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.request import GenerationRequest
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
 from services.gateway.core.trace import RequestTrace, RouteHints
-from services.gateway.front_door import (JSON, Generation, Models, check_model, generation_rpc, headers,
-                                           http_trailers)
+from services.gateway.front_door import JSON, Generation, Models, check_model, generation_rpc, headers, http_trailers
 from services.gateway.openai.extensions import ResponseExtensions
 from services.gateway.openai.render import renderer_for
 from services.gateway.openai.request import parse_chat, parse_completion

@@ -12,9 +12,9 @@ import numpy as np
 from meshfront.worker.v1 import worker_pb2
 
 from services.common.errors import Internal, InvalidRequest
-from services.workers.metrics import worker_metrics
 from services.workers.embed.batcher import EmbedBatcher
 from services.workers.embed.model import EmbeddingShape
+from services.workers.metrics import worker_metrics
 
 log = logging.getLogger(__name__)
 

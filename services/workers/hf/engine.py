@@ -25,8 +25,15 @@ import threading
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-from services.workers.engine import (EngineError, EngineOutput, EngineRequest, FinishReason, RequestRejected,
-                                     TokenStream, refuse_thinking_budget)
+from services.workers.engine import (
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    FinishReason,
+    RequestRejected,
+    TokenStream,
+    refuse_thinking_budget,
+)
 
 log = logging.getLogger(__name__)
 

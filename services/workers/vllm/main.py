@@ -30,7 +30,7 @@ async def build(cfg: VllmConfig, events: entry.KvEvents) -> entry.Serving:
     try:
         with _engine_processes_die_with_a_signal():
             await engine.start()
-    except Exception as e:  # noqa: BLE001 - any failure to start is reported the same way
+    except Exception as e:
         raise EngineStartFailed(root_message(e)) from e
     worker = cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size)
     log.info("vLLM engine ready: context %d, block size %d, %d KV blocks", engine.max_model_len,

@@ -19,8 +19,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.workers.engine import (EngineRequest, FinishReason, GuidedDecoding, RequestRejected, TokenLogprob,
-                                     refuse_thinking_budget)
+from services.workers.engine import (
+    EngineRequest,
+    FinishReason,
+    GuidedDecoding,
+    RequestRejected,
+    TokenLogprob,
+    refuse_thinking_budget,
+)
 
 # The knobs get_diff_sampling_param may default (max_tokens is sized per request below).
 _DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",

@@ -16,8 +16,14 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from services.common.hashing import block_hashes, sequence_hashes
-from services.workers.engine import (EngineBusy, EngineError, EngineRequest, GuidedDecoding, RequestRejected,
-                                     SamplingParams)
+from services.workers.engine import (
+    EngineBusy,
+    EngineError,
+    EngineRequest,
+    GuidedDecoding,
+    RequestRejected,
+    SamplingParams,
+)
 from services.workers.engine_kv import BlockHashTranslator
 from services.workers.vllm.config import parse_config
 from services.workers.vllm.engine import sampling_params, vllm_errors

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
 from meshfront.postprocessor.v1 import postprocessor_pb2_grpc
 from meshfront.worker.v1 import worker_pb2_grpc
+
 from services.common.error_interceptor import ErrorInterceptor
 from services.common.grpc_server import GrpcServer
 from services.postprocessor.server import PostprocessorServicer

@@ -11,8 +11,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 import grpc
-
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
+
 from services.common.errors import Internal, MeshError, WorkerFailed
 from services.common.mux_session import MuxSession
 

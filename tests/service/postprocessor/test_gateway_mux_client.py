@@ -11,11 +11,11 @@ import asyncio
 import uuid
 
 import pytest
-from tokenizers import Tokenizer
-
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
 from meshfront.worker.v1 import worker_pb2
+from tokenizers import Tokenizer
+
 from services.common.errors import InvalidRequest
 from services.common.grpc_server import GrpcServer
 from services.common.targets import split_target

@@ -13,11 +13,11 @@ import uuid
 import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
-from tokenizers import Tokenizer
-
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
+from tokenizers import Tokenizer
+
 from services.common.errors import InvalidRequest
 from services.models.qwen import EOS_TOKEN_IDS
 from tests.service.postprocessor.fake_worker import Fail, Forever

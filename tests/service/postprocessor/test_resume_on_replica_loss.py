@@ -14,9 +14,9 @@ import dataclasses
 import uuid
 
 import pytest
-
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
+
 from services.common.grpc_server import GrpcServer
 from services.gateway.postprocessor_mux import MuxPostprocessor
 from services.postprocessor.mux_client import MuxWorkerClient

@@ -11,8 +11,8 @@ from services.common.discovery import ModelCard, WorkerCard
 from services.common.hashing import block_hashes
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.lifecycle import LifecycleEvent
-from services.router.events import KvEventSubscriber, ReplicaSync
 from services.router.core.policies import build_policy
+from services.router.events import KvEventSubscriber, ReplicaSync
 from services.router.service import Router
 from services.workers.kv_events import KvEventPublisher
 from services.workers.mocker.kv_cache import KvCache
@@ -128,6 +128,7 @@ async def test_replica_sync_shares_bookings(nats_url):
 async def test_busy_threshold_counts_the_bookings_of_every_replica(nats_url):
     """docs/architecture.md (Overload): with replica sync, a worker another replica filled is busy here too."""
     from meshfront.router.v1 import router_pb2
+
     from services.common.errors import Overloaded
     from services.common.overload import BusyThreshold
 

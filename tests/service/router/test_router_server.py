@@ -2,13 +2,13 @@
 
 import grpc
 import pytest
-
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
+
 from services.common.discovery import ModelCard, WorkerCard
 from services.common.errors import ModelNotFound, from_rpc_error
 from services.common.grpc_server import GrpcServer
-from services.router.server import RouterServicer
 from services.router.core.policies import build_policy
+from services.router.server import RouterServicer
 from services.router.service import Router
 
 pytestmark = pytest.mark.service

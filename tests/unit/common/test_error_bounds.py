@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import (MAX_MESSAGE_BYTES, MAX_PARAM_BYTES, InvalidRequest, NotFound, bounded,
-                                    from_status_proto, status_proto)
+from services.common.errors import (
+    MAX_MESSAGE_BYTES,
+    MAX_PARAM_BYTES,
+    InvalidRequest,
+    NotFound,
+    bounded,
+    from_status_proto,
+    status_proto,
+)
 
 pytestmark = pytest.mark.unit
 

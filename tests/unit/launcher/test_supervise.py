@@ -10,8 +10,7 @@ import pytest
 
 from services.launcher.plan import MeshPlan, WorkerSpec
 from services.launcher.run import STOP_ORDER, _placement, parse_args
-from services.launcher.supervise import (Printer, RestartPolicy, backoff_delay, describe_exit, judge_exit,
-                                         stop_groups)
+from services.launcher.supervise import Printer, RestartPolicy, backoff_delay, describe_exit, judge_exit, stop_groups
 
 pytestmark = pytest.mark.unit
 

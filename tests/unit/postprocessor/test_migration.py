@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from meshfront.common.v1 import common_pb2
 from meshfront.router.v1 import router_pb2
+
 from services.common.errors import InvalidRequest, NoWorkers, Overloaded, WorkerFailed
 from services.postprocessor.migration import Migrator, WorkerRoute, continuation
 

@@ -7,11 +7,11 @@ from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.router.v1 import router_pb2
 
 from services.common.errors import WorkerFailed
-from tests.unit.postprocessor.stream_pump import StreamPump
 from services.models.qwen import EOS_TOKEN_IDS
 from services.postprocessor.core.tokenizers_cache import TokenizerCache
 from services.postprocessor.migration import Migrator
 from services.postprocessor.service import Postprocessor
+from tests.unit.postprocessor.stream_pump import StreamPump
 from tests.unit.postprocessor.test_postprocessor_service import EOS, FakeCall, ids_of, msg
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]

@@ -6,8 +6,8 @@ mesh's enum, one ``ToolChoice`` per mode."""
 from __future__ import annotations
 
 import pytest
-
 from meshfront.common.v1 import common_pb2
+
 from services.postprocessor import convert
 from services.postprocessor.core.parsers import ParserConfig, ToolChoice
 

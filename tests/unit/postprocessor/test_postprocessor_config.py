@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from meshfront.common.v1 import common_pb2
+
 from services.postprocessor import convert
 from services.postprocessor.config import DEFAULT_PORT, parse_config
 from services.postprocessor.core.sequence import FinishReason

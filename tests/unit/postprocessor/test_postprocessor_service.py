@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
+
 from services.common.errors import InvalidRequest, WorkerFailed
-from tests.unit.postprocessor.stream_pump import StreamPump
 from services.models.qwen import EOS_TOKEN_IDS
 from services.postprocessor.core.tokenizers_cache import TokenizerCache
 from services.postprocessor.service import Postprocessor
+from tests.unit.postprocessor.stream_pump import StreamPump
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

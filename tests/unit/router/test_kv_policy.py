@@ -7,8 +7,8 @@ import random
 from collections import Counter
 
 import pytest
-
 from meshfront.router.v1 import router_pb2
+
 from services.common.discovery import ModelCard, WorkerCard
 from services.common.hashing import block_hashes, sequence_hashes
 from services.router.core.index import RadixIndex

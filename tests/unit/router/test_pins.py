@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from meshfront.router.v1 import router_pb2
+
 from services.common.discovery import ModelCard, WorkerCard
 from services.common.errors import InvalidRequest, NoWorkers, Overloaded
 from services.common.overload import BusyThreshold

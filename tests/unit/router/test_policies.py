@@ -67,6 +67,7 @@ def test_bookings_count_release_idempotent_and_drop_worker():
 
 async def test_only_request_tracking_policies_ask_for_the_first_token_report():
     from meshfront.router.v1 import router_pb2
+
     from services.common.discovery import ModelCard, WorkerCard
     from services.router.service import Router
 

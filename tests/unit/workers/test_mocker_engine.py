@@ -6,8 +6,14 @@ import asyncio
 
 import pytest
 
-from services.workers.engine import (EngineError, EngineRequest, FinishReason, GuidedDecoding, RequestRejected,
-                                     SamplingParams)
+from services.workers.engine import (
+    EngineError,
+    EngineRequest,
+    FinishReason,
+    GuidedDecoding,
+    RequestRejected,
+    SamplingParams,
+)
 from services.workers.mocker.config import MockerEngineConfig
 from services.workers.mocker.engine import MockerEngine
 from services.workers.mocker.outputs import OutputPolicy

@@ -6,8 +6,14 @@ import dataclasses
 
 import pytest
 
-from services.workers.engine import (EngineRequest, FinishReason, GuidedDecoding, RequestRejected, SamplingParams,
-                                     TokenLogprob)
+from services.workers.engine import (
+    EngineRequest,
+    FinishReason,
+    GuidedDecoding,
+    RequestRejected,
+    SamplingParams,
+    TokenLogprob,
+)
 from services.workers.vllm import sampling
 
 pytestmark = pytest.mark.unit

@@ -89,58 +89,75 @@ class JsonValueScanner:
     def scan(self, buf: str, pos: int, final: bool = False) -> int:
         n = len(buf)
         if not self._started and pos < n:
-            self._started = True
-            c = buf[pos]
-            if c in "{[":
-                self.depth = 1
-            elif c == '"':
-                self._in_string = True
-            elif c in _SCALAR_START:
-                self._scalar = True
-            else:
-                self.error = True
+            pos = self._start(buf[pos], pos)
+            if self.error:
                 return pos
-            pos += 1
         while pos < n and not self.done and not self.error:
+            # Each step returns where it stopped, or None when the buffer ended inside its token.
             if self._in_string:
-                if self._escape:
-                    self._escape = False
-                    pos += 1
-                    continue
-                m = _STRING_STOP.search(buf, pos)
-                if m is None:
-                    return n
-                pos = m.end()
-                if m.group() == "\\":
-                    self._escape = True
-                else:
-                    self._in_string = False
-                    self.done = self.depth == 0
+                step = self._string_step(buf, pos)
             elif self._scalar:
-                m = _SCALAR_END.search(buf, pos)
-                if m is None:
-                    return n
-                pos = m.start()
-                self.done = True
+                step = self._scalar_step(buf, pos)
             else:
-                m = _JSON_INTERESTING.search(buf, pos)
-                if m is None:
-                    return n
-                c = m.group()
-                if c in "{[":
-                    self.depth += 1
-                elif c in "}]":
-                    self.depth -= 1
-                    self.done = self.depth == 0
-                elif c == '"':
-                    self._in_string = True
-                else:
-                    self.error = True
-                    return m.start()
-                pos = m.end()
+                step = self._structure_step(buf, pos)
+            if step is None:
+                return n
+            pos = step
         if final and self._scalar and self._started:
             self.done = True
         return pos
+
+    def _start(self, c: str, pos: int) -> int:
+        """The value's first character: its kind; an error (not consumed) if no JSON value starts so."""
+        self._started = True
+        if c in "{[":
+            self.depth = 1
+        elif c == '"':
+            self._in_string = True
+        elif c in _SCALAR_START:
+            self._scalar = True
+        else:
+            self.error = True
+            return pos
+        return pos + 1
+
+    def _string_step(self, buf: str, pos: int) -> int | None:
+        if self._escape:
+            self._escape = False
+            return pos + 1
+        m = _STRING_STOP.search(buf, pos)
+        if m is None:
+            return None
+        if m.group() == "\\":
+            self._escape = True
+        else:
+            self._in_string = False
+            self.done = self.depth == 0
+        return m.end()
+
+    def _scalar_step(self, buf: str, pos: int) -> int | None:
+        m = _SCALAR_END.search(buf, pos)
+        if m is None:
+            return None
+        self.done = True
+        return m.start()
+
+    def _structure_step(self, buf: str, pos: int) -> int | None:
+        m = _JSON_INTERESTING.search(buf, pos)
+        if m is None:
+            return None
+        c = m.group()
+        if c in "{[":
+            self.depth += 1
+        elif c in "}]":
+            self.depth -= 1
+            self.done = self.depth == 0
+        elif c == '"':
+            self._in_string = True
+        else:
+            self.error = True
+            return m.start()
+        return m.end()
 
 
 _NAME_KEYS = ("name",)

@@ -28,12 +28,12 @@ import orjson
 # its structural tags): set it before vLLM reads its settings (an explicit setting wins).
 os.environ.setdefault("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
 
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest  # noqa: E402
-from vllm.parser import ParserManager  # noqa: E402
-from vllm.tokenizers import get_tokenizer  # noqa: E402
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.parser import ParserManager
+from vllm.tokenizers import get_tokenizer
 
-from services.postprocessor.core.parsers.output import ParserConfig, ToolChoice  # noqa: E402
-from services.postprocessor.core.parsers.types import ParsedDelta, ToolCallDelta, new_call_id  # noqa: E402
+from services.postprocessor.core.parsers.output import ParserConfig, ToolChoice
+from services.postprocessor.core.parsers.types import ParsedDelta, ToolCallDelta, new_call_id
 
 log = logging.getLogger(__name__)
 
