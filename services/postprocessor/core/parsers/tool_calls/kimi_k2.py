@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 
 from services.postprocessor.core.parsers.scan import AfterCallText, ArgumentStream, expect, find_marker, skip_ws
+from services.postprocessor.core.parsers.tool_calls.call_block import CallBlock
 from services.postprocessor.core.parsers.types import TextParser, new_call_id
 
 SECTION_BEGINS = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
@@ -33,8 +34,7 @@ class KimiK2ToolParser(TextParser):
         super().__init__(new_id)
         self._state = "content"
         self._text = AfterCallText(self.out)
-        self._raw: list[str] = []  # the section's text while none of its calls has started
-        self._calls = 0  # calls started in this section
+        self._block = CallBlock(self._text)
         self._header: list[str] = []
         self._arguments = ArgumentStream()
 
@@ -48,7 +48,8 @@ class KimiK2ToolParser(TextParser):
             if marker is None:
                 return False
             self._text.call_starts()
-            self._raw, self._calls, self._pos = [marker], 0, end + len(marker)
+            self._block.open(marker)
+            self._pos = end + len(marker)
             self._state = "between"
             return True
         if state == "header":
@@ -103,28 +104,21 @@ class KimiK2ToolParser(TextParser):
             self._show_raw()
             return True
         self.out.start_call(name)
-        self._raw, self._calls = [], self._calls + 1
+        self._block.call_started()
         self._arguments.reset()
         self._state = "args"
         return True
 
     def _record(self, text: str) -> None:
-        if not self._calls:
-            self._raw.append(text)
+        self._block.record(text)
 
     def _show_raw(self) -> None:
-        if not self._calls:
-            self._text.content("".join(self._raw))
-        self._raw = []
+        self._block.show_raw()
         self._state = "content"
 
     def _close_section(self) -> None:
-        if not self._calls:
-            self._show_raw()
-            return
-        self._raw = []
+        self._block.close()
         self._state = "content"
-        self._text.after_call()
 
     def _end(self) -> None:
         if self._state in ("between", "header"):

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import orjson
 
 from services.postprocessor.core.parsers.scan import AfterCallText, expect, find_marker, skip_ws
+from services.postprocessor.core.parsers.tool_calls.call_block import CallBlock
 from services.postprocessor.core.parsers.tool_calls.param_types import JSON, STRING, ToolSchemas, to_json
 from services.postprocessor.core.parsers.types import Emitter, TextParser, new_call_id
 
@@ -99,8 +100,7 @@ class XmlCallParser(TextParser):
         self._schemas = schemas if schemas is not None else ToolSchemas({})
         self._text = AfterCallText(self.out)
         self._state = "content"
-        self._raw: list[str] = []  # the block's text while none of its calls has started
-        self._block_calls = 0
+        self._block = CallBlock(self._text)
         self._header: list[str] = []
         self._function = ""
         self._params = 0
@@ -126,7 +126,7 @@ class XmlCallParser(TextParser):
             if marker is None:
                 return False
             self._text.call_starts()
-            self._raw, self._block_calls = [marker], 0
+            self._block.open(marker)
             self._pos = end + len(marker)
             self._state = "between" if self.section_begin else "call_header"
             self._header = []
@@ -227,7 +227,7 @@ class XmlCallParser(TextParser):
             return
         self.out.start_call(name)
         self.out.arguments("{")
-        self._raw, self._block_calls = [], self._block_calls + 1
+        self._block.call_started()
         self._function, self._params = name, 0
         self._state = "body"
 
@@ -271,23 +271,15 @@ class XmlCallParser(TextParser):
         self.out.arguments("}")
 
     def _record(self, text: str) -> None:
-        if not self._block_calls:
-            self._raw.append(text)
+        self._block.record(text)
 
     def _show_raw(self) -> None:
-        """A block that broke before any call started is plain text; after one, the rest is dropped."""
-        if not self._block_calls:
-            self._text.content("".join(self._raw))
-        self._raw = []
+        self._block.show_raw()
         self._state = "content"
 
     def _close_block(self) -> None:
-        if not self._block_calls:
-            self._show_raw()
-            return
-        self._raw = []
+        self._block.close()
         self._state = "content"
-        self._text.after_call()
 
     def _end(self) -> None:
         state = self._state
@@ -295,7 +287,8 @@ class XmlCallParser(TextParser):
             self._end_value()
         if state in ("body", "skip_body", "param_header", "value_open", "value"):
             self._end_call()
-            self._raw, self._state = [], "content"
+            self._block.discard()
+            self._state = "content"
         elif state in ("between", "call_header"):
             self._show_raw()
         self._text.call_starts()  # whitespace after the last call is dropped
