@@ -143,7 +143,7 @@ def test_kserve_fields_past_grpcs_metadata_limits_get_their_error(mesh):
         assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "Unsupported parameter" in e.value.message()
         with pytest.raises(InferenceServerException) as e:
             client.infer("m" * (1 << 20), [text])
-        assert e.value.status() == "StatusCode.NOT_FOUND" and e.value.message().endswith("has no live worker.")
+        assert e.value.status() == "StatusCode.NOT_FOUND" and e.value.message().endswith("does not exist.")
         assert len(e.value.message().encode()) <= 1024
         with pytest.raises(InferenceServerException) as e:
             client.infer(DEMO, [text], headers={"x-request-id": "r" * 60_000})
