@@ -155,6 +155,42 @@ class GrpcServer:
         self._stop.set()
 
 
+# How long a stopped process waits for the tasks it still has to honour their cancel.
+LEFTOVER_WAIT_S = 2.0
+
+
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Runs ``main`` on a fresh (uv)loop, then ends the process's leftover tasks, bounded.
+
+    Not ``asyncio.run``: its clean-up waits without a bound for every leftover task to finish its
+    cancel, and a library task can swallow one (a NATS client reconnecting to a NATS that stopped with
+    the mesh), which kept a drained, stopped service alive until its SIGKILL. Such tasks are named in the
+    log and left behind instead.
+    """
     install_uvloop()
-    asyncio.run(main())
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(main())
+    finally:
+        try:
+            loop.run_until_complete(_end_leftovers(LEFTOVER_WAIT_S))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+async def _end_leftovers(wait_s: float) -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    if not tasks:
+        return
+    for task in tasks:
+        task.cancel()
+    done, pending = await asyncio.wait(tasks, timeout=wait_s)
+    for task in done:  # retrieved, so that a failure at shutdown is not reported again at collection
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("task %s ended with %r at shutdown", task.get_name(), task.exception())
+    if pending:
+        log.warning("stopping: %d task(s) did not end within %.0f s of their cancel and are left behind: %s",
+                    len(pending), wait_s, "; ".join(f"{t.get_name()} {t.get_coro()!r}" for t in pending))
