@@ -36,8 +36,36 @@ BUCKET = "meshfront_workers"
 DEFAULT_TTL_S = 6.0
 
 # The OpenAI endpoints a model card may list. A generating model serves the first two; an embedding
-# model (services/workers/embed) only the third, which is how the gateway tells the kinds apart.
+# model (services/workers/embed) only the third; a media model (the mocker's media kind, `meshfront
+# diffusers`) IMAGES or VIDEOS. That is how the gateway tells the kinds apart.
 CHAT, COMPLETIONS, EMBEDDINGS = "chat", "completions", "embeddings"
+IMAGES, VIDEOS = "images", "videos"
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaLimits:
+    """What a media model accepts, so that the gateway refuses the rest with a 400 before routing."""
+
+    max_width: int = 2048
+    max_height: int = 2048
+    # Sizes are multiples of this (a latent's downsampling factor: 8 for a VAE).
+    size_multiple: int = 8
+    default_width: int = 1024
+    default_height: int = 1024
+    max_n: int = 10
+    default_steps: int = 30
+    max_steps: int = 100
+    output_formats: tuple[str, ...] = ("png", "jpeg", "webp")
+    # Videos only (0 for an image model).
+    default_fps: float = 0.0
+    max_frames: int = 0
+    default_frames: int = 0
+    # Whether the model takes an input image (image-to-image, edits, a video's first frame).
+    takes_image: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MediaLimits:
+        return cls(**{**d, "output_formats": tuple(d.get("output_formats", ("png", "jpeg", "webp")))})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +83,8 @@ class ModelCard:
     endpoints: tuple[str, ...] = (CHAT, COMPLETIONS)
     # Media the worker's engine takes in chat messages besides text: "image", "audio".
     input_modalities: tuple[str, ...] = ()
+    # A media model's limits (endpoints IMAGES or VIDEOS); None for every other kind.
+    media: MediaLimits | None = None
 
     def serves(self, endpoint: str) -> bool:
         return endpoint in self.endpoints
@@ -62,6 +92,11 @@ class ModelCard:
     @property
     def is_embedding(self) -> bool:
         return EMBEDDINGS in self.endpoints
+
+    @property
+    def is_media(self) -> bool:
+        """An image or video model: no tokenizer, no chat template, no KV cache to route by."""
+        return IMAGES in self.endpoints or VIDEOS in self.endpoints
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +119,8 @@ class WorkerCard:
         m = d.pop("model")
         m["endpoints"] = tuple(m.get("endpoints", (CHAT, COMPLETIONS)))
         m["input_modalities"] = tuple(m.get("input_modalities", ()))
+        if m.get("media") is not None:
+            m["media"] = MediaLimits.from_dict(m["media"])
         return cls(model=ModelCard(**m), **d)
 
 
