@@ -1,0 +1,1 @@
+"""Media workers: image and video generation behind ``MediaService`` (protos/meshfront/worker/v1/media.proto)."""
