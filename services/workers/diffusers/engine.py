@@ -19,6 +19,7 @@ yields what the callback queued: the events reach the client while the step loop
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import logging
 import math
 import queue
@@ -54,7 +55,11 @@ class DiffusersEngine:
         # torch already uses every core for one job: jobs queue here, in arrival order.
         self._job_lock = threading.Lock()
         self._runner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffusers")
-        self._tokenizer = pipelines.main.components.get("tokenizer")
+        # A copy for counting: the glue counts a request's prompt while another job runs, and a transformers
+        # tokenizer call sets its truncation and padding on the shared backend; the pipeline's own call
+        # pads to the encoder's length, so sharing one could hand the pipeline an unpadded prompt.
+        tokenizer = pipelines.main.components.get("tokenizer")
+        self._tokenizer = copy.deepcopy(tokenizer) if tokenizer is not None else None
         self._preview_decoder = _preview_decoder(pipelines.main)
 
     def close(self) -> None:

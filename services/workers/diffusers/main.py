@@ -9,7 +9,13 @@ from collections.abc import Sequence
 from services.workers import entry
 from services.workers.diffusers.config import DiffusersConfig, parse_config
 from services.workers.diffusers.engine import DiffusersEngine
-from services.workers.diffusers.pipeline import PipelineError, check_offload, derive_limits, load_pipelines
+from services.workers.diffusers.pipeline import (
+    PipelineError,
+    check_offload,
+    derive_limits,
+    load_pipelines,
+    resolve_device,
+)
 from services.workers.media.server import media_serving
 from services.workers.server import EngineStartFailed
 
@@ -18,8 +24,9 @@ def prepare(cfg: DiffusersConfig) -> DiffusersConfig:
     for package in ("torch", "diffusers", "transformers"):
         if importlib.util.find_spec(package) is None:
             raise entry.Unavailable(f"{package} is not installed (requirements/lock.txt pins it)")
-    try:
+    try:  # flags that cannot work on this machine are bad values (exit 2), before anything loads
         check_offload(cfg)
+        resolve_device(cfg.device)
     except PipelineError as e:
         raise ValueError(str(e)) from None
     return cfg

@@ -53,8 +53,10 @@ def resolve_device(requested: str) -> str:
         device = torch.device(requested)
     except RuntimeError as e:
         raise PipelineError(f"--device {requested!r}: {e}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise PipelineError(f"--device {requested}: torch sees no CUDA device")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise PipelineError(f"--device {requested}: torch sees {count} CUDA device(s)")
     return requested
 
 

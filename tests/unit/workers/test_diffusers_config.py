@@ -1,5 +1,6 @@
 """``meshfront diffusers`` flags: engine arguments passed through, card limits, and what is refused before
-anything loads. No torch here: the pipelines are tested in tests/service/workers/test_diffusers_worker.py."""
+anything loads. No pipeline here (torch only to check a device): the pipelines are tested in
+tests/service/workers/test_diffusers_worker.py."""
 
 from __future__ import annotations
 
@@ -74,3 +75,17 @@ def test_a_directory_that_does_not_say_its_prompt_length_needs_context_length(tm
 ])
 def test_previews_are_spread_over_the_steps(total, partials, expected):
     assert preview_steps(total, partials) == expected
+
+
+@pytest.mark.parametrize(("device", "message"), [
+    ("cuda:99", "--device cuda:99: torch sees"),
+    ("tpu-ish", "--device 'tpu-ish'"),
+])
+def test_a_device_this_machine_cannot_use_is_a_bad_value_before_loading(model_dir, device, message, capsys):
+    from services.workers.diffusers.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model-dir", str(model_dir), "--no-register", "--device", device])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("meshfront diffusers: ") and message in err, err
