@@ -23,7 +23,7 @@ from services.workers.server import EngineStartFailed
 def prepare(cfg: DiffusersConfig) -> DiffusersConfig:
     for package in ("torch", "diffusers", "transformers"):
         if importlib.util.find_spec(package) is None:
-            raise entry.Unavailable(f"{package} is not installed (requirements/lock.txt pins it)")
+            raise entry.Unavailable(f"{package} is not installed: pip install -e '.[diffusers]'")
     try:  # flags that cannot work on this machine are bad values (exit 2), before anything loads
         check_offload(cfg)
         resolve_device(cfg.device)
