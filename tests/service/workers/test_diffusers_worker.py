@@ -358,3 +358,18 @@ async def test_a_directory_that_is_no_pipeline_fails_the_start_naming_it(tmp_pat
     (tmp_path / "tokenizer" / "tokenizer_config.json").write_text('{"model_max_length": 77}')
     with pytest.raises(EngineStartFailed, match=r"--model-dir .* is not a diffusers pipeline"):
         await build(_config(tmp_path), entry.KvEvents())
+
+
+def test_a_forced_task_serves_another_class_from_the_same_components(tiny_dirs):
+    from services.workers.diffusers.main import build_engine
+    from services.workers.diffusers.pipeline import PipelineError
+
+    engine = build_engine(_config(tiny_dirs / IMAGE_TO_IMAGE, "--task", "text-to-image"))
+    try:
+        assert type(engine.pipelines.main).__name__ == "StableDiffusionPipeline"
+        [[image]] = outputs(run(engine, job(width=32, height=48)))  # no input image needed now
+        assert image.size == (32, 48)
+    finally:
+        engine.close()
+    with pytest.raises(PipelineError, match="StableDiffusionPipeline is not a video pipeline"):
+        build_engine(_config(tiny_dirs / TEXT_TO_IMAGE, "--task", "text-to-video"))
