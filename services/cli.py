@@ -22,6 +22,7 @@ COMMANDS = {
     "vllm": "services.workers.vllm",
     "sglang": "services.workers.sglang",
     "embed": "services.workers.embed",
+    "diffusers": "services.workers.diffusers",
     "build-model": "services.models",
 }
 # Where a command's ``main(argv)`` is, when not in its package's ``main`` module.
