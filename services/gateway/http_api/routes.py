@@ -38,6 +38,7 @@ class Endpoint:
     errors: tuple[int, ...] = ()  # statuses that answer with ``error_schema``
     error_schema: str = "Error"
     path_params: tuple[tuple[str, str], ...] = ()  # (name, description)
+    query_params: tuple[tuple[str, str], ...] = ()  # (name, description); all optional strings
     description: str = ""
 
 
@@ -72,6 +73,29 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("post", "/v1/messages/count_tokens", "countMessageTokens", "Prompt tokens of a Messages request",
              ANTHROPIC, ok=(Body(ref("AnthropicCountTokensResponse")),),
              request=ref("AnthropicCountTokensRequest"), errors=(400, 404, 503), error_schema="AnthropicError"),
+    Endpoint("post", "/v1/videos", "createVideo", "A video job (OpenAI), or a video now (Dynamo's shape)", OPENAI,
+             ok=(Body(ref("VideoJob")), Body(ref("VideoGeneration"), SSE)), request=ref("VideoCreateRequest"),
+             errors=_GENERATION_ERRORS,
+             description="multipart/form-data (as the openai SDK sends it) or JSON without `response_format`, "
+                         "`output_format`, `nvext` and `stream`: an OpenAI job, answered at once; poll "
+                         "GET /v1/videos/{video_id}. A JSON body naming any of those four: Dynamo's "
+                         "NvCreateVideoRequest, answered when the video exists (as /v1/videos/generations)."),
+    Endpoint("post", "/v1/videos/generations", "generateVideo", "A video now (Dynamo's NvCreateVideoRequest)",
+             OPENAI, ok=(Body(ref("VideoGeneration")), Body(ref("VideoGeneration"), SSE)),
+             request=ref("VideoCreateRequest"), errors=_GENERATION_ERRORS,
+             description="`stream: true`: `data: {status: in_progress, progress}` events, then the answer as the "
+                         "last `data:` event, then `data: [DONE]`."),
+    Endpoint("get", "/v1/videos", "listVideos", "Video jobs, newest first", OPENAI, ok=(Body(ref("VideoList")),),
+             errors=(400, 503), query_params=(("after", "The last id of the previous page"),
+                                              ("limit", "1-100 (default 20)"), ("order", "asc | desc"))),
+    Endpoint("get", "/v1/videos/{video_id}", "retrieveVideo", "A video job", OPENAI, ok=(Body(ref("VideoJob")),),
+             errors=(404,), path_params=(("video_id", "video_..."),)),
+    Endpoint("delete", "/v1/videos/{video_id}", "deleteVideo", "Delete a video job and its video", OPENAI,
+             ok=(Body(ref("VideoDeleted")),), errors=(404,), path_params=(("video_id", "video_..."),)),
+    Endpoint("get", "/v1/videos/{video_id}/content", "downloadVideoContent", "A completed job's video", OPENAI,
+             ok=(Body(string(format="binary"), "video/mp4"), Body(string(format="binary"), "video/x-motion-jpeg")),
+             errors=(400, 404), path_params=(("video_id", "video_..."),),
+             query_params=(("variant", "video (the only one served)"),)),
     Endpoint("get", "/v1/models", "listModels", "Models with at least one live worker", OPENAI,
              ok=(Body(ref("ModelList")),)),
     Endpoint("get", "/v1/models/{model_id}", "retrieveModel", "One model", OPENAI, ok=(Body(ref("Model")),),
