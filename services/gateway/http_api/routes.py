@@ -93,7 +93,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("delete", "/v1/videos/{video_id}", "deleteVideo", "Delete a video job and its video", OPENAI,
              ok=(Body(ref("VideoDeleted")),), errors=(404,), path_params=(("video_id", "video_..."),)),
     Endpoint("get", "/v1/videos/{video_id}/content", "downloadVideoContent", "A completed job's video", OPENAI,
-             ok=(Body(string(format="binary"), "video/mp4"), Body(string(format="binary"), "video/x-motion-jpeg")),
+             ok=(Body(string(format="binary"), "video/mp4"), Body(string(format="binary"), "video/x-msvideo")),
              errors=(400, 404), path_params=(("video_id", "video_..."),),
              query_params=(("variant", "video (the only one served)"),)),
     Endpoint("get", "/v1/models", "listModels", "Models with at least one live worker", OPENAI,

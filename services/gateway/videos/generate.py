@@ -17,7 +17,8 @@ from meshfront.worker.v1 import media_pb2
 from services.common.errors import WorkerFailed
 from services.gateway.videos.request import VideoSpec
 
-CONTENT_TYPES = {"mp4": "video/mp4", "mjpeg": "video/x-motion-jpeg"}
+# As the media worker encodes them (services/workers/media/encode.py): MJPEG frames travel in an AVI.
+CONTENT_TYPES = {"mp4": "video/mp4", "mjpeg": "video/x-msvideo"}
 
 
 class MediaRunner(Protocol):

@@ -229,7 +229,8 @@ def parse_sync(raw: bytes) -> VideoParams:
                        user=user)
 
 
-def _size(size: str | None, limits: MediaLimits) -> tuple[int, int]:
+def check_size(size: str | None, limits: MediaLimits) -> tuple[int, int]:
+    """(width, height) of a "WxH" size within the model's limits; the model's default when None."""
     if size is None:
         return limits.default_width, limits.default_height
     m = _SIZE.match(size)
@@ -273,7 +274,7 @@ def _timing(p: VideoParams, limits: MediaLimits) -> tuple[float, int]:
 
 def resolve(p: VideoParams, limits: MediaLimits) -> VideoSpec:
     """Checks ``p`` against the model's limits and fills what it left out (the seed too: drawn here)."""
-    width, height = _size(p.size, limits)
+    width, height = check_size(p.size, limits)
     fps, frames = _timing(p, limits)
     steps = p.steps if p.steps is not None else limits.default_steps
     if steps > limits.max_steps:
