@@ -101,6 +101,7 @@ class VideoJobs:
             record["input_media_id"] = await self.blobs.put(_one(spec.input_image), "application/octet-stream",
                                                             self.ttl_s)
         self._start(await self.store.create(record))
+        log.info("video job %s runs here", record["id"])
         return record
 
     def _start(self, entry: JobEntry) -> None:
