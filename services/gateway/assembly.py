@@ -17,6 +17,7 @@ from meshfront.gateway.v1 import (
     edge_pb2_grpc,
     embeddings_pb2_grpc,
     gateway_pb2_grpc,
+    media_pb2_grpc,
     responses_pb2_grpc,
 )
 
@@ -35,6 +36,10 @@ from services.gateway.embeddings.pipeline import EmbeddingsPipeline
 from services.gateway.embeddings.server import EmbeddingsServicer
 from services.gateway.embeddings.worker_client import GrpcEmbedWorker
 from services.gateway.kserve import server as kserve
+from services.gateway.media.pipeline import MediaPipeline
+from services.gateway.media.server import MediaFilesServicer
+from services.gateway.media.store import MediaStore
+from services.gateway.media.worker_client import GrpcMediaWorker
 from services.gateway.openai.server import GatewayServicer
 from services.gateway.postprocessor_mux import MuxPostprocessor
 from services.gateway.releases import RidingReleases
@@ -56,6 +61,9 @@ class Gateway:
     metrics: ReplicaMetrics
     # POST /v1/embeddings: the same preprocessor and router clients, then the embedding worker directly.
     embeddings: EmbeddingsPipeline
+    # Images and videos: the router, then the media worker directly; url answers in the media store (NATS).
+    media: MediaPipeline
+    media_store: MediaStore
     # The stages reached over gRPC and whether each is unreachable now (none in the all-in-one process).
     stage_probes: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)
     stage_wait_s: float = DEFAULT_WAIT_S
@@ -73,6 +81,7 @@ class Gateway:
         self.anthropic = AnthropicServicer(self.pipeline, self.registry.models)
         self.edge = EdgeServicer(self.metrics)
         self.embeddings_servicer = EmbeddingsServicer(self.embeddings, self.registry.models)
+        self.media_files = MediaFilesServicer(self.media_store)
 
     async def start_drain(self) -> None:
         self.draining = True
@@ -85,6 +94,7 @@ class Gateway:
         anthropic_pb2_grpc.add_AnthropicServiceServicer_to_server(self.anthropic, server.server)
         edge_pb2_grpc.add_EdgeServiceServicer_to_server(self.edge, server.server)
         embeddings_pb2_grpc.add_EmbeddingsServiceServicer_to_server(self.embeddings_servicer, server.server)
+        media_pb2_grpc.add_MediaFilesServiceServicer_to_server(self.media_files, server.server)
         kserve.add_to_server(self.kserve, server.server)
         server.on_drain(self.start_drain)
         server.ready_when(self.warmup.ready.wait)
@@ -136,9 +146,13 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     recorder = frontend_metrics.configure(cfg.metrics_prefix)
     metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry)
     embed_workers = GrpcEmbedWorker(tls)
+    media_workers = GrpcMediaWorker(tls)
+    media_store = MediaStore(cfg.nats_url, cfg.media_url_ttl_s)
     gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
                       metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers),
+                      media=MediaPipeline(route, media_workers), media_store=media_store,
                       stage_probes=probes, stage_wait_s=cfg.stage_wait_s)
-    return Built(gateway, background=[store.run, metrics.run, gateway.warmup.run, gateway.watch_stages],
-                 closers=[gateway.warmup.close, route.close, store.close, metrics.close, embed_workers.close,
-                          *closers])
+    return Built(gateway, background=[store.run, media_store.run, metrics.run, gateway.warmup.run,
+                                      gateway.watch_stages],
+                 closers=[gateway.warmup.close, route.close, store.close, media_store.close, metrics.close,
+                          embed_workers.close, media_workers.close, *closers])

@@ -16,6 +16,8 @@ JSON = "application/json"
 SSE = "text/event-stream"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 HTML = "text/html; charset=utf-8"
+# What a media URL serves (the worker's encodings).
+MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "video/mp4", "video/x-motion-jpeg")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +69,11 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              ok=(Body(ref("Response")),), errors=(404,), path_params=(("response_id", "resp_..."),)),
     Endpoint("delete", "/v1/responses/{response_id}", "deleteResponse", "Delete a stored response", OPENAI,
              ok=(Body(ref("ResponseDeleted")),), errors=(404,), path_params=(("response_id", "resp_..."),)),
+    Endpoint("get", "/v1/media/{media_id}", "retrieveMedia", "A generated image or video behind its URL", OPENAI,
+             ok=tuple(Body(string(format="binary"), t) for t in MEDIA_TYPES), errors=(404, 503),
+             path_params=(("media_id", "The id in the URL an images or videos answer gave"),),
+             description="The URL a `response_format: url` answer returns; any gateway replica serves it until "
+                         "it expires (`--media-url-ttl-s`), then 404."),
     Endpoint("post", "/v1/messages", "createMessage", "A message (Anthropic Messages API), streamed or not",
              ANTHROPIC, ok=(Body(ref("AnthropicMessagesResponse")), Body(ref("AnthropicMessagesResponse"), SSE)),
              request=ref("AnthropicMessagesRequest"), errors=_GENERATION_ERRORS, error_schema="AnthropicError"),
