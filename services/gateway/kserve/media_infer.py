@@ -6,7 +6,6 @@ bounds it), one BYTES element per output. Metrics count it under endpoint ``kser
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Callable
 
@@ -19,7 +18,7 @@ from services.gateway.kserve.render import FINAL, MODEL_VERSION
 from services.gateway.kserve.request import parameter_values
 from services.gateway.kserve.tensors import bytes_output
 from services.gateway.request_metrics import RequestTracker
-from services.gateway.videos.generate import MediaRunner
+from services.gateway.videos.generate import MediaRunner, close_events
 
 ENDPOINT = "kserve"
 
@@ -52,7 +51,8 @@ class MediaInfer:
     async def _generate(self, request, req):
         outputs = [bytearray() for _ in range(req.n)]
         done = None
-        async with contextlib.aclosing(self._media.run(req)) as events:
+        events = self._media.run(req)
+        try:
             async for ev in events:
                 kind = ev.WhichOneof("event")
                 if kind == "chunk":
@@ -61,6 +61,8 @@ class MediaInfer:
                     outputs[ev.chunk.index] += ev.chunk.data
                 elif kind == "done":
                     done = ev.done
+        finally:
+            await close_events(events)
         if done is None or not all(outputs):
             raise WorkerFailed("the media worker ended without every output")
         resp = protocol.ModelInferResponse(model_name=request.model_name, model_version=MODEL_VERSION, id=request.id)

@@ -24,17 +24,23 @@ CONTENT_TYPES = {"mp4": "video/mp4", "mjpeg": "video/x-msvideo"}
 class MediaRunner(Protocol):
     """services/gateway/media/pipeline.py ``MediaPipeline``: route, call the worker, release."""
 
-    def run(self, req: media_pb2.GenerateMediaRequest) -> AsyncGenerator[media_pb2.GenerateMediaResponse, None]: ...
+    def run(self, req: media_pb2.GenerateMediaRequest) -> AsyncIterator[media_pb2.GenerateMediaResponse]: ...
 
 
 class MediaBlobs(Protocol):
     """services/gateway/media/store.py ``MediaStore``: generated media in NATS's object store, with a TTL."""
 
-    async def put(self, chunks: AsyncIterator[bytes], content_type: str, ttl_s: int) -> str: ...
+    async def put(self, chunks: AsyncIterator[bytes], content_type: str, ttl_s: int | None = None) -> str: ...
 
     async def open(self, media_id: str) -> tuple[str, int, AsyncIterator[bytes]]: ...
 
-    async def delete(self, media_id: str) -> None: ...
+    async def delete(self, media_id: str) -> bool: ...
+
+
+async def close_events(events: AsyncIterator[media_pb2.GenerateMediaResponse]) -> None:
+    """Closes a generation left early, which cancels the worker's call (MediaPipeline.run is a generator)."""
+    if isinstance(events, AsyncGenerator):
+        await events.aclose()
 
 
 def media_request(spec: VideoSpec, request_id: str) -> media_pb2.GenerateMediaRequest:
@@ -51,7 +57,7 @@ def media_request(spec: VideoSpec, request_id: str) -> media_pb2.GenerateMediaRe
 class VideoRun:
     """The events of one generation, in the order the worker sends them."""
 
-    def __init__(self, events: AsyncGenerator[media_pb2.GenerateMediaResponse, None]):
+    def __init__(self, events: AsyncIterator[media_pb2.GenerateMediaResponse]):
         self._events = events
         self._first: media_pb2.MediaChunk | None = None
         self.done: media_pb2.MediaDone | None = None
@@ -96,4 +102,4 @@ class VideoRun:
 
     async def aclose(self) -> None:
         """Cancels the worker's call when the run is left early (a client gone, a lease lost)."""
-        await self._events.aclose()
+        await close_events(self._events)
