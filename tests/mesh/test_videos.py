@@ -20,7 +20,8 @@ from services.launcher.plan import WorkerSpec
 from tests.conftest import require_module, sdk_client, stop_cleanly
 from tests.mesh.conftest import DEMO, mocker, start_mesh, wait_until
 
-pytestmark = [pytest.mark.mesh, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.mesh, pytest.mark.timeout(300),
+              pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
 
 VIDEO = "test/video"
 # Limits small enough for the CPU. A step takes 250 ms and a job (the SDK cannot ask for steps) takes 12: 3 s,
@@ -121,11 +122,11 @@ def test_a_job_survives_the_death_of_its_gateway(vmesh, client):
     job = client.videos.create(model=VIDEO, prompt="survivor", seconds="2", size="64x48")  # 12 steps: 3 s
     wait_until(lambda: client.videos.retrieve(job.id).status == "in_progress", 20, "the job to start")
     started = time.monotonic()
-    owner = wait_until(lambda: next((n for n in ("gateway", "gateway-1")
+    owner = wait_until(lambda: next((n for n in ("gateway-0", "gateway-1")
                                      if f"video job {job.id} runs here" in vmesh.full_log(n)), None), 5,
                        "the owner's log line")
     vmesh.kill(owner)
-    other = "gateway-1" if owner == "gateway" else "gateway"
+    other = "gateway-1" if owner == "gateway-0" else "gateway-0"
     final = wait_until(lambda: (v := _retrieve_retrying(client, job.id)) and v.status not in
                        ("queued", "in_progress") and v, 60, "the job to finish elsewhere")
     assert final.status == "completed", final

@@ -134,9 +134,11 @@ class VideosServicer(videos_pb2_grpc.VideosServiceServicer):
             track.fail(err)
             await OPENAI.abort(context, err)
 
-    def GenerateVideo(self, request: httpbody_pb2.HttpBody,
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        return self._generate(parse_sync, request, context)
+    async def GenerateVideo(self, request: httpbody_pb2.HttpBody,
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        # An async generator itself: the error interceptor tells streaming handlers apart by that.
+        async for message in self._generate(parse_sync, request, context):
+            yield message
 
     async def _generate(self, parse: Callable[[bytes], VideoParams], request: httpbody_pb2.HttpBody,
                         context: grpc.aio.ServicerContext) -> AsyncIterator[httpbody_pb2.HttpBody]:
