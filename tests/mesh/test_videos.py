@@ -265,3 +265,33 @@ def test_kserve_video_model(vmesh):
         client.infer(VIDEO, [prompt], parameters={"n": 2})
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "'n'" in e.value.message()
     client.close()
+
+
+# ---- overload and metrics (last: they leave the worker busy for a moment) ---------------------------------
+
+async def test_a_full_worker_is_a_503_with_retry_after(vmesh):
+    """The worker runs one job and queues 8 (the media glue's defaults): the tenth request at once is refused,
+    and the gateway answers 503 with Retry-After instead of making it wait; the others are then abandoned."""
+    import asyncio
+
+    body = {"model": VIDEO, "prompt": "p", "size": "64x48", "response_format": "url",
+            "nvext": {"num_frames": 2, "num_inference_steps": 50}}
+    async with httpx.AsyncClient(base_url=vmesh.url, timeout=60) as http:
+        tasks = [asyncio.create_task(http.post("/v1/videos/generations", json=body)) for _ in range(12)]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED, timeout=30)
+            assert done, "no request was answered while the worker was full"
+            r = done.pop().result()
+            assert r.status_code == 503, r.text
+            assert r.headers["retry-after"] and r.json()["error"]["type"] == "service_unavailable"
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_metrics_count_videos_by_endpoint(vmesh):
+    text = httpx.get(f"{vmesh.url}/metrics", timeout=10).text
+    for endpoint in ("videos", "videos_generations"):
+        assert any(line.startswith("meshfront_gateway_requests_total{") and f'endpoint="{endpoint}"' in line
+                   and f'model="{VIDEO}"' in line for line in text.splitlines()), endpoint
