@@ -96,6 +96,7 @@ class VideoJobs:
             "spec": {**spec.to_record(), "input_image": ""}, "input_media_id": None, "media_id": None,
             "content_type": CONTENT_TYPES[spec.output_format], "owner": self.owner,
             "lease_until": now + self.lease_s, "attempts": 1,
+            "created": now,  # created_at to the microsecond: the list's order among jobs of one second
         }
         if spec.input_image:  # kept in the object store: a KV record stays small
             record["input_media_id"] = await self.blobs.put(_one(spec.input_image), "application/octet-stream",

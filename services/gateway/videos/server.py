@@ -218,7 +218,7 @@ class VideosServicer(videos_pb2_grpc.VideosServiceServicer):
             if request.order not in ("", "asc", "desc"):
                 raise InvalidRequest(f"'order' must be asc or desc; got {request.order!r}", param="order")
             records = sorted((e.record for e in await self._jobs.store.all()),
-                             key=lambda r: (r["created_at"], r["id"]), reverse=request.order != "asc")
+                             key=lambda r: (r["created"], r["id"]), reverse=request.order != "asc")
             start = 0
             if request.after:
                 ids = [r["id"] for r in records]
