@@ -31,10 +31,16 @@ SIMULATOR = ("--media", "video", "--speedup-ratio", "1", "--media-step-ms", "250
              "--media-max-steps", "50", "--media-default-frames", "16", "--media-max-frames", "64")
 
 
+# Seeded noise: every byte incompressible, so a short video is megabytes (several 1 MiB worker chunks).
+NOISE = "test/video-noise"
+
+
 @pytest.fixture(scope="module")
 def vmesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO),
-                                      WorkerSpec(str(demo_model_dir), VIDEO, "mocker", SIMULATOR)], gateways=2)
+                                      WorkerSpec(str(demo_model_dir), VIDEO, "mocker", SIMULATOR),
+                                      WorkerSpec(str(demo_model_dir), NOISE, "mocker",
+                                                 (*SIMULATOR, "--media-noise"))], gateways=2)
     yield m
     stop_cleanly(m)
 
@@ -173,6 +179,29 @@ def test_sync_url_through_the_other_gateway(vmesh):
         got = httpx.get(item["url"], timeout=30)
         assert got.status_code == 200 and got.headers["content-type"] == "video/mp4"
         assert decode(got.content)[1] == 8
+
+
+def test_a_video_of_many_chunks_is_the_same_in_b64_json_and_by_url(vmesh):
+    """Megabytes: the worker's 1 MiB chunks become several HttpBody messages of base64 that join into one."""
+    body = {"model": NOISE, "prompt": "p", "size": "256x256", "seconds": 8, "nvext": {"fps": 8, "seed": 11,
+                                                                                     "num_inference_steps": 1}}
+    b64 = post(vmesh, "/v1/videos/generations", {**body, "response_format": "b64_json"})
+    assert b64.status_code == 200, b64.text[:500]
+    video = base64.b64decode(b64.json()["data"][0]["b64_json"])
+    assert len(video) > 2 << 20, len(video)  # three worker chunks at least
+    url = post(vmesh, "/v1/videos/generations", body).json()["data"][0]["url"]
+    assert httpx.get(url, timeout=60).content == video
+    assert decode(video)[1:4] == (64, 8.0, (256, 256))
+
+
+def test_a_job_the_worker_refuses_fails_with_its_error(client):
+    job = client.videos.create_and_poll(model=VIDEO, prompt="p", seconds="1", size="64x48",
+                                        input_reference=("first.png", b"not an image", "image/png"),
+                                        poll_interval_ms=200)
+    assert job.status == "failed" and job.error is not None and job.error.message, job
+    assert job.progress < 100 and job.completed_at is None
+    with pytest.raises(openai.BadRequestError):
+        client.videos.download_content(job.id)
 
 
 def test_sync_mjpeg(vmesh):
