@@ -50,7 +50,8 @@ from services.gateway.responses_api.store import ResponseStore
 from services.gateway.stage_watch import StageWatch
 from services.gateway.videos.job_store import JobStore
 from services.gateway.videos.jobs import VideoJobs
-from services.gateway.videos.server import VideosServicer, form_fields
+from services.gateway.videos.request import form_fields
+from services.gateway.videos.server import VideosServicer
 from services.gateway.warmup import Warmup
 
 # The gRPC health service name the gateway's liveness probe asks (deploy/k8s/base/gateway.yaml).

@@ -60,8 +60,6 @@ def _float(params: dict[str, Any], key: str, lo: float, hi: float) -> float | No
 
 def parse_media(request, card: ModelCard, params: dict[str, Any], request_id: str) -> media_pb2.GenerateMediaRequest:
     """A ModelInferRequest for a media model -> the worker's request, checked against the model's limits."""
-    limits = card.media
-    assert limits is not None  # a media card carries its limits
     video = card.serves(VIDEOS)
     allowed = VIDEO_PARAMS if video else IMAGE_PARAMS
     unknown = sorted(k for k in params if k not in allowed)
@@ -85,13 +83,30 @@ def parse_media(request, card: ModelCard, params: dict[str, Any], request_id: st
     seed = _int(params, "seed")
     fmt = _str(params, "output_format")
     if video:
-        spec = resolve(VideoParams(
+        return _video_request(card, request_id, VideoParams(
             model=card.name, prompt=prompt, seconds=_float(params, "seconds", 0.001, 3600.0),
             size=_str(params, "size"), input_image=image, fps=_float(params, "fps", 0.001, 120.0),
             num_frames=_int(params, "num_frames", 1), negative_prompt=negative, steps=steps,
-            guidance_scale=guidance, seed=seed, output_format=fmt or "mp4"), limits)
-        return media_request(spec, request_id)
+            guidance_scale=guidance, seed=seed, output_format=fmt or "mp4"))
     return _image_request(card, params, request_id, prompt, negative, image, steps, guidance, seed, fmt)
+
+
+# The HTTP API's names (resolve's messages) -> this API's parameter and input names.
+_RENAMES = {"nvext.num_frames": "num_frames", "nvext.fps": "fps", "nvext.num_inference_steps": "steps",
+            "input_reference": "input_image"}
+
+
+def _video_request(card: ModelCard, request_id: str, video: VideoParams) -> media_pb2.GenerateMediaRequest:
+    limits = card.media
+    assert limits is not None  # a media card carries its limits
+    try:
+        spec = resolve(video, limits)
+    except InvalidRequest as e:
+        message = e.message
+        for http_name, name in _RENAMES.items():
+            message = message.replace(f"'{http_name}'", f"'{name}'")
+        raise InvalidRequest(message, param=_RENAMES.get(e.param or "", e.param)) from None
+    return media_request(spec, request_id)
 
 
 def _image_request(card: ModelCard, params: dict[str, Any], request_id: str, prompt: str, negative: str,

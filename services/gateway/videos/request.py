@@ -35,6 +35,7 @@ from services.common.discovery import MediaLimits
 from services.common.errors import InvalidRequest
 from services.gateway.core.fields import INT64, UINT32, Fields, check_float
 from services.gateway.core.request import load_json
+from services.gateway.media.multipart import Form
 
 VIDEO_FORMATS = ("mp4", "mjpeg")
 RESPONSE_FORMATS = ("url", "b64_json")
@@ -163,6 +164,23 @@ def _openai_reference(v: Any) -> bytes:
     url = f.required_str("image_url")
     f.reject_unknown()
     return decode_image(url, "input_reference.image_url")
+
+
+def form_fields(form: Form) -> tuple[dict[str, str], dict[str, bytes]]:
+    """A multipart form as (text fields, file parts); a name given twice is a 400 naming it."""
+    files: dict[str, bytes] = {}
+    texts: dict[str, str] = {}
+    for name in form.names():
+        [part, *more] = form.all(name)
+        if part.filename is None:
+            value = form.text(name)  # refuses a repeated or oversized field, or one that is not UTF-8
+            assert value is not None  # the name is in the form
+            texts[name] = value
+        elif more:
+            raise InvalidRequest(f"'{name}' was given {len(more) + 1} times; give it once", param=name)
+        else:
+            files[name] = part.data
+    return texts, files
 
 
 def parse_openai(form: Mapping[str, str], files: Mapping[str, bytes]) -> VideoParams:

@@ -23,7 +23,6 @@ from services.common.discovery import VIDEOS, WorkerCard
 from services.common.errors import InvalidRequest, MeshError, NotFound
 from services.gateway.core.errors import sse_error_frame
 from services.gateway.front_door import JSON, OPENAI, SSE, Models, check_model, headers, unexpected
-from services.gateway.media.multipart import Form
 from services.gateway.request_metrics import RequestTracker
 from services.gateway.videos import render
 from services.gateway.videos.generate import CONTENT_TYPES, MediaBlobs, MediaRunner, VideoRun, media_request
@@ -55,23 +54,6 @@ def check_video_model(models: Mapping[str, Sequence[WorkerCard]], name: str) -> 
         kind = "an image model; use /v1/images/generations" if card.is_media else \
             "a text model; use /v1/chat/completions or /v1/completions"
         raise InvalidRequest(f"The model `{name}` is {kind} with it, not /v1/videos", param="model")
-
-
-def form_fields(form: Form) -> tuple[dict[str, str], dict[str, bytes]]:
-    """A multipart form as (text fields, file parts); a name given twice is a 400 naming it."""
-    files: dict[str, bytes] = {}
-    texts: dict[str, str] = {}
-    for name in form.names():
-        [part, *more] = form.all(name)
-        if part.filename is None:
-            value = form.text(name)  # refuses a repeated or oversized field, or one that is not UTF-8
-            assert value is not None  # the name is in the form
-            texts[name] = value
-        elif more:
-            raise InvalidRequest(f"'{name}' was given {len(more) + 1} times; give it once", param=name)
-        else:
-            files[name] = part.data
-    return texts, files
 
 
 def _not_found(video_id: str) -> NotFound:

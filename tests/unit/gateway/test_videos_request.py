@@ -28,7 +28,8 @@ pytestmark = pytest.mark.unit
 LIMITS = MediaLimits(max_width=512, max_height=512, size_multiple=16, default_width=256, default_height=128,
                      max_n=1, default_steps=4, max_steps=20, output_formats=("mp4", "mjpeg"), default_fps=8.0,
                      max_frames=48, default_frames=16, takes_image=True)
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5E"
+                       "rkJggg==")
 
 
 def sync(**body):
@@ -69,7 +70,8 @@ def test_openai_multipart_fields():
 
 def test_openai_json_with_an_image_url():
     url = "data:image/png;base64," + base64.b64encode(PNG).decode()
-    p = parse_openai_json(orjson.dumps({"model": "v", "prompt": "x", "seconds": 2, "input_reference": {"image_url": url}}))
+    p = parse_openai_json(orjson.dumps({"model": "v", "prompt": "x", "seconds": 2,
+                                        "input_reference": {"image_url": url}}))
     assert p.input_image == PNG and p.seconds == 2.0
 
 
