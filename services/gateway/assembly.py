@@ -17,6 +17,7 @@ from meshfront.gateway.v1 import (
     edge_pb2_grpc,
     embeddings_pb2_grpc,
     gateway_pb2_grpc,
+    images_pb2_grpc,
     media_pb2_grpc,
     responses_pb2_grpc,
 )
@@ -35,6 +36,7 @@ from services.gateway.edge.server import EdgeServicer
 from services.gateway.embeddings.pipeline import EmbeddingsPipeline
 from services.gateway.embeddings.server import EmbeddingsServicer
 from services.gateway.embeddings.worker_client import GrpcEmbedWorker
+from services.gateway.images.server import ImagesServicer
 from services.gateway.kserve import server as kserve
 from services.gateway.media.pipeline import MediaPipeline
 from services.gateway.media.server import MediaFilesServicer
@@ -67,6 +69,8 @@ class Gateway:
     # The stages reached over gRPC and whether each is unreachable now (none in the all-in-one process).
     stage_probes: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)
     stage_wait_s: float = DEFAULT_WAIT_S
+    # The base of media URLs (--public-url); empty: the request's scheme and host.
+    public_url: str = ""
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -82,6 +86,7 @@ class Gateway:
         self.edge = EdgeServicer(self.metrics)
         self.embeddings_servicer = EmbeddingsServicer(self.embeddings, self.registry.models)
         self.media_files = MediaFilesServicer(self.media_store)
+        self.images = ImagesServicer(self.media, self.registry.models, self.media_store, self.public_url)
 
     async def start_drain(self) -> None:
         self.draining = True
@@ -95,6 +100,7 @@ class Gateway:
         edge_pb2_grpc.add_EdgeServiceServicer_to_server(self.edge, server.server)
         embeddings_pb2_grpc.add_EmbeddingsServiceServicer_to_server(self.embeddings_servicer, server.server)
         media_pb2_grpc.add_MediaFilesServiceServicer_to_server(self.media_files, server.server)
+        images_pb2_grpc.add_ImagesServiceServicer_to_server(self.images, server.server)
         kserve.add_to_server(self.kserve, server.server)
         server.on_drain(self.start_drain)
         server.ready_when(self.warmup.ready.wait)
@@ -151,7 +157,7 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
                       metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers),
                       media=MediaPipeline(route, media_workers), media_store=media_store,
-                      stage_probes=probes, stage_wait_s=cfg.stage_wait_s)
+                      stage_probes=probes, stage_wait_s=cfg.stage_wait_s, public_url=cfg.public_url)
     return Built(gateway, background=[store.run, media_store.run, metrics.run, gateway.warmup.run,
                                       gateway.watch_stages],
                  closers=[gateway.warmup.close, route.close, store.close, media_store.close, metrics.close,
