@@ -14,6 +14,7 @@ as it comes, so a large image never sits whole in one message.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
@@ -45,14 +46,6 @@ class ImagesServicer(images_pb2_grpc.ImagesServiceServicer):
         self._store = store
         self._public_url = public_url
 
-    def Generations(self, request: httpbody_pb2.HttpBody,
-                    context: grpc.aio.ServicerContext) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        return self._serve(request, context, "images", lambda body: parse_generation(body.data))
-
-    def Edits(self, request: httpbody_pb2.HttpBody,
-              context: grpc.aio.ServicerContext) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        return self._serve(request, context, "images_edits", lambda body: parse_edit(body.data, body.content_type))
-
     def _start(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext, parse: Parse,
                request_id: str, edit: bool) -> tuple[ImageRequest, ImagesAnswer, AsyncGenerator[bytes, None]]:
         """Parses and checks the request and starts it; nothing runs before the answer is iterated."""
@@ -75,8 +68,8 @@ class ImagesServicer(images_pb2_grpc.ImagesServiceServicer):
             return req, answer, answer.url_body(events, store)
         return req, answer, answer.b64_body(events)
 
-    async def _serve(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext, endpoint: str,
-                     parse: Parse) -> AsyncIterator[httpbody_pb2.HttpBody]:
+    async def _serve(self, endpoint: str, parse: Parse, request: httpbody_pb2.HttpBody,
+                     context: grpc.aio.ServicerContext) -> AsyncIterator[httpbody_pb2.HttpBody]:
         request_id = uuid.uuid4().hex
         with RequestTracker(endpoint) as track:
             err: MeshError
@@ -113,3 +106,8 @@ class ImagesServicer(images_pb2_grpc.ImagesServiceServicer):
                 await OPENAI.abort(context, err)  # the body is cut off: the client sees a broken transfer
             track.fail(err)
             await OPENAI.abort(context, err)
+
+    # The RPCs: ``_serve`` itself with the endpoint's arguments bound, so each stays an async generator
+    # function (what the error interceptor drives), as front_door.generation_rpc does.
+    Generations = functools.partialmethod(_serve, "images", lambda body: parse_generation(body.data))
+    Edits = functools.partialmethod(_serve, "images_edits", lambda body: parse_edit(body.data, body.content_type))
