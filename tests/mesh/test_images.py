@@ -15,6 +15,7 @@ import openai
 import pytest
 from meshfront.gateway.v1 import media_pb2, media_pb2_grpc
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import sdk_client, stop_cleanly
 from tests.mesh.conftest import DEMO, mocker, start_mesh
@@ -23,6 +24,7 @@ pytestmark = [pytest.mark.mesh, pytest.mark.timeout(300)]
 
 IMAGE = "meshfront/demo-image"
 NOISE = "meshfront/noise-image"  # incompressible outputs: a 4096x4096 PNG is ~50 MB
+SLOW = "meshfront/slow-image"  # 50 ms steps, one job at a time and none waiting: busy is a 503
 URL_TTL_S = 4
 
 
@@ -33,6 +35,8 @@ def mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
         mocker(demo_model_dir, IMAGE, "10", "--media", "image"),
         mocker(demo_model_dir, NOISE, "0", "--media", "image", "--media-noise",
                "--media-max-size", "4096x4096", "--media-default-steps", "1"),
+        mocker(demo_model_dir, SLOW, "1", "--media", "image", "--media-step-ms", "50", "--max-running-jobs", "1",
+               "--max-waiting-jobs", "0"),
     ], gateways=2, service_args={"gateway": ("--media-url-ttl-s", str(URL_TTL_S))})
     yield m
     stop_cleanly(m)
@@ -190,3 +194,43 @@ def test_a_20_mb_upload_passes_through_envoy(client):
     resp = client.images.edit(model=IMAGE, image=("big.png", out.getvalue(), "image/png"), prompt="a hat",
                               size="64x64")
     assert decoded(resp.data[0].b64_json).size == (64, 64)
+
+
+def test_overload_is_a_503_and_a_client_that_hangs_up_frees_the_worker_within_a_second(mesh, client):
+    """The slow model runs one job at a time and keeps its slot until its engine's step loop ends, so the
+    moment another request is accepted is the moment the hung-up request's denoising stopped."""
+    body = {"model": SLOW, "prompt": "a slow cat", "size": "64x64", "stream": True, "partial_images": 3,
+            "nvext": {"num_inference_steps": 100}}  # 5 s unless it is stopped
+    with httpx.Client(base_url=mesh.url, timeout=30) as http:
+        with http.stream("POST", "/v1/images/generations", json=body) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert next(lines) == "event: image_generation.partial_image"
+            busy = http.post("/v1/images/generations", json={"model": SLOW, "prompt": "x", "size": "64x64"})
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "1", busy.text
+            assert busy.json()["error"]["type"] == "service_unavailable"
+        hung_up = time.monotonic()  # leaving the block closed the connection mid-stream
+    while True:
+        try:
+            client.images.generate(model=SLOW, prompt="x", size="64x64",
+                                   extra_body={"nvext": {"num_inference_steps": 1}})
+            break
+        except openai.InternalServerError as e:
+            assert e.status_code == 503
+            assert time.monotonic() - hung_up < 5, "the worker never let go of the hung-up request"
+    assert time.monotonic() - hung_up < 1.0
+
+
+def test_requests_are_counted_by_endpoint(client, mesh):
+    client.images.generate(model=IMAGE, prompt="a cat", size="64x64")
+    client.images.edit(model=IMAGE, image=("in.png", png(), "image/png"), prompt="a hat", size="64x64")
+    with pytest.raises(openai.BadRequestError):
+        client.images.generate(model=IMAGE, prompt="a cat", size="3x3")
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{mesh.url}/metrics", timeout=10).text):
+        for s in family.samples:
+            if s.name == "meshfront_gateway_requests_total" and s.labels["model"] in (IMAGE, ""):
+                key = (s.labels["endpoint"], s.labels["status"])
+                counts[key] = counts.get(key, 0) + s.value
+    assert counts.get(("images", "200"), 0) >= 1 and counts.get(("images_edits", "200"), 0) >= 1
+    assert counts.get(("images", "400"), 0) >= 1
