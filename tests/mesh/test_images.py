@@ -234,3 +234,17 @@ def test_requests_are_counted_by_endpoint(client, mesh):
                 counts[key] = counts.get(key, 0) + s.value
     assert counts.get(("images", "200"), 0) >= 1 and counts.get(("images_edits", "200"), 0) >= 1
     assert counts.get(("images", "400"), 0) >= 1
+
+
+def test_the_all_in_one_gateway_serves_images_and_urls(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO),
+                                      mocker(demo_model_dir, IMAGE, "10", "--media", "image")], inproc=True)
+    c = sdk_client(m, timeout=60)
+    try:
+        resp = c.images.generate(model=IMAGE, prompt="a cat", size="64x32", response_format="url")
+        fetched = httpx.get(resp.data[0].url, timeout=30)
+        assert fetched.status_code == 200 and Image.open(io.BytesIO(fetched.content)).size == (64, 32)
+        assert decoded(c.images.generate(model=IMAGE, prompt="a cat", size="32x64").data[0].b64_json).size == (32, 64)
+    finally:
+        c.close()
+        stop_cleanly(m)
