@@ -17,6 +17,7 @@ from meshfront.gateway.v1 import (
     edge_pb2_grpc,
     embeddings_pb2_grpc,
     gateway_pb2_grpc,
+    images_pb2_grpc,
     media_pb2_grpc,
     responses_pb2_grpc,
     videos_pb2_grpc,
@@ -36,6 +37,7 @@ from services.gateway.edge.server import EdgeServicer
 from services.gateway.embeddings.pipeline import EmbeddingsPipeline
 from services.gateway.embeddings.server import EmbeddingsServicer
 from services.gateway.embeddings.worker_client import GrpcEmbedWorker
+from services.gateway.images.server import ImagesServicer
 from services.gateway.kserve import server as kserve
 from services.gateway.media.multipart import parse_form
 from services.gateway.media.pipeline import MediaPipeline
@@ -72,11 +74,11 @@ class Gateway:
     media_store: MediaStore
     # OpenAI video jobs (NATS KV, shared by every replica), run over ``media`` into ``media_store``.
     video_jobs: VideoJobs
-    # --public-url: the base of media URLs (empty: the request's scheme and host).
-    public_url: str = ""
     # The stages reached over gRPC and whether each is unreachable now (none in the all-in-one process).
     stage_probes: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)
     stage_wait_s: float = DEFAULT_WAIT_S
+    # The base of media URLs (--public-url); empty: the request's scheme and host.
+    public_url: str = ""
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -93,6 +95,7 @@ class Gateway:
         self.edge = EdgeServicer(self.metrics)
         self.embeddings_servicer = EmbeddingsServicer(self.embeddings, self.registry.models)
         self.media_files = MediaFilesServicer(self.media_store)
+        self.images = ImagesServicer(self.media, self.registry.models, self.media_store, self.public_url)
         self.videos = VideosServicer(self.video_jobs, self.media, self.media_store, self.registry.models,
                                      parse_form=lambda body, ctype: form_fields(parse_form(body, ctype)),
                                      url_for=lambda headers, media_id: media_url(media_id, self.public_url,
@@ -111,6 +114,7 @@ class Gateway:
         edge_pb2_grpc.add_EdgeServiceServicer_to_server(self.edge, server.server)
         embeddings_pb2_grpc.add_EmbeddingsServiceServicer_to_server(self.embeddings_servicer, server.server)
         media_pb2_grpc.add_MediaFilesServiceServicer_to_server(self.media_files, server.server)
+        images_pb2_grpc.add_ImagesServiceServicer_to_server(self.images, server.server)
         videos_pb2_grpc.add_VideosServiceServicer_to_server(self.videos, server.server)
         kserve.add_to_server(self.kserve, server.server)
         server.on_drain(self.start_drain)
@@ -170,8 +174,8 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     jobs = VideoJobs(job_store, media_store, media, cfg.media_url_ttl_s)
     gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
                       metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers),
-                      media=media, media_store=media_store, video_jobs=jobs, public_url=cfg.public_url,
-                      stage_probes=probes, stage_wait_s=cfg.stage_wait_s)
+                      media=media, media_store=media_store, video_jobs=jobs,
+                      stage_probes=probes, stage_wait_s=cfg.stage_wait_s, public_url=cfg.public_url)
     # The video jobs close first: each running one hands its lease back through the stores still open.
     return Built(gateway, background=[store.run, media_store.run, job_store.run, jobs.sweep, metrics.run,
                                       gateway.warmup.run, gateway.watch_stages],

@@ -256,7 +256,7 @@ def test_bad_job_inputs(client):
     assert e.value.body["param"] == "seconds"
     with pytest.raises(openai.BadRequestError) as e:
         client.videos.create(model=DEMO, prompt="p")
-    assert e.value.body["param"] == "model" and "text model" in e.value.message
+    assert e.value.body["param"] == "model" and "/v1/chat/completions" in e.value.message
     with pytest.raises(openai.NotFoundError):
         client.videos.create(model="nope", prompt="p")
     with pytest.raises(openai.BadRequestError) as e:

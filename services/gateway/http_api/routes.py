@@ -17,6 +17,7 @@ SSE = "text/event-stream"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 HTML = "text/html; charset=utf-8"
 # What a media URL serves (the worker's encodings).
+MULTIPART = "multipart/form-data"
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "video/mp4", "video/x-motion-jpeg")
 
 
@@ -36,7 +37,8 @@ class Endpoint:
     summary: str
     tag: str
     ok: tuple[Body, ...]  # 200 bodies: JSON, and the event stream where the route streams
-    request: Schema | None = None  # a JSON request body
+    request: Schema | None = None  # the request body
+    request_type: str = JSON  # its content type
     errors: tuple[int, ...] = ()  # statuses that answer with ``error_schema``
     error_schema: str = "Error"
     path_params: tuple[tuple[str, str], ...] = ()  # (name, description)
@@ -69,6 +71,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              ok=(Body(ref("Response")),), errors=(404,), path_params=(("response_id", "resp_..."),)),
     Endpoint("delete", "/v1/responses/{response_id}", "deleteResponse", "Delete a stored response", OPENAI,
              ok=(Body(ref("ResponseDeleted")),), errors=(404,), path_params=(("response_id", "resp_..."),)),
+    Endpoint("post", "/v1/images/generations", "createImage", "Images from a prompt (or an image: input_reference)",
+             OPENAI, ok=(Body(ref("ImagesResponse")), Body(ref("ImageStreamEvent"), SSE)),
+             request=ref("ImageRequest"), errors=_GENERATION_ERRORS,
+             description="`stream: true` answers `event: image_generation.partial_image` and "
+                         "`image_generation.completed` events. Limits (sizes, n, steps, formats) are the model's."),
+    Endpoint("post", "/v1/images/edits", "createImageEdit", "Images from an uploaded image, a mask and a prompt",
+             OPENAI, ok=(Body(ref("ImagesResponse")), Body(ref("ImageStreamEvent"), SSE)),
+             request=ref("ImageEditRequest"), request_type=MULTIPART, errors=_GENERATION_ERRORS,
+             description="Streamed events are `image_edit.partial_image` and `image_edit.completed`."),
     Endpoint("get", "/v1/media/{media_id}", "retrieveMedia", "A generated image or video behind its URL", OPENAI,
              ok=tuple(Body(string(format="binary"), t) for t in MEDIA_TYPES), errors=(404, 503),
              path_params=(("media_id", "The id in the URL an images or videos answer gave"),),

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import grpc
 
-from services.common.discovery import ModelCard
+from services.common.discovery import IMAGES, VIDEOS, ModelCard
 from services.common.errors import InvalidRequest, MeshError, NotFound
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.request import ChatRequest
@@ -61,7 +61,10 @@ class KServeServicer:
         return cards[0].model
 
     def _check_model(self, name: str, version: str) -> None:
-        check_model(self._models(), name, param="model_name")
+        """A text model, or (with the media spine) an image or video model served as a tensor model."""
+        card = self._media_card(name)
+        media = next(kind for kind in (IMAGES, VIDEOS) if card.serves(kind)) if card is not None else None
+        check_model(self._models(), name, media=media, param="model_name")
         if not metadata.version_known(version):
             raise NotFound(f"The model `{name}` has no version {version!r}; it serves version "
                            f"{metadata.MODEL_VERSION!r}", param="model_version")

@@ -47,13 +47,11 @@ MAX_PAGE = 100
 
 
 def check_video_model(models: Mapping[str, Sequence[WorkerCard]], name: str) -> None:
-    """A 404 for an unknown model, a 400 for one that does not make videos."""
-    check_model(models, name)
-    card = models[name][0].model
-    if not card.serves(VIDEOS) or card.media is None:
-        kind = "an image model; use /v1/images/generations" if card.is_media else \
-            "a text model; use /v1/chat/completions or /v1/completions"
-        raise InvalidRequest(f"The model `{name}` is {kind} with it, not /v1/videos", param="model")
+    """A 404 for an unknown model, a 400 for one that does not make videos (front_door.check_model)."""
+    check_model(models, name, media=VIDEOS)
+    if models[name][0].model.media is None:  # a card that says videos but not its limits: nothing to check against
+        raise InvalidRequest(f"The model `{name}` announces no video limits; its worker must register them",
+                             param="model")
 
 
 def _not_found(video_id: str) -> NotFound:

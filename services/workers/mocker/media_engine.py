@@ -20,7 +20,9 @@ byte incompressible, for tests and benchmarks of large outputs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import itertools
 import math
 import random
 import re
@@ -54,13 +56,17 @@ class SimulatedMediaEngine:
     def generate(self, job: MediaJob, cancelled: threading.Event) -> Iterator[MediaEvent]:
         total = job.steps * job.n
         previews = preview_steps(job.steps, job.partial_images)
+        count = job.num_frames if job.kind == "video" else 1
+        per_step = -(-count // job.steps)
         for index in range(job.n):
             rng = random.Random(_seed(job, index))
-            frames = self._draw(job, rng)
             noise = _noise(job.width, job.height, rng)
+            # Frames are drawn a share per step, so that a cancel never waits for a whole video's drawing.
+            pending, frames = self._draw(job, rng), list[Image.Image]()
             for step in range(1, job.steps + 1):
                 if cancelled.wait(self.cfg.step_s):  # True once set: at once, whatever is left of the wait
                     return
+                frames += itertools.islice(pending, per_step)
                 self.steps_taken += 1
                 self.last_step_at = time.monotonic()
                 yield StepDone(step=index * job.steps + step, total_steps=total)
@@ -69,20 +75,22 @@ class SimulatedMediaEngine:
                     yield Preview(index, partial_index, Image.blend(noise, frames[0].convert("RGB"), step / job.steps))
             yield Output(index, frames)
 
-    def _draw(self, job: MediaJob, rng: random.Random) -> list[Image.Image]:
+    def _draw(self, job: MediaJob, rng: random.Random) -> Iterator[Image.Image]:
+        """The output's frames, one at a time."""
         if self.cfg.noise:
-            count = job.num_frames if job.kind == "video" else 1
-            return [Image.frombytes("RGB", (job.width, job.height), rng.randbytes(job.width * job.height * 3))
-                    for _ in range(count)]
+            for _ in range(job.num_frames if job.kind == "video" else 1):
+                yield Image.frombytes("RGB", (job.width, job.height), rng.randbytes(job.width * job.height * 3))
+            return
         scene = _Scene.random(job, rng)
         if job.kind == "image":
-            return [_derive(scene.frame(0.0), job)]
+            yield _derive(scene.frame(0.0), job)
+            return
         last = max(job.num_frames - 1, 1)
-        frames = [scene.frame(t / last).convert("RGB") for t in range(job.num_frames)]  # RGB: a video has no alpha
-        if job.input_image is not None:  # image-to-video: the first frame is the input, then the drawing
-            first = job.input_image.convert("RGB").resize((job.width, job.height))
-            frames = [Image.blend(first, f, t / last) for t, f in enumerate(frames)]
-        return frames
+        # Image-to-video: the first frame is the input, then the drawing takes over.
+        first = None if job.input_image is None else job.input_image.convert("RGB").resize((job.width, job.height))
+        for t in range(job.num_frames):
+            frame = scene.frame(t / last).convert("RGB")  # RGB: a video has no alpha
+            yield frame if first is None else Image.blend(first, frame, t / last)
 
 
 def preview_steps(steps: int, partial_images: int) -> list[int]:
@@ -138,6 +146,10 @@ class _Scene:
                               colour(), rng.random() < 0.5) for _ in range(rng.randint(3, 6)))
         return cls(job.width, job.height, (colour(), colour()), shapes, job.prompt[:60])
 
+    @functools.cached_property
+    def _gradient(self) -> Image.Image:
+        return Image.linear_gradient("L").resize((self.width, self.height))  # once per output, not per frame
+
     def frame(self, t: float) -> Image.Image:
         """The scene at time ``t`` in [0, 1]: RGBA, the gradient behind at alpha 0 (straight alpha)."""
         w, h = self.width, self.height
@@ -145,8 +157,7 @@ class _Scene:
         turn = 0.5 + 0.5 * math.cos(math.pi * t)
         a, b = self.colours
         start = tuple(round(x * turn + y * (1 - turn)) for x, y in zip(a, b, strict=True))
-        gradient = Image.linear_gradient("L").resize((w, h))
-        image = Image.composite(Image.new("RGB", (w, h), b), Image.new("RGB", (w, h), start), gradient)
+        image = Image.composite(Image.new("RGB", (w, h), b), Image.new("RGB", (w, h), start), self._gradient)
         image.putalpha(0)
         draw = ImageDraw.Draw(image)
         for s in self.shapes:

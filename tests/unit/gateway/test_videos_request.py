@@ -191,8 +191,10 @@ def test_only_a_video_model_makes_videos():
     models = {"v": card("v", (VIDEOS,), LIMITS), "i": card("i", (IMAGES,), MediaLimits()),
               "t": card("t", (CHAT, COMPLETIONS), None)}
     check_video_model(models, "v")
-    assert "image model" in bad(lambda: check_video_model(models, "i"), "model")
-    assert "text model" in bad(lambda: check_video_model(models, "t"), "model")
+    assert "/v1/images/generations" in bad(lambda: check_video_model(models, "i"), "model")
+    assert "/v1/chat/completions" in bad(lambda: check_video_model(models, "t"), "model")
+    no_limits = {"v": card("v", (VIDEOS,), None)}
+    assert "limits" in bad(lambda: check_video_model(no_limits, "v"), "model")
     with pytest.raises(NotFound):
         check_video_model(models, "nope")
 
