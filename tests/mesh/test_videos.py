@@ -296,6 +296,23 @@ def test_kserve_video_model(vmesh):
     client.close()
 
 
+# ---- the all-in-one gateway ------------------------------------------------------------------------------
+
+def test_the_all_in_one_gateway_serves_videos(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO),
+                                      WorkerSpec(str(demo_model_dir), VIDEO, "mocker", SIMULATOR)], inproc=True)
+    c = sdk_client(m, timeout=60)
+    try:
+        job = c.videos.create_and_poll(model=VIDEO, prompt="p", seconds="1", size="64x48", poll_interval_ms=200)
+        assert job.status == "completed" and decode(c.videos.download_content(job.id).read())[1] == 8
+        r = post(m, "/v1/videos/generations", {"model": VIDEO, "prompt": "p", "size": "64x48",
+                                               "nvext": {"num_frames": 3, "num_inference_steps": 1}})
+        assert r.status_code == 200 and decode(httpx.get(r.json()["data"][0]["url"], timeout=30).content)[1] == 3
+    finally:
+        c.close()
+        stop_cleanly(m)
+
+
 # ---- overload and metrics (last: they leave the worker busy for a moment) ---------------------------------
 
 async def test_a_full_worker_is_a_503_with_retry_after(vmesh):
