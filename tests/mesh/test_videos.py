@@ -231,6 +231,21 @@ def test_sync_stream_sends_progress_then_the_answer(vmesh):
     assert answer["status"] == "completed" and decode(base64.b64decode(answer["data"][0]["b64_json"]))[1] == 4
 
 
+def test_a_client_that_hangs_up_frees_the_worker(vmesh):
+    """The worker runs one job at a time: once the client of a 50-step video (12.5 s) hangs up after its first
+    progress event, a 1-step video must not wait for the rest of it."""
+    with httpx.stream("POST", f"{vmesh.url}/v1/videos/generations", json={
+            "model": VIDEO, "prompt": "p", "size": "64x48", "stream": True,
+            "nvext": {"num_frames": 2, "num_inference_steps": 50}}, timeout=60) as r:
+        assert r.status_code == 200
+        next(r.iter_text())  # the first progress event: the worker is in its step loop
+    started = time.monotonic()
+    quick = post(vmesh, "/v1/videos/generations", {"model": VIDEO, "prompt": "p", "size": "64x48",
+                                                   "nvext": {"num_frames": 2, "num_inference_steps": 1}})
+    assert quick.status_code == 200, quick.text
+    assert time.monotonic() - started < 3.0  # 1 s of cancel latency at most, one 250 ms step, encoding
+
+
 # ---- bad inputs -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("body", "param"), [
