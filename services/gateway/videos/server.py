@@ -4,8 +4,8 @@ POST /v1/videos takes two shapes (request.py ``is_sync_shape``; docs/media.md): 
 answered with the job at once (jobs.py runs it), or Dynamo's synchronous request, answered like
 POST /v1/videos/generations once the video exists. Errors before the first byte abort in OpenAI's
 shape (Envoy's Lua filter makes them the HTTP status and body; an overload is 503 with Retry-After);
-after it, a streamed request gets an in-band error event, and a non-streamed one is cut off (the call
-is aborted, so the client sees a broken transfer rather than a valid-looking truncated body).
+after it, a streamed request gets an in-band error event, and a non-streamed one's call ends with an
+error status, leaving its JSON body unfinished (unparseable) rather than a truncated video in a whole answer.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class VideosServicer(videos_pb2_grpc.VideosServiceServicer):
             if sent and streaming:
                 yield httpbody_pb2.HttpBody(content_type=SSE, data=b"\n\n" + sse_error_frame(err))
                 return
-            if sent:  # a JSON body already half sent: break the transfer instead of ending it as if whole
+            if sent:  # a JSON body already half sent: end the call with an error, never close the JSON
                 log.warning("video request %s failed mid-body: %s", rid, err.message)
                 await context.abort(grpc.StatusCode.ABORTED, "the video failed mid-transfer")
             await OPENAI.abort(context, err)
