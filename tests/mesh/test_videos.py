@@ -308,6 +308,18 @@ def test_kserve_video_model(vmesh):
     with pytest.raises(InferenceServerException) as e:
         client.infer(VIDEO, [prompt], parameters={"n": 2})
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "'n'" in e.value.message()
+    # ModelStreamInfer: one response, marked final (Triton's decoupled marker); an error is its error_message.
+    results: list = []
+    client.start_stream(callback=lambda result, error: results.append((result, error)))
+    client.async_stream_infer(VIDEO, [prompt], request_id="s1", parameters={"num_frames": 2, "steps": 1})
+    client.async_stream_infer(VIDEO, [prompt], request_id="s2", parameters={"num_frames": 999})
+    wait_until(lambda: len(results) == 2, 30, "both stream responses")
+    client.stop_stream()
+    by_id = {(r.get_response().id if r is not None else "error"): (r, err) for r, err in results}
+    ok, _ = by_id["s1"]
+    assert decode(ok.as_numpy("output")[0])[1] == 2
+    assert ok.get_response(as_json=True)["parameters"]["triton_final_response"]["bool_param"] is True
+    assert "INVALID_ARGUMENT" in str(by_id["error"][1]) and "999 frames" in str(by_id["error"][1])
     client.close()
 
 
