@@ -122,6 +122,9 @@ def test_edits_read_multipart_as_the_sdk_sends_it():
     body, ct = multipart([("image[]", ("a.png", png((80, 40)), "image/png"))])
     job = resolve(parse_edit(body, ct), LIMITS, "r")
     assert (job.width, job.height) == (80, 40)
+    body, ct = multipart([("image", ("a.png", png((1030, 300)), "image/png"))])
+    job = resolve(parse_edit(body, ct), LIMITS, "r")  # past 512x256: scaled to fit, aspect kept, multiples of 8
+    assert (job.width, job.height) == (512, 144)
 
 
 @pytest.mark.parametrize(("files", "data", "param"), [
