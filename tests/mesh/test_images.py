@@ -170,12 +170,22 @@ def test_models_of_the_wrong_kind_are_400s(client):
     assert kinds[IMAGE] == "images" and kinds[DEMO] is None
 
 
-def test_a_50_mb_result_passes_through_envoy_intact(client):
+def envoy_allocated(mesh) -> int:
+    """Bytes Envoy's allocator holds now (its admin /memory)."""
+    return int(httpx.get(f"http://127.0.0.1:{mesh.plan.admin_port}/memory", timeout=5).json()["allocated"])
+
+
+def test_a_50_mb_result_passes_through_envoy_intact(client, mesh):
     resp = client.images.generate(model=NOISE, prompt="static", size="4096x4096", response_format="url",
                                   extra_body={"nvext": {"seed": 11}})
+    before = envoy_allocated(mesh)
     with httpx.stream("GET", resp.data[0].url, timeout=120) as r:
         assert r.status_code == 200 and r.headers["content-type"] == "image/png"
-        raw = r.read()
+        pieces = r.iter_raw(65536)
+        head = next(pieces)
+        time.sleep(1)  # a slow reader: the gateway waits on Envoy, which holds a window's worth, not the image
+        assert envoy_allocated(mesh) - before < 8_000_000
+        raw = head + b"".join(pieces)
     assert len(raw) > 45_000_000, len(raw)
     img = Image.open(io.BytesIO(raw))
     img.load()  # every PNG chunk's CRC checked: the bytes arrived intact

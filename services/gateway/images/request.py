@@ -225,12 +225,13 @@ def parse_edit(raw: bytes, content_type: str) -> ImageRequest:
 
 
 def _auto_size(req: ImageRequest, limits: MediaLimits) -> tuple[int, int]:
-    """``auto``: an input image's own size (rounded down to the model's multiple, within its maximum),
-    else the model's default."""
+    """``auto``: an input image's own size (scaled down to fit the model's maximum, keeping its aspect, and
+    rounded down to the model's multiple), else the model's default."""
     if req.input_size is not None:
         m = limits.size_multiple
-        w = min(req.input_size[0], limits.max_width) // m * m
-        h = min(req.input_size[1], limits.max_height) // m * m
+        width, height = req.input_size
+        scale = min(1.0, limits.max_width / width, limits.max_height / height)
+        w, h = int(width * scale) // m * m, int(height * scale) // m * m
         if w and h:
             return w, h
     return limits.default_width, limits.default_height

@@ -8,6 +8,7 @@ OpenAI's shape; a store failure mid-body can only end the transfer (the status i
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import grpc
@@ -31,7 +32,7 @@ class MediaFilesServicer(media_pb2_grpc.MediaFilesServiceServicer):
         except MeshError as e:
             err: MeshError = e
         except Exception:  # noqa: BLE001 - a bug still gets OpenAI's shape, and is logged
-            err = unexpected("media download", "GET /v1/media")
+            err = unexpected("media download", uuid.uuid4().hex)
         else:
             yield httpbody_pb2.HttpBody(content_type=content_type, data=first)
             async for data in chunks:

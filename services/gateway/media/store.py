@@ -9,9 +9,10 @@ comes, ``open`` fetches the next chunk by direct get when the caller asks for it
 
 Ids are ``secrets.token_urlsafe(32)`` (256 random bits: a URL cannot be guessed). An object expires
 twice over: its info carries ``Meshfront-Expires-At``, which ``open`` checks, so a URL is a 404 the
-moment its TTL is over; and every message is published with a per-message TTL (NATS 2.11) of the same
-length, so storage is reclaimed without anyone reading it. The bucket's max age is a backstop at the
-longest TTL a gateway accepts. Replicas with different ``--media-url-ttl-s`` share the bucket: each
+moment its TTL is over; and every message is published with a per-message TTL (NATS 2.11) of that
+length plus ``DOWNLOAD_GRACE_S`` (so a download that began in time ends whole), which reclaims the
+storage without anyone reading it. The bucket's max age is a backstop at the longest TTL a gateway
+accepts. Replicas with different ``--media-url-ttl-s`` share the bucket: each
 object keeps the TTL of the gateway that stored it.
 """
 
@@ -41,8 +42,10 @@ log = logging.getLogger(__name__)
 
 BUCKET = "meshfront_media"
 STREAM = f"OBJ_{BUCKET}"
-# The longest --media-url-ttl-s (a week); also the bucket's max age, the backstop of every object's own TTL.
+# The longest --media-url-ttl-s (a week).
 MAX_TTL_S = 7 * 24 * 3600
+# How long an object's messages outlive its URL: a download that started before the URL expired finishes.
+DOWNLOAD_GRACE_S = 120
 # Chunks as stored: well under NATS's default max payload (1 MiB), whatever size the caller hands in.
 CHUNK = 512 * 1024
 EXPIRES = "Meshfront-Expires-At"
@@ -113,7 +116,7 @@ class MediaStore:
             async for data in chunks:
                 for piece in _pieces(data):
                     digest.update(piece)
-                    await js.publish(subject, piece, msg_ttl=ttl)
+                    await js.publish(subject, piece, msg_ttl=ttl + DOWNLOAD_GRACE_S)
                     size += len(piece)
                     count += 1
             expires_at = time.time() + ttl
@@ -123,7 +126,7 @@ class MediaStore:
                 digest="SHA-256=" + base64.urlsafe_b64encode(digest.digest()).decode(),
                 headers={CONTENT_TYPE: [content_type], EXPIRES: [f"{expires_at:.3f}"]})
             await js.publish(_meta_subject(media_id), json.dumps(info.as_dict()).encode(),
-                             headers={api.Header.ROLLUP: "sub"}, msg_ttl=ttl)
+                             headers={api.Header.ROLLUP: "sub"}, msg_ttl=ttl + DOWNLOAD_GRACE_S)
         except BaseException as e:
             with contextlib.suppress(Exception):  # what was published of it is garbage now
                 await js.purge_stream(STREAM, subject=subject)
@@ -160,7 +163,7 @@ class MediaStore:
             try:
                 msg = await js.get_msg(STREAM, seq=seq, subject=subject, next=True, direct=True)
             except NotFoundError:
-                # Expired between the info and this chunk (its TTL ran out mid-download).
+                # Deleted while it was being read (an expiry leaves DOWNLOAD_GRACE_S for that).
                 raise _gone() from None
             except (TimeoutError, nats.errors.Error) as e:
                 raise StoreUnavailable(f"could not read the media store ({e or type(e).__name__})") from None
@@ -202,7 +205,7 @@ async def _open_bucket(js: nats.js.JetStreamContext) -> None:
         pass
     # The Object Store's stream, plus per-message TTLs.
     config = api.StreamConfig(
-        name=STREAM, subjects=[f"$O.{BUCKET}.C.>", f"$O.{BUCKET}.M.>"], max_age=MAX_TTL_S,
+        name=STREAM, subjects=[f"$O.{BUCKET}.C.>", f"$O.{BUCKET}.M.>"], max_age=MAX_TTL_S + DOWNLOAD_GRACE_S,
         discard=api.DiscardPolicy.NEW, allow_rollup_hdrs=True, allow_direct=True, allow_msg_ttl=True)
     with contextlib.suppress(Exception):  # another replica may create it at the same moment
         await js.add_stream(config)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import os
 
 import httpx
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from meshfront.worker.v1 import media_pb2
 from PIL import Image
 
@@ -119,6 +122,9 @@ def test_edits_read_multipart_as_the_sdk_sends_it():
     body, ct = multipart([("image[]", ("a.png", png((80, 40)), "image/png"))])
     job = resolve(parse_edit(body, ct), LIMITS, "r")
     assert (job.width, job.height) == (80, 40)
+    body, ct = multipart([("image", ("a.png", png((1030, 300)), "image/png"))])
+    job = resolve(parse_edit(body, ct), LIMITS, "r")  # past 512x256: scaled to fit, aspect kept, multiples of 8
+    assert (job.width, job.height) == (512, 144)
 
 
 @pytest.mark.parametrize(("files", "data", "param"), [
@@ -236,3 +242,31 @@ def test_check_model_tells_media_kinds_apart():
         assert e.value.param == "model"
     with pytest.raises(NotFound):
         check_model(models, "nope", media=IMAGES)
+
+
+_FIELDS = ("model", "prompt", "n", "size", "response_format", "output_format", "output_compression", "quality",
+           "background", "stream", "partial_images", "user", "moderation", "nvext", "input_reference", "seed")
+_SCALARS = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
+            | st.sampled_from(["png", "jpeg", "64x64", "auto", "url", "high", "transparent", "a cat", ""]) | st.text())
+_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.sampled_from(["seed", "num_inference_steps", "guidance_scale",
+                                                          "negative_prompt", "x"]), inner, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(_FIELDS), _VALUES, max_size=8))
+def test_any_json_body_is_a_request_or_a_400(body):
+    try:
+        resolve(parse_generation(orjson.dumps({"model": "m", "prompt": "p", **body})), LIMITS, "r")
+    except InvalidRequest as e:
+        assert e.param or e.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.sampled_from(["multipart/form-data; boundary=xyz", "multipart/form-data",
+                                                 "text/plain", ""]))
+def test_any_multipart_body_is_an_edit_or_a_400(raw, content_type):
+    body = b"--xyz\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\n" + raw + b"\r\n--xyz--"
+    for candidate in (raw, body):
+        with contextlib.suppress(InvalidRequest):
+            parse_edit(candidate, content_type)
