@@ -17,7 +17,10 @@ from meshfront.gateway.v1 import (
     edge_pb2_grpc,
     embeddings_pb2_grpc,
     gateway_pb2_grpc,
+    images_pb2_grpc,
+    media_pb2_grpc,
     responses_pb2_grpc,
+    videos_pb2_grpc,
 )
 
 from services.common import tls as mesh_tls
@@ -34,13 +37,23 @@ from services.gateway.edge.server import EdgeServicer
 from services.gateway.embeddings.pipeline import EmbeddingsPipeline
 from services.gateway.embeddings.server import EmbeddingsServicer
 from services.gateway.embeddings.worker_client import GrpcEmbedWorker
+from services.gateway.images.server import ImagesServicer
 from services.gateway.kserve import server as kserve
+from services.gateway.media.multipart import parse_form
+from services.gateway.media.pipeline import MediaPipeline
+from services.gateway.media.server import MediaFilesServicer
+from services.gateway.media.store import MediaStore, media_url
+from services.gateway.media.worker_client import GrpcMediaWorker
 from services.gateway.openai.server import GatewayServicer
 from services.gateway.postprocessor_mux import MuxPostprocessor
 from services.gateway.releases import RidingReleases
 from services.gateway.responses_api.server import ResponsesServicer
 from services.gateway.responses_api.store import ResponseStore
 from services.gateway.stage_watch import StageWatch
+from services.gateway.videos.job_store import JobStore
+from services.gateway.videos.jobs import VideoJobs
+from services.gateway.videos.request import form_fields
+from services.gateway.videos.server import VideosServicer
 from services.gateway.warmup import Warmup
 
 # The gRPC health service name the gateway's liveness probe asks (deploy/k8s/base/gateway.yaml).
@@ -56,9 +69,16 @@ class Gateway:
     metrics: ReplicaMetrics
     # POST /v1/embeddings: the same preprocessor and router clients, then the embedding worker directly.
     embeddings: EmbeddingsPipeline
+    # Images and videos: the router, then the media worker directly; url answers in the media store (NATS).
+    media: MediaPipeline
+    media_store: MediaStore
+    # OpenAI video jobs (NATS KV, shared by every replica), run over ``media`` into ``media_store``.
+    video_jobs: VideoJobs
     # The stages reached over gRPC and whether each is unreachable now (none in the all-in-one process).
     stage_probes: dict[str, Callable[[], bool]] = dataclasses.field(default_factory=dict)
     stage_wait_s: float = DEFAULT_WAIT_S
+    # The base of media URLs (--public-url); empty: the request's scheme and host.
+    public_url: str = ""
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -68,11 +88,19 @@ class Gateway:
         self.servicer = GatewayServicer(self.pipeline, self.registry.models, lambda: self.draining,
                                         warming=lambda: self.warmup.warming if not self.warmup.ready.is_set() else [],
                                         unavailable=lambda: self.stages.unavailable)
-        self.kserve = kserve.KServeServicer(self.pipeline, self.registry.models, lambda: self.draining)
+        self.kserve = kserve.KServeServicer(self.pipeline, self.registry.models, lambda: self.draining,
+                                            media=self.media)
         self.responses = ResponsesServicer(self.pipeline, self.registry.models, self.response_store)
         self.anthropic = AnthropicServicer(self.pipeline, self.registry.models)
         self.edge = EdgeServicer(self.metrics)
         self.embeddings_servicer = EmbeddingsServicer(self.embeddings, self.registry.models)
+        self.media_files = MediaFilesServicer(self.media_store)
+        self.images = ImagesServicer(self.media, self.registry.models, self.media_store, self.public_url)
+        self.videos = VideosServicer(self.video_jobs, self.media, self.media_store, self.registry.models,
+                                     parse_form=lambda body, ctype: form_fields(parse_form(body, ctype)),
+                                     url_for=lambda headers, media_id: media_url(media_id, self.public_url,
+                                                                                 dict(headers)),
+                                     ttl_s=self.video_jobs.ttl_s)
 
     async def start_drain(self) -> None:
         self.draining = True
@@ -85,6 +113,9 @@ class Gateway:
         anthropic_pb2_grpc.add_AnthropicServiceServicer_to_server(self.anthropic, server.server)
         edge_pb2_grpc.add_EdgeServiceServicer_to_server(self.edge, server.server)
         embeddings_pb2_grpc.add_EmbeddingsServiceServicer_to_server(self.embeddings_servicer, server.server)
+        media_pb2_grpc.add_MediaFilesServiceServicer_to_server(self.media_files, server.server)
+        images_pb2_grpc.add_ImagesServiceServicer_to_server(self.images, server.server)
+        videos_pb2_grpc.add_VideosServiceServicer_to_server(self.videos, server.server)
         kserve.add_to_server(self.kserve, server.server)
         server.on_drain(self.start_drain)
         server.ready_when(self.warmup.ready.wait)
@@ -136,9 +167,17 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     recorder = frontend_metrics.configure(cfg.metrics_prefix)
     metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry)
     embed_workers = GrpcEmbedWorker(tls)
+    media_workers = GrpcMediaWorker(tls)
+    media_store = MediaStore(cfg.nats_url, cfg.media_url_ttl_s)
+    media = MediaPipeline(route, media_workers)
+    job_store = JobStore(cfg.nats_url)
+    jobs = VideoJobs(job_store, media_store, media, cfg.media_url_ttl_s)
     gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
                       metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers),
-                      stage_probes=probes, stage_wait_s=cfg.stage_wait_s)
-    return Built(gateway, background=[store.run, metrics.run, gateway.warmup.run, gateway.watch_stages],
-                 closers=[gateway.warmup.close, route.close, store.close, metrics.close, embed_workers.close,
-                          *closers])
+                      media=media, media_store=media_store, video_jobs=jobs,
+                      stage_probes=probes, stage_wait_s=cfg.stage_wait_s, public_url=cfg.public_url)
+    # The video jobs close first: each running one hands its lease back through the stores still open.
+    return Built(gateway, background=[store.run, media_store.run, job_store.run, jobs.sweep, metrics.run,
+                                      gateway.warmup.run, gateway.watch_stages],
+                 closers=[jobs.close, gateway.warmup.close, route.close, store.close, media_store.close,
+                          job_store.close, metrics.close, embed_workers.close, media_workers.close, *closers])

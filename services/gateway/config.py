@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import urllib.parse
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
@@ -20,6 +21,9 @@ from services.gateway.frontend_metrics import DEFAULT_PREFIX, check_prefix
 
 DEFAULT_PORT = 9100
 DEFAULT_RESPONSES_TTL_S = 3600
+DEFAULT_MEDIA_URL_TTL_S = 3600
+# The longest a generated image or video stays behind its URL (the media bucket's max age).
+MAX_MEDIA_URL_TTL_S = 7 * 24 * 3600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +41,10 @@ class GatewayConfig:
     tls_ca: str = ""
     # How long a stored Responses API response (and the conversation behind it) stays in NATS.
     responses_ttl_s: int = DEFAULT_RESPONSES_TTL_S
+    # How long a generated image or video stays behind its URL (response_format "url").
+    media_url_ttl_s: int = DEFAULT_MEDIA_URL_TTL_S
+    # Where clients reach the edge (https://api.example.com): the base of media URLs; empty: the request's.
+    public_url: str = ""
     metrics_prefix: str = DEFAULT_PREFIX
     # Tokens the postprocessor gathers per response unless a request says (nvext.stream_interval).
     stream_interval: int = 1
@@ -52,11 +60,25 @@ class GatewayConfig:
         if self.responses_ttl_s < 1:
             # NATS per-message TTLs are whole seconds; 0 would mean "never expires" there.
             raise ValueError(f"--responses-ttl-s must be at least 1; got {self.responses_ttl_s}")
+        if not 1 <= self.media_url_ttl_s <= MAX_MEDIA_URL_TTL_S:
+            raise ValueError(f"--media-url-ttl-s must be 1 to {MAX_MEDIA_URL_TTL_S} (a week); "
+                             f"got {self.media_url_ttl_s}")
+        check_public_url(self.public_url)
         split_target(self.postprocessor)  # expanded into replicas: a dns target without a port fails at start
         if not 0 < self.stage_wait_s <= 600:
             raise ValueError(f"--stage-wait-s must be above 0 and at most 600; got {self.stage_wait_s}")
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ValueError(f"--stream-interval must be 1 to {MAX_STREAM_INTERVAL}; got {self.stream_interval}")
+
+
+def check_public_url(url: str) -> None:
+    """Empty, or an http(s) URL with a host and no query, fragment or trailing slash."""
+    if not url:
+        return
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment \
+            or url.endswith("/"):
+        raise ValueError(f"--public-url must be http(s)://host[:port][/path] without a trailing slash; got {url!r}")
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GatewayConfig:
@@ -77,6 +99,12 @@ def add_flags(p: Flags) -> None:
                "this long")
     p.add("--responses-ttl-s", default=DEFAULT_RESPONSES_TTL_S, type=int,
           help="seconds a stored /v1/responses response stays retrievable and continuable (NATS KV TTL)")
+    p.add("--media-url-ttl-s", default=DEFAULT_MEDIA_URL_TTL_S, type=int,
+          help="seconds a generated image or video stays behind its URL (response_format url; NATS Object Store), "
+               f"at most {MAX_MEDIA_URL_TTL_S}; afterwards the URL is a 404")
+    p.add("--public-url", default="",
+          help="the edge's address as clients reach it (https://api.example.com), the base of media URLs; "
+               "unset: the scheme and host of the request")
     p.add("--stream-interval", default=1, type=int,
           help="tokens gathered into one streamed event unless a request sets nvext.stream_interval (1: every "
                "engine step as it comes; more: fewer messages and less CPU per request, coarser streaming)")

@@ -32,7 +32,7 @@ from typing import Any, NoReturn, Protocol
 import grpc
 from google.api import httpbody_pb2
 
-from services.common.discovery import WorkerCard
+from services.common.discovery import IMAGES, VIDEOS, WorkerCard
 from services.common.errors import Internal, InvalidRequest, MeshError, NotFound, Overloaded, to_status
 from services.gateway.core import errors as openai_errors
 from services.gateway.core.delta import Delta
@@ -49,18 +49,33 @@ def headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
 
 
+# Where each media kind is served, for the 400 that sends a client to the right endpoint.
+MEDIA_ROUTES = {IMAGES: "/v1/images/generations or /v1/images/edits", VIDEOS: "/v1/videos"}
+_MEDIA_NAMES = {IMAGES: "an image", VIDEOS: "a video"}
+
+
 def check_model(models: Mapping[str, Sequence[WorkerCard]], name: str, *, embedding: bool = False,
-                param: str = "model") -> None:
-    """A 404 for a model nobody serves; a 400 for one of the other kind (generation vs embedding)."""
+                media: str | None = None, param: str = "model") -> None:
+    """A 404 for a model nobody serves; a 400 for one of another kind than the endpoint's: generation
+    (the default), embedding (``embedding``), or a media kind (``media``: IMAGES or VIDEOS)."""
     cards = models.get(name)
     if not cards:
         # NotFound (reason NOT_FOUND), as /metrics has always counted the gateway's unknown models.
         raise NotFound(f"The model `{name}` does not exist.", param=param, code="model_not_found")
-    if cards[0].model.is_embedding and not embedding:
+    card = cards[0].model
+    served = next((kind for kind in MEDIA_ROUTES if card.serves(kind)), None)
+    where = (MEDIA_ROUTES[served] if served else "/v1/embeddings" if card.is_embedding
+             else "/v1/chat/completions or /v1/completions")
+    if media is not None:
+        if served != media:
+            raise InvalidRequest(f"The model `{name}` is not {_MEDIA_NAMES[media]} model; use {where} with it",
+                                 param=param)
+    elif served is not None:
+        raise InvalidRequest(f"The model `{name}` is {_MEDIA_NAMES[served]} model; use {where} with it", param=param)
+    elif card.is_embedding and not embedding:
         raise InvalidRequest(f"The model `{name}` is an embedding model; use /v1/embeddings with it", param=param)
-    if embedding and not cards[0].model.is_embedding:
-        raise InvalidRequest(f"The model `{name}` is not an embedding model; use /v1/chat/completions or "
-                             "/v1/completions with it", param=param)
+    elif embedding and not card.is_embedding:
+        raise InvalidRequest(f"The model `{name}` is not an embedding model; use {where} with it", param=param)
 
 
 def http_trailers(status: int, body: bytes) -> tuple[tuple[str, str], ...]:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from services.common.discovery import WorkerCard
+from services.common.discovery import IMAGES, VIDEOS, WorkerCard
 
 
 def _model_entry(name: str, cards: list[WorkerCard], created: int) -> dict[str, Any]:
@@ -14,6 +14,10 @@ def _model_entry(name: str, cards: list[WorkerCard], created: int) -> dict[str, 
     context = max(c.model.context_length for c in cards)
     if context:
         entry["context_window"] = context
+    # A media model says which kind it makes (a client cannot chat with it): "images" or "videos".
+    kind = next((k for k in (IMAGES, VIDEOS) if cards[0].model.serves(k)), None)
+    if kind is not None:
+        entry["kind"] = kind
     return entry
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from services.gateway.http_api import anthropic_schemas, openai_schemas
+from services.gateway.http_api import anthropic_schemas, image_schemas, openai_schemas, videos_schemas
 from services.gateway.http_api.routes import ENDPOINTS, JSON, Endpoint
 from services.gateway.http_api.schema import Schema
 
@@ -22,7 +22,7 @@ TAGS = ({"name": "OpenAI", "description": "OpenAI-compatible generation and mode
 def schemas() -> dict[str, Schema]:
     """Every named schema; a name defined twice is a mistake, not an override."""
     out: dict[str, Schema] = {}
-    for module in (openai_schemas, anthropic_schemas):
+    for module in (openai_schemas, anthropic_schemas, image_schemas, videos_schemas):
         clash = out.keys() & module.SCHEMAS.keys()
         if clash:
             raise ValueError(f"schema names defined twice: {sorted(clash)}")
@@ -34,11 +34,14 @@ def _operation(e: Endpoint) -> dict[str, Any]:
     op: dict[str, Any] = {"operationId": e.operation_id, "summary": e.summary, "tags": [e.tag]}
     if e.description:
         op["description"] = e.description
-    if e.path_params:
-        op["parameters"] = [{"name": name, "in": "path", "required": True, "description": doc,
-                             "schema": {"type": "string"}} for name, doc in e.path_params]
+    params = [{"name": name, "in": "path", "required": True, "description": doc, "schema": {"type": "string"}}
+              for name, doc in e.path_params]
+    params += [{"name": name, "in": "query", "required": False, "description": doc, "schema": {"type": "string"}}
+               for name, doc in e.query_params]
+    if params:
+        op["parameters"] = params
     if e.request is not None:
-        op["requestBody"] = {"required": True, "content": {JSON: {"schema": e.request}}}
+        op["requestBody"] = {"required": True, "content": {e.request_type: {"schema": e.request}}}
     responses: dict[str, Any] = {"200": {"description": "OK",
                                          "content": {b.content_type: {"schema": b.schema} for b in e.ok}}}
     for status in e.errors:

@@ -16,6 +16,9 @@ JSON = "application/json"
 SSE = "text/event-stream"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 HTML = "text/html; charset=utf-8"
+# What a media URL serves (the worker's encodings).
+MULTIPART = "multipart/form-data"
+MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "video/mp4", "video/x-motion-jpeg")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +37,12 @@ class Endpoint:
     summary: str
     tag: str
     ok: tuple[Body, ...]  # 200 bodies: JSON, and the event stream where the route streams
-    request: Schema | None = None  # a JSON request body
+    request: Schema | None = None  # the request body
+    request_type: str = JSON  # its content type
     errors: tuple[int, ...] = ()  # statuses that answer with ``error_schema``
     error_schema: str = "Error"
     path_params: tuple[tuple[str, str], ...] = ()  # (name, description)
+    query_params: tuple[tuple[str, str], ...] = ()  # (name, description); all optional strings
     description: str = ""
 
 
@@ -66,12 +71,49 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              ok=(Body(ref("Response")),), errors=(404,), path_params=(("response_id", "resp_..."),)),
     Endpoint("delete", "/v1/responses/{response_id}", "deleteResponse", "Delete a stored response", OPENAI,
              ok=(Body(ref("ResponseDeleted")),), errors=(404,), path_params=(("response_id", "resp_..."),)),
+    Endpoint("post", "/v1/images/generations", "createImage", "Images from a prompt (or an image: input_reference)",
+             OPENAI, ok=(Body(ref("ImagesResponse")), Body(ref("ImageStreamEvent"), SSE)),
+             request=ref("ImageRequest"), errors=_GENERATION_ERRORS,
+             description="`stream: true` answers `event: image_generation.partial_image` and "
+                         "`image_generation.completed` events. Limits (sizes, n, steps, formats) are the model's."),
+    Endpoint("post", "/v1/images/edits", "createImageEdit", "Images from an uploaded image, a mask and a prompt",
+             OPENAI, ok=(Body(ref("ImagesResponse")), Body(ref("ImageStreamEvent"), SSE)),
+             request=ref("ImageEditRequest"), request_type=MULTIPART, errors=_GENERATION_ERRORS,
+             description="Streamed events are `image_edit.partial_image` and `image_edit.completed`."),
+    Endpoint("get", "/v1/media/{media_id}", "retrieveMedia", "A generated image or video behind its URL", OPENAI,
+             ok=tuple(Body(string(format="binary"), t) for t in MEDIA_TYPES), errors=(404, 503),
+             path_params=(("media_id", "The id in the URL an images or videos answer gave"),),
+             description="The URL a `response_format: url` answer returns; any gateway replica serves it until "
+                         "it expires (`--media-url-ttl-s`), then 404."),
     Endpoint("post", "/v1/messages", "createMessage", "A message (Anthropic Messages API), streamed or not",
              ANTHROPIC, ok=(Body(ref("AnthropicMessagesResponse")), Body(ref("AnthropicMessagesResponse"), SSE)),
              request=ref("AnthropicMessagesRequest"), errors=_GENERATION_ERRORS, error_schema="AnthropicError"),
     Endpoint("post", "/v1/messages/count_tokens", "countMessageTokens", "Prompt tokens of a Messages request",
              ANTHROPIC, ok=(Body(ref("AnthropicCountTokensResponse")),),
              request=ref("AnthropicCountTokensRequest"), errors=(400, 404, 503), error_schema="AnthropicError"),
+    Endpoint("post", "/v1/videos", "createVideo", "A video job (OpenAI), or a video now (Dynamo's shape)", OPENAI,
+             ok=(Body(ref("VideoJob")), Body(ref("VideoGeneration"), SSE)), request=ref("VideoCreateRequest"),
+             errors=_GENERATION_ERRORS,
+             description="multipart/form-data (as the openai SDK sends it) or JSON without `response_format`, "
+                         "`output_format`, `nvext` and `stream`: an OpenAI job, answered at once; poll "
+                         "GET /v1/videos/{video_id}. A JSON body naming any of those four: Dynamo's "
+                         "NvCreateVideoRequest, answered when the video exists (as /v1/videos/generations)."),
+    Endpoint("post", "/v1/videos/generations", "generateVideo", "A video now (Dynamo's NvCreateVideoRequest)",
+             OPENAI, ok=(Body(ref("VideoGeneration")), Body(ref("VideoGeneration"), SSE)),
+             request=ref("VideoCreateRequest"), errors=_GENERATION_ERRORS,
+             description="`stream: true`: `data: {status: in_progress, progress}` events, then the answer as the "
+                         "last `data:` event, then `data: [DONE]`."),
+    Endpoint("get", "/v1/videos", "listVideos", "Video jobs, newest first", OPENAI, ok=(Body(ref("VideoList")),),
+             errors=(400, 503), query_params=(("after", "The last id of the previous page"),
+                                              ("limit", "1-100 (default 20)"), ("order", "asc | desc"))),
+    Endpoint("get", "/v1/videos/{video_id}", "retrieveVideo", "A video job", OPENAI, ok=(Body(ref("VideoJob")),),
+             errors=(404,), path_params=(("video_id", "video_..."),)),
+    Endpoint("delete", "/v1/videos/{video_id}", "deleteVideo", "Delete a video job and its video", OPENAI,
+             ok=(Body(ref("VideoDeleted")),), errors=(404,), path_params=(("video_id", "video_..."),)),
+    Endpoint("get", "/v1/videos/{video_id}/content", "downloadVideoContent", "A completed job's video", OPENAI,
+             ok=(Body(string(format="binary"), "video/mp4"), Body(string(format="binary"), "video/x-msvideo")),
+             errors=(400, 404), path_params=(("video_id", "video_..."),),
+             query_params=(("variant", "video (the only one served)"),)),
     Endpoint("get", "/v1/models", "listModels", "Models with at least one live worker", OPENAI,
              ok=(Body(ref("ModelList")),)),
     Endpoint("get", "/v1/models/{model_id}", "retrieveModel", "One model", OPENAI, ok=(Body(ref("Model")),),

@@ -1,10 +1,10 @@
-"""ServerMetadata, ModelMetadata and ModelConfig replies for text models (pure: no grpc)."""
+"""ServerMetadata, ModelMetadata and ModelConfig replies for text and media models (pure: no grpc)."""
 
 from __future__ import annotations
 
 from importlib import metadata as pkg_metadata
 
-from services.gateway.kserve import protocol
+from services.gateway.kserve import media, protocol
 from services.gateway.kserve.render import CHAT_OUTPUTS, MODEL_VERSION
 
 SERVER_NAME = "meshfront"
@@ -33,24 +33,27 @@ def server_metadata():
     return protocol.ServerMetadataResponse(name=SERVER_NAME, version=server_version(), extensions=[])
 
 
-def model_metadata(name: str):
+def model_metadata(name: str, is_media: bool = False):
     resp = protocol.ModelMetadataResponse(name=name, versions=[MODEL_VERSION], platform=PLATFORM)
-    for target, tensors in ((resp.inputs, INPUTS), (resp.outputs, OUTPUTS)):
+    inputs, outputs = (media.INPUTS, media.OUTPUTS) if is_media else (INPUTS, OUTPUTS)
+    for target, tensors in ((resp.inputs, inputs), (resp.outputs, outputs)):
         for tensor_name, (datatype, shape) in tensors.items():
             target.add(name=tensor_name, datatype=datatype, shape=shape)
     return resp
 
 
-def model_config(name: str):
-    """Decoupled (several responses per request through ModelStreamInfer), no batch dimension."""
+def model_config(name: str, is_media: bool = False):
+    """Text models: decoupled (several responses per request through ModelStreamInfer), no batch dimension.
+    Media models: one response per request (the encoded outputs), only ``prompt`` required."""
     resp = protocol.ModelConfigResponse()
     cfg = resp.config
     cfg.name, cfg.platform, cfg.backend, cfg.max_batch_size = name, PLATFORM, PLATFORM, 0
-    cfg.model_transaction_policy.decoupled = True
-    for tensor_name, (datatype, shape) in INPUTS.items():
+    cfg.model_transaction_policy.decoupled = not is_media
+    inputs, outputs = (media.INPUTS, media.OUTPUTS) if is_media else (INPUTS, OUTPUTS)
+    for tensor_name, (datatype, shape) in inputs.items():
         cfg.input.add(name=tensor_name, data_type=protocol.DATA_TYPE[_CONFIG_TYPE[datatype]], dims=shape,
-                      optional=True)
-    for tensor_name, (datatype, shape) in OUTPUTS.items():
+                      optional=not (is_media and tensor_name == "prompt"))
+    for tensor_name, (datatype, shape) in outputs.items():
         cfg.output.add(name=tensor_name, data_type=protocol.DATA_TYPE[_CONFIG_TYPE[datatype]], dims=shape)
     return resp
 

@@ -17,14 +17,17 @@ from collections.abc import Callable
 
 import grpc
 
+from services.common.discovery import IMAGES, VIDEOS, ModelCard
 from services.common.errors import InvalidRequest, MeshError, NotFound
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.request import ChatRequest
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
 from services.gateway.front_door import AS_IS, GRPC, Generation, Models, check_model, headers, serve_generation
 from services.gateway.kserve import metadata, protocol
+from services.gateway.kserve.media_infer import MediaInfer
 from services.gateway.kserve.render import InferResponseBuilder, error_response
 from services.gateway.kserve.request import parse_request
+from services.gateway.videos.generate import MediaRunner
 
 log = logging.getLogger(__name__)
 # Responses waiting for a slow stream reader before the generating requests pause (backpressure).
@@ -43,13 +46,25 @@ def _serve(servicer: KServeServicer, request, context: grpc.aio.ServicerContext,
 
 
 class KServeServicer:
-    def __init__(self, pipeline: Pipeline, models: Models, draining: Callable[[], bool] = lambda: False):
+    def __init__(self, pipeline: Pipeline, models: Models, draining: Callable[[], bool] = lambda: False,
+                 media: MediaRunner | None = None):
         self._pipeline = pipeline
         self._models = models
         self._draining = draining
+        self._media = None if media is None else MediaInfer(media, self._check_model)
+
+    def _media_card(self, name: str) -> ModelCard | None:
+        """The card of a media model served as a tensor model (kserve/media.py); None for a text model."""
+        cards = self._models().get(name)
+        if self._media is None or not cards or not cards[0].model.is_media:
+            return None
+        return cards[0].model
 
     def _check_model(self, name: str, version: str) -> None:
-        check_model(self._models(), name, param="model_name")
+        """A text model, or (with the media spine) an image or video model served as a tensor model."""
+        card = self._media_card(name)
+        media = next(kind for kind in (IMAGES, VIDEOS) if card.serves(kind)) if card is not None else None
+        check_model(self._models(), name, media=media, param="model_name")
         if not metadata.version_known(version):
             raise NotFound(f"The model `{name}` has no version {version!r}; it serves version "
                            f"{metadata.MODEL_VERSION!r}", param="model_version")
@@ -69,11 +84,11 @@ class KServeServicer:
 
     async def ModelMetadata(self, request, context):
         self._check_model(request.name, request.version)
-        return metadata.model_metadata(request.name)
+        return metadata.model_metadata(request.name, self._media_card(request.name) is not None)
 
     async def ModelConfig(self, request, context):
         self._check_model(request.name, request.version)
-        return metadata.model_config(request.name)
+        return metadata.model_config(request.name, self._media_card(request.name) is not None)
 
     async def _start_generation(self, request, context: grpc.aio.ServicerContext | None, rid: str, *,
                                 unary: bool, call_headers: dict[str, str]) -> Generation:
@@ -93,6 +108,9 @@ class KServeServicer:
         return Generation(req.model, streaming, renderer, stream)
 
     async def ModelInfer(self, request, context):
+        card = self._media_card(request.model_name)
+        if card is not None and self._media is not None:
+            return await self._media.infer(request, card, context, decoupled=False)
         served = _serve(self, request, context, unary=True)
         try:
             return (await anext(served))[0]  # unary: the one folded response (or the front door aborts)
@@ -102,6 +120,10 @@ class KServeServicer:
     async def _serve_one(self, request, context: grpc.aio.ServicerContext, put: Callable) -> None:
         """Answers one request of a ModelStreamInfer call; errors become its error_message."""
         try:
+            card = self._media_card(request.model_name)
+            if card is not None and self._media is not None:
+                await put(await self._media.infer(request, card, None, decoupled=True))
+                return
             async for responses in _serve(self, request, context, unary=False):
                 for response in responses:
                     await put(response)

@@ -1,0 +1,273 @@
+"""The Images API request, validated: every field read, every unknown field a 400 naming it.
+
+OpenAI's fields (https://platform.openai.com/docs/api-reference/images): ``model``, ``prompt``, ``n``
+(1-10, and at most the model's ``max_n``), ``size`` (``WxH`` or ``auto``: the model's default, or an
+edit's input size), ``response_format`` (``b64_json``, the default, or ``url``), ``output_format``
+(png | jpeg | webp, as the model encodes), ``output_compression`` (0-100, jpeg and webp only),
+``quality`` and ``background`` (passed to the worker; ``transparent`` needs png or webp), ``stream``
+with ``partial_images`` (0-3); ``user``, ``safety_identifier`` and ``moderation`` are accepted for
+compatibility (the mesh runs no moderation). Dynamo's extensions: ``nvext`` (``negative_prompt``,
+``num_inference_steps``, ``guidance_scale``, ``seed``) and the top-level ``input_reference`` (a
+base64 image or a ``data:`` URL) for image-to-image.
+
+Generations come as JSON; edits as multipart/form-data (``image`` or repeated ``image[]``, ``mask``),
+whose text fields are read here as the JSON ones are (numbers and booleans from their text). Checks
+against the model's limits (``MediaLimits``) are ``resolve``'s.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import io
+import re
+import secrets
+from typing import Any
+
+import orjson
+from meshfront.worker.v1 import media_pb2
+from PIL import Image, UnidentifiedImageError
+
+from services.common.discovery import MediaLimits
+from services.common.errors import InvalidRequest
+from services.gateway.core.fields import UINT32, UINT64, Fields, as_int
+from services.gateway.core.request import load_json
+from services.gateway.media.multipart import Form, parse_form
+
+RESPONSE_FORMATS = ("b64_json", "url")
+OUTPUT_FORMATS = ("png", "jpeg", "webp")
+QUALITIES = ("auto", "low", "medium", "high", "standard", "hd")
+BACKGROUNDS = ("auto", "transparent", "opaque")
+MODERATIONS = ("auto", "low")
+MAX_N = 10
+MAX_PARTIAL_IMAGES = 3
+MAX_PROMPT_CHARS = 32_000
+# Input images as Pillow names them, from their bytes (never from a filename or content type).
+INPUT_FORMATS = {"PNG", "JPEG", "WEBP"}
+# Seeds the gateway draws: within every engine's generator range.
+DRAWN_SEED_BITS = 31
+_SIZE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,5})$")
+_DATA_URL = re.compile(r"^data:image/[a-z.+-]+;base64,", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageRequest:
+    model: str
+    prompt: str
+    n: int = 1
+    size: tuple[int, int] | None = None  # None: auto
+    response_format: str = "b64_json"
+    output_format: str = "png"
+    output_compression: int | None = None
+    quality: str = "auto"
+    background: str = "auto"
+    stream: bool = False
+    partial_images: int = 0
+    negative_prompt: str = ""
+    steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    input_image: bytes = b""  # image-to-image, or an edit's source
+    input_size: tuple[int, int] | None = None
+    mask: bytes = b""
+    edit: bool = False
+
+
+def _size(v: str | None) -> tuple[int, int] | None:
+    if v is None or v == "auto":
+        return None
+    m = _SIZE.match(v)
+    if not m:
+        raise InvalidRequest(f"'size' must be 'WIDTHxHEIGHT' (e.g. '1024x768') or 'auto'; got {v!r}", param="size")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _image(data: bytes, param: str) -> tuple[int, int]:
+    """The size of an input image, which must be PNG, JPEG or WebP (read from its bytes)."""
+    if not data:
+        raise InvalidRequest(f"'{param}' is empty", param=param)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format not in INPUT_FORMATS:
+                raise InvalidRequest(f"'{param}' must be a PNG, JPEG or WebP image; got {img.format}", param=param)
+            return img.size
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError):
+        raise InvalidRequest(f"'{param}' is not a readable PNG, JPEG or WebP image", param=param) from None
+
+
+def _reference(v: Any) -> bytes:
+    """Dynamo's ``input_reference``: a base64 image, or a ``data:image/...;base64,`` URL."""
+    if not isinstance(v, str) or not v:
+        raise InvalidRequest("'input_reference' must be a non-empty string: a base64 image or a data: URL",
+                             param="input_reference")
+    if v.startswith(("http://", "https://")):
+        raise InvalidRequest("'input_reference' must carry the image itself (base64 or a data: URL); the gateway "
+                             "does not fetch URLs", param="input_reference")
+    text = _DATA_URL.sub("", v, count=1)
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest("'input_reference' is not valid base64", param="input_reference") from None
+
+
+def _read(f: Fields, *, edit: bool) -> dict[str, Any]:
+    """The fields both endpoints share, read from ``f``."""
+    prompt = f.required_str("prompt")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise InvalidRequest(f"'prompt' is longer than {MAX_PROMPT_CHARS} characters", param="prompt")
+    out: dict[str, Any] = {
+        "model": f.required_str("model"), "prompt": prompt, "edit": edit,
+        "n": f.int("n", UINT32, lo=1, hi=MAX_N) or 1,
+        "size": _size(f.str("size")),
+        "response_format": f.str("response_format", allowed=RESPONSE_FORMATS) or "b64_json",
+        "output_format": f.str("output_format", allowed=OUTPUT_FORMATS) or "png",
+        "output_compression": f.int("output_compression", UINT32, lo=0, hi=100),
+        "quality": f.str("quality", allowed=QUALITIES) or "auto",
+        "background": f.str("background", allowed=BACKGROUNDS) or "auto",
+        "stream": f.bool("stream"),
+        "partial_images": f.int("partial_images", UINT32, lo=0, hi=MAX_PARTIAL_IMAGES) or 0,
+    }
+    f.str("user")
+    f.str("safety_identifier")
+    f.str("moderation", allowed=MODERATIONS)
+    if out["output_compression"] is not None and out["output_format"] == "png":
+        raise InvalidRequest("'output_compression' applies to jpeg and webp output only", param="output_compression")
+    if out["background"] == "transparent" and out["output_format"] == "jpeg":
+        raise InvalidRequest("'background': 'transparent' needs an output_format with transparency (png or webp)",
+                             param="background")
+    if out["stream"] and out["response_format"] == "url":
+        raise InvalidRequest("a streamed answer carries the images as b64_json; 'response_format': 'url' needs "
+                             "'stream': false", param="response_format")
+    if out["partial_images"] and not out["stream"]:
+        raise InvalidRequest("'partial_images' needs 'stream': true", param="partial_images")
+    out.update(_nvext(f.obj("nvext")))
+    return out
+
+
+def _nvext(body: dict[str, Any] | None) -> dict[str, Any]:
+    if body is None:
+        return {}
+    f = Fields(body, prefix="nvext.")
+    out = {"negative_prompt": f.str("negative_prompt") or "",
+           "steps": f.int("num_inference_steps", UINT32, lo=1),
+           "guidance_scale": f.float("guidance_scale", lo=0.0),
+           "seed": f.int("seed", UINT64)}
+    f.reject_unknown()
+    return out
+
+
+def parse_generation(raw: bytes) -> ImageRequest:
+    """POST /v1/images/generations: a JSON body."""
+    f = Fields(load_json(raw))
+    fields = _read(f, edit=False)
+    reference = f.raw("input_reference")
+    if reference is not None:
+        fields["input_image"] = _reference(reference)
+        fields["input_size"] = _image(fields["input_image"], "input_reference")
+    f.reject_unknown()
+    return ImageRequest(**fields)
+
+
+# Multipart fields are text: these are read as numbers or booleans, nvext as a JSON object.
+_INT_FIELDS = ("n", "output_compression", "partial_images")
+_KNOWN_TEXT = ("model", "prompt", "n", "size", "response_format", "output_format", "output_compression", "quality",
+               "background", "stream", "partial_images", "user", "safety_identifier", "moderation", "nvext")
+
+
+def _form_body(form: Form) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    for name in sorted(form.names() - {"image", "image[]", "mask"}):
+        text = form.text(name)
+        if name in _INT_FIELDS and text is not None:
+            n = as_int(_number(text))
+            body[name] = n if n is not None else text  # not an integer: Fields names it
+        elif name == "stream" and text in ("true", "false"):
+            body[name] = text == "true"
+        elif name == "nvext" and text is not None:
+            try:
+                body[name] = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                raise InvalidRequest("'nvext' must be a JSON object", param="nvext") from None
+        else:
+            body[name] = text
+    return body
+
+
+def _number(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def parse_edit(raw: bytes, content_type: str) -> ImageRequest:
+    """POST /v1/images/edits: multipart/form-data as ``client.images.edit(...)`` sends it."""
+    form = parse_form(raw, content_type)
+    f = Fields(_form_body(form))
+    fields = _read(f, edit=True)
+    f.reject_unknown()
+    images = form.all("image", "image[]")
+    if not images:
+        raise InvalidRequest("'image' is required: the image to edit", param="image")
+    if len(images) > 1:
+        raise InvalidRequest(f"this endpoint edits one image per request; got {len(images)}", param="image")
+    fields["input_image"] = images[0].data
+    fields["input_size"] = _image(images[0].data, "image")
+    masks = form.all("mask")
+    if len(masks) > 1:
+        raise InvalidRequest("'mask' was given more than once", param="mask")
+    if masks:
+        if _image(masks[0].data, "mask") != fields["input_size"]:
+            raise InvalidRequest("'mask' must have the same size as 'image'", param="mask")
+        fields["mask"] = masks[0].data
+    return ImageRequest(**fields)
+
+
+def _auto_size(req: ImageRequest, limits: MediaLimits) -> tuple[int, int]:
+    """``auto``: an input image's own size (scaled down to fit the model's maximum, keeping its aspect, and
+    rounded down to the model's multiple), else the model's default."""
+    if req.input_size is not None:
+        m = limits.size_multiple
+        width, height = req.input_size
+        scale = min(1.0, limits.max_width / width, limits.max_height / height)
+        w, h = int(width * scale) // m * m, int(height * scale) // m * m
+        if w and h:
+            return w, h
+    return limits.default_width, limits.default_height
+
+
+def resolve(req: ImageRequest, limits: MediaLimits, request_id: str) -> media_pb2.GenerateMediaRequest:
+    """The worker's request, once ``req`` is checked against the model's limits (each miss a 400 naming
+    the parameter); draws the seed when the client gave none."""
+    width, height = req.size or _auto_size(req, limits)
+    m = limits.size_multiple
+    if not (m <= width <= limits.max_width and m <= height <= limits.max_height) or width % m or height % m:
+        raise InvalidRequest(f"'size' {width}x{height} is not one this model makes: width {m}-{limits.max_width} "
+                             f"and height {m}-{limits.max_height}, each a multiple of {m}", param="size")
+    if req.n > limits.max_n:
+        raise InvalidRequest(f"'n' must be at most {limits.max_n} for this model; got {req.n}", param="n")
+    steps = req.steps or limits.default_steps
+    if steps > limits.max_steps:
+        raise InvalidRequest(f"'nvext.num_inference_steps' must be at most {limits.max_steps} for this model; "
+                             f"got {steps}", param="nvext.num_inference_steps")
+    if req.output_format not in limits.output_formats:
+        raise InvalidRequest(f"'output_format' must be one of {', '.join(limits.output_formats)} for this model; "
+                             f"got {req.output_format!r}", param="output_format")
+    if req.input_image and not limits.takes_image:
+        param = "image" if req.edit else "input_reference"
+        raise InvalidRequest("this model does not take an input image", param=param)
+    seed = req.seed if req.seed is not None else secrets.randbits(DRAWN_SEED_BITS)
+    if seed + req.n - 1 > UINT64.hi:  # output i uses seed + i
+        raise InvalidRequest(f"'nvext.seed' + n - 1 must fit 64 bits; got seed {seed}", param="nvext.seed")
+    out = media_pb2.GenerateMediaRequest(
+        request_id=request_id, model=req.model, kind=media_pb2.MEDIA_KIND_IMAGE, prompt=req.prompt,
+        negative_prompt=req.negative_prompt, width=width, height=height, n=req.n, num_inference_steps=steps,
+        seed=seed, input_image=req.input_image, mask=req.mask, output_format=req.output_format,
+        partial_images=req.partial_images, background="" if req.background == "auto" else req.background,
+        quality="" if req.quality == "auto" else req.quality)
+    if req.guidance_scale is not None:
+        out.guidance_scale = req.guidance_scale
+    if req.output_compression is not None:
+        out.output_compression = req.output_compression
+    return out

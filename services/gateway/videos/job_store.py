@@ -1,0 +1,170 @@
+"""Video jobs in a NATS JetStream key-value bucket (``meshfront_video_jobs``), shared by every gateway replica.
+
+A record is the job's JSON: what the client sees (status, progress, timestamps, error), what it runs
+(the checked ``VideoSpec``, its input image kept in the media store), where its video went (a media
+id), and who runs it: ``owner`` (a gateway replica's id) and ``lease_until`` (epoch seconds). Every
+change is a compare-and-set on the key's revision, so two replicas never both believe they own a job:
+the loser of a race gets ``LeaseLost`` and stops. A record expires on its own per-message TTL at the
+job's ``expires_at`` (the media TTL from its creation), which every read checks as well, so expiry is
+exact even between NATS's TTL sweeps.
+
+Like the response store, NATS is reached on its own connection opened in the background; a call made
+before NATS answers waits ``wait_s`` and then fails with 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import re
+import time
+from typing import Any
+
+import nats
+import nats.errors
+import orjson
+from nats.js.api import KeyValueConfig
+from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from services.common.discovery import close_nats, connect_retrying, stop_if_cancelled
+from services.gateway.responses_api.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+BUCKET = "meshfront_video_jobs"
+_KEY = re.compile(r"^video_[A-Za-z0-9_-]{1,64}$")
+# JetStream's "wrong last sequence" codes: the compare-and-set lost.
+_WRONG_LAST = (10071, 10164)
+
+
+class LeaseLost(Exception):
+    """The record changed under us (another replica took the job over, or it was deleted)."""
+
+
+@dataclasses.dataclass
+class JobEntry:
+    """A record and the revision it was read at (the next compare-and-set's expectation)."""
+
+    record: dict[str, Any]
+    revision: int
+
+
+def valid_id(video_id: str) -> bool:
+    return bool(_KEY.match(video_id))
+
+
+class JobStore:
+    def __init__(self, nats_url: str, *, wait_s: float = 5.0):
+        self.nats_url = nats_url
+        self.wait_s = wait_s
+        self._nc: nats.NATS | None = None
+        self._kv: KeyValue | None = None
+        self._ready = asyncio.Event()
+
+    async def run(self) -> None:
+        """Background: connects (retrying until NATS answers) and opens the bucket."""
+        self._nc = await connect_retrying(self.nats_url, "gateway-video-jobs")
+        delay = 0.2
+        while self._kv is None:
+            try:
+                self._kv = await _open_bucket(self._nc)
+            except Exception as e:  # noqa: BLE001 - NATS restarting: retry, requests meanwhile get 503
+                stop_if_cancelled()
+                log.warning("video jobs bucket not ready (%s); retrying", e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    async def _bucket(self) -> KeyValue:
+        try:
+            await asyncio.wait_for(self._ready.wait(), self.wait_s)
+        except TimeoutError:
+            raise StoreUnavailable(f"the video job store (NATS at {self.nats_url}) is not reachable") from None
+        assert self._kv is not None
+        return self._kv
+
+    async def _publish(self, video_id: str, record: dict[str, Any], last: int) -> int:
+        """Writes ``record`` if the key is still at revision ``last`` (0: absent); its TTL ends at expires_at."""
+        await self._bucket()
+        assert self._nc is not None
+        ttl = max(1, math.ceil(record["expires_at"] - time.time()))
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
+        try:
+            ack = await asyncio.wait_for(self._nc.jetstream().publish(
+                f"$KV.{BUCKET}.{video_id}", orjson.dumps(record), headers=headers, msg_ttl=ttl), self.wait_s)
+        except APIError as e:
+            if e.err_code in _WRONG_LAST:
+                raise LeaseLost(video_id) from None
+            raise StoreUnavailable(f"could not store video job {video_id} ({e})") from None
+        except (TimeoutError, nats.errors.Error) as e:
+            raise StoreUnavailable(f"could not store video job {video_id} ({e or type(e).__name__})") from None
+        return ack.seq
+
+    async def create(self, record: dict[str, Any]) -> JobEntry:
+        return JobEntry(record, await self._publish(record["id"], record, 0))
+
+    async def update(self, entry: JobEntry, **changes: Any) -> JobEntry:
+        """The record with ``changes``, written only if nobody wrote it since ``entry`` was read."""
+        record = {**entry.record, **changes}
+        return JobEntry(record, await self._publish(record["id"], record, entry.revision))
+
+    async def get(self, video_id: str) -> JobEntry | None:
+        """The job, or None when there is none (never created, expired or deleted)."""
+        if not valid_id(video_id):
+            return None
+        kv = await self._bucket()
+        try:
+            entry = await asyncio.wait_for(kv.get(video_id), self.wait_s)
+        except KeyNotFoundError:
+            return None
+        except (TimeoutError, nats.errors.Error) as e:
+            raise StoreUnavailable(f"could not read video job {video_id} ({e or type(e).__name__})") from None
+        if not entry.value:
+            return None
+        record = orjson.loads(entry.value)
+        if record["expires_at"] <= time.time():
+            return None
+        assert entry.revision is not None
+        return JobEntry(record, entry.revision)
+
+    async def all(self) -> list[JobEntry]:
+        """Every live job (the list endpoint and the takeover sweep read the whole bucket: jobs are few)."""
+        kv = await self._bucket()
+        try:
+            keys = await asyncio.wait_for(kv.keys(), self.wait_s)
+        except nats.js.errors.NoKeysError:
+            return []
+        except (TimeoutError, nats.errors.Error) as e:
+            raise StoreUnavailable(f"could not list video jobs ({e or type(e).__name__})") from None
+        entries = await asyncio.gather(*(self.get(k) for k in keys))
+        return [e for e in entries if e is not None]
+
+    async def delete(self, video_id: str) -> None:
+        kv = await self._bucket()
+        try:
+            # The purge marker expires too, so deleted jobs leave nothing behind.
+            await asyncio.wait_for(kv.purge(video_id, msg_ttl=60), self.wait_s)
+        except (TimeoutError, nats.errors.Error) as e:
+            raise StoreUnavailable(f"could not delete video job {video_id} ({e or type(e).__name__})") from None
+
+    async def close(self) -> None:
+        await close_nats(self._nc)
+
+
+async def _open_bucket(nc: nats.NATS) -> KeyValue:
+    js = nc.jetstream()
+    try:
+        return await js.key_value(BUCKET)
+    except BucketNotFoundError:
+        # history 1: only the job's latest state matters; per-message TTLs are on (nats-py sets allow_msg_ttl).
+        with contextlib.suppress(Exception):  # another replica may create it at the same moment
+            return await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1))
+        return await js.key_value(BUCKET)

@@ -1,0 +1,310 @@
+"""Video request bodies, both shapes, validated: every field read, every unknown field a 400 naming it.
+
+Two shapes reach POST /v1/videos (docs/media.md, "Endpoints: videos"):
+
+- OpenAI's job create (``client.videos.create``, always multipart from the SDK; a plain JSON body is
+  read the same way): ``model``, ``prompt``, ``seconds`` ("4", or a number), ``size`` ("WxH"),
+  ``input_reference`` (a file part, or JSON ``{"image_url": "data:image/...;base64,..."}``). The
+  answer is a job (jobs.py).
+- Dynamo's synchronous ``NvCreateVideoRequest``: a JSON body that names any of ``response_format``,
+  ``output_format``, ``nvext`` or ``stream`` (OpenAI's create has none of them), and every body on
+  POST /v1/videos/generations. Fields: ``prompt``, ``model``, ``input_reference`` (a data URL or bare
+  base64), ``seconds``, ``size``, ``user``, ``response_format`` (url | b64_json, default url),
+  ``output_format`` (mp4 | mjpeg, default mp4), ``stream``, and ``nvext``: ``fps``, ``num_frames``,
+  ``negative_prompt``, ``num_inference_steps``, ``guidance_scale``, ``seed``.
+
+Both parse into ``VideoParams`` (what the client gave); ``resolve`` then checks it against the model's
+``MediaLimits`` and fills the defaults, giving the ``VideoSpec`` a job runs. ``seconds``, ``fps`` and
+``num_frames`` must agree: num_frames = round(seconds * fps); two given that disagree are a 400 naming
+both, and the one left out follows from the others.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import re
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from services.common.discovery import MediaLimits
+from services.common.errors import InvalidRequest
+from services.gateway.core.fields import INT64, UINT32, Fields, check_float
+from services.gateway.core.request import load_json
+from services.gateway.media.multipart import Form
+
+VIDEO_FORMATS = ("mp4", "mjpeg")
+RESPONSE_FORMATS = ("url", "b64_json")
+# What makes a JSON body on POST /v1/videos Dynamo's synchronous shape rather than an OpenAI job.
+SYNC_MARKERS = ("response_format", "output_format", "nvext", "stream")
+MAX_PROMPT_CHARS = 32_000
+MAX_FPS = 120.0
+MAX_GUIDANCE = 100.0
+# A seed the gateway draws fits int64 (JSON readers in other languages, the job record), well inside uint64.
+SEED_BITS = 62
+_SIZE = re.compile(r"^([0-9]{1,5})x([0-9]{1,5})$")
+_DATA_URL = re.compile(r"^data:image/(png|jpeg|jpg|webp);base64,(.*)$", re.S)
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoParams:
+    """One request as the client gave it (None: not given), before the model's limits are applied."""
+
+    model: str
+    prompt: str
+    seconds: float | None = None
+    size: str | None = None
+    input_image: bytes = b""
+    fps: float | None = None
+    num_frames: int | None = None
+    negative_prompt: str = ""
+    steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    output_format: str = "mp4"
+    response_format: str = "url"
+    stream: bool = False
+    user: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoSpec:
+    """A checked request with every default filled: what the worker is asked for (and a job stores)."""
+
+    model: str
+    prompt: str
+    width: int
+    height: int
+    fps: float
+    num_frames: int
+    steps: int
+    seed: int
+    output_format: str = "mp4"
+    negative_prompt: str = ""
+    guidance_scale: float | None = None
+    input_image: bytes = b""
+
+    @property
+    def seconds(self) -> float:
+        return self.num_frames / self.fps
+
+    @property
+    def size(self) -> str:
+        return f"{self.width}x{self.height}"
+
+    def to_record(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["input_image"] = base64.b64encode(self.input_image).decode()
+        return d
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> VideoSpec:
+        return cls(**{**d, "input_image": base64.b64decode(d["input_image"])})
+
+
+def is_sync_shape(body: bytes, content_type: str) -> bool:
+    """The rule of POST /v1/videos: Dynamo's synchronous shape is a JSON object naming a marker field."""
+    if not content_type.split(";")[0].strip().lower().endswith("json") and content_type:
+        return False
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(parsed, dict) and any(k in parsed for k in SYNC_MARKERS)
+
+
+def _prompt(f: Fields) -> str:
+    prompt = f.required_str("prompt")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise InvalidRequest(f"'prompt' may hold at most {MAX_PROMPT_CHARS} characters; got {len(prompt)}",
+                             param="prompt")
+    return prompt
+
+
+def _seconds(v: Any) -> float | None:
+    """OpenAI sends a string ("4"), Dynamo an integer; either is a positive number of seconds."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            raise InvalidRequest(f"'seconds' must be a number of seconds; got {v!r}", param="seconds") from None
+    return check_float(v, "seconds", lo=0.001)
+
+
+def decode_image(v: Any, param: str) -> bytes:
+    """An input image sent inline: a ``data:image/...;base64,`` URL or bare base64."""
+    if not isinstance(v, str) or not v:
+        raise InvalidRequest(f"'{param}' must be a data URL (data:image/png;base64,...) or base64 text", param=param)
+    m = _DATA_URL.match(v)
+    if v.startswith(("http://", "https://")):
+        raise InvalidRequest(f"'{param}': the gateway does not fetch URLs; send the image inline as a data URL",
+                             param=param)
+    try:
+        raw = base64.b64decode(m.group(2) if m else v, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(f"'{param}' is not valid base64 (or a data:image/png|jpeg|webp;base64 URL)",
+                             param=param) from None
+    if not raw:
+        raise InvalidRequest(f"'{param}' is empty", param=param)
+    return raw
+
+
+def _openai_reference(v: Any) -> bytes:
+    """A JSON create's ``input_reference``: ``{"image_url": <data URL>}`` (a file_id names OpenAI's storage)."""
+    if not isinstance(v, dict):
+        raise InvalidRequest("'input_reference' must be a file upload (multipart) or an object with 'image_url'",
+                             param="input_reference")
+    f = Fields(v, "input_reference.")
+    url = f.required_str("image_url")
+    f.reject_unknown()
+    return decode_image(url, "input_reference.image_url")
+
+
+def form_fields(form: Form) -> tuple[dict[str, str], dict[str, bytes]]:
+    """A multipart form as (text fields, file parts); a name given twice is a 400 naming it."""
+    files: dict[str, bytes] = {}
+    texts: dict[str, str] = {}
+    for name in form.names():
+        [part, *more] = form.all(name)
+        if part.filename is None:
+            value = form.text(name)  # refuses a repeated or oversized field, or one that is not UTF-8
+            assert value is not None  # the name is in the form
+            texts[name] = value
+        elif more:
+            raise InvalidRequest(f"'{name}' was given {len(more) + 1} times; give it once", param=name)
+        else:
+            files[name] = part.data
+    return texts, files
+
+
+def parse_openai(form: Mapping[str, str], files: Mapping[str, bytes]) -> VideoParams:
+    """OpenAI's job create from multipart: text fields in ``form``, the ``input_reference`` upload in ``files``."""
+    unknown_files = sorted(k for k in files if k != "input_reference")
+    if unknown_files:
+        raise InvalidRequest(f"Unsupported file part(s): {', '.join(repr(k) for k in unknown_files)}",
+                             param=unknown_files[0])
+    f = Fields(dict(form))
+    params = VideoParams(model=f.required_str("model"), prompt=_prompt(f), seconds=_seconds(f.str("seconds")),
+                         size=f.str("size"), input_image=files.get("input_reference", b""))
+    if f.raw("input_reference") is not None:  # a text part of that name: an image_url object as JSON text
+        if params.input_image:
+            raise InvalidRequest("'input_reference' is given twice", param="input_reference")
+        try:
+            ref = orjson.loads(form["input_reference"])
+        except orjson.JSONDecodeError:
+            raise InvalidRequest("'input_reference' must be a file upload or a JSON object with 'image_url'",
+                                 param="input_reference") from None
+        params = dataclasses.replace(params, input_image=_openai_reference(ref))
+    f.reject_unknown()
+    return params
+
+
+def parse_openai_json(raw: bytes) -> VideoParams:
+    """OpenAI's job create sent as JSON (no file): the same fields."""
+    body = load_json(raw)
+    f = Fields(body)
+    model, prompt = f.required_str("model"), _prompt(f)
+    seconds = _seconds(f.raw("seconds"))
+    size = f.str("size")
+    ref = f.raw("input_reference")
+    f.reject_unknown()
+    return VideoParams(model=model, prompt=prompt, seconds=seconds, size=size,
+                       input_image=_openai_reference(ref) if ref is not None else b"")
+
+
+def parse_sync(raw: bytes) -> VideoParams:
+    """Dynamo's ``NvCreateVideoRequest``."""
+    body = load_json(raw)
+    f = Fields(body)
+    model, prompt = f.required_str("model"), _prompt(f)
+    seconds = _seconds(f.raw("seconds"))
+    size = f.str("size")
+    ref = f.raw("input_reference")
+    image = decode_image(ref, "input_reference") if ref is not None else b""
+    user = f.str("user")
+    response_format = f.str("response_format", allowed=RESPONSE_FORMATS) or "url"
+    output_format = f.str("output_format", allowed=VIDEO_FORMATS) or "mp4"
+    stream = f.bool("stream")
+    nv = f.obj("nvext") or {}
+    f.reject_unknown()
+    n = Fields(nv, "nvext.")
+    fps = n.float("fps", lo=0.001, hi=MAX_FPS)
+    num_frames = n.int("num_frames", UINT32, lo=1)
+    negative = n.str("negative_prompt") or ""
+    steps = n.int("num_inference_steps", UINT32, lo=1)
+    guidance = n.float("guidance_scale", lo=0.0, hi=MAX_GUIDANCE)
+    seed = n.int("seed", INT64, lo=0)
+    n.reject_unknown()
+    return VideoParams(model=model, prompt=prompt, seconds=seconds, size=size, input_image=image, fps=fps,
+                       num_frames=num_frames, negative_prompt=negative, steps=steps, guidance_scale=guidance,
+                       seed=seed, output_format=output_format, response_format=response_format, stream=stream,
+                       user=user)
+
+
+def check_size(size: str | None, limits: MediaLimits) -> tuple[int, int]:
+    """(width, height) of a "WxH" size within the model's limits; the model's default when None."""
+    if size is None:
+        return limits.default_width, limits.default_height
+    m = _SIZE.match(size)
+    if not m:
+        raise InvalidRequest(f"'size' must be WIDTHxHEIGHT in pixels (e.g. 1280x720); got {size!r}", param="size")
+    w, h = int(m.group(1)), int(m.group(2))
+    if not (1 <= w <= limits.max_width and 1 <= h <= limits.max_height):
+        raise InvalidRequest(f"'size' {size} is beyond this model's largest, {limits.max_width}x{limits.max_height}",
+                             param="size")
+    if w % limits.size_multiple or h % limits.size_multiple:
+        raise InvalidRequest(f"'size' must be a multiple of {limits.size_multiple} in both dimensions for this "
+                             f"model; got {size}", param="size")
+    return w, h
+
+
+def _timing(p: VideoParams, limits: MediaLimits) -> tuple[float, int]:
+    """(fps, num_frames) from whichever of seconds, fps and num_frames were given; they must agree."""
+    seconds, fps, frames = p.seconds, p.fps, p.num_frames
+    if seconds is not None and fps is not None and frames is not None:
+        if frames != round(seconds * fps):
+            raise InvalidRequest(f"'seconds' ({seconds:g}), 'nvext.fps' ({fps:g}) and 'nvext.num_frames' ({frames}) "
+                                 f"disagree: num_frames must be round(seconds * fps) = {round(seconds * fps)}",
+                                 param="nvext.num_frames")
+    elif seconds is not None and frames is not None:
+        fps = frames / seconds
+        if fps > MAX_FPS:
+            raise InvalidRequest(f"'seconds' ({seconds:g}) and 'nvext.num_frames' ({frames}) make {fps:g} fps; "
+                                 f"at most {MAX_FPS:g}", param="nvext.num_frames")
+    else:
+        fps = fps if fps is not None else limits.default_fps
+        if frames is None:
+            frames = round(seconds * fps) if seconds is not None else limits.default_frames
+    if frames < 1:
+        raise InvalidRequest(f"'seconds' ({seconds:g}) at {fps:g} fps is less than one frame", param="seconds")
+    if frames > limits.max_frames:
+        param = "nvext.num_frames" if p.num_frames is not None else "seconds"
+        raise InvalidRequest(f"{frames} frames ({frames / fps:g} s at {fps:g} fps) is more than this model's "
+                             f"{limits.max_frames}", param=param)
+    return fps, frames
+
+
+def resolve(p: VideoParams, limits: MediaLimits) -> VideoSpec:
+    """Checks ``p`` against the model's limits and fills what it left out (the seed too: drawn here)."""
+    width, height = check_size(p.size, limits)
+    fps, frames = _timing(p, limits)
+    steps = p.steps if p.steps is not None else limits.default_steps
+    if steps > limits.max_steps:
+        raise InvalidRequest(f"'nvext.num_inference_steps' must be at most {limits.max_steps} for this model; "
+                             f"got {steps}", param="nvext.num_inference_steps")
+    if p.output_format not in limits.output_formats:
+        raise InvalidRequest(f"this model encodes {', '.join(limits.output_formats)}; got "
+                             f"'output_format' {p.output_format!r}", param="output_format")
+    if p.input_image and not limits.takes_image:
+        raise InvalidRequest("this model does not take an input image; leave 'input_reference' out",
+                             param="input_reference")
+    seed = p.seed if p.seed is not None else secrets.randbits(SEED_BITS)
+    return VideoSpec(model=p.model, prompt=p.prompt, width=width, height=height, fps=fps, num_frames=frames,
+                     steps=steps, seed=seed, output_format=p.output_format, negative_prompt=p.negative_prompt,
+                     guidance_scale=p.guidance_scale, input_image=p.input_image)
