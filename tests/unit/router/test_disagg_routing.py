@@ -262,6 +262,8 @@ def test_enforce_disagg_never_falls_back_to_aggregated():
     enforce = DisaggSettings(enforce=True)
     with pytest.raises(NoWorkers, match="--enforce-disagg"):
         route(Router(lambda model: [card("a", BOTH)], disagg=enforce), "r", hashes(1))
+    # A worker pin still runs where it says (the client chose aggregated; the gateway's warm-up pins so).
+    assert route(Router(lambda model: [card("a", BOTH)], disagg=enforce), "r", hashes(1), worker_id="a").worker_id
     router, _ = kv_router([card("p1", PREFILL), card("d1", DECODE), card("d2", DECODE)], enforce, BusyThreshold(1))
     route(router, "a", hashes(1))
     with pytest.raises(Overloaded, match="Every worker serving `m` is busy"):  # d2 is free; p1 is not
