@@ -17,6 +17,7 @@ from services.workers.engine import (
     EngineOutput,
     EngineRequest,
     GuidedDecoding,
+    KvTransferFailed,
     MediaInput,
     RequestRejected,
     SamplingParams,
@@ -97,4 +98,6 @@ def engine_error(err: EngineError) -> MeshError:
         return InvalidRequest(str(err), param=err.param)
     if isinstance(err, EngineBusy):
         return Overloaded(str(err), code="overloaded")
+    if isinstance(err, KvTransferFailed):  # the prefill worker's blocks are to blame, not this worker
+        return WorkerFailed(f"the KV transfer failed: {err}", param="kv_transfer_params")
     return WorkerFailed(f"the engine failed: {err}")
