@@ -87,6 +87,8 @@ class Pipeline:
             session_action=hints.session_action, session_timeout_s=hints.session_timeout_s,
             priority_jump_s=hints.priority_jump_s))
         gen.worker_address, gen.worker_id = route.address, route.worker_id
+        # Disaggregated: the prefill leg's worker (empty for an aggregated request).
+        gen.prefill_worker_address, gen.prefill_worker_id = route.prefill_address, route.prefill_worker_id
         if trace is not None:
             trace.on_routed(index, route.worker_id, route.queue_depth)
         return _RoutedChoice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token,

@@ -47,18 +47,22 @@ class GenerateStreamChunk(_message.Message):
     def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[GenerateResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request", "options", "worker_address", "worker_id", "resume")
+    __slots__ = ("request", "options", "worker_address", "worker_id", "resume", "prefill_worker_address", "prefill_worker_id")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     request: _common_pb2.PreprocessedRequest
     options: _common_pb2.PostprocessOptions
     worker_address: str
     worker_id: str
     resume: Resume
-    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., options: _Optional[_Union[_common_pb2.PostprocessOptions, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_id: _Optional[str] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ...) -> None: ...
+    prefill_worker_address: str
+    prefill_worker_id: str
+    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., options: _Optional[_Union[_common_pb2.PostprocessOptions, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_id: _Optional[str] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., prefill_worker_address: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ...) -> None: ...
 
 class Resume(_message.Message):
     __slots__ = ("token_ids",)
