@@ -57,6 +57,7 @@ class WorkerService:
         finally:
             await outputs.aclose()
             metrics.in_flight.dec()
+            metrics.output_tokens.inc(sent)
             metrics.requests.labels(outcome).inc()
             if not finished:
                 # Operators (and the disconnect tests) see that a caller's cancel reached the engine.
