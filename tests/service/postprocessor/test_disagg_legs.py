@@ -16,7 +16,9 @@ import uuid
 import pytest
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
+from meshfront.router.v1 import router_pb2
 
+from services.postprocessor.migration import Migrator
 from services.postprocessor.service import Postprocessor
 from services.workers import entry
 from services.workers.mocker import main as mocker_main
@@ -177,4 +179,34 @@ async def test_cancel_during_the_decode_frees_both_workers(demo_model_dir, mocke
         if tokens >= 5:
             break
     await stream.aclose()
+    await wait_idle(prefill, decode)
+
+
+class RecordingRouter:
+    """The router as a migration asks it: another route, here the decode worker alone (aggregated)."""
+
+    def __init__(self, decode: Mocker):
+        self.decode = decode
+        self.asked: list = []
+
+    async def route(self, req):
+        self.asked.append(req)
+        return router_pb2.RouteResponse(worker_id=self.decode.id, address=self.decode.address)
+
+
+async def test_a_refused_transfer_blames_the_prefill_worker_and_the_request_runs_again(demo_model_dir, mockers):
+    prefill = await mockers("--speedup-ratio", "0", "--kv-hold-timeout-s", "0.000001")  # expires at once
+    decode = await mockers("--speedup-ratio", "0")
+    router = RecordingRouter(decode)
+    post = Postprocessor(idle_timeout_s=0, migrator=Migrator(router, 3))
+    try:
+        want = await collect(post, request(demo_model_dir, decode))
+        got = await collect(post, request(demo_model_dir, decode, prefill))
+    finally:
+        await post.close()
+    assert [i for r in got for i in r.token_ids] == [i for r in want for i in r.token_ids]
+    # The decode worker refused the expired handle; the migration excluded the prefill worker, not the decode one.
+    (asked,) = router.asked
+    assert list(asked.exclude_worker_ids) == [prefill.id]
+    assert transfer_metrics()[0].labels("refused")._value.get() >= 1
     await wait_idle(prefill, decode)
