@@ -10,6 +10,8 @@ workers model a slow link (20 MB blocks at 2 GB/s) so that a transfer lasts long
 from __future__ import annotations
 
 import asyncio
+import datetime
+import re
 import socket
 import time
 
@@ -20,7 +22,7 @@ import pytest
 from services.launcher.plan import WorkerSpec
 from tests.conftest import sdk_client, stop_cleanly
 from tests.mesh.chaos_client import chat, run_streams
-from tests.mesh.conftest import DEMO, start_mesh
+from tests.mesh.conftest import DEMO, start_mesh, wait_until
 from tests.mesh.test_metrics import parse, value
 
 pytestmark = pytest.mark.mesh
@@ -110,9 +112,9 @@ def test_stream_and_non_stream_and_aggregated_answers_are_identical(disagg_mesh,
     assert aggregated.choices[0].message.content == whole.choices[0].message.content
 
 
-def hang_up(port: int, body: dict, *, frames: int = 0, after_s: float = 0.0) -> float:
+def hang_up(port: int, body: dict, *, frames: int = 0, after_s: float = 0.0) -> datetime.datetime:
     """Streams ``body`` over a raw socket and resets it after ``frames`` SSE frames and ``after_s`` seconds
-    (what a killed client does); returns when it left (time.monotonic())."""
+    (what a killed client does); returns when it left, to compare with the workers' log times."""
     payload = orjson.dumps({**body, "stream": True})
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
@@ -124,7 +126,7 @@ def hang_up(port: int, body: dict, *, frames: int = 0, after_s: float = 0.0) -> 
             seen += chunk
         time.sleep(after_s)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST now
-    return time.monotonic()
+    return datetime.datetime.now()
 
 
 def wait_all_free(mesh, within_s: float) -> float:
@@ -141,6 +143,16 @@ def wait_all_free(mesh, within_s: float) -> float:
         time.sleep(0.02)
 
 
+ABORTED = {"prefill": "aborted by the caller after 0 tokens", "decode": r"aborted by the caller after [1-9]"}
+RELEASED = "released: its decode leg will not come"
+
+
+def logged(mesh, processes, pattern: str) -> list[datetime.datetime]:
+    """When the workers of ``processes`` logged a line matching ``pattern``."""
+    return sorted(datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                  for p in processes for line in mesh.full_log(p).splitlines() if re.search(pattern, line))
+
+
 @pytest.mark.parametrize(("phase", "frames", "after_s"), [
     ("prefill", 0, 0.3),  # a 3000-token prompt prefills for ~0.5 s
     ("transfer", 1, 0.1),  # the first token is out; ~190 blocks of 20 MB at 2 GB/s take seconds
@@ -148,17 +160,25 @@ def wait_all_free(mesh, within_s: float) -> float:
 ])
 def test_a_client_hanging_up_frees_both_workers(disagg_mesh, phase, frames, after_s):
     wait_all_free(disagg_mesh, 10)
-    held = total(disagg_mesh, list(PREFILL), "meshfront_worker_kv_transfers", "_total")
-    hang_up(disagg_mesh.plan.http_port, ask(long_prompt(300 + frames, 250 if phase == "decode" else 3000), 500),
-            frames=frames, after_s=after_s)
-    # Bounded generously for a loaded 2-core machine (each poll scrapes four workers); the service tier bounds
-    # it at 200 ms without the HTTP hops (tests/service/postprocessor/test_disagg_legs.py).
-    took = wait_all_free(disagg_mesh, 2.0)
-    print(f"{phase}: every worker free {took * 1000:.0f} ms after the hang-up")
-    if phase != "prefill":  # the held blocks were pulled or released, never left to time out
-        assert total(disagg_mesh, list(PREFILL), "meshfront_worker_kv_transfers", "_total") == held + 1
-    log = "".join(disagg_mesh.full_log(p) for p in (*PREFILL, *DECODE))
-    assert "aborted by the caller" in log
+    prefill, decode = list(PREFILL), list(DECODE)
+    # Which worker must have aborted what: the prefill worker mid-prefill, or the decode worker before its
+    # first token (mid-pull or mid-transfer) or after it.
+    where, when = {"prefill": (prefill, "prefill"), "transfer": (decode, "prefill"),
+                   "decode": (decode, "decode")}[phase]
+    aborted, released = len(logged(disagg_mesh, where, ABORTED[when])), len(logged(disagg_mesh, prefill, RELEASED))
+    held = total(disagg_mesh, prefill, "meshfront_worker_kv_transfers", "_total")
+    left = hang_up(disagg_mesh.plan.http_port, ask(long_prompt(300 + frames, 250 if phase == "decode" else 3000), 500),
+                   frames=frames, after_s=after_s)
+    wait_all_free(disagg_mesh, 2.0)  # nothing runs and nothing is held (each poll scrapes four workers)
+    stamps = wait_until(lambda: logged(disagg_mesh, where, ABORTED[when])[aborted:], 2, f"the abort in the {phase}")
+    lags = {"abort": (stamps[-1] - left).total_seconds()}
+    # The prefill's held blocks were pulled or released (never left to time out), or never held at all; a
+    # release (the decode leg had not pulled yet) is as prompt as the abort.
+    assert total(disagg_mesh, prefill, "meshfront_worker_kv_transfers", "_total") == held + (phase != "prefill")
+    if releases := logged(disagg_mesh, prefill, RELEASED)[released:]:
+        lags["release"] = (releases[-1] - left).total_seconds()
+    print(f"{phase}: freed after the hang-up in", {k: f"{v * 1000:.0f} ms" for k, v in lags.items()})
+    assert max(lags.values()) < 0.2, lags
 
 
 def _kill_when_streaming(mesh, name: str, wait_for_tokens: bool):

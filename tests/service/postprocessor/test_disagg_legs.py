@@ -13,6 +13,7 @@ import asyncio
 import time
 import uuid
 
+import orjson
 import pytest
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
@@ -25,6 +26,7 @@ from services.workers.mocker import main as mocker_main
 from services.workers.mocker.config import parse_config
 from services.workers.mocker.sequence import full_blocks
 from services.workers.mocker.transfer import transfer_metrics
+from tests.service.postprocessor.fake_worker import Forever
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
@@ -162,12 +164,32 @@ async def test_cancel_during_the_transfer_frees_both_workers(demo_model_dir, moc
     await wait_idle(prefill, decode)
 
 
-async def test_cancel_before_the_pull_releases_the_held_blocks(demo_model_dir, mockers, post):
-    prefill, decode = await mockers("--speedup-ratio", "1"), await mockers("--speedup-ratio", "1")
-    stream = post.generate(request(demo_model_dir, decode, prefill))
-    await stream.__anext__()  # the decode leg is opened, its pull is on its way
-    await stream.aclose()  # gone before the pull: the hold would otherwise stay for 30 s
-    await wait_idle(prefill, decode)
+async def test_a_hang_up_before_the_pull_releases_the_held_blocks(demo_model_dir, mockers, post, fake_worker):
+    """The decode worker (a scripted one that never pulls) got its leg; the client leaves: the prefill worker's
+    hold is released by the postprocessor at once, not after its 30 s timeout."""
+    prefill = await mockers("--speedup-ratio", "0")
+    worker, address = fake_worker
+    req = request(demo_model_dir, prefill, prefill)
+    req.worker_address, req.worker_id = address, "decode-fake"
+    cancelled = worker.script(req.request.request_id, [Forever()])
+    released = transfer_metrics()[0].labels("released")._value.get()
+    stream = post.generate(req)
+    assert (await stream.__anext__()).completion_tokens == 1
+    await asyncio.wait_for(asyncio.shield(_received(worker, req.request.request_id)), 5)
+    assert prefill.engine.holds.held_blocks == 14  # 13 full blocks and the tail, for the decode worker
+    await stream.aclose()
+    await wait_idle(prefill)
+    assert transfer_metrics()[0].labels("released")._value.get() == released + 1
+    await asyncio.wait_for(cancelled.wait(), 1)  # and the decode leg was cancelled
+    (leg,) = [r.request for r in worker.received if r.request.request_id == req.request.request_id]
+    assert leg.disaggregation.role == common_pb2.DISAGGREGATION_ROLE_DECODE
+    assert orjson.loads(leg.disaggregation.kv_transfer_params)["remote_engine_id"] == prefill.id
+    assert list(leg.token_ids)[:-1] == PROMPT and leg.stop.max_tokens == TOKENS - 1
+
+
+async def _received(worker, request_id: str) -> None:
+    while not any(r.request.request_id == request_id for r in worker.received):
+        await asyncio.sleep(0.005)
 
 
 async def test_cancel_during_the_decode_frees_both_workers(demo_model_dir, mockers, post):
