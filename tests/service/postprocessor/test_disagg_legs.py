@@ -232,3 +232,16 @@ async def test_a_refused_transfer_blames_the_prefill_worker_and_the_request_runs
     assert list(asked.exclude_worker_ids) == [prefill.id]
     assert transfer_metrics()[0].labels("refused")._value.get() >= 1
     await wait_idle(prefill, decode)
+
+
+async def test_a_guided_request_runs_whole_on_its_decode_worker(demo_model_dir, mockers, post):
+    """A grammar's state cannot pass from the prefill worker to the decode worker (as it cannot migrate)."""
+    prefill, decode = await mockers("--speedup-ratio", "0"), await mockers("--speedup-ratio", "0")
+    req = request(demo_model_dir, decode, prefill, tokens=200)
+    req.request.sampling.guided_decoding.json_object = True
+    req.request.stop.ignore_eos = False
+    req.request.eos_token_ids.append(151645)
+    req.request.stop.stop_token_ids_hidden.append(151645)
+    got = await collect(post, req)
+    assert isinstance(orjson.loads("".join(r.text for r in got)), dict), "".join(r.text for r in got)
+    assert prefill.engine.steps == 0 and decode.engine.steps > 0
