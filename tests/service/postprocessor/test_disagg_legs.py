@@ -245,3 +245,18 @@ async def test_a_guided_request_runs_whole_on_its_decode_worker(demo_model_dir, 
     got = await collect(post, req)
     assert isinstance(orjson.loads("".join(r.text for r in got)), dict), "".join(r.text for r in got)
     assert prefill.engine.steps == 0 and decode.engine.steps > 0
+
+
+async def test_the_first_token_does_not_wait_for_the_transfer(demo_model_dir, mockers, post):
+    prefill = await mockers("--speedup-ratio", "1")
+    # 13 blocks of 64 MB at 1 GB/s: a transfer of ~0.8 s.
+    decode = await mockers("--speedup-ratio", "1", "--kv-block-bytes", str(64 * 10**6),
+                           "--kv-transfer-bandwidth-gbs", "1")
+    start = time.monotonic()
+    stream = post.generate(request(demo_model_dir, decode, prefill, tokens=3))
+    first = await stream.__anext__()
+    ttft = time.monotonic() - start
+    second = await stream.__anext__()
+    await stream.aclose()
+    assert first.completion_tokens == 1 and ttft < 0.5  # a ~45 ms prefill, and the hops
+    assert second.kv_transfer_ms >= 800  # the transfer came after it
