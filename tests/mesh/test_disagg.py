@@ -75,11 +75,18 @@ def ask(content: str, tokens: int, **extra) -> dict:
 
 def test_prefill_and_decode_run_on_different_workers_and_the_decode_worker_caches_the_prompt(disagg_mesh, client):
     body = ask(long_prompt(1, 1200), 20)
+    decode = list(DECODE)
+    prompt_before = total(disagg_mesh, decode, "meshfront_worker_prompt_tokens", "_total")
+    cached_before = total(disagg_mesh, decode, "meshfront_worker_cached_prompt_tokens", "_total")
     r = client.chat.completions.create(**body, extra_body={"nvext": {"extra_fields": ["worker_id", "timing"]}})
     workers = r.model_extra["nvext"]["worker_id"]
     assert workers["prefill_worker_id"] in PREFILL.values() and workers["decode_worker_id"] in DECODE.values()
     assert r.model_extra["nvext"]["timing"]["kv_transfer_ms"] > 0
     assert r.usage.completion_tokens == 20
+    # The decode leg's prompt (the prompt and the first token) was cached on its worker but for the tail.
+    prompt = total(disagg_mesh, decode, "meshfront_worker_prompt_tokens", "_total") - prompt_before
+    cached = total(disagg_mesh, decode, "meshfront_worker_cached_prompt_tokens", "_total") - cached_before
+    assert prompt == r.usage.prompt_tokens + 1 and cached >= 16 * (r.usage.prompt_tokens // 16) > 0.95 * prompt
     # The same prompt run whole on that decode worker (pinned) finds every full block of it cached there,
     # although that worker never computed it: the transfer brought it. It answers token for token the same.
     pinned = client.chat.completions.create(**body, extra_headers={"x-worker-instance-id": workers["decode_worker_id"]})
