@@ -4,8 +4,8 @@ disaggregation and its enforcement, and /v1/models listing each model once.
 
 Two prefill and two decode mockers serve the demo model; one whole-request worker serves a second model,
 which has no prefill worker, so that `--enforce-disagg` refuses it. Where a request ran is read from the
-router's own counters (every routing decision) and from `nvext.worker_id` (the decode worker; with the
-postprocessor's two legs, the prefill worker too).
+router's own counters (every routing decision) and from `nvext.worker_id` (both workers of a split request;
+one worker twice for an aggregated one).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_pins_route_where_they_say_and_leave_the_ignored_fields_header(roles_mes
         model=DEMO, messages=long_prompt(1), max_tokens=4,
         extra_body={"nvext": {"prefill_worker_id": "pf-b", "decode_worker_id": "dc-a", "extra_fields": ["worker_id"]}})
     assert r.status_code == 200 and "x-meshfront-ignored-fields" not in r.headers
-    assert r.parse().model_extra["nvext"]["worker_id"]["decode_worker_id"] == "dc-a"
+    assert r.parse().model_extra["nvext"]["worker_id"] == {"prefill_worker_id": "pf-b", "decode_worker_id": "dc-a"}
     assert routed(roles_mesh, "pf-b") == before + 1  # its prefill leg was booked there
     # The header pins the prefill worker too, and wins over the body.
     before = routed(roles_mesh, "pf-a")
@@ -83,7 +83,7 @@ def test_pins_route_where_they_say_and_leave_the_ignored_fields_header(roles_mes
         extra_body={"nvext": {"prefill_worker_id": "pf-b", "decode_worker_id": "dc-b",
                               "extra_fields": ["worker_id"]}})
     assert r.status_code == 200 and "x-meshfront-ignored-fields" not in r.headers
-    assert r.parse().model_extra["nvext"]["worker_id"]["decode_worker_id"] == "dc-b"
+    assert r.parse().model_extra["nvext"]["worker_id"] == {"prefill_worker_id": "pf-a", "decode_worker_id": "dc-b"}
     assert routed(roles_mesh, "pf-a") == before + 1
 
 
@@ -106,9 +106,13 @@ def test_a_short_prompt_stays_on_its_decode_worker_and_a_long_one_is_split(roles
     r = client.chat.completions.create(model=DEMO, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
                                        extra_body={"nvext": {"extra_fields": ["worker_id"]}})
     assert r.usage.prompt_tokens <= SHORT
-    assert r.model_extra["nvext"]["worker_id"]["decode_worker_id"] in DECODE
+    workers = r.model_extra["nvext"]["worker_id"]
+    assert workers["decode_worker_id"] in DECODE and workers["prefill_worker_id"] == workers["decode_worker_id"]
     assert decisions(roles_mesh, reason="short_prompt") == short + 1
-    client.chat.completions.create(model=DEMO, messages=long_prompt(4), max_tokens=4)
+    r = client.chat.completions.create(model=DEMO, messages=long_prompt(4), max_tokens=4,
+                                       extra_body={"nvext": {"extra_fields": ["worker_id"]}})
+    workers = r.model_extra["nvext"]["worker_id"]
+    assert workers["prefill_worker_id"] in PREFILL and workers["decode_worker_id"] in DECODE
     assert decisions(roles_mesh, reason="disaggregated") == split + 1
 
 
