@@ -16,7 +16,7 @@ import pytest
 
 from services.launcher.plan import WorkerSpec
 from tests.conftest import sdk_client, stop_cleanly
-from tests.mesh.conftest import DEMO, SECOND, start_mesh
+from tests.mesh.conftest import DEMO, SECOND, start_mesh, wait_until
 from tests.mesh.test_metrics import parse, value
 
 pytestmark = pytest.mark.mesh
@@ -124,3 +124,23 @@ def test_enforced_disaggregation_refuses_a_model_without_prefill_workers(client)
     r = client.chat.completions.create(model=SECOND, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
                                        extra_headers={"x-worker-instance-id": "whole-x"})
     assert r.usage.completion_tokens == 2
+
+
+def test_a_prompt_the_decode_worker_caches_by_transfer_then_stays_there_aggregated(roles_mesh, client):
+    """The decode pool's KV events reach the router's index: the blocks a transfer brought make the same prompt
+    a cached one on that worker, which conditional disaggregation then keeps aggregated there."""
+    body = {"model": DEMO, "messages": long_prompt(5), "max_tokens": 4,
+            "extra_body": {"nvext": {"extra_fields": ["worker_id"]}}}
+    first = client.chat.completions.create(**body).model_extra["nvext"]["worker_id"]
+    assert first["prefill_worker_id"] in PREFILL
+    decode = first["decode_worker_id"]
+    cached = decisions(roles_mesh, reason="cached_prompt")
+
+    def indexed() -> float:
+        text = httpx.get(f"http://127.0.0.1:{roles_mesh.plan.metrics_ports['router']}/metrics", timeout=5).text
+        return value(parse(text), "meshfront_router_kv_index_blocks", worker=decode)
+
+    wait_until(lambda: indexed() >= 8, 10, "the decode worker's blocks in the router's index")
+    again = client.chat.completions.create(**body).model_extra["nvext"]["worker_id"]
+    assert again == {"prefill_worker_id": decode, "decode_worker_id": decode}
+    assert decisions(roles_mesh, reason="cached_prompt") == cached + 1
