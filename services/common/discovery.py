@@ -99,6 +99,14 @@ class ModelCard:
         return IMAGES in self.endpoints or VIDEOS in self.endpoints
 
 
+# A worker's part in disaggregated serving (docs/architecture.md, "Disaggregated prefill and decode"):
+# PREFILL workers run only prefill legs (one output token, the blocks held for a transfer); DECODE
+# workers run decode legs and the requests the router keeps aggregated; BOTH (every worker before
+# roles existed) runs whole requests, and may be given a decode leg.
+PREFILL, DECODE, BOTH = "prefill", "decode", "both"
+ROLES = (PREFILL, DECODE, BOTH)
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerCard:
     """One worker instance as registered in the bucket."""
@@ -109,6 +117,8 @@ class WorkerCard:
     kind: str = "mocker"
     total_kv_blocks: int = 0
     max_num_batched_tokens: int = 0
+    # PREFILL, DECODE or BOTH; cards written before roles existed lack the field and read as BOTH.
+    role: str = BOTH
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))
@@ -121,6 +131,8 @@ class WorkerCard:
         m["input_modalities"] = tuple(m.get("input_modalities", ()))
         if m.get("media") is not None:
             m["media"] = MediaLimits.from_dict(m["media"])
+        if d.get("role", BOTH) not in ROLES:
+            raise ValueError(f"unknown worker role {d['role']!r}")
         return cls(model=ModelCard(**m), **d)
 
 

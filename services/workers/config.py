@@ -8,9 +8,13 @@ import secrets
 import socket
 from pathlib import Path
 
+from services.common.discovery import BOTH, DECODE, PREFILL
 from services.common.flags import FlagParser, add_common_flags, common_errors
 from services.common.parser_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 from services.workers.model_dir import read_model_info
+
+AGG = "agg"
+DISAGGREGATION_MODES = (PREFILL, DECODE, AGG)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +41,13 @@ class WorkerConfig:
     tls_key: str = ""
     tls_ca: str = ""
     drain_grace_s: float = 10.0
+    # --disaggregation-mode: "prefill", "decode" or "agg" (Dynamo's names); registered as the card's role.
+    disaggregation_mode: str = AGG
+
+    @property
+    def role(self) -> str:
+        """The card's role (services/common/discovery.py): agg is BOTH."""
+        return BOTH if self.disaggregation_mode == AGG else self.disaggregation_mode
 
     def validate(self, *, text_model: bool = True) -> list[str]:
         """``text_model``: the model needs a directory (its tokenizer) and a context window; a media
@@ -63,11 +74,13 @@ class WorkerConfig:
         return f"{host}:{port}"
 
 
-def add_worker_flags(p: FlagParser, *, engine_sized: bool = False) -> None:
+def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregation: bool = False) -> None:
     """Adds the shared worker flags (plus --host/--port/--nats-url/--log-level).
 
     ``engine_sized``: a real engine decides its context window and KV block size from its own
     flags (vLLM's --max-model-len and --block-size), so the worker has no flags for them.
+    ``disaggregation``: the kind can run one leg of a disaggregated request (the mocker, vLLM,
+    SGLang), so it offers --disaggregation-mode; the others always register as BOTH.
     """
     add_common_flags(p, port=0)
     p.add("--model-dir", default="", help="model directory (tokenizer.json, config.json, weights)")
@@ -82,6 +95,10 @@ def add_worker_flags(p: FlagParser, *, engine_sized: bool = False) -> None:
           help="tool-call parser name to register (e.g. hermes)")
     p.add("--reasoning-parser", default="", choices=("", *REASONING_PARSER_NAMES),
           help="reasoning parser name to register (e.g. qwen3)")
+    if disaggregation:
+        p.add("--disaggregation-mode", default=AGG, choices=DISAGGREGATION_MODES,
+              help="prefill: only prefill legs of disaggregated requests; decode: decode legs and the requests "
+                   "the router keeps aggregated; agg: whole requests (registered as the card's role)")
 
 
 def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_length: int | None = None,
@@ -111,6 +128,8 @@ def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_leng
         tls_key=args.tls_key,
         tls_ca=args.tls_ca,
         drain_grace_s=args.drain_grace_s,
+        # Kinds without the flag (add_worker_flags(disaggregation=False)) run whole requests.
+        disaggregation_mode=args.disaggregation_mode if "disaggregation_mode" in args else AGG,
     )
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
-from collections.abc import AsyncGenerator, Sequence
-from typing import Protocol
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any, Protocol
 
 
 class FinishReason(enum.IntEnum):
@@ -56,6 +56,12 @@ def refuse_thinking_budget(request: EngineRequest, engine: str) -> None:
 
 class EngineBusy(EngineError):
     """The engine's queue is full (becomes OVERLOADED: 503 with Retry-After at the edge)."""
+
+
+class KvTransferFailed(EngineError):
+    """A decode leg's transfer parameters cannot be resolved (the prefill worker or its held blocks are gone):
+    WORKER_FAILED naming ``kv_transfer_params``, so the caller runs the prefill again rather than blaming
+    this worker."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,6 +134,9 @@ class EngineRequest:
     media: tuple[MediaInput, ...] = ()
     # Reasoning-token budget (nvext.max_thinking_tokens); None: none.
     max_thinking_tokens: int | None = None
+    # Disaggregated prefill and decode, shaped like vLLM's kv_transfer_params: {"do_remote_decode": true} on a
+    # prefill leg, the prefill worker's returned parameters on a decode leg; None: an ordinary request.
+    kv_transfer_params: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,6 +158,8 @@ class EngineOutput:
     # Set on the first output only.
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    # Set on the last output of a prefill leg: what its decode leg needs to take over the KV blocks.
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class Engine(Protocol):
@@ -171,7 +182,8 @@ class TokenStream:
     consumer has gone (``close``) is a no-op, so an engine never needs to know about aborts.
     """
 
-    __slots__ = ("_done", "_error", "_finish", "_logprobs", "_prompt_info", "_tokens", "_waiter", "closed")
+    __slots__ = ("_done", "_error", "_finish", "_logprobs", "_prompt_info", "_tokens", "_transfer", "_waiter",
+                 "closed")
 
     def __init__(self, *, logprobs: bool = False) -> None:
         self._tokens: list[int] = []
@@ -180,6 +192,7 @@ class TokenStream:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._prompt_info: tuple[int, int] | None = None
+        self._transfer: dict[str, Any] | None = None
         self._done = False
         self.closed = False
 
@@ -188,6 +201,10 @@ class TokenStream:
     def set_prompt_info(self, prompt_tokens: int, cached_tokens: int) -> None:
         """Records what the first output reports; call before the first push."""
         self._prompt_info = (prompt_tokens, cached_tokens)
+
+    def set_transfer_params(self, params: dict[str, Any]) -> None:
+        """Records what the last output hands a decode leg; call before the finishing push."""
+        self._transfer = params
 
     def push(self, token_id: int, logprob: TokenLogprob | None = None,
              finish: FinishReason = FinishReason.NONE) -> None:
@@ -251,4 +268,5 @@ class TokenStream:
             self._prompt_info = None
         if self._finish:
             self._done = True
+            out.kv_transfer_params = self._transfer
         return out

@@ -42,7 +42,8 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
                       block_size=cfg.block_size, tool_call_parser=cfg.tool_call_parser,
                       reasoning_parser=cfg.reasoning_parser, input_modalities=cfg.input_modalities)
     return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind,
-                      total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens)
+                      total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,
+                      role=cfg.role)
 
 
 def worker_grpc_server(cfg: WorkerConfig) -> GrpcServer:

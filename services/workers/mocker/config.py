@@ -15,6 +15,7 @@ from services.common.flags import FlagParser
 from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
 from services.workers.media.config import DEFAULT_JOBS, JobLimits, add_job_flags, job_limits_from_args
 from services.workers.mocker.media_config import MediaSimConfig, add_media_flags, media_config_from_args
+from services.workers.mocker.transfer import DEFAULT_BANDWIDTH_GBS, DEFAULT_BLOCK_BYTES, DEFAULT_HOLD_TIMEOUT_S
 
 MODALITIES = ("image", "audio")
 
@@ -40,6 +41,11 @@ class MockerEngineConfig:
     input_modalities: tuple[str, ...] = ()
     image_tokens: int = 64
     audio_tokens: int = 32
+    # Disaggregation (transfer.py): bytes of one KV block and the link's GB/s give a transfer's time; a
+    # prefill's held blocks nobody pulls are freed after kv_hold_timeout_s (0: never).
+    kv_block_bytes: int = DEFAULT_BLOCK_BYTES
+    kv_transfer_bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS
+    kv_hold_timeout_s: float = DEFAULT_HOLD_TIMEOUT_S
 
     def validate(self) -> list[str]:
         errors = []
@@ -56,6 +62,10 @@ class MockerEngineConfig:
                 errors.append(f"--input-modalities: {m!r} is not one of {', '.join(MODALITIES)}")
         if self.image_tokens <= 0 or self.audio_tokens <= 0:
             errors.append("--image-tokens and --audio-tokens must be positive")
+        if self.kv_block_bytes <= 0 or self.kv_transfer_bandwidth_gbs <= 0:
+            errors.append("--kv-block-bytes and --kv-transfer-bandwidth-gbs must be positive")
+        if self.kv_hold_timeout_s < 0:
+            errors.append("--kv-hold-timeout-s must be >= 0 (0 = held until pulled or released)")
         if self.script and not Path(self.script).is_file():
             errors.append(f"--script {self.script!r} is not a file")
         return errors
@@ -73,7 +83,7 @@ class MockerConfig:
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> MockerConfig:
     """Parses and validates; raises ConfigError listing every problem."""
     p = FlagParser("mocker", "A simulated inference engine behind the worker API.", env)
-    add_worker_flags(p)
+    add_worker_flags(p, disaggregation=True)
     p.add("--num-gpu-blocks", default=16384, type=int, help="KV cache size in blocks")
     p.add("--max-num-seqs", default=256, type=int, help="most sequences running at once")
     p.add("--max-waiting", default=1024, type=int,
@@ -88,6 +98,12 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
                "its card; default: text only)")
     p.add("--image-tokens", default=64, type=int, help="prompt tokens one image stands for")
     p.add("--audio-tokens", default=32, type=int, help="prompt tokens one audio clip stands for")
+    p.add("--kv-block-bytes", default=DEFAULT_BLOCK_BYTES, type=int,
+          help="bytes of one KV block, for the time a disaggregated transfer takes (default: an 8B model's)")
+    p.add("--kv-transfer-bandwidth-gbs", default=DEFAULT_BANDWIDTH_GBS, type=float,
+          help="GB/s between a prefill and a decode worker (a transfer takes blocks x block bytes / this)")
+    p.add("--kv-hold-timeout-s", default=DEFAULT_HOLD_TIMEOUT_S, type=float,
+          help="a prefill worker frees blocks held for a decode worker that has not pulled them by then (0: never)")
     add_media_flags(p)
     add_job_flags(p)
     args = p.parse(argv)
@@ -107,6 +123,9 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         input_modalities=modalities,
         image_tokens=args.image_tokens,
         audio_tokens=args.audio_tokens,
+        kv_block_bytes=args.kv_block_bytes,
+        kv_transfer_bandwidth_gbs=args.kv_transfer_bandwidth_gbs,
+        kv_hold_timeout_s=args.kv_hold_timeout_s,
     )
     errors: list[str] = []
     media = media_config_from_args(args, args.speedup_ratio, errors)

@@ -19,12 +19,13 @@ from collections.abc import AsyncGenerator, Sequence
 
 import xxhash
 
-from services.common.kv_events import KvEventListener
+from services.common.kv_events import KvEventListener, StoredBlock
 from services.workers.engine import (
     EngineBusy,
     EngineError,
     EngineOutput,
     EngineRequest,
+    KvTransferFailed,
     MediaInput,
     RequestRejected,
     TokenStream,
@@ -36,6 +37,16 @@ from services.workers.mocker.scheduler import Scheduler, SchedulerLimits, StepOu
 from services.workers.mocker.sequence import Sequence as Seq
 from services.workers.mocker.sequence import full_blocks
 from services.workers.mocker.timing import Clock, MonotonicClock, TimingModel
+from services.workers.mocker.transfer import (
+    KvHolds,
+    KvPuller,
+    RemotePrefill,
+    TransferSettings,
+    matched_blocks,
+    remote_prefill,
+    transfer_metrics,
+    wants_remote_decode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +64,8 @@ class MockerEngine:
     """Implements ``services.workers.engine.Engine`` with simulated compute."""
 
     def __init__(self, config: MockerEngineConfig, outputs: OutputPolicy, *, eos_token_ids: Sequence[int] = (),
-                 clock: Clock | None = None, listener: KvEventListener | None = None):
+                 clock: Clock | None = None, listener: KvEventListener | None = None,
+                 puller: KvPuller | None = None):
         self.config = config
         self.outputs = outputs
         self.eos_token_ids = tuple(eos_token_ids)
@@ -62,6 +74,11 @@ class MockerEngine:
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             enable_chunked_prefill=config.enable_chunked_prefill))
         self.timing = TimingModel(speedup_ratio=config.speedup_ratio, total_blocks=config.num_gpu_blocks)
+        # Disaggregation: blocks held for decode workers (a prefill leg's), and how a decode leg takes them.
+        self.transfer = TransferSettings(config.kv_block_bytes, config.kv_transfer_bandwidth_gbs,
+                                         config.kv_hold_timeout_s, config.speedup_ratio)
+        self.holds = KvHolds(self.cache, self.transfer)
+        self._puller = puller
         self.steps = 0
         self._clock = clock or MonotonicClock()
         self._wake = asyncio.Event()
@@ -78,6 +95,7 @@ class MockerEngine:
                 await self._task
             self._task = None
         self._fail_all(EngineError("the worker is shutting down"))
+        self.holds.release_all()
 
     def read_load(self) -> dict[str, int]:
         """The routers' load fields, as every engine reports them (published with the KV events)."""
@@ -89,18 +107,59 @@ class MockerEngine:
         if self.config.max_waiting and waiting >= self.config.max_waiting:
             raise EngineBusy(f"the worker's queue is full ({waiting} waiting)")
         seq = self._new_sequence(request)
+        source = remote_prefill(request.kv_transfer_params)
+        pulled = await self._pull(source, seq) if source is not None else None
         await self.start()
+        if pulled is not None:
+            self._store_pulled(seq, *pulled)  # no await from here to add: a cancel cannot strand the pin
         self.scheduler.add(seq)
         self._wake.set()
         stream = seq.stream
         assert stream is not None
+        handed_over = False  # the output naming the held blocks reached the consumer
         try:
             async for output in stream:
+                handed_over = output.kv_transfer_params is not None
                 yield output
         finally:
             stream.close()
             if not seq.finished:
                 self.scheduler.abort(seq)
+            elif seq.transfer_handle:
+                if not handed_over:
+                    self.holds.release(seq.transfer_handle)  # nobody learnt the handle: nobody will pull it
+            elif seq.hold_on_finish:
+                # It finished in the step still being simulated; its blocks would be held when that ends.
+                self.scheduler.release_finished(seq)
+
+    async def _pull(self, source: RemotePrefill, seq: Seq) -> tuple[list[StoredBlock], int]:
+        """Takes the prefill worker's blocks (freeing them there) and waits out their transfer time; returns
+        the ones that cover this prompt and the prompt tokens whose KV came with them. Raises
+        ``KvTransferFailed`` for parameters it cannot resolve."""
+        if self._puller is None:
+            raise KvTransferFailed("this worker cannot pull KV blocks from another")
+        transfers, _ = transfer_metrics()
+        try:
+            pulled = await self._puller.pull(source)
+            blocks = matched_blocks(pulled, seq.prompt_blocks)
+        except KvTransferFailed:
+            transfers.labels("refused").inc()
+            raise
+        await self._clock.sleep(self.transfer.seconds(len(pulled.block_hashes)))
+        transfers.labels("received").inc()
+        # Every block matched: the whole held prompt came, its unfilled tail block too.
+        complete = len(blocks) == len(pulled.block_hashes)
+        return blocks, pulled.num_tokens if complete else len(blocks) * self.config.block_size
+
+    def _store_pulled(self, seq: Seq, blocks: list[StoredBlock], tokens: int) -> None:
+        """The pulled blocks enter this cache (KV events announce them), referenced for ``seq`` until it is
+        admitted. A cache too full for them leaves the prompt to be computed here, as a real engine would."""
+        if not self.cache.allocate(blocks, None):
+            log.warning("request %s: no room for %d transferred blocks; computing its prompt here",
+                        seq.request_id, len(blocks))
+            return
+        seq.pinned = [b.block_hash for b in blocks]
+        seq.transferred_tokens = tokens
 
     # -- request intake ---------------------------------------------------------------------------
 
@@ -116,6 +175,9 @@ class MockerEngine:
         if request.max_tokens is not None and request.max_tokens <= 0:
             raise RequestRejected("max_tokens must be at least 1")
         max_tokens = room if request.max_tokens is None else min(request.max_tokens, room)
+        hold = wants_remote_decode(request.kv_transfer_params)
+        if hold:
+            max_tokens = 1  # a prefill leg: one token, then the decode worker takes over
         capacity = cfg.num_gpu_blocks * cfg.block_size
         if len(prompt) + max_tokens > capacity:
             raise RequestRejected(f"prompt plus max_tokens ({len(prompt) + max_tokens}) exceeds the KV cache "
@@ -129,6 +191,7 @@ class MockerEngine:
         seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size),
                   stream=TokenStream(logprobs=request.logprobs is not None))
         seq.top_logprobs = request.logprobs
+        seq.hold_on_finish = hold
         return seq
 
     def _media_tokens(self, media: Sequence[MediaInput]) -> list[int]:
@@ -162,6 +225,7 @@ class MockerEngine:
                 log.exception("mocker step failed; failing all sequences")
                 self._fail_all(EngineError("the mocker engine failed"))
                 self.cache.clear()
+                self.holds.discard_all()
                 continue
             self.steps += 1
             delay = self.timing.step_seconds(outcome)
@@ -183,6 +247,8 @@ class MockerEngine:
         for e in outcome.emitted:
             seq = e.seq
             stream = seq.stream
+            if e.finish and seq.hold_on_finish:
+                self._hold(seq, stream)
             if stream is None or stream.closed:
                 continue
             if e.index == 0:
@@ -191,6 +257,17 @@ class MockerEngine:
             if seq.top_logprobs is not None:
                 logprob = synthetic_logprob(e.token_id, e.index, seq.top_logprobs, vocab)
             stream.push(e.token_id, logprob, e.finish)
+
+    def _hold(self, seq: Seq, stream: TokenStream | None) -> None:
+        """A finished prefill leg: its blocks stay for the decode worker, named in its last output."""
+        blocks, partial = seq.held, seq.holds_partial
+        seq.held, seq.holds_partial = [], False
+        params = self.holds.hold(seq.request_id, blocks, partial, len(seq.prompt))
+        seq.transfer_handle = params["remote_handle"]
+        if stream is None or stream.closed:  # the caller left during the step: nobody will pull them
+            self.holds.release(seq.transfer_handle)
+        else:
+            stream.set_transfer_params(params)
 
     def _fail_all(self, error: EngineError) -> None:
         for seq in self.scheduler.abort_all():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from services.common import tls as mesh_tls
 from services.common.kv_events import KvEventListener
 from services.workers import entry
 from services.workers.media.server import media_serving
@@ -12,26 +13,36 @@ from services.workers.mocker.config import MockerConfig, parse_config
 from services.workers.mocker.engine import MockerEngine
 from services.workers.mocker.media_engine import SimulatedMediaEngine
 from services.workers.mocker.outputs import OutputPolicy
+from services.workers.mocker.transfer import KvPuller
+from services.workers.mocker.transfer_grpc import GrpcKvPuller, add_kv_transfer
 from services.workers.model_dir import load_tokenizer, read_model_info
 
 
-def build_engine(cfg: MockerConfig, listener: KvEventListener | None = None) -> MockerEngine:
+def build_engine(cfg: MockerConfig, listener: KvEventListener | None = None,
+                 puller: KvPuller | None = None) -> MockerEngine:
     """Loads the tokenizer and script (blocking, startup only) and builds the engine."""
     tokenizer = load_tokenizer(cfg.worker.model_dir)
     outputs = OutputPolicy.build(tokenizer, script_path=cfg.engine.script or None,
                                  output_text=cfg.engine.output_text)
     info = read_model_info(cfg.worker.model_dir)
-    return MockerEngine(cfg.engine, outputs, eos_token_ids=info.eos_token_ids, listener=listener)
+    return MockerEngine(cfg.engine, outputs, eos_token_ids=info.eos_token_ids, listener=listener, puller=puller)
 
 
 async def build(cfg: MockerConfig, events: entry.KvEvents) -> entry.Serving:
     if cfg.media is not None:  # an image or video simulator: no tokenizer, no KV cache, no KV events
         return media_serving(cfg.worker, SimulatedMediaEngine(cfg.media), cfg.jobs)
-    # The simulated cache tells its listener what it holds, as a real engine's KV events do.
-    engine = build_engine(cfg, listener=events.listener(cfg.worker))
+    # The simulated cache tells its listener what it holds, as a real engine's KV events do. Every mocker
+    # can take either leg of a disaggregated request (its role on the card steers the router): it pulls a
+    # decode leg's blocks from prefill workers and serves the pulls of the blocks it holds (transfer.py).
+    puller = GrpcKvPuller(mesh_tls.from_config(cfg.worker))
+    engine = build_engine(cfg, listener=events.listener(cfg.worker), puller=puller)
     await engine.start()
-    return entry.engine_serving(cfg.worker, engine, load=engine.read_load, total_kv_blocks=cfg.engine.num_gpu_blocks,
-                                max_num_batched_tokens=cfg.engine.max_num_batched_tokens)
+    serving = entry.engine_serving(cfg.worker, engine, load=engine.read_load,
+                                   total_kv_blocks=cfg.engine.num_gpu_blocks,
+                                   max_num_batched_tokens=cfg.engine.max_num_batched_tokens, closers=[puller.close])
+    engine.holds.identify(serving.card.worker_id, serving.card.address)
+    add_kv_transfer(serving.server.server, engine.holds)
+    return serving
 
 
 KIND = entry.WorkerKind(name="mocker", parse=parse_config, log_level=lambda cfg: cfg.worker.log_level,

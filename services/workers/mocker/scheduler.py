@@ -88,10 +88,16 @@ class Scheduler:
         """Removes ``seq`` wherever it is and frees its blocks; a no-op once it finished."""
         if seq.state is SeqState.WAITING:
             self.waiting.remove(seq)
+            self._unpin(seq)
         elif seq.state is SeqState.RUNNING:
             self.running.remove(seq)
             self._release_blocks(seq)
         seq.state = SeqState.FINISHED
+
+    def release_finished(self, seq: Sequence) -> None:
+        """Frees the blocks a finished sequence kept for a transfer (``hold_on_finish``) that will not happen."""
+        self._release_blocks(seq)
+        seq.hold_on_finish = False
 
     def abort_all(self) -> list[Sequence]:
         """Aborts everything (engine shutdown or failure) and returns what was aborted."""
@@ -156,9 +162,16 @@ class Scheduler:
             return False
         seq.held = list(blocks)
         seq.holds_partial = bool(partial)
-        # Even a fully cached prompt computes its last token: its logits give the first output.
-        seq.num_computed = min(cached, seq.total_tokens - 1)
+        self._unpin(seq)  # its own references hold the pulled blocks now
         seq.prefill_target = seq.total_tokens
+        if seq.transferred_tokens >= seq.total_tokens - 1:
+            # A decode leg whose prompt a prefill worker computed: what is left (the first output, appended to
+            # the prompt) is the input of its first decode step, as in a real engine.
+            seq.num_computed = seq.total_tokens
+        else:
+            # Even a fully cached prompt computes its last token: its logits give the first output.
+            seq.num_computed = min(max(cached, seq.transferred_tokens), seq.total_tokens - 1)
+        seq.transferred_tokens = 0
         if seq.cached_tokens is None:
             seq.cached_tokens = cached
         return True
@@ -169,6 +182,8 @@ class Scheduler:
         chunk = min(remaining, budget) if self.limits.enable_chunked_prefill else remaining
         seq.num_computed += chunk
         out.prefill_tokens += chunk
+        if not remaining:
+            out.decode_tokens += 1  # a transferred prompt: this token costs a decode step, not a prefill
         if not seq.prefilling and self._reserve_slot(seq):
             self._emit(seq, out)
         return chunk
@@ -200,7 +215,8 @@ class Scheduler:
         out.emitted.append(Emitted(seq, index, token_id, finish))
         if finish:
             self.running.remove(seq)
-            self._release_blocks(seq)
+            if not seq.hold_on_finish:  # a held prefill's blocks pass to the engine's KvHolds
+                self._release_blocks(seq)
             seq.state = SeqState.FINISHED
 
     def _preempt(self, seq: Sequence) -> None:
@@ -213,6 +229,11 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.preemptions += 1
         self._preempted_in_step = True
+
+    def _unpin(self, seq: Sequence) -> None:
+        if seq.pinned:
+            self.cache.release(seq.pinned)
+            seq.pinned = []
 
     def _release_blocks(self, seq: Sequence) -> None:
         self.cache.release([b.block_hash for b in seq.held])

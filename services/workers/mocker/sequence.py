@@ -62,6 +62,13 @@ class Sequence:
     prefill_target: int = 0
     # Prompt tokens found in the cache at first admission; None until admitted.
     cached_tokens: int | None = None
+    # Disaggregation (transfer.py). A prefill leg keeps its blocks when it finishes, for a decode worker to pull.
+    hold_on_finish: bool = False
+    transfer_handle: str = ""  # set when it finished and its blocks are held
+    # A decode leg: blocks pulled from a prefill worker, referenced on its behalf until it is admitted, and the
+    # prompt tokens whose KV they brought (computed at admission, once; a preempted sequence recomputes).
+    pinned: list[int] = dataclasses.field(default_factory=list)
+    transferred_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -17,6 +17,12 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_ERROR: _ClassVar[FinishReason]
     FINISH_REASON_TOOL_CALLS: _ClassVar[FinishReason]
 
+class DisaggregationRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DISAGGREGATION_ROLE_UNSPECIFIED: _ClassVar[DisaggregationRole]
+    DISAGGREGATION_ROLE_PREFILL: _ClassVar[DisaggregationRole]
+    DISAGGREGATION_ROLE_DECODE: _ClassVar[DisaggregationRole]
+
 class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TOOL_CHOICE_MODE_UNSPECIFIED: _ClassVar[ToolChoiceMode]
@@ -31,6 +37,9 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_ERROR: FinishReason
 FINISH_REASON_TOOL_CALLS: FinishReason
+DISAGGREGATION_ROLE_UNSPECIFIED: DisaggregationRole
+DISAGGREGATION_ROLE_PREFILL: DisaggregationRole
+DISAGGREGATION_ROLE_DECODE: DisaggregationRole
 TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
 TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
 TOOL_CHOICE_MODE_NONE: ToolChoiceMode
@@ -118,7 +127,7 @@ class TopLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class PreprocessedRequest(_message.Message):
-    __slots__ = ("request_id", "model", "token_ids", "sampling", "stop", "output", "eos_token_ids", "media", "annotations")
+    __slots__ = ("request_id", "model", "token_ids", "sampling", "stop", "output", "eos_token_ids", "media", "annotations", "disaggregation")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +137,7 @@ class PreprocessedRequest(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MEDIA_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    DISAGGREGATION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -137,7 +147,20 @@ class PreprocessedRequest(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     media: _containers.RepeatedCompositeFieldContainer[MediaItem]
     annotations: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., media: _Optional[_Iterable[_Union[MediaItem, _Mapping]]] = ..., annotations: _Optional[_Iterable[str]] = ...) -> None: ...
+    disaggregation: DisaggregationParams
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., media: _Optional[_Iterable[_Union[MediaItem, _Mapping]]] = ..., annotations: _Optional[_Iterable[str]] = ..., disaggregation: _Optional[_Union[DisaggregationParams, _Mapping]] = ...) -> None: ...
+
+class DisaggregationParams(_message.Message):
+    __slots__ = ("role", "kv_transfer_params", "peer_worker_id", "peer_address")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    PEER_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    role: DisaggregationRole
+    kv_transfer_params: bytes
+    peer_worker_id: str
+    peer_address: str
+    def __init__(self, role: _Optional[_Union[DisaggregationRole, str]] = ..., kv_transfer_params: _Optional[bytes] = ..., peer_worker_id: _Optional[str] = ..., peer_address: _Optional[str] = ...) -> None: ...
 
 class MediaItem(_message.Message):
     __slots__ = ("modality", "url", "data", "format", "detail", "message_index", "part_index")

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouteRequest(_message.Message):
-    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "first_tokens", "session_id", "session_action", "session_timeout_s", "priority_jump_s")
+    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "first_tokens", "session_id", "session_action", "session_timeout_s", "priority_jump_s", "prefill_worker_id", "decode_worker_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,8 @@ class RouteRequest(_message.Message):
     SESSION_ACTION_FIELD_NUMBER: _ClassVar[int]
     SESSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_JUMP_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DECODE_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -32,23 +34,33 @@ class RouteRequest(_message.Message):
     session_action: str
     session_timeout_s: int
     priority_jump_s: float
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ...) -> None: ...
+    prefill_worker_id: str
+    decode_worker_id: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ..., prefill_worker_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token", "reads_first_token_reports", "queue_depth")
+    __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token", "reads_first_token_reports", "queue_depth", "prefill_worker_id", "prefill_address", "prefill_overlap_blocks", "disaggregation_reason")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     READS_FIRST_TOKEN_REPORTS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DISAGGREGATION_REASON_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     overlap_blocks: int
     report_first_token: bool
     reads_first_token_reports: bool
     queue_depth: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., report_first_token: _Optional[bool] = ..., reads_first_token_reports: _Optional[bool] = ..., queue_depth: _Optional[int] = ...) -> None: ...
+    prefill_worker_id: str
+    prefill_address: str
+    prefill_overlap_blocks: int
+    disaggregation_reason: str
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., report_first_token: _Optional[bool] = ..., reads_first_token_reports: _Optional[bool] = ..., queue_depth: _Optional[int] = ..., prefill_worker_id: _Optional[str] = ..., prefill_address: _Optional[str] = ..., prefill_overlap_blocks: _Optional[int] = ..., disaggregation_reason: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("request_id", "first_token", "cached_tokens", "prompt_tokens")

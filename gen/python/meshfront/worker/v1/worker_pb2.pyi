@@ -15,18 +15,20 @@ class GenerateRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "finish_reason", "cached_tokens", "prompt_tokens")
+    __slots__ = ("token_ids", "logprobs", "finish_reason", "cached_tokens", "prompt_tokens", "kv_transfer_params")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
     finish_reason: _common_pb2.FinishReason
     cached_tokens: int
     prompt_tokens: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    kv_transfer_params: bytes
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., kv_transfer_params: _Optional[bytes] = ...) -> None: ...
 
 class GenerateStreamRequest(_message.Message):
     __slots__ = ("start", "cancel")
