@@ -74,10 +74,8 @@ def parse_config(kind: str, description: str, argv: Sequence[str], env: Mapping[
     errors: list[str] = []
     if not args.media:
         errors.append("--media is required: image or video")
-    if not args.model_dir:
-        errors.append("--model-dir is required")
-    elif not Path(args.model_dir).is_dir():
-        errors.append(f"--model-dir {args.model_dir!r} is not a directory")
+    worker = worker_config_from_args(args, kind, context_length=0, block_size=1)
+    errors += worker.validate()  # --model-dir, --port, --drain-grace-s, ...
     engine_args = _engine_args(args.engine_args, errors)
     errors += [f"--engine-args: {key!r} is set by the worker; use {flag}" for key, flag in owned.items()
                if key in engine_args]
@@ -86,7 +84,6 @@ def parse_config(kind: str, description: str, argv: Sequence[str], env: Mapping[
     limits = _limits(args, errors) if args.media else MediaLimits()
     if errors:
         raise ConfigError(errors)
-    worker = worker_config_from_args(args, kind, context_length=0, block_size=1)
     return GpuMediaConfig(worker=worker, media=args.media, limits=limits, jobs=jobs, engine_args=engine_args)
 
 
