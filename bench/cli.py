@@ -3,8 +3,9 @@
 ``mesh`` starts a fresh mesh per shape and tears it down; ``load`` drives a mesh that is already
 running (e.g. ``make run``) and accounts CPU for the pids given with ``--pid name=PID``; ``engine``
 puts vLLM CPU workers behind the split and inproc meshes and compares them with vLLM's own server
-(bench/engine.py); ``kv``, ``soak`` and ``embeddings`` (POST /v1/embeddings vs the model in-process,
-bench/embeddings.py) are described by their own ``--help``.
+(bench/engine.py); ``kv``, ``soak``, ``embeddings`` (POST /v1/embeddings vs the model in-process,
+bench/embeddings.py) and ``images`` (the tiny diffusers pipeline in-process, behind its worker and
+through the mesh, bench/images.py) are described by their own ``--help``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_soak_parser(sub)
     _add_engine_parser(sub)
     _add_embeddings_parser(sub)
+    _add_images_parser(sub)
     args = p.parse_args(argv)
     if args.scenario == "engine":
         from bench.engine import DEPLOYMENTS
@@ -186,6 +188,47 @@ def _run_embeddings(args: argparse.Namespace, command: str) -> int:
         with Path(args.markdown).open("a") as f:
             f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
                     f"Setting: {cfg}.\n\n{table}\n\n{embeddings.LEGEND}\n")
+    return 0
+
+
+def _add_images_parser(sub) -> None:
+    from bench.images import LEGS, ImageBenchConfig
+
+    d = ImageBenchConfig()
+    i = sub.add_parser("images", help="the tiny diffusers pipeline in-process vs behind `meshfront diffusers` vs "
+                       "POST /v1/images/generations through a fresh mesh")
+    i.add_argument("--legs", default=",".join(d.legs), help=f"comma list of {', '.join(LEGS)}")
+    i.add_argument("--images", type=int, default=d.images, help="images per leg (one after another)")
+    i.add_argument("--warmup", type=int, default=d.warmup, help="warm-up images before each leg")
+    i.add_argument("--size", type=int, default=d.size, help="width and height in pixels")
+    i.add_argument("--steps", type=int, default=d.steps, help="denoising steps per image")
+    i.add_argument("--threads", type=int, default=d.threads, help="torch threads of the worker and the direct leg")
+    i.add_argument("--rounds", type=int, default=d.rounds, help="rounds the legs alternate in")
+    i.add_argument("--log-level", default=d.log_level, help="log level of the mesh services")
+    i.add_argument("--markdown", default="", help="append a markdown section with the table to this file")
+
+
+def _run_images(args: argparse.Namespace, command: str) -> int:
+    import tempfile
+
+    from bench import images
+
+    legs = tuple(s.strip() for s in args.legs.split(",") if s.strip())
+    if bad := [leg for leg in legs if leg not in images.LEGS]:
+        raise SystemExit(f"unknown leg(s) {bad}; choose from {images.LEGS}")
+    cfg = images.ImageBenchConfig(legs=legs, images=args.images, warmup=args.warmup, size=args.size,
+                                  steps=args.steps, threads=args.threads, rounds=args.rounds,
+                                  log_level=args.log_level)
+    started = datetime.datetime.now().astimezone()
+    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
+    with tempfile.TemporaryDirectory(prefix="bench-images-") as logs:
+        rows = images.run(cfg, _emit, Path(logs))
+    table = images.markdown_table(rows)
+    _emit("\n" + table + "\n\n" + images.LEGEND)
+    if args.markdown:
+        with Path(args.markdown).open("a") as f:
+            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
+                    f"Setting: {cfg}.\n\n{table}\n\n{images.LEGEND}\n")
     return 0
 
 
@@ -335,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_engine(args, command)
     if args.scenario == "embeddings":
         return _run_embeddings(args, command)
+    if args.scenario == "images":
+        return _run_images(args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
     _emit(f"# {_setting_line(args, cfg)}")

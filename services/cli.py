@@ -24,6 +24,7 @@ COMMANDS = {
     "sglang-diffusion": "services.workers.sglang_diffusion",
     "vllm-omni": "services.workers.vllm_omni",
     "embed": "services.workers.embed",
+    "diffusers": "services.workers.diffusers",
     "build-model": "services.models",
 }
 # Where a command's ``main(argv)`` is, when not in its package's ``main`` module.

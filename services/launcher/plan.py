@@ -33,12 +33,13 @@ class ProcessSpec:
 class WorkerSpec:
     model_dir: str
     model_name: str
-    kind: str = "mocker"  # mocker | hf | vllm | sglang | embed
+    kind: str = "mocker"  # mocker | hf | vllm | sglang | embed | diffusers
     extra: tuple[str, ...] = ()
 
 
 WORKER_MODULES = {"mocker": "services.workers.mocker", "hf": "services.workers.hf", "vllm": "services.workers.vllm",
-                  "sglang": "services.workers.sglang", "embed": "services.workers.embed"}
+                  "sglang": "services.workers.sglang", "embed": "services.workers.embed",
+                  "diffusers": "services.workers.diffusers"}
 
 
 def worker_argv(kind: str, *args: str) -> list[str]:

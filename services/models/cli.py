@@ -1,4 +1,5 @@
-"""``python -m services.models``: build a demo model directory."""
+"""``meshfront build-model`` (``python -m services.models``): build a demo model directory, or with
+``--diffusion`` the tiny diffusers pipelines (services/models/tiny_diffusion.py)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--name", default=DEFAULT_NAME, help="model name recorded in config.json")
     p.add_argument("--context-length", type=int, default=DEFAULT_CONTEXT_LENGTH)
     p.add_argument("--with-weights", action="store_true", help="also save tiny random Qwen2 weights (torch)")
+    p.add_argument("--diffusion", action="store_true",
+                   help="build the tiny random diffusers pipelines instead (text-to-image, image-to-image, "
+                        "text-to-video subdirectories; torch and diffusers)")
     p.add_argument("--clean", action="store_true", help="delete the directory first")
     args = p.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
     if args.clean:
         remove_build(args.out)
     start = time.monotonic()
-    out = build_demo_model(args.out, name=args.name, with_weights=args.with_weights,
-                           context_length=args.context_length)
+    if args.diffusion:
+        from services.models.tiny_diffusion import build_tiny_diffusion
+
+        out = build_tiny_diffusion(args.out)
+    else:
+        out = build_demo_model(args.out, name=args.name, with_weights=args.with_weights,
+                               context_length=args.context_length)
     print(f"{out} ({time.monotonic() - start:.1f} s)")
     return 0

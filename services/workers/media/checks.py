@@ -9,6 +9,7 @@ size, steps, n, frames and fps, as the gateway would have filled it. Pure: no gR
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from typing import Literal
 
@@ -112,26 +113,27 @@ def _check_video(req: media_pb2.GenerateMediaRequest, limits: MediaLimits, width
 
 def decode_image(data: bytes, field: str) -> Image.Image:
     """An uploaded PNG, JPEG or WebP, fully decoded (blocking: call it off the event loop)."""
+    too_big = InvalidRequest(f"{field} has more pixels than this worker decodes (at most {MAX_INPUT_PIXELS})",
+                             param=field)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=INPUT_FORMATS)
             if image.width * image.height > MAX_INPUT_PIXELS:
-                raise InvalidRequest(f"{field} is {image.width}x{image.height} pixels, more than the "
-                                     f"{MAX_INPUT_PIXELS} this worker decodes", param=field)
+                raise too_big
             image.load()
-    except InvalidRequest:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombWarning,
-            Image.DecompressionBombError) as e:
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+        raise too_big from e
+    except UnidentifiedImageError as e:
+        raise InvalidRequest(f"{field} is not a valid PNG, JPEG or WebP image", param=field) from e
+    except (OSError, ValueError, SyntaxError) as e:  # a known format whose data is broken (truncated, ...)
         raise InvalidRequest(f"{field} is not a valid PNG, JPEG or WebP image ({_reason(e)})", param=field) from e
     return image
 
 
 def _reason(e: BaseException) -> str:
-    # Pillow's messages name the format problem ("image file is truncated"), never a path: ours is a buffer.
-    text = str(e).split(" '<_io.BytesIO")[0] if str(e) else type(e).__name__
-    return text[:200]
+    # Pillow's messages name the problem ("image file is truncated"); drop any object repr it quotes.
+    return re.sub(r"\s*<[^>]*object at 0x[0-9a-f]+>", "", str(e))[:200] or type(e).__name__
 
 
 def _has_alpha(image: Image.Image) -> bool:

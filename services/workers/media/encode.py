@@ -30,7 +30,6 @@ import tempfile
 from collections.abc import Sequence
 from fractions import Fraction
 
-import av
 from PIL import Image
 
 IMAGE_CONTENT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
@@ -108,6 +107,8 @@ def encode_video(frames: Sequence[Image.Image], output_format: str, fps: float, 
 
 def _write_video(path: str, frames: Sequence[Image.Image], container_format: str, container_options: dict[str, str],
                  codec: str, pix_fmt: str, fps: float, quality: int | None) -> None:
+    import av  # FFmpeg's libraries take ~130 ms to load: only a video needs them, not every worker that imports this
+
     width, height = frames[0].size
     with av.open(path, "w", format=container_format, options=container_options) as container:
         stream = container.add_stream(codec, rate=fps_fraction(fps))

@@ -109,17 +109,11 @@ class EngineThread:
                 raise item.error
             yield item  # type: ignore[misc]
 
-    def join(self, timeout: float) -> bool:
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
 
 class MediaService:
     def __init__(self, engine: MediaEngine, jobs: JobLimits = DEFAULT_JOBS):
         self.engine = engine
         self.slots = JobSlots(jobs)
-        # The last job's engine thread (tests: how a cancel ended).
-        self.last_run: EngineThread | None = None
 
     async def generate(self, req: media_pb2.GenerateMediaRequest
                        ) -> AsyncGenerator[media_pb2.GenerateMediaResponse, None]:
@@ -129,7 +123,6 @@ class MediaService:
         input_tokens = await asyncio.to_thread(self.engine.count_tokens, req.prompt)
         await self.slots.acquire()
         run = EngineThread(self.engine, job, self.slots.release)  # the thread gives the slot back
-        self.last_run = run
         started = time.monotonic()
         run.start()
         try:

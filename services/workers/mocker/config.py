@@ -13,6 +13,8 @@ from pathlib import Path
 
 from services.common.flags import FlagParser
 from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
+from services.workers.media.config import DEFAULT_JOBS, JobLimits, add_job_flags, job_limits_from_args
+from services.workers.mocker.media_config import MediaSimConfig, add_media_flags, media_config_from_args
 
 MODALITIES = ("image", "audio")
 
@@ -63,6 +65,9 @@ class MockerEngineConfig:
 class MockerConfig:
     worker: WorkerConfig
     engine: MockerEngineConfig
+    # ``--media image|video``: the media simulator instead of the text engine (media_config.py).
+    media: MediaSimConfig | None = None
+    jobs: JobLimits = DEFAULT_JOBS
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> MockerConfig:
@@ -83,6 +88,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
                "its card; default: text only)")
     p.add("--image-tokens", default=64, type=int, help="prompt tokens one image stands for")
     p.add("--audio-tokens", default=32, type=int, help="prompt tokens one audio clip stands for")
+    add_media_flags(p)
+    add_job_flags(p)
     args = p.parse(argv)
     modalities = tuple(dict.fromkeys(m.strip() for m in args.input_modalities.split(",") if m.strip()))
     worker = dataclasses.replace(worker_config_from_args(args, "mocker"), input_modalities=modalities)
@@ -101,7 +108,10 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         image_tokens=args.image_tokens,
         audio_tokens=args.audio_tokens,
     )
-    errors = worker.validate() + engine.validate()
+    errors: list[str] = []
+    media = media_config_from_args(args, args.speedup_ratio, errors)
+    jobs = job_limits_from_args(args)
+    errors += worker.validate(text_model=media is None) + engine.validate() + jobs.validate()
     if errors:
         raise ConfigError(errors)
-    return MockerConfig(worker=worker, engine=engine)
+    return MockerConfig(worker=worker, engine=engine, media=media, jobs=jobs)

@@ -1,4 +1,5 @@
-"""Wires the mocker: model directory -> output policy -> MockerEngine -> the worker entry (../entry.py)."""
+"""Wires the mocker: model directory -> output policy -> MockerEngine -> the worker entry (../entry.py); with
+``--media image|video``, the media simulator behind MediaService (../media/server.py) instead."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from collections.abc import Sequence
 
 from services.common.kv_events import KvEventListener
 from services.workers import entry
+from services.workers.media.server import media_serving
 from services.workers.mocker.config import MockerConfig, parse_config
 from services.workers.mocker.engine import MockerEngine
+from services.workers.mocker.media_engine import SimulatedMediaEngine
 from services.workers.mocker.outputs import OutputPolicy
 from services.workers.model_dir import load_tokenizer, read_model_info
 
@@ -22,6 +25,8 @@ def build_engine(cfg: MockerConfig, listener: KvEventListener | None = None) -> 
 
 
 async def build(cfg: MockerConfig, events: entry.KvEvents) -> entry.Serving:
+    if cfg.media is not None:  # an image or video simulator: no tokenizer, no KV cache, no KV events
+        return media_serving(cfg.worker, SimulatedMediaEngine(cfg.media), cfg.jobs)
     # The simulated cache tells its listener what it holds, as a real engine's KV events do.
     engine = build_engine(cfg, listener=events.listener(cfg.worker))
     await engine.start()

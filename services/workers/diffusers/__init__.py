@@ -1,0 +1,1 @@
+"""``meshfront diffusers``: Hugging Face diffusers pipelines behind MediaService (services/workers/media)."""
