@@ -10,8 +10,10 @@ keyword arguments (SGLang's diffusion ``ServerArgs``: ``num_gpus``, ``tp_size``,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from services.common.discovery import MediaLimits
 from services.workers import entry
 from services.workers.engine_worker import EngineStartFailed, root_message
 from services.workers.gpu_media import GpuMediaConfig, parse_config, prompt_counter, require
@@ -29,17 +31,22 @@ def prepare(cfg: GpuMediaConfig) -> GpuMediaConfig:
     return cfg
 
 
-async def build(cfg: GpuMediaConfig, events: entry.KvEvents) -> entry.Serving:
+def start_engine(model_dir: str, engine_args: Mapping[str, Any], limits: MediaLimits) -> Any:
+    """SGLang's DiffGenerator loaded (its scheduler processes started and warmed up: minutes, blocking) behind
+    the adapter; also what tools/gpu_media_check.py starts."""
     from sglang.multimodal_gen import DiffGenerator
 
     from services.workers.sglang_diffusion.engine import SglangDiffusionEngine
 
-    kwargs = {**cfg.engine_args, "model_path": cfg.worker.model_dir}  # model_path is refused in --engine-args
-    try:  # loading runs SGLang's scheduler processes and their warmup: minutes, off the event loop
-        generator = await asyncio.to_thread(DiffGenerator.from_pretrained, **kwargs)
+    generator = DiffGenerator.from_pretrained(**engine_args, model_path=model_dir)  # model_path: refused in args
+    return SglangDiffusionEngine(generator, limits, prompt_counter(model_dir))
+
+
+async def build(cfg: GpuMediaConfig, events: entry.KvEvents) -> entry.Serving:
+    try:  # off the event loop
+        engine = await asyncio.to_thread(start_engine, cfg.worker.model_dir, cfg.engine_args, cfg.limits)
     except Exception as e:  # any failure to start is reported the same way
         raise EngineStartFailed(root_message(e)) from e
-    engine = SglangDiffusionEngine(generator, cfg.limits, prompt_counter(cfg.worker.model_dir))
 
     async def close() -> None:
         await asyncio.to_thread(engine.close)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.common.discovery import MediaLimits
 from services.workers import entry
 from services.workers.engine_worker import EngineStartFailed, root_message
 from services.workers.gpu_media import GpuMediaConfig, parse_config, prompt_counter, require
@@ -31,7 +32,9 @@ def prepare(cfg: GpuMediaConfig) -> GpuMediaConfig:
     return cfg
 
 
-async def build(cfg: GpuMediaConfig, events: entry.KvEvents) -> entry.Serving:
+def start_engine(model_dir: str, engine_args: Mapping[str, Any], limits: MediaLimits) -> Any:
+    """vLLM-Omni's AsyncOmni loaded (its stages started: minutes, blocking) on an event loop thread of its own,
+    behind the adapter; also what tools/gpu_media_check.py starts."""
     from vllm_omni import AsyncOmni
 
     from services.workers.vllm_omni.engine import VllmOmniEngine, sampling_params_list
@@ -39,15 +42,22 @@ async def build(cfg: GpuMediaConfig, events: entry.KvEvents) -> entry.Serving:
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, name="vllm-omni-loop", daemon=True).start()
 
-    async def start() -> Any:
-        return AsyncOmni(model=cfg.worker.model_dir, **cfg.engine_args)
+    async def start() -> Any:  # AsyncOmni binds to the loop it is made on
+        return AsyncOmni(model=model_dir, **engine_args)  # model: refused in --engine-args
 
-    try:  # loading the stages takes minutes: on the engine's loop, while ours keeps running
-        omni = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(start(), loop))
-    except Exception as e:  # any failure to start is reported the same way
+    try:
+        omni = asyncio.run_coroutine_threadsafe(start(), loop).result()
+    except BaseException:
         loop.call_soon_threadsafe(loop.stop)
+        raise
+    return VllmOmniEngine(omni, loop, limits, prompt_counter(model_dir), sampling_params_list(omni))
+
+
+async def build(cfg: GpuMediaConfig, events: entry.KvEvents) -> entry.Serving:
+    try:  # off the event loop
+        engine = await asyncio.to_thread(start_engine, cfg.worker.model_dir, cfg.engine_args, cfg.limits)
+    except Exception as e:  # any failure to start is reported the same way
         raise EngineStartFailed(root_message(e)) from e
-    engine = VllmOmniEngine(omni, loop, cfg.limits, prompt_counter(cfg.worker.model_dir), sampling_params_list(omni))
 
     async def close() -> None:
         await asyncio.to_thread(engine.close)
