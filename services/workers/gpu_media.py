@@ -140,11 +140,12 @@ def _limits(args: Any, errors: list[str]) -> MediaLimits:
     return limits
 
 
-def require(package: str, engine: str, install: str) -> None:
-    """The engine's package imports here and a CUDA GPU is visible, or ``Unavailable`` with one line.
+def require(package: str, engine: str, install: str, entry_module: str = "") -> None:
+    """The engine's package imports here (its ``entry_module`` too, with whatever extra it needs) and a CUDA
+    GPU is visible, or ``Unavailable`` with one line.
 
-    Both engines run their diffusion models on GPUs only (their CPU paths lack the kernels), so a
-    worker without one would load for minutes and then fail inside the engine.
+    Both engines run their diffusion models on GPUs only (their native models are CUDA ones), so a worker
+    without one would load for minutes and then fail inside the engine.
     """
     try:
         found = importlib.util.find_spec(package) is not None
@@ -152,6 +153,11 @@ def require(package: str, engine: str, install: str) -> None:
         found = False
     if not found:
         raise entry.Unavailable(f"{engine} is not installed in this environment ({install})")
+    if entry_module:
+        try:
+            importlib.import_module(entry_module)
+        except ImportError as e:
+            raise entry.Unavailable(f"{engine} does not import in this environment: {e} ({install})") from None
     try:
         import torch
     except ImportError:

@@ -27,7 +27,8 @@ DESCRIPTION = "SGLang's diffusion serving (sglang.multimodal_gen, GPUs only) beh
 
 def prepare(cfg: GpuMediaConfig) -> GpuMediaConfig:
     require("sglang.multimodal_gen", "SGLang's diffusion serving",
-            "use an image built FROM SGLang's, deploy/docker/Dockerfile.sglang")
+            "sglang==0.5.23 with its `diffusion` extra, on a GPU machine",
+            entry_module="sglang.multimodal_gen.runtime.entrypoints.diffusion_generator")
     return cfg
 
 

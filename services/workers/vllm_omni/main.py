@@ -28,7 +28,8 @@ DESCRIPTION = "vLLM-Omni's diffusion serving (vllm_omni.AsyncOmni, GPUs only) be
 
 
 def prepare(cfg: GpuMediaConfig) -> GpuMediaConfig:
-    require("vllm_omni", "vLLM-Omni", "pip install vllm-omni==0.30.0 next to vllm==0.30.*, on a GPU machine")
+    require("vllm_omni", "vLLM-Omni", "vllm-omni==0.30.0 next to vllm 0.30, on a GPU machine",
+            entry_module="vllm_omni.entrypoints.async_omni")
     return cfg
 
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,3 +99,25 @@ def test_sglangs_diffusion_package_has_no_abort_to_call():
 
     names = {name.lower() for name in dir(control)} | {name.lower() for name in dir(DiffGenerator)}
     assert not any("abort" in name or "cancel" in name for name in names), sorted(names)
+
+
+def test_the_worker_command_imports_sglangs_diffusion_here_and_stops_at_the_missing_gpu(tmp_path):
+    # The one line a CPU machine with SGLang gets: the engine imported, no GPU (the CLI as `meshfront` runs it).
+    runner = Path(__file__).with_name("with_torchvision_stub.py")
+    proc = subprocess.run([sys.executable, str(runner), "meshfront", "sglang-diffusion", "--model-dir", str(tmp_path),
+                           "--media", "image"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "sglang-diffusion: SGLang's diffusion serving runs on NVIDIA GPUs only and none is visible here; "
+        "`meshfront diffusers` serves the same model directories on a CPU")
+
+
+def test_without_the_diffusion_extras_imports_the_worker_says_what_is_missing(tmp_path):
+    # No stand-in here: torchvision, which SGLang's diffusion entry point imports, is missing in this environment.
+    proc = subprocess.run([sys.executable, "-c", "from services.cli import main; main()", "sglang-diffusion",
+                           "--model-dir", str(tmp_path), "--media", "image"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "sglang-diffusion: SGLang's diffusion serving does not import in this environment: No module named "
+        "'torchvision' (sglang==0.5.23 with its `diffusion` extra, on a GPU machine)")

@@ -19,15 +19,16 @@ import pytest
 
 from services.models.tiny_diffusion import build_tiny_diffusion
 
-RUNNER = Path(__file__).with_name("run_diffusion_check.py")
+RUNNER = Path(__file__).with_name("with_torchvision_stub.py")
+CHECK = Path(__file__).resolve().parents[3] / "tools" / "gpu_media_check.py"
 
 
 @pytest.fixture(scope="module")
 def check_lines(tmp_path_factory) -> list[dict]:
     # Its own copy: built with this environment's diffusers, which is not the mesh's.
     model_dir = build_tiny_diffusion(tmp_path_factory.mktemp("tiny-diffusion")) / "text-to-image"
-    proc = subprocess.run([sys.executable, str(RUNNER), "--engine", "sglang-diffusion", "--model-dir", str(model_dir)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, str(RUNNER), str(CHECK), "--engine", "sglang-diffusion",
+                           "--model-dir", str(model_dir)], capture_output=True, text=True, timeout=600)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return lines
