@@ -304,3 +304,9 @@ def test_an_installed_engine_without_a_gpu_is_unavailable():
     assert not torch.cuda.is_available()  # this machine and CI: CPU only
     with pytest.raises(Unavailable, match="runs on NVIDIA GPUs only and none is visible here"):
         require("json", "An engine", "")  # a package that is there
+
+
+def test_an_engine_whose_entry_point_does_not_import_names_the_missing_module():
+    with pytest.raises(Unavailable, match=r"An engine does not import in this environment: No module named "
+                                          r"'json.no_such_part' \(its extra\)"):
+        require("json", "An engine", "its extra", entry_module="json.no_such_part")
