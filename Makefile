@@ -37,6 +37,7 @@ lint: $(STAMP)
 test: lint engine-env
 	$(BIN)/pytest $(PYTEST_ARGS)
 	.venv-vllm/bin/python $(ENGINE_ENV_PYTEST) tests/engine_env/vllm $(PYTEST_ARGS)
+	.venv-vllm/bin/python $(ENGINE_ENV_PYTEST) tests/engine_env/vllm_omni $(PYTEST_ARGS)
 	.venv-sglang/bin/python $(ENGINE_ENV_PYTEST) tests/engine_env/sglang $(PYTEST_ARGS)
 
 # Run at a release: later proto changes must stay wire- and JSON-compatible with this snapshot.

@@ -21,6 +21,8 @@ COMMANDS = {
     "hf": "services.workers.hf",
     "vllm": "services.workers.vllm",
     "sglang": "services.workers.sglang",
+    "sglang-diffusion": "services.workers.sglang_diffusion",
+    "vllm-omni": "services.workers.vllm_omni",
     "embed": "services.workers.embed",
     "diffusers": "services.workers.diffusers",
     "build-model": "services.models",

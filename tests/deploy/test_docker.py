@@ -88,7 +88,8 @@ def _pinned_version(package: str) -> str:
     return pins[0].strip()
 
 
-DOCKERFILES = [MESH_DOCKERFILE, *(engine_dockerfile(kind) for kind in ENGINE_IMAGES)]
+MEDIA_DOCKERFILE = DOCKER / "Dockerfile.diffusers"
+DOCKERFILES = [MESH_DOCKERFILE, *(engine_dockerfile(kind) for kind in ENGINE_IMAGES), MEDIA_DOCKERFILE]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
@@ -179,3 +180,52 @@ def test_documented_build_tags_are_the_images_the_manifests_run(kind):
     images = {c["image"] for d in manifests if d and d["kind"] == "Deployment"
               for c in d["spec"]["template"]["spec"]["containers"]}
     assert image in images, images
+
+
+# -- the media worker image (meshfront diffusers: the mesh's own pins, torch first) ----------------------------
+
+def _makefile_torch_pin() -> str:
+    (pin,) = re.findall(r"pip install -q (torch==[0-9.]+)", (ROOT / "Makefile").read_text())
+    return pin
+
+
+def test_the_media_image_installs_the_makefiles_torch_then_the_lock():
+    installs = pip_installs(MEDIA_DOCKERFILE)
+    assert installs[0][0] == _makefile_torch_pin(), installs  # torch first, as `make venv` does
+    assert installs[1] == ["-r", "requirements/lock.txt"], installs
+    assert "requirements/lock.txt" in copy_sources(MEDIA_DOCKERFILE)
+    meshfront = [args for args in installs if "." in args]
+    assert len(meshfront) == 1 and "--no-deps" in meshfront[0], installs
+    lock = (ROOT / "requirements" / "lock.txt").read_text().splitlines()
+    assert any(line.startswith("diffusers==") for line in lock) and any(line.startswith("av==") for line in lock)
+    # The torch index is a build argument, so one Dockerfile makes the CUDA image and the CPU one.
+    assert "--index-url ${TORCH_INDEX}" in " ".join(of(MEDIA_DOCKERFILE, "RUN"))
+    assert any(a.startswith("TORCH_INDEX=") for a in of(MEDIA_DOCKERFILE, "ARG"))
+
+
+def test_the_media_image_runs_the_diffusers_worker_unprivileged():
+    assert "diffusers" in COMMANDS
+    assert [json.loads(e) for e in of(MEDIA_DOCKERFILE, "ENTRYPOINT")] == [["meshfront"]]
+    assert [json.loads(c) for c in of(MEDIA_DOCKERFILE, "CMD")] == [["diffusers", "--help"]]
+    runs = " ".join(of(MEDIA_DOCKERFILE, "RUN"))
+    assert "meshfront diffusers --help" in runs and "import diffusers, torch, av," in runs
+    # The manifests' runAsUser.
+    assert of(MEDIA_DOCKERFILE, "USER") == ["65532:65532"]
+    manifests = [d for d in yaml.safe_load_all((ROOT / "deploy" / "k8s" / "components" / "media-worker" /
+                                                 "worker-diffusers.yaml").read_text()) if d]
+    for d in manifests:
+        if d["kind"] == "Deployment":
+            assert d["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 65532
+
+
+def test_the_media_images_documented_tag_is_the_one_its_manifests_run():
+    image = f"{IMAGE}-diffusers:0.1.0"
+    command = f"docker build -f deploy/docker/Dockerfile.diffusers -t {image} ."
+    assert command in MEDIA_DOCKERFILE.read_text()
+    readme = {" ".join(line.split()) for line in (DOCKER / "README.md").read_text().splitlines()}
+    assert command in readme, f"deploy/docker/README.md lacks `{command}`"
+    manifests = yaml.safe_load_all((ROOT / "deploy" / "k8s" / "components" / "media-worker" / "worker-diffusers.yaml")
+                                   .read_text())
+    images = {c["image"] for d in manifests if d and d["kind"] == "Deployment"
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {image}, images

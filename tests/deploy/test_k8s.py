@@ -34,6 +34,9 @@ SCALED = {"envoy", "gateway", "preprocessor", "router", "postprocessor"}
 PORTS = {"gateway": 9100, "preprocessor": 9200, "router": 9300, "postprocessor": 9400, "mocker": 9500}
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")  # gRPC probes are GA since 1.27
 GPU_WORKER = K8S / "components" / "gpu-worker"
+MEDIA_WORKER = K8S / "components" / "media-worker"
+# The media workers of components/media-worker: all run `meshfront diffusers`; the device each is for.
+MEDIA_WORKERS = {"worker-diffusers": "cpu", "worker-diffusers-gpu": "cuda"}
 # The engine workers of components/gpu-worker and the `meshfront` command each runs.
 GPU_WORKERS = {"worker-vllm": "vllm", "worker-sglang": "sglang"}
 # Engine flags the worker sets itself and refuses from its user (services/workers/<kind>/config.py).
@@ -426,3 +429,96 @@ def test_envoy_configmap_is_generated_and_boots_in_validate_mode(tmp_path):
     envoy = next(w for w in workloads(with_component(K8S / "components" / "tls")) if w["metadata"]["name"] == "envoy")
     args = envoy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["-c", "/etc/envoy/envoy-tls.yaml"]
+
+
+# -- components/media-worker: `meshfront diffusers` on CPUs (with an HPA) and on a GPU ---------------------------
+
+def media_workers() -> dict[str, dict]:
+    found = {w["metadata"]["name"]: w for w in workloads(with_component(MEDIA_WORKER))
+             if w["metadata"]["name"] in MEDIA_WORKERS}
+    assert found.keys() == MEDIA_WORKERS.keys()
+    return found
+
+
+def parse_diffusers_args(container: dict, tmp_path: pathlib.Path):
+    """The container's arguments through the diffusers worker's own parser and checks, with its model
+    directory (on the volume, absent here) swapped for a stand-in that has what the parser reads."""
+    from services.workers.diffusers.config import parse_config
+
+    args = list(container["args"])
+    model_dir = args[args.index("--model-dir") + 1]
+    stand_in = tmp_path / "model"
+    (stand_in / "tokenizer").mkdir(parents=True, exist_ok=True)
+    (stand_in / "tokenizer" / "tokenizer_config.json").write_text('{"model_max_length": 77}')
+    args[args.index("--model-dir") + 1] = str(stand_in)
+    return model_dir, parse_config(args, env=env_of(container))
+
+
+@pytest.mark.parametrize("name", sorted(MEDIA_WORKERS))
+def test_media_workers_run_the_diffusers_worker_with_flags_it_accepts(name, tmp_path):
+    worker = media_workers()[name]
+    (c,) = containers(worker)
+    assert c["command"] == ["meshfront", "diffusers"] and "diffusers" in COMMANDS
+    assert c["image"].rsplit(":", 1)[0] == f"{IMAGE}-diffusers", c["image"]
+    model_dir, cfg = parse_diffusers_args(c, tmp_path)
+    assert model_dir.startswith("/models/") and model_dir.rstrip("/") != "/models", model_dir
+    assert cfg.worker.model_name and cfg.device == MEDIA_WORKERS[name]
+    assert cfg.worker.host == "0.0.0.0" and cfg.worker.advertise_host == "$(POD_IP)" and cfg.worker.register
+    pod_ip = next(e for e in c["env"] if e["name"] == "POD_IP")
+    assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    headless = {(s["metadata"]["name"], p["port"]) for s in base_resources() if s["kind"] == "Service"
+                and s["spec"].get("clusterIP") == "None" for p in s["spec"]["ports"]}
+    nats = re.fullmatch(r"nats://([a-z0-9-]+)\.meshfront\.svc\.cluster\.local:(\d+)", cfg.worker.nats_url)
+    assert nats and (nats[1], int(nats[2])) in headless, cfg.worker.nats_url
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert cfg.worker.port == ports["grpc"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == cfg.worker.port, probe
+    annotations = worker["spec"]["template"]["metadata"]["annotations"]
+    assert cfg.worker.metrics_port == ports["metrics"] == int(annotations["prometheus.io/port"]) == 9090
+    # Jobs may finish while the worker drains: the pod's grace covers the worker's.
+    assert worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > cfg.worker.drain_grace_s
+    assert env_of(c)["HF_HUB_OFFLINE"] == "1"
+    help_text = _help("diffusers")
+    for env in env_of(c):
+        if env.startswith("MESHFRONT_"):
+            assert f"[env {env};" in help_text, f"{name}: {env} is no flag's twin"
+
+
+def test_media_workers_read_models_from_their_own_volume(tmp_path):
+    resources = with_component(MEDIA_WORKER)
+    claims = {r["metadata"]["name"] for r in resources if r["kind"] == "PersistentVolumeClaim"}
+    assert "meshfront-media-models" in claims
+    for name, worker in media_workers().items():
+        (c,) = containers(worker)
+        assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+        volume = next(v for v in worker["spec"]["template"]["spec"]["volumes"] if v["name"] == "models")
+        assert volume == {"name": "models", "persistentVolumeClaim": {"claimName": "meshfront-media-models",
+                                                                     "readOnly": True}}, name
+
+
+def test_the_cpu_media_worker_scales_on_cpu_with_threads_that_fit_its_limit(tmp_path):
+    worker = media_workers()["worker-diffusers"]
+    (c,) = containers(worker)
+    _, cfg = parse_diffusers_args(c, tmp_path)
+    # torch would otherwise start a thread per core of the node and be throttled to the pod's limit.
+    assert cfg.threads == int(c["resources"]["limits"]["cpu"]) == int(c["resources"]["requests"]["cpu"])
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    hpas = [r for r in with_component(MEDIA_WORKER) if r["kind"] == "HorizontalPodAutoscaler"
+            and r["spec"]["scaleTargetRef"]["name"] == "worker-diffusers"]
+    (hpa,) = hpas
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+    assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+
+
+def test_the_gpu_media_worker_asks_for_a_gpu_and_frees_it_before_a_new_pod():
+    worker = media_workers()["worker-diffusers-gpu"]
+    spec = worker["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert worker["spec"]["strategy"]["type"] == "Recreate"
+    assert worker["spec"]["replicas"] == 0  # optional: scaled up where the cluster has GPUs
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 10 * 60

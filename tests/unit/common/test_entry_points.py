@@ -16,7 +16,7 @@ from services import cli
 pytestmark = pytest.mark.unit
 
 SERVICES = ["gateway", "preprocessor", "router", "postprocessor", "allinone"]
-WORKERS = ["mocker", "hf", "embed", "vllm", "sglang", "diffusers"]
+WORKERS = ["mocker", "hf", "embed", "vllm", "sglang", "diffusers", "sglang-diffusion", "vllm-omni"]
 
 
 @pytest.fixture

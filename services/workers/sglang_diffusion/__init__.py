@@ -1,0 +1,1 @@
+"""`meshfront sglang-diffusion`: SGLang diffusion serving (sglang.multimodal_gen) as a media engine."""
