@@ -21,10 +21,11 @@ import orjson
 from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 
-from services.common.discovery import CHAT, COMPLETIONS, ModelCard, WorkerCard, WorkerRegistry
+from services.common.discovery import CHAT, COMPLETIONS, PREFILL, ModelCard, WorkerCard, WorkerRegistry
 from services.common.errors import InvalidRequest, MeshError
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess
+from services.gateway.core.trace import RouteHints
 from services.gateway.openai.request import parse_chat, parse_completion
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ POLL_S = 0.05
 WARM_PROMPT = " ".join(["Every stage of the mesh handles one request of ordinary size before it serves."] * 16)
 WARM_TOKENS = 8
 _NO_OPTIONS = common_pb2.PostprocessOptions()  # a warm-up asks for no tools and the default interval
+_NO_HINTS = RouteHints()
 WARM_MIN_CONTEXT = 1024  # a model with a smaller (or unknown) window gets the one-token "Hi" instead
 
 
@@ -88,19 +90,21 @@ class Warmup:
         self._started.add(worker_id)
         if card.model.is_embedding:
             return  # its one stage besides the worker (the preprocessor's tokenizer) warms itself
-        task = asyncio.get_running_loop().create_task(self._warm(worker_id, card.model),
+        task = asyncio.get_running_loop().create_task(self._warm(worker_id, card.model, card.role == PREFILL),
                                                       name=f"warm-{worker_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _warm(self, worker_id: str, model: ModelCard) -> None:
+    async def _warm(self, worker_id: str, model: ModelCard, prefill: bool) -> None:
         started = time.monotonic()
+        # A prefill worker runs only prefill legs: pinned as the prefill worker, the router picks the decode one.
+        pin, hints = ("", RouteHints(prefill_worker_id=worker_id)) if prefill else (worker_id, _NO_HINTS)
         deadline = started + self._deadline_s
         kinds = [kind for kind in (CHAT, COMPLETIONS) if model.serves(kind)]
         while kinds:
             try:
                 # Pinned: each worker's own channels (postprocessor -> worker) open now too.
-                async for _ in self._pipeline.run([_request(model, kinds[0])], 1, worker_id, options=_NO_OPTIONS):
+                async for _ in self._pipeline.run([_request(model, kinds[0])], 1, pin, hints, options=_NO_OPTIONS):
                     pass
                 log.info("worker %s (%s) warm in %.0f ms", worker_id, model.name,
                          (time.monotonic() - started) * 1000)

@@ -64,7 +64,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="meshfront run", description=__doc__)
     p.add_argument("--http-port", type=int, default=8000, help="Envoy's HTTP and gRPC port")
-    p.add_argument("--workers", type=int, default=2, help="mocker workers serving the demo model")
+    p.add_argument("--workers", type=int, default=None,
+                   help="workers serving the model whole (default 2; 0 with --prefill-workers or --decode-workers)")
+    p.add_argument("--prefill-workers", type=int, default=0,
+                   help="workers that only prefill (--disaggregation-mode prefill): the router splits requests between "
+                        "them and the decode workers (docs/architecture.md, 'Disaggregated prefill and decode')")
+    p.add_argument("--decode-workers", type=int, default=0,
+                   help="workers that decode (--disaggregation-mode decode): split requests' second leg, and those "
+                        "the router keeps aggregated")
     p.add_argument("--worker-kind", choices=("mocker", "hf", "vllm"), default="mocker",
                    help="vllm runs the real engine from its own environment (.venv-vllm, created on first use)")
     p.add_argument("--engine-args", default=None,
@@ -123,6 +130,7 @@ def _check_shape(args: argparse.Namespace) -> None:
                          "own")
     if args.embedding_workers < 0:
         raise ValueError("--embedding-workers must be >= 0")
+    _check_roles(args)
     if args.crash_window_s <= 0 or args.crash_limit < 1:
         raise ValueError("--crash-window-s must be positive and --crash-limit at least 1")
     if args.engine_args is not None and args.worker_kind not in ENGINES:
@@ -130,6 +138,29 @@ def _check_shape(args: argparse.Namespace) -> None:
     if args.metrics_prefix:
         check_prefix(args.metrics_prefix)
         args.gateway_flag.append(f"--metrics-prefix={args.metrics_prefix}")
+
+
+def _check_roles(args: argparse.Namespace) -> None:
+    """Worker counts by role; --workers defaults to none beside disaggregated ones."""
+    disaggregated = args.prefill_workers or args.decode_workers
+    if args.workers is None:
+        args.workers = 0 if disaggregated else 2
+    if min(args.workers, args.prefill_workers, args.decode_workers) < 0:
+        raise ValueError("--workers, --prefill-workers and --decode-workers must be >= 0")
+    if disaggregated and args.worker_kind == "hf":
+        raise ValueError("--prefill-workers and --decode-workers need a worker kind that can run one leg of a "
+                         "request (mocker, vllm), not hf")
+    if args.prefill_workers and not (args.decode_workers or args.workers):
+        raise ValueError("--prefill-workers needs a worker that decodes: --decode-workers or --workers")
+
+
+def _generating_workers(args: argparse.Namespace, model_dir: str, extra: tuple[str, ...]) -> list[WorkerSpec]:
+    """Whole-request workers, then prefill and decode ones (the same flags plus their --disaggregation-mode)."""
+    spec = WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)
+    return [spec] * args.workers + [
+        dataclasses.replace(spec, extra=(*extra, "--disaggregation-mode", mode))
+        for mode, count in (("prefill", args.prefill_workers), ("decode", args.decode_workers))
+        for _ in range(count)]
 
 
 def _check_files(args: argparse.Namespace) -> None:
@@ -200,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"meshfront run: {e}; or run without embeddings: --embedding-workers 0", file=sys.stderr, flush=True)
         return 1
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
-                    workers=[WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)] * args.workers
-                    + embedding_workers,
+                    workers=_generating_workers(args, model_dir, extra) + embedding_workers,
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
                     service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES},
@@ -242,7 +272,7 @@ def _embedding_workers(args: argparse.Namespace) -> list[WorkerSpec]:
 
 def _placement(args: argparse.Namespace) -> dict:
     """The plan's fixed ports (9100 gateways, 9500 workers, ...), or free ones with --free-ports."""
-    workers = args.workers + args.embedding_workers
+    workers = args.workers + args.prefill_workers + args.decode_workers + args.embedding_workers
     ports: dict = {"gateway_ports": [9100 + i for i in range(args.gateways)],
                    "worker_ports": [9500 + i for i in range(workers)]}
     if args.free_ports:

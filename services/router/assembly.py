@@ -30,10 +30,12 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
     kv = KvSettings(overlap_weight=cfg.kv_overlap_weight, temperature=cfg.router_temperature,
                     hotspot_ratio=cfg.hotspot_ratio, ttl_s=cfg.router_ttl_secs)
     router = Router(registry.workers_for, build_policy(cfg.router_mode, kv, ingest),
-                    busy=BusyThreshold(cfg.max_in_flight_per_worker), queue_timeout_s=cfg.queue_timeout_s)
+                    busy=BusyThreshold(cfg.max_in_flight_per_worker), queue_timeout_s=cfg.queue_timeout_s,
+                    disagg=cfg.disagg)
     registry.subscribe(router.on_worker_change)
     metrics = RouterMetrics(registry=metrics_registry, ingest=ingest, policy_stats=router.policy.stats,
-                            queued=router.queue.depths, sessions=lambda: len(router.sessions))
+                            queued=router.queue.depths, sessions=lambda: len(router.sessions),
+                            disagg_decisions=router.disagg.decisions)
     router.listeners.append(metrics)
     built = Built(router, parts={"ingest": ingest, "events": None, "sync": None, "metrics": metrics})
     if ingest is not None:

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
+from services.router.core.conditional import DisaggSettings, parse_settings
 from services.router.core.policies import POLICY_NAMES
 
 DEFAULT_PORT = 9300
@@ -32,6 +33,15 @@ class RouterConfig:
     tls_key: str = ""
     tls_ca: str = ""
     drain_grace_s: float = 10.0
+    router_conditional_disagg: bool = False
+    router_conditional_disagg_config: str = ""
+    enforce_disagg: bool = False
+
+    @property
+    def disagg(self) -> DisaggSettings:
+        """Disaggregation settings (core/conditional.py); ``validate`` has checked them."""
+        return parse_settings(self.router_conditional_disagg, self.router_conditional_disagg_config,
+                              self.enforce_disagg)
 
     def validate(self) -> None:
         """Raises ValueError listing every invalid setting, whichever policy is chosen: a value that
@@ -49,6 +59,10 @@ class RouterConfig:
             errors.append(f"--hotspot-ratio {self.hotspot_ratio:g} must be >= 1 (a multiple of a fair share)")
         if self.router_ttl_secs <= 0:
             errors.append(f"--router-ttl-secs {self.router_ttl_secs:g} must be > 0")
+        try:
+            _ = self.disagg
+        except ValueError as e:
+            errors.append(str(e))
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -75,6 +89,16 @@ def add_flags(p: Flags) -> None:
     p.add("--max-in-flight-per-worker", default=0, type=int,
           help="in-flight requests (booked by this router) that make a worker busy; when every worker "
                "of a model is busy, requests fail fast with 503 / RESOURCE_EXHAUSTED (0 = no limit)")
+    p.add("--router-conditional-disagg", default=False, type=bool,
+          help="with prefill workers: a request may run aggregated on its decode worker instead of split, as "
+               "--router-conditional-disagg-config decides (Dynamo's flag)")
+    p.add("--router-conditional-disagg-config", default="",
+          help="JSON object (Dynamo's keys): policy isl_bounding|prefill_load|isl_or_load, eff_isl_threshold "
+               "(2048), eff_isl_ratio_threshold (0.7), prefill_busy_threshold, decode_busy_threshold; and "
+               "max_local_prefill_length (0: off). docs/architecture.md, 'Disaggregated prefill and decode'")
+    p.add("--enforce-disagg", default=False, type=bool,
+          help="never run a request aggregated for want of a prefill worker (none registered, all busy or "
+               "excluded): fail it with 503 instead (Dynamo's flag)")
     p.add("--queue-timeout-s", default=0.0, type=float,
           help="with --max-in-flight-per-worker: how long a request may wait for a busy model, served in "
                "priority order (nvext.agent_hints.priority), before the 503 (0 = fail at once)")

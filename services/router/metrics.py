@@ -55,7 +55,7 @@ class RouterMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None, ingest: KvEventIngest | None = None,
                  policy_stats: dict[str, int] | None = None, queued: Callable[[], dict[str, int]] | None = None,
-                 sessions: Callable[[], int] | None = None):
+                 sessions: Callable[[], int] | None = None, disagg_decisions: dict[str, int] | None = None):
         self.registry = registry or CollectorRegistry()
         self.totals = PredictionTotals()
         self._open: dict[str, int] = {}  # request id -> predicted cached tokens
@@ -76,7 +76,7 @@ class RouterMetrics:
                                buckets=(-1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024), registry=r)
         self.lag = Histogram(f"{_PREFIX}_kv_event_lag_seconds", "Publish-to-receive delay of KV event messages",
                              buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1, 5), registry=r)
-        r.register(_LiveCollector(ingest, self, policy_stats, queued, sessions))
+        r.register(_LiveCollector(ingest, self, policy_stats, queued, sessions, disagg_decisions))
 
     def on_lifecycle(self, event: LifecycleEvent, remote: bool = False) -> None:
         """Counts our own decisions; keeps every replica's predictions, so that whichever replica
@@ -121,8 +121,10 @@ class _LiveCollector:
     """Reads live counters at scrape time (no bookkeeping on the event path)."""
 
     def __init__(self, ingest: KvEventIngest | None, metrics: RouterMetrics, policy_stats: dict[str, int] | None,
-                 queued: Callable[[], dict[str, int]] | None = None, sessions: Callable[[], int] | None = None):
+                 queued: Callable[[], dict[str, int]] | None = None, sessions: Callable[[], int] | None = None,
+                 disagg_decisions: dict[str, int] | None = None):
         self._ingest = ingest
+        self._disagg_decisions = disagg_decisions
         self._metrics = metrics
         self._policy_stats = policy_stats
         self._queued = queued
@@ -137,6 +139,12 @@ class _LiveCollector:
         yield queued
         yield GaugeMetricFamily(f"{_PREFIX}_sessions", "Sticky sessions this replica remembers",
                                 value=self._sessions() if self._sessions else 0)
+        decisions = CounterMetricFamily(f"{_PREFIX}_disagg_decisions", "Requests this replica routed, by why they "
+                                        "were split into a prefill and a decode leg or kept aggregated (disagg.py)",
+                                        labels=["reason"])
+        for reason, n in (self._disagg_decisions or {}).items():
+            decisions.add_metric([reason], n)
+        yield decisions
         for name, value in (self._policy_stats or {}).items():
             yield CounterMetricFamily(f"{_PREFIX}_kv_{name}", f"kv policy {name} (see policies/kv_aware.py)",
                                       value=value)

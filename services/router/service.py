@@ -8,16 +8,17 @@ from collections.abc import Callable, Sequence
 
 from meshfront.router.v1 import router_pb2
 
-from services.common.discovery import WorkerCard
+from services.common.discovery import PREFILL, WorkerCard
 from services.common.errors import ModelNotFound, NoWorkers, Overloaded
 from services.common.overload import BusyThreshold
 from services.router.core.bookings import Bookings
+from services.router.core.conditional import DisaggSettings
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent, LifecycleListener
 from services.router.core.policies import DEFAULT_MODE, Policy, build_policy
-from services.router.core.policies.direct import check_pin
 from services.router.core.sessions import SessionAffinity
 from services.router.core.types import Candidate, Decision, RouteQuery
 from services.router.core.wait_queue import WaitQueue
+from services.router.disagg import Disagg, Shape, check_pins, is_prefill_leg, prefill_leg_id
 
 log = logging.getLogger(__name__)
 WorkerLookup = Callable[[str], Sequence[WorkerCard]]
@@ -30,12 +31,15 @@ class Router:
     """
 
     def __init__(self, workers_for: WorkerLookup, policy: Policy | None = None,
-                 busy: BusyThreshold | None = None, queue_timeout_s: float = 0.0):
+                 busy: BusyThreshold | None = None, queue_timeout_s: float = 0.0,
+                 disagg: DisaggSettings | None = None):
         self._workers_for = workers_for
         self.policy = policy or build_policy(DEFAULT_MODE)
         self._pinned = build_policy("direct")
         self.bookings = Bookings()
         self.busy = busy or BusyThreshold()
+        # Which requests run as a prefill and a decode leg, on which pair (disagg.py).
+        self.disagg = Disagg(disagg or DisaggSettings(), self.policy, self.busy)
         # The policy hears every booking change first (kv keeps per-request load beside the bookings);
         # then the metrics and the replica sync, which the assembly appends. See core/lifecycle.py.
         self.listeners: list[LifecycleListener] = [self.policy]
@@ -56,7 +60,8 @@ class Router:
         if not cards:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
         return [Candidate(c.worker_id, c.address, self.bookings.in_flight(c.worker_id),
-                          self.bookings.prompt_tokens(c.worker_id)) for c in cards]
+                          self.bookings.prompt_tokens(c.worker_id), c.role, c.model.block_size,
+                          c.total_kv_blocks, c.max_num_batched_tokens) for c in cards]
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         # Earlier requests' first tokens and endings come first: they free what this one may take.
@@ -91,38 +96,70 @@ class Router:
             self.queue.drain(model, self._route_now)
 
     def _route_now(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
-        """Chooses and books a worker now, or raises (Overloaded when every worker is busy)."""
+        """Chooses and books a worker (or a prefill and a decode worker) now, or raises (Overloaded when
+        every worker is busy)."""
         every = self._candidates(req.model)
-        if req.worker_id and req.worker_id not in req.exclude_worker_ids:
-            # Against every worker, before busy ones drop out: a wrong pin is a 400. A pinned worker that
-            # failed this request (migration) may have left: that is a 503 from Direct, not the client's mistake.
-            check_pin(req.worker_id, req.model, every)
-        candidates = self._admissible(every, req)
-        query = RouteQuery(req.request_id, req.model, tuple(req.block_hashes), req.prompt_tokens, req.worker_id)
-        sticky = self.sessions.worker_for(req.session_id) if req.session_id and not req.worker_id else None
-        if sticky is not None and self.queue_timeout_s > 0 and sticky not in req.exclude_worker_ids \
-                and all(c.worker_id != sticky for c in candidates) and any(c.worker_id == sticky for c in every):
-            # The session's worker is busy and requests may wait: wait for it (its KV holds the session).
-            raise Overloaded(f"The worker of session {req.session_id!r} is busy.", code="overloaded")
-        if sticky is not None and any(c.worker_id == sticky for c in candidates):
-            decision = Decision(sticky)
-        else:
-            # A pin wins in every mode (as in Dynamo); 'direct' only differs in requiring one.
-            policy = self._pinned if req.worker_id else self.policy
-            decision = policy.choose(candidates, query)
+        # Against every worker, before busy ones drop out: a wrong pin is a 400. A pinned worker that failed
+        # this request (migration) may have left: that is a 503 from Direct, not the client's mistake.
+        check_pins(req, every)
+        serving = [c for c in every if c.role != PREFILL]  # those that decode: decode and both workers
+        if not serving:
+            raise NoWorkers(f"No worker that decodes serves `{req.model}`: only prefill workers do.")
+        candidates = self._admissible(serving, req)
+        decode_pin = req.decode_worker_id or req.worker_id
+        query = RouteQuery(req.request_id, req.model, tuple(req.block_hashes), req.prompt_tokens, decode_pin)
+        decision = self._choose(req, query, serving, candidates, self.disagg.plain_decode(every, req))
         chosen = next((c for c in candidates if c.worker_id == decision.worker_id), None)
         if chosen is None:
             raise NoWorkers(f"routing policy chose unknown worker {decision.worker_id}")
-        block_size = self._block_size(req.model, chosen.worker_id)
-        self.apply(LifecycleEvent(BOOK, req.request_id, chosen.worker_id, req.model, query.block_hashes,
-                                  req.prompt_tokens, decision.overlap_blocks,
-                                  min(req.prompt_tokens, decision.overlap_blocks * block_size),
-                                  session_id=req.session_id, session_action=req.session_action,
+        shape = self.disagg.shape(req, every, chosen, decision.overlap_blocks)
+        self._book(req, query, shape)
+        response = router_pb2.RouteResponse(worker_id=chosen.worker_id, address=chosen.address,
+                                            overlap_blocks=shape.decode_overlap,
+                                            report_first_token=self.policy.wants_first_token,
+                                            reads_first_token_reports=True, disaggregation_reason=shape.reason)
+        if shape.prefill is not None:
+            response.prefill_worker_id, response.prefill_address = shape.prefill.worker_id, shape.prefill.address
+            response.prefill_overlap_blocks = shape.prefill_overlap
+            response.report_first_token = True  # the first token ends the prefill leg's booking
+        return response
+
+    def _choose(self, req: router_pb2.RouteRequest, query: RouteQuery, serving: list[Candidate],
+                candidates: list[Candidate], plain_decode: bool) -> Decision:
+        """The (decode) worker: the pinned one, the session's, or the policy's (decode load alone when the
+        request will be split unconditionally: see Disagg.plain_decode)."""
+        pin = query.pinned_worker_id
+        sticky = self.sessions.worker_for(req.session_id) if req.session_id and not pin else None
+        if sticky is not None and self.queue_timeout_s > 0 and sticky not in req.exclude_worker_ids \
+                and all(c.worker_id != sticky for c in candidates) and any(c.worker_id == sticky for c in serving):
+            # The session's worker is busy and requests may wait: wait for it (its KV holds the session).
+            raise Overloaded(f"The worker of session {req.session_id!r} is busy.", code="overloaded")
+        if sticky is not None and any(c.worker_id == sticky for c in candidates):
+            return Decision(sticky)
+        if pin:  # a pin wins in every mode (as in Dynamo); 'direct' only differs in requiring one
+            return self._pinned.choose(candidates, query)
+        if plain_decode:
+            return Decision(self.disagg.least_decode_load(candidates).worker_id)
+        return self.policy.choose(candidates, query)
+
+    def _book(self, req: router_pb2.RouteRequest, query: RouteQuery, shape: Shape) -> None:
+        """Books the request on its worker, and a split request's prefill leg on its prefill worker."""
+        leg = prefill_leg_id(req.request_id)
+        if leg in self.bookings:  # routed again (a migration): the old pair's prefill leg is over
+            self.apply(LifecycleEvent(FREE, leg))
+        decode, prefill, prompt = shape.decode, shape.prefill, req.prompt_tokens
+        if prefill is None:
+            overlap, predicted = shape.decode_overlap, min(prompt, shape.decode_overlap * decode.block_size)
+        else:
+            # The decode worker receives the whole prompt by transfer: no prefill load there. The first-token
+            # report (the prefill leg's) measures the prefill worker's cache: the prediction it scores is that one.
+            overlap, predicted = len(query.block_hashes), min(prompt, shape.prefill_overlap * prefill.block_size)
+        self.apply(LifecycleEvent(BOOK, req.request_id, decode.worker_id, req.model, query.block_hashes, prompt,
+                                  overlap, predicted, session_id=req.session_id, session_action=req.session_action,
                                   session_timeout_s=req.session_timeout_s))
-        return router_pb2.RouteResponse(worker_id=chosen.worker_id, address=chosen.address,
-                                        overlap_blocks=decision.overlap_blocks,
-                                        report_first_token=self.policy.wants_first_token,
-                                        reads_first_token_reports=True)
+        if prefill is not None:  # booked with the tokens it computes: the prefill queue others are weighed by
+            self.apply(LifecycleEvent(BOOK, leg, prefill.worker_id, req.model, query.block_hashes,
+                                      prompt - predicted, shape.prefill_overlap, predicted))
 
     def _admissible(self, candidates: list[Candidate], req: router_pb2.RouteRequest) -> list[Candidate]:
         """Drops workers a migrating request already failed on, then busy ones (Overloaded if none is left)."""
@@ -169,8 +206,9 @@ class Router:
             self.sessions.on_release(event.request_id)
         for listener in self.listeners:
             listener.on_lifecycle(event, remote)
+        if event.kind != BOOK and not is_prefill_leg(event.request_id):
+            leg = prefill_leg_id(event.request_id)
+            if leg in self.bookings:  # a split request's first token or end: its prefill leg is over
+                self.apply(LifecycleEvent(FREE, leg), remote)
         if event.kind == FREE:
             self._drain_queue()  # a worker may have room for whoever waits longest (or most urgently)
-
-    def _block_size(self, model: str, worker_id: str) -> int:
-        return next((c.model.block_size for c in self._workers_for(model) if c.worker_id == worker_id), 16)

@@ -145,7 +145,8 @@ async def serve(kind: WorkerKind[Any, P], prepared: P) -> None:
 async def _serve_registered(serving: Serving) -> None:
     worker, server = serving.worker, serving.server
     serve_metrics(worker.metrics_port, worker.host)
-    worker_metrics()  # every documented name from the first scrape, not the first request
+    metrics = worker_metrics()  # every documented name from the first scrape, not the first request
+    metrics.info.labels(serving.card.role, serving.card.kind, serving.card.model.name).set(1)
     registrar: Registrar | None = None
     if worker.register:
         registrar = Registrar(worker.nats_url, serving.card)

@@ -12,6 +12,9 @@ from prometheus_client import Counter, Gauge, Histogram
 class WorkerMetrics:
     requests: Counter
     in_flight: Gauge
+    # 1, labelled by what the card says: a query joins on it to split any worker series by role
+    # (prefill, decode, both), kind or model, whatever the scraper's own labels.
+    info: Gauge
 
 
 @functools.cache  # once per process: tests build several workers, and names register once
@@ -20,6 +23,8 @@ def worker_metrics() -> WorkerMetrics:
     return WorkerMetrics(
         requests=Counter(f"{p}requests", "Sequences by outcome (finished, aborted, rejected, failed)", ["outcome"]),
         in_flight=Gauge(f"{p}inflight_requests", "Sequences being generated or waiting"),
+        info=Gauge(f"{p}info", "1 per worker process: its role in disaggregated serving, kind and model",
+                   ["role", "kind", "model"]),
     )
 
 

@@ -210,18 +210,18 @@ def test_session_stickiness_across_requests(client):
     assert len(keyed) == 1
 
 
-def test_ignored_disaggregated_fields_are_named_in_a_header(client):
+def test_ignored_data_parallel_and_engine_fields_are_named_in_a_header(client):
     r = client.chat.completions.with_raw_response.create(
         model=DEMO, messages=ask("Say hello"), extra_headers={"x-dp-rank": "0"},
-        extra_body={"nvext": {"prefill_worker_id": 7, "decode_worker_id": "w", "dp_rank": 0,
+        extra_body={"nvext": {"dp_rank": 0,
                               "prefill_dp_rank": 1, "agent_hints": {"osl": 100, "speculative_prefill": True},
                               "request_timestamp_ms": 1.5, "use_raw_prompt": False,
                               "extra_fields": ["routed_experts"], "max_thinking_tokens": 32,
                               "greed_sampling": True}})
     assert r.status_code == 200
     ignored = [f.strip() for f in r.headers["x-meshfront-ignored-fields"].split(",")]
-    assert ignored == ["nvext.use_raw_prompt", "nvext.extra_fields[routed_experts]", "nvext.prefill_worker_id",
-                       "nvext.decode_worker_id", "nvext.dp_rank", "nvext.prefill_dp_rank",
+    assert ignored == ["nvext.use_raw_prompt", "nvext.extra_fields[routed_experts]", "nvext.dp_rank",
+                       "nvext.prefill_dp_rank",
                        "nvext.request_timestamp_ms", "nvext.agent_hints.osl",
                        "nvext.agent_hints.speculative_prefill", "x-dp-rank"]
     assert r.parse().choices[0].message.content.startswith("Hello")

@@ -8,6 +8,8 @@ Every field Dynamo defines is accepted with its type checked. What applies to a 
   SSE events before the first chunk (and under ``nvext`` in a non-streamed body); all are
   forwarded to the worker, as Dynamo does;
 - ``backend_instance_id`` pins the worker, and with it ``token_data`` is the prompt (no template);
+- ``prefill_worker_id`` (header ``x-prefill-instance-id``) and ``decode_worker_id`` pin the workers of a
+  disaggregated request (the router checks their roles: docs/architecture.md, "Disaggregated prefill and decode");
 - ``max_thinking_tokens`` travels to the worker as the request's thinking budget;
 - ``extra_fields``: ``worker_id`` and ``timing`` in the response's ``nvext``;
 - ``agent_hints.priority`` (or the deprecated ``latency_sensitivity``): seconds the request jumps
@@ -15,8 +17,8 @@ Every field Dynamo defines is accepted with its type checked. What applies to a 
 - ``session_control``: ``session_id`` is a sticky routing key; ``action: close`` ends the session
   when the request finishes; ``timeout`` is its idle life in seconds.
 
-What only means something with disaggregated prefill/decode or another engine feature
-(``prefill_worker_id``, ``decode_worker_id``, ``dp_rank``, ``prefill_dp_rank``,
+What only means something with data-parallel ranks or another engine feature
+(``dp_rank``, ``prefill_dp_rank``,
 ``agent_hints.osl``, ``agent_hints.speculative_prefill``, ``request_timestamp_ms``,
 ``use_raw_prompt``, ``extra_fields: routed_experts``, other annotation names) is accepted and
 named in the response header ``x-meshfront-ignored-fields``, never a 400.
@@ -43,10 +45,10 @@ MAX_ANNOTATION_CHARS = 256
 DEFAULT_SESSION_TIMEOUT_S = 300
 # Worker ids are uint64s (Dynamo's form) or short names; anything longer is not an id.
 MAX_PIN_CHARS = 128
-# Dynamo's disaggregated pins and data-parallel ranks, and the headers that set them.
-_DISAGG_PINS = ("prefill_worker_id", "decode_worker_id")
+# Dynamo's data-parallel ranks and the headers that set them (accepted, not honoured).
 _DISAGG_RANKS = ("dp_rank", "prefill_dp_rank")
-DISAGG_HEADERS = ("x-prefill-instance-id", "x-dp-rank", "x-prefill-dp-rank")
+DISAGG_HEADERS = ("x-dp-rank", "x-prefill-dp-rank")
+PREFILL_PIN_HEADER = "x-prefill-instance-id"
 
 
 @dataclasses.dataclass
@@ -56,6 +58,8 @@ class NvExt:
     greedy: bool = False
     annotations: tuple[str, ...] = ()  # every requested name, forwarded to the worker
     worker_id: str = ""  # backend_instance_id
+    prefill_worker_id: str = ""  # prefill_worker_id, or the x-prefill-instance-id header
+    decode_worker_id: str = ""
     token_data: list[int] | None = None
     max_thinking_tokens: int | None = None
     extra_fields: tuple[str, ...] = ()  # the honoured ones
@@ -165,9 +169,9 @@ def parse_nvext(raw: dict[str, Any] | None, headers: dict[str, str]) -> NvExt:
                                  param="nvext.extra_fields")
     out.extra_fields = tuple(n for n in dict.fromkeys(extra) if n in EXTRA_FIELDS)
     out.ignored += [f"nvext.extra_fields[{n}]" for n in dict.fromkeys(extra) if n in IGNORED_EXTRA_FIELDS]
-    for key in _DISAGG_PINS:
-        if worker_pin(ext, key):
-            out.ignored.append(f"nvext.{key}")
+    body_pin, header_pin = worker_pin(ext, "prefill_worker_id"), headers.get(PREFILL_PIN_HEADER)
+    out.prefill_worker_id = _check_pin_text(header_pin, "nvext.prefill_worker_id") if header_pin else body_pin
+    out.decode_worker_id = worker_pin(ext, "decode_worker_id")
     for key in _DISAGG_RANKS:
         if ext.int(key, UINT32) is not None:
             out.ignored.append(f"nvext.{key}")

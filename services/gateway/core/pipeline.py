@@ -85,7 +85,8 @@ class Pipeline:
             request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
             prompt_tokens=len(req.token_ids), worker_id=worker_id, session_id=hints.session_id,
             session_action=hints.session_action, session_timeout_s=hints.session_timeout_s,
-            priority_jump_s=hints.priority_jump_s))
+            priority_jump_s=hints.priority_jump_s, prefill_worker_id=hints.prefill_worker_id,
+            decode_worker_id=hints.decode_worker_id))
         gen.worker_address, gen.worker_id = route.address, route.worker_id
         # Disaggregated: the prefill leg's worker (empty for an aggregated request).
         gen.prefill_worker_address, gen.prefill_worker_id = route.prefill_address, route.prefill_worker_id

@@ -20,6 +20,9 @@ class RouteHints:
     session_action: str = ""
     session_timeout_s: int = 0
     priority_jump_s: float = 0.0
+    # Disaggregated pins (nvext.prefill_worker_id / x-prefill-instance-id, nvext.decode_worker_id).
+    prefill_worker_id: str = ""
+    decode_worker_id: str = ""
 
 
 @dataclasses.dataclass

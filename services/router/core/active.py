@@ -79,6 +79,10 @@ class ActiveRequests:
         return WorkerLoad(self._in_flight.get(worker_id, 0), len(self._blocks.get(worker_id, ())),
                           self._prefill.get(worker_id, 0))
 
+    def workers(self) -> list[str]:
+        """Workers running at least one request."""
+        return list(self._blocks)
+
     def shared_prefix(self, worker_id: str, seq_hashes: Sequence[int]) -> int:
         """Leading blocks of a prompt that requests running on the worker already hold."""
         blocks = self._blocks.get(worker_id)

@@ -44,6 +44,9 @@ class Bookings:
         for request_id in [r for r, b in self._by_request.items() if b.worker_id == worker_id]:
             self.release(request_id)
 
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._by_request
+
     def in_flight(self, worker_id: str) -> int:
         return self._in_flight.get(worker_id, 0)
 

@@ -13,6 +13,12 @@ class Candidate:
     address: str
     in_flight: int = 0
     booked_prompt_tokens: int = 0
+    # From the worker's card: its part in disaggregated serving (prefill, decode, both) and capacity
+    # (0: not reported), which the pair choice and conditional disaggregation read (disagg.py).
+    role: str = "both"
+    block_size: int = 16
+    total_kv_blocks: int = 0
+    max_num_batched_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -150,17 +150,36 @@ def test_session_from_prompt_cache_key_unless_nvext_names_one():
     assert parse_chat(chat(prompt_cache_key="p", nvext={"session_control": {"session_id": "s"}})).session_id == "s"
 
 
-def test_disaggregated_and_engine_only_fields_are_listed_as_ignored():
+def test_data_parallel_and_engine_only_fields_are_listed_as_ignored():
     req = parse_chat(chat(nvext={"prefill_worker_id": "p", "decode_worker_id": 3, "dp_rank": 0,
                                  "prefill_dp_rank": 4294967295, "agent_hints": {"osl": 9, "speculative_prefill": False},
                                  "request_timestamp_ms": 0, "use_raw_prompt": True,
                                  "annotations": ["query_instance_id:x"], "extra_fields": ["routed_experts"]}),
-                     {"x-prefill-instance-id": "p"})
+                     {"x-prefill-instance-id": "p", "x-dp-rank": "1"})
     assert req.nvext.ignored == [
         "nvext.use_raw_prompt", "nvext.annotations[query_instance_id:x]", "nvext.extra_fields[routed_experts]",
-        "nvext.prefill_worker_id", "nvext.decode_worker_id", "nvext.dp_rank", "nvext.prefill_dp_rank",
-        "nvext.request_timestamp_ms", "nvext.agent_hints.osl", "nvext.agent_hints.speculative_prefill",
-        "x-prefill-instance-id"]
+        "nvext.dp_rank", "nvext.prefill_dp_rank", "nvext.request_timestamp_ms", "nvext.agent_hints.osl",
+        "nvext.agent_hints.speculative_prefill", "x-dp-rank"]
+
+
+def test_disaggregated_pins_are_honoured_the_header_over_the_body():
+    req = parse_chat(chat(nvext={"prefill_worker_id": "p", "decode_worker_id": 3}))
+    assert (req.nvext.prefill_worker_id, req.nvext.decode_worker_id, req.nvext.ignored) == ("p", "3", [])
+    req = parse_chat(chat(nvext={"prefill_worker_id": "p"}), {"x-prefill-instance-id": "h"})
+    assert req.nvext.prefill_worker_id == "h"
+    assert parse_chat(chat(), {"x-prefill-instance-id": "h"}).nvext.prefill_worker_id == "h"
+
+
+@pytest.mark.parametrize(("nvext", "headers", "param"), [
+    ({"prefill_worker_id": True}, {}, "nvext.prefill_worker_id"),
+    ({"decode_worker_id": -1}, {}, "nvext.decode_worker_id"),
+    ({"decode_worker_id": "x" * 200}, {}, "nvext.decode_worker_id"),
+    ({}, {"x-prefill-instance-id": "x" * 200}, "nvext.prefill_worker_id"),
+])
+def test_a_malformed_disaggregated_pin_is_a_400_naming_it(nvext, headers, param):
+    with pytest.raises(InvalidRequest) as e:
+        parse_chat(chat(nvext=nvext), headers)
+    assert e.value.param == param
 
 
 def test_unknown_annotation_names_are_header_safe():

@@ -7,12 +7,16 @@ import asyncio
 
 import pytest
 
-from services.common.discovery import ModelCard, WorkerCard
+from services.common.discovery import BOTH, DECODE, PREFILL, ModelCard, WorkerCard
 from services.common.errors import InvalidRequest, NoWorkers
 from services.gateway import warmup as warmup_module
+from services.gateway.core.trace import RouteHints
 from services.gateway.warmup import Warmup
 
 pytestmark = pytest.mark.unit
+
+
+NO_HINTS = RouteHints()
 
 
 class Registry:
@@ -25,8 +29,8 @@ class Registry:
     def subscribe(self, listener) -> None:
         self.listeners.append(listener)
 
-    def register(self, worker_id: str, model: str = "m", endpoints=("chat", "completions")) -> None:
-        card = WorkerCard(worker_id, "127.0.0.1:1", ModelCard(model, "/m", endpoints=endpoints))
+    def register(self, worker_id: str, model: str = "m", endpoints=("chat", "completions"), role=BOTH) -> None:
+        card = WorkerCard(worker_id, "127.0.0.1:1", ModelCard(model, "/m", endpoints=endpoints), role=role)
         for listener in self.listeners:
             listener(worker_id, card)
 
@@ -36,13 +40,15 @@ class Pipeline:
 
     def __init__(self, failures=()) -> None:
         self.calls: list[tuple[str, str]] = []  # (worker pinned, prompt kind)
+        self.prefill_pins: list[str] = []
         self.gate = asyncio.Event()
         self.gate.set()
         self.failures = list(failures)
 
-    async def run(self, requests, n, worker_id="", *, options):
+    async def run(self, requests, n, worker_id="", hints=NO_HINTS, *, options):
         [req] = requests
         self.calls.append((worker_id, req.WhichOneof("prompt")))
+        self.prefill_pins.append(hints.prefill_worker_id)
         await self.gate.wait()
         if self.failures:
             raise self.failures.pop(0)
@@ -108,3 +114,15 @@ def test_the_warm_up_request_has_an_ordinary_size_where_the_window_allows(contex
     assert (completion.text == warmup_module.WARM_PROMPT) is ordinary
     max_tokens = warmup_module.WARM_TOKENS if ordinary else 1
     assert chat.request.stop.max_tokens == completion.request.stop.max_tokens == max_tokens
+
+
+async def test_a_prefill_worker_warms_pinned_as_the_prefill_worker():
+    """A prefill worker never runs a request whole: pinned by backend_instance_id, the router would refuse it."""
+    registry, pipeline = Registry(), Pipeline()
+    w = Warmup(pipeline, registry)
+    registry.register("p1", role=PREFILL)
+    registry.register("d1", role=DECODE)
+    registry.synced.set()
+    await asyncio.wait_for(w.run(), 2)
+    assert sorted(zip(pipeline.calls, pipeline.prefill_pins, strict=True)) == [
+        (("", "messages_json"), "p1"), (("d1", "messages_json"), "")]

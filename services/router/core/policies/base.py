@@ -34,6 +34,13 @@ class Policy(Protocol):
     def drop_worker(self, worker_id: str) -> None:
         """The worker left discovery: forget what the policy holds for it."""
 
+    def overlaps(self, local_hashes: Sequence[int]) -> dict[str, int]:
+        """Leading prompt blocks each worker is expected to hold (kv: its index and running requests);
+        what the disaggregated pair choice weighs (services/router/disagg.py). Empty when unknown."""
+
+    def active_blocks(self, worker_id: str) -> int | None:
+        """KV blocks the worker's running requests hold (kv), or None when the policy does not track them."""
+
 
 class Stateless:
     """For policies whose choice depends only on the candidates: nothing to track."""
@@ -49,3 +56,9 @@ class Stateless:
 
     def drop_worker(self, worker_id: str) -> None:
         pass
+
+    def overlaps(self, local_hashes: Sequence[int]) -> dict[str, int]:
+        return {}
+
+    def active_blocks(self, worker_id: str) -> int | None:
+        return None

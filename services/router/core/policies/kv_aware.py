@@ -92,6 +92,20 @@ class KvAware:
         self._count(candidates, eligible, overlaps, expected)
         return Decision(pick.worker_id, expected)
 
+    def overlaps(self, local_hashes: Sequence[int]) -> dict[str, int]:
+        """Per worker, the prompt's leading blocks it caches or its running requests hold (as ``choose`` counts
+        them): what the disaggregated pair choice weighs across both pools."""
+        if self.approximate is not None:
+            self.approximate.expire()
+        found = dict(self.index.find_matches(local_hashes)) if local_hashes else {}
+        seq = tuple(sequence_hashes(local_hashes))
+        for w in self.active.workers():
+            found[w] = max(found.get(w, 0), self.active.shared_prefix(w, seq))
+        return found
+
+    def active_blocks(self, worker_id: str) -> int:
+        return max(self.active.load(worker_id).active_blocks, self._reported_blocks(worker_id))
+
     def _count(self, candidates, eligible, overlaps: dict[str, int], expected: int) -> None:
         self.stats["decisions"] += 1
         best = max(overlaps.values(), default=0)
