@@ -12,6 +12,7 @@ from services.common.discovery import WorkerRegistry
 from services.common.warmup import warm_each_new_model
 from services.postprocessor.config import PostprocessorConfig
 from services.postprocessor.core.parsers.backends import load_chat_processor
+from services.postprocessor.kv_release import GrpcKvReleaser
 from services.postprocessor.migration import Migrator, RouterClient
 from services.postprocessor.mux_client import MuxWorkerClient
 from services.postprocessor.router_client import GrpcRouterClient
@@ -33,8 +34,10 @@ def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.Mesh
         router = grpc_router
         closers.append(grpc_router.close)
     workers = MuxWorkerClient(tls)
+    releaser = GrpcKvReleaser(tls)
     postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit),
-                                  idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor)
+                                  idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor,
+                                  kv_releaser=releaser)
     closers.append(warm_each_new_model(registry, postprocessor.warm))
-    return Built(postprocessor, closers=[postprocessor.close, workers.close, *closers],
+    return Built(postprocessor, closers=[postprocessor.close, workers.close, releaser.close, *closers],
                  parts={"workers": workers, "router": router})

@@ -38,8 +38,11 @@ RETRIABLE = (WorkerFailed, Overloaded)
 class WorkerRoute:
     """Where one attempt runs."""
 
-    worker_id: str
+    worker_id: str  # the worker that decodes (the only one of an aggregated request)
     address: str
+    # Disaggregated (docs/architecture.md, "Disaggregated prefill and decode"): the prefill leg's worker.
+    prefill_worker_id: str = ""
+    prefill_address: str = ""
 
 
 class RouterClient(Protocol):
@@ -115,4 +118,4 @@ class Migrator:
         self.migrations += 1
         log.info("request %s migrates from %s to %s after %d tokens (%s)", request.request_id, failed[-1] or "?",
                  route.worker_id, generated, error.message)
-        return WorkerRoute(route.worker_id, route.address)
+        return WorkerRoute(route.worker_id, route.address, route.prefill_worker_id, route.prefill_address)

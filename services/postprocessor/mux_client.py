@@ -66,7 +66,8 @@ def _chunk_error(status: status_pb2.Status, address: str) -> MeshError:
     err = from_status_proto(status)
     if isinstance(err, (WorkerFailed, Draining, Cancelled, Internal)):
         log.warning("worker %s failed a sequence: %s", address, err.message)
-        return WorkerFailed(f"worker failed ({err.reason})")
+        # The param survives: kv_transfer_params says a decode leg's prefill worker, not this one, failed.
+        return WorkerFailed(f"worker failed ({err.reason})", param=err.param)
     return err
 
 

@@ -44,6 +44,7 @@ from services.postprocessor.core.parsers.output import SingleToolCall
 from services.postprocessor.core.parsers.types import concat
 from services.postprocessor.core.sequence import Delta, FinishReason, SequenceDecoder
 from services.postprocessor.core.tokenizers_cache import ModelTokenizer, TokenizerCache, TokenizerLoadError
+from services.postprocessor.disagg_legs import DisaggLegs, KvReleaser
 from services.postprocessor.idle_watch import IdleWatch
 from services.postprocessor.metrics import postprocessor_metrics
 from services.postprocessor.migration import Migrator, WorkerRoute, continuation, guided
@@ -183,17 +184,26 @@ class Postprocessor:
             frozen (SIGSTOP, a wedged host: the connection stays open) and the stream fails over
             like a dead one. Decoding emits every few ms; only the prefill may legitimately take
             long, and it is not timed. 0 disables.
+        kv_releaser: frees what a prefill worker holds for a decode leg that will not come (disagg_legs.py);
+            by default a ``kv_release.GrpcKvReleaser`` this object owns.
     """
 
     def __init__(self, workers: WorkerClient | None = None, tokenizers: TokenizerCache | None = None,
                  migrator: Migrator | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-                 chat_processor: ChatProcessor | None = None):
+                 chat_processor: ChatProcessor | None = None, kv_releaser: KvReleaser | None = None):
         self._owned_client = None
         if workers is None:
             from services.postprocessor.mux_client import MuxWorkerClient  # keeps gRPC out of this module
 
             workers = self._owned_client = MuxWorkerClient()
         self._workers = workers
+        # Disaggregated requests free what a prefill worker holds for a decode leg that will not come.
+        self._owned_releaser = None
+        if kv_releaser is None:
+            from services.postprocessor.kv_release import GrpcKvReleaser
+
+            kv_releaser = self._owned_releaser = GrpcKvReleaser()
+        self._kv_releaser = kv_releaser
         self._tokenizers = tokenizers or TokenizerCache()
         self.migrator = migrator or Migrator(None, 0)
         self._idle = IdleWatch(idle_timeout_s) if idle_timeout_s else None
@@ -205,6 +215,8 @@ class Postprocessor:
             await self._idle.close()
         if self._owned_client is not None:
             await self._owned_client.close()
+        if self._owned_releaser is not None:
+            await self._owned_releaser.close()
 
     async def generate(
             self, req: postprocessor_pb2.GenerateRequest) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
@@ -221,7 +233,8 @@ class Postprocessor:
         decoder = SequenceDecoder(model.tokenizer, convert.sequence_options(req.request))
         texts = model.texts if req.request.output.HasField("logprobs") else None
         builder = _ResponseBuilder(decoder, texts, output_parser(req.options, self._chat_processor, req.request))
-        route, request, failed = WorkerRoute(req.worker_id, req.worker_address), req.request, []
+        route = WorkerRoute(req.worker_id, req.worker_address, req.prefill_worker_id, req.prefill_worker_address)
+        request, failed = req.request, []
         if req.HasField("resume"):
             request = _resume(req, builder)
         moved_to = ""  # after a migration: the new worker, told to the caller with the next response
@@ -230,7 +243,13 @@ class Postprocessor:
         outcome = "cancelled"  # unless it finishes or fails: the caller went away
         try:
             while True:
-                attempt = self._attempt(route.address, request, builder, req.options.stream_interval)
+                legs = None
+                if route.prefill_address:  # disaggregated: a prefill leg, then a decode leg (disagg_legs.py)
+                    legs = self._legs(req.options.stream_interval, builder)
+                    attempt = legs.run(route, request, builder.build, lambda: decoder.generated_ids,
+                                       lambda: decoder.finish is not None)
+                else:
+                    attempt = self._attempt(route.address, request, builder, req.options.stream_interval)
                 try:
                     async for response in attempt:
                         if moved_to:
@@ -240,7 +259,7 @@ class Postprocessor:
                     return
                 except MeshError as e:
                     metrics.worker_failures.labels(e.reason).inc()
-                    failed.append(route.worker_id)
+                    failed.append(legs.blamed if legs is not None else route.worker_id)
                     outcome = "failed"
                     route = await self.migrator.next_route(req.request, failed, e, len(decoder.generated_ids))
                     moved_to = route.worker_id
@@ -253,14 +272,22 @@ class Postprocessor:
             metrics.in_flight.dec()
             metrics.streams.labels(outcome).inc()
 
+    def _legs(self, stream_interval: int, builder: _ResponseBuilder) -> DisaggLegs:
+        return DisaggLegs(self._workers.generate,
+                          lambda address, request, call: self._attempt(address, request, builder, stream_interval,
+                                                                       call),
+                          self._kv_releaser)
+
     async def _attempt(self, address: str, request: common_pb2.PreprocessedRequest, builder: _ResponseBuilder,
-                       stream_interval: int = 1) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
-        """Runs ``request`` on one worker, feeding ``builder``; ends when the sequence finished.
+                       stream_interval: int = 1, call: WorkerCall | None = None,
+                       ) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
+        """Runs ``request`` on one worker, feeding ``builder``; ends when the sequence finished. ``call``: one
+        already opened for ``request`` (a decode leg's, started while its prefill leg's token went out).
 
         Worker messages are built into a response as they come, or, with a ``stream_interval`` above 1,
         once that many tokens are gathered (the first response, a finish and a failure never wait).
         """
-        call = self._workers.generate(address, worker_pb2.GenerateRequest(request=request))
+        call = call or self._workers.generate(address, worker_pb2.GenerateRequest(request=request))
         held: list[worker_pb2.GenerateResponse] = []  # worker messages not yet built into a response
         held_tokens = 0  # their token count, kept as they come (summing them per batch was 10 % of a profile)
         watched = None  # the prefill is not timed: the watch starts with the first tokens

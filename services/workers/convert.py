@@ -5,8 +5,9 @@ The only module of the worker glue that knows both worlds.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
+import orjson
 from meshfront.common.v1 import common_pb2
 from meshfront.worker.v1 import worker_pb2
 
@@ -61,7 +62,26 @@ def request_from_proto(request: worker_pb2.GenerateRequest) -> EngineRequest:
         guided=guided_from_proto(r.sampling),
         media=tuple(MediaInput(m.modality, m.url, m.data, m.format) for m in r.media),
         max_thinking_tokens=_opt(stop, "max_thinking_tokens"),
+        kv_transfer_params=transfer_params_from_proto(r),
     )
+
+
+def transfer_params_from_proto(r: common_pb2.PreprocessedRequest) -> dict[str, Any] | None:
+    """A leg's ``kv_transfer_params`` as vLLM takes them; None for an aggregated request. A prefill leg that
+    brought none asks for a remote decode, as vLLM's ``{"do_remote_decode": true}`` does."""
+    role = r.disaggregation.role
+    if role == common_pb2.DISAGGREGATION_ROLE_UNSPECIFIED:
+        return None
+    raw = r.disaggregation.kv_transfer_params
+    try:
+        params = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        params = None
+    if not isinstance(params, dict):
+        raise InvalidRequest("disaggregation.kv_transfer_params must be a JSON object", param="kv_transfer_params")
+    if role == common_pb2.DISAGGREGATION_ROLE_PREFILL:
+        params.setdefault("do_remote_decode", True)
+    return params
 
 
 def guided_from_proto(s: common_pb2.SamplingOptions) -> GuidedDecoding | None:
@@ -84,6 +104,8 @@ def output_to_proto(output: EngineOutput) -> worker_pb2.GenerateResponse:
     if output.prompt_tokens is not None:
         response.prompt_tokens = output.prompt_tokens
         response.cached_tokens = output.cached_tokens or 0
+    if output.kv_transfer_params is not None:
+        response.kv_transfer_params = orjson.dumps(output.kv_transfer_params)
     if output.logprobs:
         response.logprobs.extend(
             common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,

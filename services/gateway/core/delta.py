@@ -39,8 +39,11 @@ class Delta:
     cached_tokens: int = 0
     # Set on a choice's first delta: its prompt counts once per prompt, not per choice.
     counts_prompt: bool = False
-    # Set when the choice moved to another worker (migration): that worker's id.
+    # Set when the choice moved to another worker (migration): that worker's id; also on a disaggregated
+    # choice's first decoded output, the decode worker's, with the prefill worker and the transfer time.
     worker_id: str = ""
+    prefill_worker_id: str = ""
+    kv_transfer_ms: float = 0.0
 
 
 def tool_call_chunk(call: Any) -> dict[str, Any]:

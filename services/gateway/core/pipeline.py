@@ -91,7 +91,7 @@ class Pipeline:
         # Disaggregated: the prefill leg's worker (empty for an aggregated request).
         gen.prefill_worker_address, gen.prefill_worker_id = route.prefill_address, route.prefill_worker_id
         if trace is not None:
-            trace.on_routed(index, route.worker_id, route.queue_depth)
+            trace.on_routed(index, route.worker_id, route.queue_depth, route.prefill_worker_id)
         return _RoutedChoice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token,
                        not route.reads_first_token_reports)
 
@@ -119,7 +119,8 @@ class Pipeline:
                     if trace is not None:
                         for delta in deltas:
                             trace.on_output(delta.prompt_tokens if delta.counts_prompt else 0, delta.cached_tokens,
-                                            delta.finish_reason is not None, delta.index, delta.worker_id)
+                                            delta.finish_reason is not None, delta.index, delta.worker_id,
+                                            delta.prefill_worker_id, delta.kv_transfer_ms)
                     yield deltas
             else:
                 live = total
@@ -128,7 +129,7 @@ class Pipeline:
                         for d in batch:
                             live -= d.finish_reason is not None
                             trace.on_output(d.prompt_tokens if d.counts_prompt else 0, d.cached_tokens, not live,
-                                            d.index, d.worker_id)
+                                            d.index, d.worker_id, d.prefill_worker_id, d.kv_transfer_ms)
                     yield batch
         finally:
             for c in choices:
@@ -155,10 +156,13 @@ class Pipeline:
         prompt_tokens = resp.prompt_tokens
         first = prompt_tokens > 0
         tool_calls, logprobs = resp.tool_calls, resp.logprobs
-        return Delta(index, resp.text, resp.reasoning_text, list(tool_calls) if tool_calls else (),
-                     list(logprobs) if logprobs else (), FINISH.get(resp.finish_reason), resp.stop_reason,
-                     resp.completion_tokens, (prompt_tokens or prompt_len) if first else 0,
-                     resp.cached_tokens if first else 0, counts_prompt and first, resp.worker_id)
+        delta = Delta(index, resp.text, resp.reasoning_text, list(tool_calls) if tool_calls else (),
+                      list(logprobs) if logprobs else (), FINISH.get(resp.finish_reason), resp.stop_reason,
+                      resp.completion_tokens, (prompt_tokens or prompt_len) if first else 0,
+                      resp.cached_tokens if first else 0, counts_prompt and first, resp.worker_id)
+        if delta.worker_id:  # rare (a migration, a decode leg's start): only then are these read
+            delta.prefill_worker_id, delta.kv_transfer_ms = resp.prefill_worker_id, resp.kv_transfer_ms
+        return delta
 
     async def _merge(self, choices: list[_RoutedChoice]) -> AsyncIterator[list[Delta]]:
         """Runs every choice's stream at once and yields whatever is ready, across choices."""

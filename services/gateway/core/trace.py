@@ -37,6 +37,9 @@ class RequestTrace:
     received_unix_ms: float = dataclasses.field(default_factory=lambda: time.time() * 1000)
     prompts: list[TracedPrompt] = dataclasses.field(default_factory=list)
     workers: dict[int, str] = dataclasses.field(default_factory=dict)  # choice index -> worker id
+    # Disaggregated choices: choice index -> the prefill leg's worker (workers[] is then the decode worker).
+    prefill_workers: dict[int, str] = dataclasses.field(default_factory=dict)
+    kv_transfer_ms: float | None = None  # disaggregated: prefill leg's end to the decode leg's first tokens
     routed: float | None = None  # the first choice routed
     queue_depth: int = 0
     first_token: float | None = None
@@ -44,18 +47,26 @@ class RequestTrace:
     prompt_tokens: int = 0
     cached_tokens: int = 0
 
-    def on_routed(self, index: int, worker_id: str, queue_depth: int) -> None:
+    def on_routed(self, index: int, worker_id: str, queue_depth: int, prefill_worker_id: str = "") -> None:
         self.workers[index] = worker_id
+        if prefill_worker_id:
+            self.prefill_workers[index] = prefill_worker_id
         if self.routed is None:
             self.routed = time.monotonic()
             self.queue_depth = queue_depth
 
     def on_output(self, prompt_tokens: int, cached_tokens: int, finished: bool, index: int = 0,
-                  moved_to: str = "") -> None:
-        """A choice's output arrived; ``moved_to``: the worker it migrated to, if it just did."""
+                  moved_to: str = "", prefill_worker: str = "", transfer_ms: float = 0.0) -> None:
+        """A choice's output arrived; ``moved_to``: the worker it migrated to, if it just did, or its decode
+        worker, with ``prefill_worker`` and ``transfer_ms``, on a disaggregated choice's first decoded output."""
         now = time.monotonic()
         if moved_to:
             self.workers[index] = moved_to
+            if prefill_worker:
+                self.prefill_workers[index] = prefill_worker
+                self.kv_transfer_ms = round(transfer_ms, 3)
+            else:  # migrated to an aggregated worker: it did the prefill too
+                self.prefill_workers.pop(index, None)
         if self.first_token is None:
             self.first_token = now
         if prompt_tokens:
@@ -79,4 +90,5 @@ class RequestTrace:
             "total_time_ms": ms(self.received, end),
             "kv_hit_rate": round(self.cached_tokens / self.prompt_tokens, 6) if self.prompt_tokens else None,
             "router_queue_depth": self.queue_depth,
+            "kv_transfer_ms": self.kv_transfer_ms,  # null unless the request was disaggregated
         }

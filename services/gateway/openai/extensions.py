@@ -54,7 +54,7 @@ class ResponseExtensions:
     def _worker(self, index: int) -> dict[str, str]:
         worker = self.trace.workers.get(index, "")
         # Aggregated serving: one worker runs prefill and decode.
-        return {"prefill_worker_id": worker, "decode_worker_id": worker}
+        return {"prefill_worker_id": self.trace.prefill_workers.get(index, worker), "decode_worker_id": worker}
 
     def chunk_nvext(self, index: int, first: bool, final: bool) -> dict[str, Any] | None:
         out: dict[str, Any] = {}

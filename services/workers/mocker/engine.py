@@ -125,8 +125,12 @@ class MockerEngine:
             stream.close()
             if not seq.finished:
                 self.scheduler.abort(seq)
-            elif seq.hold_on_finish and not handed_over and seq.transfer_handle:
-                self.holds.release(seq.transfer_handle)  # nobody learnt the handle: nobody will pull it
+            elif seq.transfer_handle:
+                if not handed_over:
+                    self.holds.release(seq.transfer_handle)  # nobody learnt the handle: nobody will pull it
+            elif seq.hold_on_finish:
+                # It finished in the step still being simulated; its blocks would be held when that ends.
+                self.scheduler.release_finished(seq)
 
     async def _pull(self, source: RemotePrefill, seq: Seq) -> tuple[list[StoredBlock], int]:
         """Takes the prefill worker's blocks (freeing them there) and waits out their transfer time; returns

@@ -94,6 +94,11 @@ class Scheduler:
             self._release_blocks(seq)
         seq.state = SeqState.FINISHED
 
+    def release_finished(self, seq: Sequence) -> None:
+        """Frees the blocks a finished sequence kept for a transfer (``hold_on_finish``) that will not happen."""
+        self._release_blocks(seq)
+        seq.hold_on_finish = False
+
     def abort_all(self) -> list[Sequence]:
         """Aborts everything (engine shutdown or failure) and returns what was aborted."""
         seqs = list(self.waiting) + list(self.running)

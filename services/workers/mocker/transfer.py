@@ -30,6 +30,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+import orjson
 from prometheus_client import Counter, Gauge
 
 from services.common.kv_events import StoredBlock
@@ -200,6 +201,18 @@ class KvHolds:
             return False
         self._end(handle, "released")
         return True
+
+    def release_params(self, raw: bytes) -> bool:
+        """``release`` for the transfer parameters as this worker handed them out (JSON bytes); False for
+        parameters that are not this worker's or name no hold."""
+        try:
+            params = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(params, dict) or params.get(REMOTE_ENGINE_ID) != self.worker_id:
+            return False
+        handle = params.get(REMOTE_HANDLE)
+        return isinstance(handle, str) and self.release(handle)
 
     def release_all(self) -> None:
         """Frees every hold (engine shutdown or reset)."""

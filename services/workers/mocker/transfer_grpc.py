@@ -37,8 +37,7 @@ class KvTransferServicer(kv_transfer_pb2_grpc.KvTransferServiceServicer):
 
     async def ReleaseKv(self, request: kv_transfer_pb2.ReleaseKvRequest,
                         context: grpc.aio.ServicerContext) -> kv_transfer_pb2.ReleaseKvResponse:
-        released = request.worker_id == self._holds.worker_id and self._holds.release(request.handle)
-        return kv_transfer_pb2.ReleaseKvResponse(released=released)
+        return kv_transfer_pb2.ReleaseKvResponse(released=self._holds.release_params(request.kv_transfer_params))
 
 
 def add_kv_transfer(server: grpc.aio.Server, holds: KvHolds) -> None:

@@ -23,12 +23,10 @@ class PullKvResponse(_message.Message):
     def __init__(self, num_tokens: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseKvRequest(_message.Message):
-    __slots__ = ("worker_id", "handle")
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
-    HANDLE_FIELD_NUMBER: _ClassVar[int]
-    worker_id: str
-    handle: str
-    def __init__(self, worker_id: _Optional[str] = ..., handle: _Optional[str] = ...) -> None: ...
+    __slots__ = ("kv_transfer_params",)
+    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    kv_transfer_params: bytes
+    def __init__(self, kv_transfer_params: _Optional[bytes] = ...) -> None: ...
 
 class ReleaseKvResponse(_message.Message):
     __slots__ = ("released",)

@@ -1,0 +1,180 @@
+"""A disaggregated request's two legs (services/postprocessor/disagg_legs.py) on two real mockers.
+
+Real pieces on loopback: a prefill mocker and a decode mocker as their processes build them (the worker
+server with its KvTransferService, the decode side's gRPC puller), and the real postprocessor with its
+multiplexed worker client and KV releaser. The route is given as the router would give it (the prefill
+worker next to the decode worker): the router's choice is tested with the router. The mocker is deterministic
+(pseudo-random mode), so a disaggregated answer must equal the aggregated one token for token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from meshfront.common.v1 import common_pb2
+from meshfront.postprocessor.v1 import postprocessor_pb2
+
+from services.postprocessor.service import Postprocessor
+from services.workers import entry
+from services.workers.mocker import main as mocker_main
+from services.workers.mocker.config import parse_config
+from services.workers.mocker.sequence import full_blocks
+from services.workers.mocker.transfer import transfer_metrics
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
+
+PROMPT = [151644, 872, 198, *range(1000, 1200), 151645, 198, 151644, 77091, 198]  # 210 tokens: 13 full blocks
+TOKENS = 40
+
+
+class Mocker:
+    def __init__(self, serving: entry.Serving, engine) -> None:
+        self.serving, self.engine = serving, engine
+        self.id, self.address = serving.card.worker_id, serving.card.address
+
+    @property
+    def busy(self) -> bool:
+        """Holds blocks (for a sequence or a transfer) or has work queued."""
+        return bool(self.engine.cache.active_blocks or self.engine.scheduler.has_work())
+
+
+@pytest.fixture
+async def mockers(demo_model_dir, monkeypatch):
+    """Start mockers with extra flags; each built as ``meshfront mocker`` builds itself."""
+    started: list[Mocker] = []
+    engines = []
+    real_build_engine = mocker_main.build_engine
+
+    def keep(*args, **kwargs):
+        engines.append(real_build_engine(*args, **kwargs))
+        return engines[-1]
+
+    monkeypatch.setattr(mocker_main, "build_engine", keep)
+
+    async def start(*flags: str) -> Mocker:
+        cfg = parse_config(["--model-dir", str(demo_model_dir), "--port", "0", "--no-register", *flags], env={})
+        serving = await mocker_main.build(cfg, entry.KvEvents())
+        serving.server.grace_s = 0
+        await serving.server.start()
+        started.append(Mocker(serving, engines[-1]))
+        return started[-1]
+
+    yield start
+    for m in started:
+        await m.serving.server.stop()
+        for close in m.serving.closers:
+            await close()
+
+
+@pytest.fixture
+async def post():
+    postprocessor = Postprocessor(idle_timeout_s=0)
+    yield postprocessor
+    await postprocessor.close()
+
+
+def request(demo_model_dir, decode: Mocker, prefill: Mocker | None = None,
+            tokens: int = TOKENS) -> postprocessor_pb2.GenerateRequest:
+    req = postprocessor_pb2.GenerateRequest(worker_address=decode.address, worker_id=decode.id)
+    if prefill is not None:
+        req.prefill_worker_address, req.prefill_worker_id = prefill.address, prefill.id
+    req.options.model_dir = str(demo_model_dir)
+    req.request.request_id = uuid.uuid4().hex
+    req.request.model = "demo"
+    req.request.token_ids.extend(PROMPT)
+    req.request.sampling.seed = 77
+    req.request.stop.max_tokens = tokens
+    req.request.stop.ignore_eos = True
+    return req
+
+
+async def collect(post: Postprocessor, req) -> list[postprocessor_pb2.GenerateResponse]:
+    return [r async for r in post.generate(req)]
+
+
+async def wait_idle(*mockers: Mocker, within_s: float = 0.2) -> float:
+    """Seconds until none of ``mockers`` holds anything; fails past ``within_s``."""
+    start = time.monotonic()
+    while any(m.busy for m in mockers):
+        assert time.monotonic() - start < within_s, [(m.id, m.engine.cache.active_blocks) for m in mockers]
+        await asyncio.sleep(0.005)
+    return time.monotonic() - start
+
+
+def pulled() -> float:
+    return transfer_metrics()[0].labels("pulled")._value.get()
+
+
+async def test_two_legs_answer_as_one_worker_does_and_the_decode_worker_has_the_prompt_cached(
+        demo_model_dir, mockers, post):
+    prefill, decode = await mockers("--speedup-ratio", "0"), await mockers("--speedup-ratio", "0")
+    want = await collect(post, request(demo_model_dir, prefill))  # aggregated, on either one
+    before = pulled()
+    got = await collect(post, request(demo_model_dir, decode, prefill))
+    assert "".join(r.text for r in got) == "".join(r.text for r in want)
+    assert [i for r in got for i in r.token_ids] == [i for r in want for i in r.token_ids]
+    assert sum(r.completion_tokens for r in got) == TOKENS and got[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    # The first response is the prefill leg's one token, with the usage; the decode leg's first names both workers.
+    assert got[0].completion_tokens == 1 and got[0].prompt_tokens == len(PROMPT)
+    assert (got[1].worker_id, got[1].prefill_worker_id) == (decode.id, prefill.id) and got[1].kv_transfer_ms > 0
+    # The blocks moved by one pull; the decode worker holds the prompt's blocks, the prefill worker holds nothing.
+    assert pulled() == before + 1
+    assert all(decode.engine.cache.contains(b.block_hash) for b in full_blocks(PROMPT, 16))
+    await wait_idle(prefill, decode)
+
+
+async def test_a_one_token_request_ends_with_its_prefill_leg_and_frees_the_held_blocks(demo_model_dir, mockers, post):
+    prefill, decode = await mockers("--speedup-ratio", "0"), await mockers("--speedup-ratio", "0")
+    got = await collect(post, request(demo_model_dir, decode, prefill, tokens=1))
+    assert sum(r.completion_tokens for r in got) == 1 and got[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    await wait_idle(prefill, decode)  # released at once, not after the hold timeout
+    assert decode.engine.steps == 0
+
+
+async def test_cancel_during_the_prefill_frees_the_prefill_worker(demo_model_dir, mockers, post):
+    prefill = await mockers("--speedup-ratio", "0.02")  # a prefill of seconds
+    decode = await mockers("--speedup-ratio", "0")
+    stream = post.generate(request(demo_model_dir, decode, prefill))
+    task = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0.3)
+    assert prefill.busy and not task.done()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await stream.aclose()
+    await wait_idle(prefill, decode)
+
+
+async def test_cancel_during_the_transfer_frees_both_workers(demo_model_dir, mockers, post):
+    prefill = await mockers("--speedup-ratio", "1")
+    # 13 blocks of 64 MB at 1 GB/s: a transfer of ~0.8 s.
+    decode = await mockers("--speedup-ratio", "1", "--kv-block-bytes", str(64 * 10**6),
+                           "--kv-transfer-bandwidth-gbs", "1")
+    stream = post.generate(request(demo_model_dir, decode, prefill))
+    first = await stream.__anext__()
+    assert first.completion_tokens == 1
+    await asyncio.sleep(0.1)
+    await stream.aclose()
+    await wait_idle(prefill, decode)
+
+
+async def test_cancel_before_the_pull_releases_the_held_blocks(demo_model_dir, mockers, post):
+    prefill, decode = await mockers("--speedup-ratio", "1"), await mockers("--speedup-ratio", "1")
+    stream = post.generate(request(demo_model_dir, decode, prefill))
+    await stream.__anext__()  # the decode leg is opened, its pull is on its way
+    await stream.aclose()  # gone before the pull: the hold would otherwise stay for 30 s
+    await wait_idle(prefill, decode)
+
+
+async def test_cancel_during_the_decode_frees_both_workers(demo_model_dir, mockers, post):
+    prefill, decode = await mockers("--speedup-ratio", "1"), await mockers("--speedup-ratio", "1")
+    stream = post.generate(request(demo_model_dir, decode, prefill, tokens=400))
+    tokens = 0
+    async for r in stream:
+        tokens += r.completion_tokens
+        if tokens >= 5:
+            break
+    await stream.aclose()
+    await wait_idle(prefill, decode)
