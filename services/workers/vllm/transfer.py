@@ -23,31 +23,16 @@ wire), so whatever connector the operator configured speaks its own protocol:
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from typing import Any
 
 from services.common.discovery import DECODE, PREFILL
+from services.workers.transfer_legs import Leg, leg
 
-DO_REMOTE_DECODE = "do_remote_decode"
-DO_REMOTE_PREFILL = "do_remote_prefill"
+__all__ = ["EXTRA_ARGS_KEY", "Leg", "extra_args", "leg", "returned_params", "role_errors"]
+
 # SamplingParams.extra_args key vLLM's Request reads the connector parameters from (vllm/v1/request.py).
 EXTRA_ARGS_KEY = "kv_transfer_params"
-
-
-class Leg(enum.Enum):
-    WHOLE = "whole"  # an ordinary request
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-def leg(params: Mapping[str, Any] | None) -> Leg:
-    """Which leg ``params`` (``EngineRequest.kv_transfer_params``) make of a request."""
-    if not params:
-        return Leg.WHOLE
-    if params.get(DO_REMOTE_DECODE) is True:
-        return Leg.PREFILL
-    return Leg.DECODE
 
 
 def extra_args(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
