@@ -30,13 +30,16 @@ from pathlib import Path
 from bench import cpu
 from bench.loadgen import LoadSpec, open_connections, run_load
 from bench.mesh import Printer, run_async
-from bench.prompts import WORDS
+from bench.prompts import WORDS, PromptFactory
 from bench.stats import summarize
 from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
 
 SHAPES = ("agg", "disagg", "dynamo-agg", "dynamo-disagg")
 CONTEXT = 32768
+# Both mockers model the same KV transfer: Meshfront's defaults (an 8B model's 128 KiB per token over a 25 GB/s
+# NIC, services/workers/mocker/transfer.py) given to Dynamo's mocker, and the same 16-token blocks.
+DYNAMO_MOCKER_FLAGS = ("--block-size", "16", "--kv-bytes-per-token", str(128 * 1024), "--kv-transfer-bandwidth", "25")
 FRONTEND_EXCLUDES = ("workers", "nats")
 
 
@@ -60,10 +63,11 @@ class DisaggBenchConfig:
     log_level: str = "WARNING"
 
 
-class MixedPrompts:
+class MixedPrompts(PromptFactory):
     """Long prompts mixed with short chats, each of its own random words (no accidental shared blocks)."""
 
     def __init__(self, cfg: DisaggBenchConfig, seed: int):
+        super().__init__(cfg.short_min, seed=seed)
         self.cfg = cfg
         self._rng = random.Random(seed)
 
@@ -92,7 +96,7 @@ def start(cfg: DisaggBenchConfig, shape: str, model_dir: str, log_dir: Path) -> 
 
         modes = disaggregation_modes(cfg.workers, shape == "dynamo-disagg")
         return dynamo_peer.start(log_dir, model_dir, cfg.model_name, cfg.workers, cfg.speedup, "kv",
-                                 disaggregation_modes=modes)
+                                 disaggregation_modes=modes, mocker_flags=DYNAMO_MOCKER_FLAGS)
     base = ("--speedup-ratio", f"{cfg.speedup:g}")
     workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", (*base, "--disaggregation-mode", mode))
                for mode in disaggregation_modes(cfg.workers, shape == "disagg")]
