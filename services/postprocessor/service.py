@@ -244,7 +244,10 @@ class Postprocessor:
         try:
             while True:
                 legs = None
-                if route.prefill_address:  # disaggregated: a prefill leg, then a decode leg (disagg_legs.py)
+                # Disaggregated: a prefill leg, then a decode leg (disagg_legs.py). Not a guided request: its
+                # grammar state, like a migration's, cannot pass from one worker to the other; its decode
+                # worker runs it whole.
+                if route.prefill_address and not guided(request):
                     legs = self._legs(req.options.stream_interval, builder)
                     attempt = legs.run(route, request, builder.build, lambda: decoder.generated_ids,
                                        lambda: decoder.finish is not None)

@@ -135,7 +135,8 @@ class Disagg:
                decode_overlap: int) -> Shape:
         prefill_pool = [c for c in every if c.role == PREFILL]
         if not prefill_pool:
-            if self.settings.enforce:
+            # A worker pin runs where it says, enforced or not: the client chose aggregated (so does warm-up).
+            if self.settings.enforce and not req.worker_id:
                 raise NoWorkers(f"No prefill worker serves `{req.model}`, and this router runs every request "
                                 "disaggregated (--enforce-disagg).")
             return Shape(decode, decode_overlap, NO_PREFILL_WORKERS)

@@ -66,6 +66,8 @@ class KvEventSubscriber:
             if task is not None:
                 task.cancel()
             self.ingest.drop_worker(worker_id)
+        elif card.model.is_media:
+            return  # no KV cache, no events, no dump to ask for
         elif self.ingest.needs_dump(worker_id):
             self.ingest.begin_sync(worker_id)
             if self._nc is None:

@@ -73,6 +73,8 @@ class Router:
                 return self._route_now(req)
             except Overloaded:
                 pass
+        else:  # a wrong pin is the client's mistake now (a 400), not after a wait that may end in a 503
+            check_pins(req, self._candidates(req.model))
         # Every worker is busy, or others wait already: queue up (priority decides who goes first).
         return await self._wait(req)
 

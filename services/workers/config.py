@@ -49,13 +49,18 @@ class WorkerConfig:
         """The card's role (services/common/discovery.py): agg is BOTH."""
         return BOTH if self.disaggregation_mode == AGG else self.disaggregation_mode
 
-    def validate(self) -> list[str]:
+    def validate(self, *, text_model: bool = True) -> list[str]:
+        """``text_model``: the model needs a directory (its tokenizer) and a context window; a media
+        simulator needs neither, only a name."""
         errors = common_errors(self.port, self.drain_grace_s)
         if not self.model_dir:
-            errors.append("--model-dir is required")
+            if text_model:
+                errors.append("--model-dir is required")
+            elif not self.model_name:
+                errors.append("--model-name is required without --model-dir")
         elif not Path(self.model_dir).is_dir():
             errors.append(f"--model-dir {self.model_dir!r} is not a directory")
-        elif self.context_length <= 0:
+        elif text_model and self.context_length <= 0:
             errors.append("--context-length must be positive")
         if self.block_size <= 0:
             errors.append("--block-size must be positive")

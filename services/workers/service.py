@@ -42,6 +42,9 @@ class WorkerService:
         metrics.in_flight.inc()
         try:
             async for output in outputs:
+                if output.prompt_tokens is not None:  # the first output
+                    metrics.prompt_tokens.inc(output.prompt_tokens)
+                    metrics.cached_prompt_tokens.inc(output.cached_tokens or 0)
                 sent += len(output.token_ids)
                 finished = output.finish_reason != FinishReason.NONE
                 if finished:
@@ -57,6 +60,7 @@ class WorkerService:
         finally:
             await outputs.aclose()
             metrics.in_flight.dec()
+            metrics.output_tokens.inc(sent)
             metrics.requests.labels(outcome).inc()
             if not finished:
                 # Operators (and the disconnect tests) see that a caller's cancel reached the engine.

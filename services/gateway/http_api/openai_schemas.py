@@ -21,7 +21,6 @@ ERROR = obj({"error": obj({
 
 STREAM_OPTIONS = obj({"include_usage": boolean("End the stream with a chunk carrying `usage`")},
                      "Only with `stream: true`")
-_WORKER_ID = one_of(string(), integer(minimum=0), description="A worker id")
 NVEXT = obj({
     "backend_instance_id": one_of(string(), integer(minimum=0),
                                   description="Pin the request to this worker id (header x-worker-instance-id)"),
@@ -35,11 +34,13 @@ NVEXT = obj({
                           "Response nvext fields to return"),
     "agent_hints": map_of({}, "priority (seconds ahead in a busy model's queue); osl, speculative_prefill ignored"),
     "session_control": map_of({}, "{session_id, action: open|close, timeout}: sticky routing"),
-    "prefill_worker_id": _WORKER_ID, "decode_worker_id": _WORKER_ID,
+    "prefill_worker_id": one_of(string(), integer(minimum=0), description="Pin the prefill leg to this prefill "
+                                "worker (header x-prefill-instance-id): the request is disaggregated"),
+    "decode_worker_id": one_of(string(), integer(minimum=0), description="Pin the decode worker"),
     "dp_rank": integer(minimum=0), "prefill_dp_rank": integer(minimum=0),
     "request_timestamp_ms": number(minimum=0), "use_raw_prompt": boolean(),
-}, "Dynamo's extension object (docs/openai-extensions.md); disaggregated-only fields are accepted and named in "
-   "x-meshfront-ignored-fields")
+}, "Dynamo's extension object (docs/openai-extensions.md); data-parallel ranks and engine-only fields are accepted "
+   "and named in x-meshfront-ignored-fields")
 STRUCTURED_OUTPUTS = obj({
     "json": one_of(map_of({}), string(), description="A JSON schema the output must follow"),
     "regex": string("A regular expression the output must match"),

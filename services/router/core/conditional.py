@@ -139,10 +139,10 @@ def decide(settings: DisaggSettings, x: SplitInput) -> str:
 def _bypass(s: DisaggSettings, x: SplitInput) -> str | None:
     eff_isl = max(0, x.prompt_tokens - x.decode_cached_tokens)
     if s.policy in _ISL_POLICIES:
+        if eff_isl < s.eff_isl_threshold and eff_isl / max(x.prompt_tokens, 1) < s.eff_isl_ratio_threshold:
+            return CACHED_PROMPT  # Dynamo's rule first: a mostly cached prompt is that, however short
         if s.max_local_prefill_length and eff_isl <= s.max_local_prefill_length:
             return SHORT_PROMPT
-        if eff_isl < s.eff_isl_threshold and eff_isl / max(x.prompt_tokens, 1) < s.eff_isl_ratio_threshold:
-            return CACHED_PROMPT
     if s.policy in _LOAD_POLICIES and s.prefill_busy_threshold is not None and x.prefill_batch_tokens > 0 \
             and x.prefill_waiting_tokens > s.prefill_busy_threshold * x.prefill_batch_tokens:
         return PREFILL_BUSY

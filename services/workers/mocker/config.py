@@ -13,6 +13,8 @@ from pathlib import Path
 
 from services.common.flags import FlagParser
 from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
+from services.workers.media.config import DEFAULT_JOBS, JobLimits, add_job_flags, job_limits_from_args
+from services.workers.mocker.media_config import MediaSimConfig, add_media_flags, media_config_from_args
 from services.workers.mocker.transfer import DEFAULT_BANDWIDTH_GBS, DEFAULT_BLOCK_BYTES, DEFAULT_HOLD_TIMEOUT_S
 
 MODALITIES = ("image", "audio")
@@ -73,6 +75,9 @@ class MockerEngineConfig:
 class MockerConfig:
     worker: WorkerConfig
     engine: MockerEngineConfig
+    # ``--media image|video``: the media simulator instead of the text engine (media_config.py).
+    media: MediaSimConfig | None = None
+    jobs: JobLimits = DEFAULT_JOBS
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> MockerConfig:
@@ -99,6 +104,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
           help="GB/s between a prefill and a decode worker (a transfer takes blocks x block bytes / this)")
     p.add("--kv-hold-timeout-s", default=DEFAULT_HOLD_TIMEOUT_S, type=float,
           help="a prefill worker frees blocks held for a decode worker that has not pulled them by then (0: never)")
+    add_media_flags(p)
+    add_job_flags(p)
     args = p.parse(argv)
     modalities = tuple(dict.fromkeys(m.strip() for m in args.input_modalities.split(",") if m.strip()))
     worker = dataclasses.replace(worker_config_from_args(args, "mocker"), input_modalities=modalities)
@@ -120,7 +127,10 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         kv_transfer_bandwidth_gbs=args.kv_transfer_bandwidth_gbs,
         kv_hold_timeout_s=args.kv_hold_timeout_s,
     )
-    errors = worker.validate() + engine.validate()
+    errors: list[str] = []
+    media = media_config_from_args(args, args.speedup_ratio, errors)
+    jobs = job_limits_from_args(args)
+    errors += worker.validate(text_model=media is None) + engine.validate() + jobs.validate()
     if errors:
         raise ConfigError(errors)
-    return MockerConfig(worker=worker, engine=engine)
+    return MockerConfig(worker=worker, engine=engine, media=media, jobs=jobs)

@@ -1,4 +1,5 @@
-"""Wires the mocker: model directory -> output policy -> MockerEngine -> the worker entry (../entry.py)."""
+"""Wires the mocker: model directory -> output policy -> MockerEngine -> the worker entry (../entry.py); with
+``--media image|video``, the media simulator behind MediaService (../media/server.py) instead."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from collections.abc import Sequence
 from services.common import tls as mesh_tls
 from services.common.kv_events import KvEventListener
 from services.workers import entry
+from services.workers.media.server import media_serving
 from services.workers.mocker.config import MockerConfig, parse_config
 from services.workers.mocker.engine import MockerEngine
+from services.workers.mocker.media_engine import SimulatedMediaEngine
 from services.workers.mocker.outputs import OutputPolicy
 from services.workers.mocker.transfer import KvPuller
 from services.workers.mocker.transfer_grpc import GrpcKvPuller, add_kv_transfer
@@ -26,6 +29,8 @@ def build_engine(cfg: MockerConfig, listener: KvEventListener | None = None,
 
 
 async def build(cfg: MockerConfig, events: entry.KvEvents) -> entry.Serving:
+    if cfg.media is not None:  # an image or video simulator: no tokenizer, no KV cache, no KV events
+        return media_serving(cfg.worker, SimulatedMediaEngine(cfg.media), cfg.jobs)
     # The simulated cache tells its listener what it holds, as a real engine's KV events do. Every mocker
     # can take either leg of a disaggregated request (its role on the card steers the router): it pulls a
     # decode leg's blocks from prefill workers and serves the pulls of the blocks it holds (transfer.py).

@@ -199,7 +199,8 @@ class KvHolds:
         """Frees a hold nobody will pull; False when there is none (pulled, released or expired already)."""
         if handle not in self._holds:
             return False
-        self._end(handle, "released")
+        hold = self._end(handle, "released")
+        log.info("KV blocks held for request %s released: its decode leg will not come", hold.request_id)
         return True
 
     def release_params(self, raw: bytes) -> bool:

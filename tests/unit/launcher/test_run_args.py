@@ -42,7 +42,8 @@ def test_postprocessor_replicas_each_get_a_port_and_the_gateway_lists_them_all()
     from services.launcher.plan import MeshPlan, WorkerSpec, specs
     from services.launcher.run import _placement
 
-    args = parse_args(["--postprocessors", "2", "--embedding-workers", "0"])
+    args = parse_args(["--postprocessors", "2", "--embedding-workers", "0", "--image-workers", "0",
+                       "--video-workers", "0"])
     workers = [WorkerSpec("/models/demo", "demo", "mocker")] * args.workers
     plan = MeshPlan(workers=workers, postprocessors=args.postprocessors, **_placement(args))
     by_name = {s.name: s for s in specs(plan)}

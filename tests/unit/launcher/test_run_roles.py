@@ -18,7 +18,7 @@ def modes(workers) -> list[str]:
 
 def test_prefill_and_decode_workers_start_with_their_roles_and_no_aggregated_ones_by_default(tmp_path):
     args = parse_args(["--prefill-workers", "1", "--decode-workers", "3", "--embedding-workers", "0",
-                       "--free-ports", "--run-dir", str(tmp_path)])
+                       "--image-workers", "0", "--video-workers", "0", "--free-ports", "--run-dir", str(tmp_path)])
     workers = _generating_workers(args, "/models/demo", ("--speedup-ratio", "10"))
     assert modes(workers) == ["prefill", "decode", "decode", "decode"]
     assert all(w.extra[:2] == ("--speedup-ratio", "10") and w.kind == "mocker" for w in workers)

@@ -108,9 +108,10 @@ def test_run_flags_for_supervision_and_isolation(tmp_path):
     args = parse_args([])
     assert args.crash_window_s == 10.0 and args.crash_limit == 5 and not args.free_ports and args.run_dir == ""
     placement = _placement(args)
-    # Two mocker workers and the embedding worker (--embedding-workers 1 by default).
-    assert placement == {"gateway_ports": [9100], "worker_ports": [9500, 9501, 9502]}
-    args = parse_args(["--run-dir", str(tmp_path), "--gateways", "2", "--crash-limit", "3", "--embedding-workers", "0"])
+    # Two mocker workers, the embedding worker, the image and the video simulators (one each by default).
+    assert placement == {"gateway_ports": [9100], "worker_ports": [9500, 9501, 9502, 9503, 9504]}
+    args = parse_args(["--run-dir", str(tmp_path), "--gateways", "2", "--crash-limit", "3", "--embedding-workers", "0",
+                       "--image-workers", "0", "--video-workers", "0"])
     assert _placement(args) == {"gateway_ports": [9100, 9101], "worker_ports": [9500, 9501], "run_dir": tmp_path}
     assert args.crash_limit == 3 and parse_args(["--free-ports"]).free_ports  # free ports: the mesh test's
     with pytest.raises(SystemExit):

@@ -50,7 +50,8 @@ def test_max_local_prefill_length_keeps_a_short_fresh_prompt_aggregated_whatever
     short = DisaggSettings(conditional=True, max_local_prefill_length=256)
     assert decide(short, x(prompt=256, cached=0)) == SHORT_PROMPT
     assert decide(short, x(prompt=257, cached=0)) == DISAGGREGATED
-    assert decide(short, x(prompt=1256, cached=1000)) == SHORT_PROMPT  # what is left to compute counts
+    assert decide(short, x(prompt=300, cached=64)) == SHORT_PROMPT  # what is left to compute counts
+    assert decide(short, x(prompt=300, cached=100)) == CACHED_PROMPT  # mostly cached: Dynamo's reason first
     load_only = DisaggSettings(conditional=True, policy="prefill_load", prefill_busy_threshold=1.0,
                                max_local_prefill_length=256)
     assert decide(load_only, x(prompt=10)) == DISAGGREGATED  # an ISL key: prefill_load ignores it

@@ -262,6 +262,8 @@ def test_enforce_disagg_never_falls_back_to_aggregated():
     enforce = DisaggSettings(enforce=True)
     with pytest.raises(NoWorkers, match="--enforce-disagg"):
         route(Router(lambda model: [card("a", BOTH)], disagg=enforce), "r", hashes(1))
+    # A worker pin still runs where it says (the client chose aggregated; the gateway's warm-up pins so).
+    assert route(Router(lambda model: [card("a", BOTH)], disagg=enforce), "r", hashes(1), worker_id="a").worker_id
     router, _ = kv_router([card("p1", PREFILL), card("d1", DECODE), card("d2", DECODE)], enforce, BusyThreshold(1))
     route(router, "a", hashes(1))
     with pytest.raises(Overloaded, match="Every worker serving `m` is busy"):  # d2 is free; p1 is not
@@ -287,3 +289,28 @@ def test_each_decision_is_counted_by_reason():
     assert value("meshfront_router_disagg_decisions_total", {"reason": "cached_prompt"}) == 1
     assert value("meshfront_router_disagg_decisions_total", {"reason": "disaggregated"}) == 2
     assert value("meshfront_router_disagg_decisions_total", {"reason": "pinned_prefill"}) == 1
+
+
+class Relay:
+    """Replica sync without NATS: what one router books or frees, the other applies as remote."""
+
+    def __init__(self, to: Router):
+        self.to = to
+
+    def on_lifecycle(self, event, remote: bool) -> None:
+        if not remote:
+            self.to.apply(event, remote=True)
+
+
+def test_replicas_hold_the_prefill_leg_too_and_free_it_wherever_the_first_token_lands():
+    (a, _), (b, _) = kv_router(), kv_router()
+    a.listeners.append(Relay(b))
+    b.listeners.append(Relay(a))
+    r = route(a, "r", hashes(1))
+    for router in (a, b):
+        assert router.bookings.in_flight(r.prefill_worker_id) == 1 and router.bookings.in_flight(r.worker_id) == 1
+    first_token(b, "r")  # the report reaches the other replica
+    for router in (a, b):
+        assert router.bookings.in_flight(r.prefill_worker_id) == 0 and router.bookings.in_flight(r.worker_id) == 1
+    release(a, "r")
+    assert len(a.bookings) == len(b.bookings) == 0 and len(a.policy.active) == len(b.policy.active) == 0

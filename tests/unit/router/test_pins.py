@@ -48,3 +48,23 @@ def test_a_busy_pinned_worker_is_not_the_clients_mistake():
 def test_a_pinned_worker_that_failed_and_left_during_migration_is_a_503():
     with pytest.raises(NoWorkers):
         route(Router(lambda model: CARDS), "r", "w7", exclude=["w7"])
+
+
+def test_a_wrong_pin_is_a_400_at_once_even_while_requests_wait_for_the_model():
+    """Before: the request joined the queue behind the waiting ones and, the workers staying busy, got a 503."""
+
+    async def scenario():
+        router = Router(lambda model: CARDS, busy=BusyThreshold(1), queue_timeout_s=5)
+        for rid in ("a", "b"):
+            await router.route(router_pb2.RouteRequest(request_id=rid, model="m", prompt_tokens=4))
+        waiting = asyncio.create_task(router.route(router_pb2.RouteRequest(request_id="c", model="m",
+                                                                           prompt_tokens=4)))
+        await asyncio.sleep(0.05)
+        assert router.queue.waiting("m") == 1
+        with pytest.raises(InvalidRequest) as e:
+            await asyncio.wait_for(router.route(router_pb2.RouteRequest(request_id="d", model="m", prompt_tokens=4,
+                                                                        worker_id="987654321")), 1)
+        assert e.value.param == "nvext.backend_instance_id"
+        waiting.cancel()
+
+    asyncio.run(scenario())

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from meshfront.common.v1 import common_pb2
+from meshfront.worker.v1 import worker_pb2
 
-from services.common.errors import WorkerFailed
+from services.common.errors import InvalidRequest, WorkerFailed
 from services.workers import convert
-from services.workers.engine import EngineRequest, FinishReason, KvTransferFailed, SamplingParams
+from services.workers.engine import EngineOutput, EngineRequest, FinishReason, KvTransferFailed, SamplingParams
 from services.workers.mocker.config import MockerEngineConfig
 from services.workers.mocker.engine import MockerEngine
 from services.workers.mocker.outputs import OutputPolicy
@@ -223,3 +225,23 @@ async def test_decode_leg_waiting_for_a_slot_keeps_its_pulled_blocks_until_abort
     await gen.aclose()
     await blocker.aclose()
     assert decode.cache.active_blocks == 0
+
+
+def test_each_leg_maps_to_the_engine_as_vllm_s_kv_transfer_params():
+    def leg(role, raw=b""):
+        r = worker_pb2.GenerateRequest()
+        r.request.token_ids.extend([1, 2])
+        r.request.disaggregation.role = role
+        r.request.disaggregation.kv_transfer_params = raw
+        return convert.request_from_proto(r).kv_transfer_params
+
+    assert leg(common_pb2.DISAGGREGATION_ROLE_UNSPECIFIED) is None
+    assert leg(common_pb2.DISAGGREGATION_ROLE_PREFILL) == {"do_remote_decode": True}
+    assert leg(common_pb2.DISAGGREGATION_ROLE_DECODE, b'{"remote_handle": "h"}') == {"remote_handle": "h"}
+    for bad in (b"[1]", b"{nope"):
+        with pytest.raises(InvalidRequest) as e:
+            leg(common_pb2.DISAGGREGATION_ROLE_DECODE, bad)
+        assert e.value.param == "kv_transfer_params"
+    out = convert.output_to_proto(EngineOutput([5], FinishReason.LENGTH, kv_transfer_params={"remote_handle": "h"}))
+    assert out.kv_transfer_params == b'{"remote_handle":"h"}'
+    assert not convert.output_to_proto(EngineOutput([5])).kv_transfer_params
