@@ -14,8 +14,9 @@ probability ``long_share``, else a short chat (``short_min``..``short_max``), ev
 (ignore_eos). The demo model's window (4096) is too small for 8k prompts, so both meshes serve a copy of it
 whose config says 32768. Reported per shape: TTFT and per-token ITL p50/p99, throughput, and the frontend's CPU
 per request (every process but the workers and NATS: Envoy, gateway, preprocessor, router, postprocessor;
-Dynamo's frontend). How much of a prompt the decode worker had cached is not visible to the client (the usage
-reports the prefill leg's cache), so the decode workers' coverage is left to the mesh tests of the legs.
+Dynamo's frontend), and, for Meshfront's shapes, the share of the prompt tokens the decode (or whole-request)
+workers found in their KV cache, from their ``meshfront_worker_cached_prompt_tokens`` counters (a decode worker's
+are the transferred ones; the client's usage reports the prefill leg's).
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ import json
 import random
 import shutil
 import time
+import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import cpu
 from bench.loadgen import LoadSpec, open_connections, run_load
@@ -130,11 +134,27 @@ class ShapeResult:
     ttft_ms: dict[int, float]
     itl_ms: dict[int, float]
     frontend_cpu_ms_per_req: float
+    decode_cached_share: float | None  # None: not measured (Dynamo)
     errors: list[str]
 
 
+def cache_counters(ports: list[int]) -> tuple[float, float]:
+    """(prompt tokens, cached prompt tokens) the workers on ``ports`` counted so far."""
+    prompt = cached = 0.0
+    for port in ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "meshfront_worker_prompt_tokens_total":
+                    prompt += sample.value
+                elif sample.name == "meshfront_worker_cached_prompt_tokens_total":
+                    cached += sample.value
+    return prompt, cached
+
+
 async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape: str, seed: int,
-                  emit: Printer) -> ShapeResult:
+                  emit: Printer, decode_ports: list[int]) -> ShapeResult:
     warm = LoadSpec(url=url, model=cfg.model_name, concurrency=min(4, cfg.warmup), requests=cfg.warmup,
                     max_tokens=cfg.max_tokens, duration_s=cfg.level_timeout_s)
     warmed = summarize(await run_load(warm, MixedPrompts(cfg, seed ^ 0xA11)))
@@ -142,16 +162,19 @@ async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape:
     spec = LoadSpec(url=url, model=cfg.model_name, concurrency=cfg.concurrency, requests=cfg.requests,
                     max_tokens=cfg.max_tokens, duration_s=cfg.level_timeout_s, request_timeout_s=cfg.level_timeout_s)
     conns = await open_connections(url, cfg.concurrency)
+    counted = cache_counters(decode_ports)
     before = cpu.sample(pids)
     load = await run_load(spec, MixedPrompts(cfg, seed), conns)  # the same prompts for every shape
     usage = cpu.usage_between(before, cpu.sample(pids))
+    prompt, cached = (after - was for after, was in zip(cache_counters(decode_ports), counted, strict=True))
     for c in conns:
         c.close()
     stats = summarize(load)
     per_request = usage.per_request(stats.ok)
     frontend = sum(ms for group, ms in per_request.items() if group not in (*FRONTEND_EXCLUDES, "total"))
+    share = cached / prompt if decode_ports and prompt else None
     return ShapeResult(shape, stats.ok, stats.sent, stats.wall_s, stats.req_per_s, stats.tokens_per_s, stats.ttft_ms,
-                       stats.itl_ms, frontend, stats.first_errors)
+                       stats.itl_ms, frontend, share, stats.first_errors)
 
 
 def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> ShapeResult:
@@ -163,7 +186,11 @@ def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> S
     mesh = start(cfg, shape, model_dir, log_dir)
     try:
         pids = {name: p.pid for name, p in mesh.procs.items()}
-        result = run_async(measure(mesh.url, pids, cfg, shape, seed, emit))
+        # Meshfront's decode (or whole-request) workers: the plan names them mocker-0.. in WorkerSpec order.
+        modes = disaggregation_modes(cfg.workers, shape == "disagg")
+        decode_ports = [] if shape.startswith("dynamo") else [
+            mesh.plan.metrics_ports[f"mocker-{i}"] for i, mode in enumerate(modes) if mode != "prefill"]
+        result = run_async(measure(mesh.url, pids, cfg, shape, seed, emit, decode_ports))
         emit(f"[{shape}] {line(result)}")
         return result
     except BaseException:
@@ -176,16 +203,20 @@ def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> S
 def line(r: ShapeResult) -> str:
     return (f"{r.ok}/{r.sent} ok in {r.wall_s:.1f}s: TTFT p50 {r.ttft_ms[50]:.0f} p99 {r.ttft_ms[99]:.0f} ms, "
             f"ITL p50 {r.itl_ms[50]:.1f} p99 {r.itl_ms[99]:.1f} ms, {r.req_per_s:.2f} req/s, {r.tokens_per_s:.0f} "
-            f"tok/s, frontend CPU {r.frontend_cpu_ms_per_req:.1f} ms/req"
-            + (f"; errors {r.errors}" if r.errors else ""))
+            f"tok/s, frontend CPU {r.frontend_cpu_ms_per_req:.1f} ms/req, decode workers' prompt cached "
+            f"{_share(r.decode_cached_share)}" + (f"; errors {r.errors}" if r.errors else ""))
+
+
+def _share(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
 
 
 def table(results: list[ShapeResult]) -> str:
-    head = ("| shape | ok | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | req/s | tok/s | frontend CPU ms/req |"
-            "\n|---|---|---|---|---|---|---|---|---|")
+    head = ("| shape | ok | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | req/s | tok/s | frontend CPU ms/req "
+            "| decode workers' prompt cached |\n|---|---|---|---|---|---|---|---|---|---|")
     rows = [f"| {r.shape} | {r.ok}/{r.sent} | {r.ttft_ms[50]:.0f} | {r.ttft_ms[99]:.0f} | {r.itl_ms[50]:.1f} | "
-            f"{r.itl_ms[99]:.1f} | {r.req_per_s:.2f} | {r.tokens_per_s:.0f} | {r.frontend_cpu_ms_per_req:.1f} |"
-            for r in results]
+            f"{r.itl_ms[99]:.1f} | {r.req_per_s:.2f} | {r.tokens_per_s:.0f} | {r.frontend_cpu_ms_per_req:.1f} | "
+            f"{_share(r.decode_cached_share)} |" for r in results]
     return "\n".join([head, *rows])
 
 

@@ -50,3 +50,18 @@ def test_the_long_context_copy_keeps_the_tokenizer_and_widens_the_window(tmp_pat
 def test_the_cli_takes_the_shapes_and_the_mix():
     args = cli.parse_args(["disagg", "--shape", "agg,disagg", "--long-words", "4000,6000", "--workers", "4"])
     assert (args.shape, args.long_words, args.workers) == ("agg,disagg", (4000, 6000), 4)
+
+
+def test_the_cached_share_comes_from_the_workers_own_counters():
+    from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+    registry = CollectorRegistry()
+    Counter("meshfront_worker_prompt_tokens", "", registry=registry).inc(1000)
+    Counter("meshfront_worker_cached_prompt_tokens", "", registry=registry).inc(990)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        port = server.server_address[1]
+        assert disagg.cache_counters([port, port]) == (2000.0, 1980.0)
+    finally:
+        server.shutdown()
+        thread.join(5)
