@@ -87,6 +87,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_engine_parser(sub)
     _add_embeddings_parser(sub)
     _add_images_parser(sub)
+    _add_disagg_parser(sub)
     args = p.parse_args(argv)
     if args.scenario == "engine":
         from bench.engine import DEPLOYMENTS
@@ -110,6 +111,50 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if args.paced:
             args.speedup = PACED_SPEEDUP
     return args
+
+
+def _add_disagg_parser(sub) -> None:
+    from bench.disagg import SHAPES as DISAGG_SHAPES
+    from bench.disagg import DisaggBenchConfig
+
+    d = DisaggBenchConfig()
+    g = sub.add_parser("disagg", help="the same mocker workers aggregated and disaggregated (1 prefill + N-1 "
+                       "decode), and Dynamo 1.6.1's both ways, on long prompts mixed with short chats")
+    g.add_argument("--shape", default=",".join(d.shapes), help=f"comma list of {', '.join(DISAGG_SHAPES)}")
+    g.add_argument("--workers", type=int, default=d.workers, help="workers per shape (disaggregated: 1 prefill)")
+    g.add_argument("--concurrency", type=int, default=d.concurrency)
+    g.add_argument("--requests", type=int, default=d.requests, help="measured requests per shape")
+    g.add_argument("--long-share", type=float, default=d.long_share, help="share of long prompts")
+    g.add_argument("--long-words", type=_ints, default=(d.long_min, d.long_max), help="long prompts' min,max words")
+    g.add_argument("--short-words", type=_ints, default=(d.short_min, d.short_max), help="short chats' min,max words")
+    g.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    g.add_argument("--speedup", type=_speedup, default=d.speedup, help="mocker --speedup-ratio (default 1 = paced)")
+    g.add_argument("--warmup", type=int, default=d.warmup)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--markdown", default="", help="append the table to this file")
+
+
+def _run_disagg(args: argparse.Namespace, command: str) -> int:
+    from bench.disagg import SHAPES as DISAGG_SHAPES
+    from bench.disagg import DisaggBenchConfig, main_disagg
+
+    shapes = tuple(s.strip() for s in args.shape.split(",") if s.strip())
+    bad = [s for s in shapes if s not in DISAGG_SHAPES]
+    if bad or not shapes:
+        raise SystemExit(f"unknown shape(s) {bad}; choose from {DISAGG_SHAPES}")
+    cfg = DisaggBenchConfig(shapes=shapes, workers=args.workers, concurrency=args.concurrency, requests=args.requests,
+                            long_share=args.long_share, long_min=args.long_words[0], long_max=args.long_words[-1],
+                            short_min=args.short_words[0], short_max=args.short_words[-1], max_tokens=args.max_tokens,
+                            speedup=args.speedup, warmup=args.warmup, seed=args.seed)
+    started = datetime.datetime.now().astimezone()
+    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}; {cfg}")
+    table = main_disagg(cfg, _emit)
+    _emit("\n" + table)
+    if args.markdown:
+        with Path(args.markdown).open("a") as f:
+            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
+                    f"Setting: {cfg}.\n\n{table}\n")
+    return 0
 
 
 def _add_kv_parser(sub) -> None:
@@ -380,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_embeddings(args, command)
     if args.scenario == "images":
         return _run_images(args, command)
+    if args.scenario == "disagg":
+        return _run_disagg(args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
     _emit(f"# {_setting_line(args, cfg)}")

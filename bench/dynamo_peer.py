@@ -23,6 +23,7 @@ import pathlib
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from services.launcher.plan import ROOT, VENV_BIN, ProcessSpec, free_port
 from services.launcher.processes import Mesh, wait_port
@@ -65,16 +66,21 @@ def environment(run_dir: pathlib.Path, nats_port: int) -> dict[str, str]:
 
 
 def commands(dynamo_python: pathlib.Path, model_dir: str, model_name: str, workers: int, speedup: float,
-             router_mode: str, http_port: int, nats_port: int, run_dir: pathlib.Path) -> list[tuple[str, list[str]]]:
-    """(name, argv) of every process, NATS first."""
+             router_mode: str, http_port: int, nats_port: int, run_dir: pathlib.Path,
+             disaggregation_modes: Sequence[str] = (), mocker_flags: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
+    """(name, argv) of every process, NATS first. ``disaggregation_modes``: each mocker's
+    ``--disaggregation-mode`` (prefill, decode or agg; none given: all agg), as bench/disagg.py runs them, with
+    ``mocker_flags`` besides."""
+    modes = list(disaggregation_modes) or ["agg"] * workers
     py = str(dynamo_python)
     out = [("nats", [str(VENV_BIN / "nats-server"), "-js", "-a", "127.0.0.1", "-p", str(nats_port),
                      "-sd", str(run_dir / "nats")]),
            (FRONTEND, [py, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(http_port),
                        "--discovery-backend", "file", "--router-mode", router_mode])]
     out += [(f"mocker-{i}", [py, "-m", "dynamo.mocker", "--model-path", model_dir, "--model-name", model_name,
-                             "--speedup-ratio", f"{speedup:g}", "--discovery-backend", "file"])
-            for i in range(workers)]
+                             "--speedup-ratio", f"{speedup:g}", "--discovery-backend", "file",
+                             *(("--disaggregation-mode", mode) if mode != "agg" else ()), *mocker_flags])
+            for i, mode in enumerate(modes)]
     return out
 
 
@@ -82,11 +88,12 @@ class DynamoMesh(Mesh):
     """Dynamo's processes under the launcher's ``Mesh`` process handling (logs, teardown)."""
 
     def __init__(self, log_dir: pathlib.Path, model_dir: str, model_name: str, workers: int, speedup: float,
-                 router_mode: str):
+                 router_mode: str, disaggregation_modes: Sequence[str] = (), mocker_flags: Sequence[str] = ()):
         super().__init__(plan=None, log_dir=log_dir)  # type: ignore[arg-type]  # no launcher plan here
         self.http_port, self.nats_port = free_port(), free_port()
         self.model_dir, self.model_name, self.workers = model_dir, model_name, workers
         self.speedup, self.router_mode = speedup, router_mode
+        self.disaggregation_modes, self.mocker_flags = tuple(disaggregation_modes), tuple(mocker_flags)
 
     @property
     def url(self) -> str:
@@ -99,7 +106,8 @@ class DynamoMesh(Mesh):
         deadline = time.monotonic() + timeout
         try:
             for name, argv in commands(ensure_venv(), self.model_dir, self.model_name, self.workers, self.speedup,
-                                       self.router_mode, self.http_port, self.nats_port, run_dir):
+                                       self.router_mode, self.http_port, self.nats_port, run_dir,
+                                       self.disaggregation_modes, self.mocker_flags):
                 self.start_process(ProcessSpec(name, argv, self.nats_port if name == "nats" else 0, env))
                 if name == "nats" and not wait_port(self.nats_port, deadline):
                     raise RuntimeError(f"nats did not open port {self.nats_port}:\n{self.logs('nats')}")
@@ -123,5 +131,6 @@ class DynamoMesh(Mesh):
 
 
 def start(log_dir: pathlib.Path, model_dir: str, model_name: str, workers: int, speedup: float,
-          router_mode: str) -> DynamoMesh:
-    return DynamoMesh(log_dir, model_dir, model_name, workers, speedup, router_mode).start()
+          router_mode: str, disaggregation_modes: Sequence[str] = (), mocker_flags: Sequence[str] = ()) -> DynamoMesh:
+    return DynamoMesh(log_dir, model_dir, model_name, workers, speedup, router_mode, disaggregation_modes,
+                      mocker_flags).start()

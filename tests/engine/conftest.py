@@ -77,6 +77,12 @@ def wait_workers(url: str, model: str, count: int, timeout: float) -> None:
 
 def offline_generate(python: str, model_dir: str, prompt_ids: list[int], max_tokens: int) -> list[int]:
     """vLLM's own offline LLM.generate at temperature 0 on the same token ids (a separate process)."""
+    return offline_generate_logprobs(python, model_dir, prompt_ids, max_tokens)[0]
+
+
+def offline_generate_logprobs(python: str, model_dir: str, prompt_ids: list[int],
+                              max_tokens: int) -> tuple[list[int], list[float]]:
+    """``offline_generate``'s token ids and each one's log probability."""
     script = (
         "import json, sys\n"
         "from vllm import LLM, SamplingParams\n"
@@ -84,13 +90,15 @@ def offline_generate(python: str, model_dir: str, prompt_ids: list[int], max_tok
         "if __name__ == '__main__':\n"
         "    model_dir, ids, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])\n"
         "    llm = LLM(model=model_dir, max_model_len=4096, gpu_memory_utilization=0.1)\n"
-        "    out = llm.generate(TokensPrompt(prompt_token_ids=ids),\n"
-        "                       SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False))\n"
-        "    print('IDS ' + json.dumps(list(out[0].outputs[0].token_ids)), flush=True)\n"
+        "    out = llm.generate(TokensPrompt(prompt_token_ids=ids), SamplingParams(\n"
+        "        temperature=0, max_tokens=n, ignore_eos=True, detokenize=False, logprobs=0))[0].outputs[0]\n"
+        "    lps = [position[i].logprob for i, position in zip(out.token_ids, out.logprobs)]\n"
+        "    print('IDS ' + json.dumps([list(out.token_ids), lps]), flush=True)\n"
     )
     proc = subprocess.run([python, "-c", script, model_dir, json.dumps(prompt_ids), str(max_tokens)],
                           capture_output=True, text=True, timeout=ENGINE_START_S,
                           env={"VLLM_HOST_IP": "127.0.0.1", "PATH": "/usr/bin:/bin"})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("IDS ")]
     assert proc.returncode == 0 and lines, f"offline vLLM failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1][4:])
+    ids, logprobs = json.loads(lines[-1][4:])
+    return ids, logprobs

@@ -17,6 +17,10 @@ engine adapter reads SGLang's default cumulative stream). SGLang's ``--host``, `
 flags of the same name: ours serve gRPC and go on the worker card; SGLang's HTTP server is never
 started, and our ``--log-level`` is passed on as SGLang's. The context window and page size on
 the worker's card are the ones the engine ends up using.
+
+``--disaggregation-mode`` is the worker's flag (the card's role) and is passed on as SGLang's own
+(``agg`` is SGLang's ``null``); a prefill worker's ``--host`` is passed on too, since SGLang binds its
+KV bootstrap server there (services/workers/sglang/transfer.py).
 """
 
 from __future__ import annotations
@@ -48,9 +52,13 @@ class SglangConfig(EngineFlags):
         from sglang.srt.server_args import prepare_server_args
 
         from services.workers.sglang.kv_events import events_config
+        from services.workers.sglang.transfer import sglang_mode
 
+        mode = sglang_mode(self.args.disaggregation_mode)
         ours = ["--model-path", self.args.model_dir, "--served-model-name", self.model_name,
-                "--log-level", self.args.log_level.lower()]
+                "--log-level", self.args.log_level.lower(), "--disaggregation-mode", mode]
+        if mode == "prefill":
+            ours += ["--host", self.args.host]
         if self.kv_events_endpoint:
             ours += ["--kv-events-config", events_config(self.kv_events_endpoint, self.kv_replay_endpoint)]
         server_args = prepare_server_args([*self.engine_argv, *ours])

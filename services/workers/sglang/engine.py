@@ -30,13 +30,13 @@ from typing import Any
 from sglang.srt.entrypoints.engine import Engine
 
 from services.workers.engine import EngineError, EngineOutput, EngineRequest, FinishReason, RequestRejected
-from services.workers.sglang import sampling
+from services.workers.sglang import sampling, transfer
 
 log = logging.getLogger(__name__)
 
 # The resolved ServerArgs fields the worker reads after start (a test pins them to SGLang's fields).
 RESOLVED_FIELDS = ("page_size", "dcp_size", "enable_deterministic_inference", "skip_tokenizer_init",
-                   "chunked_prefill_size", "max_prefill_tokens")
+                   "chunked_prefill_size", "max_prefill_tokens", "disaggregation_bootstrap_port")
 
 
 class SglangEngine:
@@ -52,6 +52,9 @@ class SglangEngine:
         self._block_size = 0
         self._total_tokens = 0
         self._batched_tokens = 0
+        # Where decode workers reach this worker's bootstrap server (a prefill worker's; set once it serves).
+        self.bootstrap_host = ""
+        self._bootstrap_port = 0
         self.in_flight = 0
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -81,6 +84,7 @@ class SglangEngine:
         self._total_tokens = engine._scheduler_init_result.scheduler_infos[0]["max_total_num_tokens"]
         chunk = resolved["chunked_prefill_size"]
         self._batched_tokens = chunk if chunk is not None and chunk > 0 else resolved["max_prefill_tokens"]
+        self._bootstrap_port = resolved["disaggregation_bootstrap_port"]
         self._limits = sampling.EngineLimits(
             max_model_len=tm.context_len - tm.num_reserved_tokens,
             defaults=tm.model_config.get_default_sampling_params(),
@@ -157,13 +161,20 @@ class SglangEngine:
 
     # -- generation ----------------------------------------------------------------------------------
 
-    def request_kwargs(self, request: EngineRequest, rid: str) -> dict[str, Any]:
-        return sampling.request_kwargs(request, rid, self.limits)
+    def request_kwargs(self, request: EngineRequest, rid: str,
+                       bootstrap: transfer.Bootstrap | None = None) -> dict[str, Any]:
+        kwargs = sampling.request_kwargs(request, rid, self.limits)
+        if bootstrap is not None:
+            kwargs.update(bootstrap.request_kwargs())
+        return kwargs
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         # Unique per engine: SGLang keys its request state by rid, and a request id may come back.
         rid = f"{request.request_id}-{next(self._rids)}"
-        kwargs = self.request_kwargs(request, rid)
+        bootstrap = transfer.bootstrap_for(request.kv_transfer_params, own_host=self.bootstrap_host,
+                                           own_port=self._bootstrap_port)
+        prefill_leg = transfer.leg(request.kv_transfer_params) is transfer.Leg.PREFILL
+        kwargs = self.request_kwargs(request, rid, bootstrap)
         eos, stop_ids, top = request.eos_token_ids, request.stop_token_ids, request.logprobs
         tm = self.engine.tokenizer_manager
         self.in_flight += 1
@@ -189,6 +200,8 @@ class SglangEngine:
                         raise EngineError(f"SGLang finished the request with {reason!r}")
                     if not new.token_ids and not finished:
                         continue  # nothing new (SGLang re-sent its state): the contract wants tokens
+                    if finished and prefill_leg and bootstrap is not None:
+                        result.kv_transfer_params = bootstrap.returned_params()
                     if top is not None and new.token_ids:
                         result.logprobs = sampling.token_logprobs(new, top)
                     if first:

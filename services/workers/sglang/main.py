@@ -43,6 +43,7 @@ async def build(prepared: tuple[SglangConfig, Any], events: entry.KvEvents) -> e
             detail += " (the failing SGLang process logged its traceback above)"
         raise EngineStartFailed(detail) from e
     worker = cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size)
+    engine.bootstrap_host = worker.advertised_address(0).rsplit(":", 1)[0]  # the host part, as peers reach it
     log.info("SGLang engine ready: context %d, page size %d, %d KV pages", engine.max_model_len,
              engine.block_size, engine.num_kv_blocks)
     if worker.register and engine.block_size < SMALL_PAGE:

@@ -9,6 +9,10 @@ they mean in ``vllm serve``, and a misspelt one fails there, naming it. Three ar
 set: ``--model`` (it is ``--model-dir``), ``--served-model-name`` (``--model-name``) and
 ``--kv-events-config`` (the worker turns KV events on itself, on a private endpoint). The
 context window and block size on the worker's card are the ones the engine ends up using.
+
+``--disaggregation-mode prefill|decode`` (the card's role) needs vLLM's ``--kv-transfer-config``, whose
+``kv_role`` produces (prefill) or consumes (decode) KV blocks: anything else is refused at start
+(services/workers/vllm/transfer.py has the request side).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.workers.config import ConfigError
 from services.workers.engine_worker import EngineFlags, EngineFlagSpec, parse_engine_flags
 
 OWNED_ENGINE_FLAGS = {"--model": "--model-dir", "--served-model-name": "--model-name",
@@ -26,16 +31,21 @@ DESCRIPTION = ("vLLM's async engine behind the worker API. Flags not listed here
 
 class VllmConfig(EngineFlags):
     def engine_args(self) -> Any:
-        """vLLM's ``AsyncEngineArgs`` (imports vllm, a few seconds)."""
+        """vLLM's ``AsyncEngineArgs`` (imports vllm, a few seconds); raises ConfigError for flags that parse but
+        cannot work with this worker."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
         from services.workers.vllm.kv_events import events_config
+        from services.workers.vllm.transfer import role_errors
 
         parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(prog="meshfront vllm (engine flags)"))
         ns = parser.parse_args(["--model", self.args.model_dir, "--served-model-name", self.model_name,
                                 *self.engine_argv])
         engine_args = AsyncEngineArgs.from_cli_args(ns)
+        errors = role_errors(self.args.disaggregation_mode, engine_args.kv_transfer_config)
+        if errors:
+            raise ConfigError(errors)
         if self.kv_events_endpoint:
             engine_args.kv_events_config = events_config(self.kv_events_endpoint, self.kv_replay_endpoint)
         return engine_args

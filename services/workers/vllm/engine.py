@@ -26,8 +26,16 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from services.workers.engine import EngineBusy, EngineError, EngineOutput, EngineRequest, FinishReason, RequestRejected
-from services.workers.vllm import sampling
+from services.workers.engine import (
+    EngineBusy,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    FinishReason,
+    KvTransferFailed,
+    RequestRejected,
+)
+from services.workers.vllm import sampling, transfer
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +142,7 @@ class VllmEngine:
         prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
         eos = request.eos_token_ids
         top = request.logprobs
+        leg = transfer.leg(request.kv_transfer_params)
         self.in_flight += 1
         first = True
         try:
@@ -148,7 +157,12 @@ class VllmEngine:
                     result = EngineOutput(ids, sampling.finish_reason(completion.finish_reason,
                                                                       completion.stop_reason, eos))
                     if result.finish_reason == FinishReason.ERROR:
+                        if leg is transfer.Leg.DECODE:  # vLLM's kv_load_failure_policy "fail"
+                            raise KvTransferFailed("vLLM could not load the prompt's KV blocks from the "
+                                                   "prefill worker")
                         raise EngineError(f"vLLM finished the request with {completion.finish_reason!r}")
+                    if leg is transfer.Leg.PREFILL and result.finish_reason != FinishReason.NONE:
+                        result.kv_transfer_params = transfer.returned_params(out.kv_transfer_params)
                     if top is not None and ids:
                         result.logprobs = sampling.token_logprobs(ids, completion.logprobs, top)
                     if first:

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from services.workers import entry
 from services.workers.engine_worker import EngineStartFailed, descendants, engine_kv_events, root_message
@@ -22,11 +23,12 @@ from services.workers.vllm.config import VllmConfig, parse_config
 log = logging.getLogger("services.workers.vllm")
 
 
-async def build(cfg: VllmConfig, events: entry.KvEvents) -> entry.Serving:
+async def build(prepared: tuple[VllmConfig, Any], events: entry.KvEvents) -> entry.Serving:
     from services.workers.vllm.engine import VllmEngine
     from services.workers.vllm.kv_events import batch_decoder
 
-    engine = VllmEngine(cfg.engine_args())
+    cfg, engine_args = prepared
+    engine = VllmEngine(engine_args)
     try:
         with _engine_processes_die_with_a_signal():
             await engine.start()
@@ -61,7 +63,9 @@ def _engine_processes_die_with_a_signal() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def prepare(cfg: VllmConfig) -> VllmConfig:
+def prepare(cfg: VllmConfig) -> tuple[VllmConfig, Any]:
+    """Checks that vLLM imports here, then runs vLLM's own parser over the engine flags (a bad one exits
+    there, naming it; one that parses but cannot work with this worker is a ConfigError)."""
     try:
         import vllm  # noqa: F401 - a clear message when the engine is not installed here
     except ImportError:
@@ -71,7 +75,7 @@ def prepare(cfg: VllmConfig) -> VllmConfig:
     if cfg.args.host in ("127.0.0.1", "localhost"):
         # vLLM's internal sockets bind this address; the default is the machine's outward one.
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-    return cfg
+    return cfg, cfg.engine_args()
 
 
 # parse_config checks the flags without importing vllm (fail fast, with every problem listed).

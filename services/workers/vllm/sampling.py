@@ -11,7 +11,9 @@ mapped or refused here; nothing is dropped:
   ids become ``stop_token_ids`` so the engine stops at exactly the ids the preprocessor chose;
 - ``logprobs`` is the number of alternatives per token, vLLM's ``logprobs`` (0: the sampled
   token's only);
-- guided decoding becomes ``StructuredOutputsParams`` keyword arguments.
+- guided decoding becomes ``StructuredOutputsParams`` keyword arguments;
+- a leg of a disaggregated request carries its KV connector parameters in ``extra_args``
+  (``services/workers/vllm/transfer.py``); a prefill leg makes one token.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from services.workers.engine import (
     TokenLogprob,
     refuse_thinking_budget,
 )
+from services.workers.vllm import transfer
 
 # The knobs get_diff_sampling_param may default (max_tokens is sized per request below).
 _DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
@@ -47,6 +50,10 @@ def sampling_kwargs(request: EngineRequest, *, max_model_len: int,
     refuse_thinking_budget(request, "vLLM")
     default_max = defaults.get("max_tokens")
     max_tokens = request.max_tokens if request.max_tokens is not None else default_max or room
+    min_tokens = request.min_tokens
+    if transfer.leg(request.kv_transfer_params) is transfer.Leg.PREFILL:
+        # The prefill leg's one token; the decode leg owes the rest, min_tokens included.
+        max_tokens, min_tokens = 1, min(min_tokens, 1)
     s = request.sampling
     kwargs: dict[str, Any] = {name: defaults[name] for name in _DEFAULTABLE if name in defaults}
     for name in _DEFAULTABLE:
@@ -57,7 +64,7 @@ def sampling_kwargs(request: EngineRequest, *, max_model_len: int,
         n=1,  # the gateway fans n choices out into n requests
         seed=s.seed,
         max_tokens=min(max_tokens, room),
-        min_tokens=request.min_tokens,
+        min_tokens=min_tokens,
         ignore_eos=request.ignore_eos,
         stop_token_ids=list(dict.fromkeys((*request.eos_token_ids, *request.stop_token_ids))),
         logprobs=request.logprobs,
@@ -66,6 +73,9 @@ def sampling_kwargs(request: EngineRequest, *, max_model_len: int,
     )
     if request.guided is not None:
         kwargs["structured_outputs"] = structured_outputs_kwargs(request.guided)
+    extra = transfer.extra_args(request.kv_transfer_params)
+    if extra is not None:
+        kwargs["extra_args"] = extra
     return kwargs
 
 

@@ -40,7 +40,7 @@ from services.workers.engine import EngineRequest, GuidedDecoding, SamplingParam
 from services.workers.engine_kv import BlockHashTranslator, BlocksStored, CacheCleared
 from services.workers.engine_kv_zmq import ZmqKvSubscriber
 from services.workers.sglang import engine as sglang_engine
-from services.workers.sglang import sampling
+from services.workers.sglang import sampling, transfer
 from services.workers.sglang.config import OWNED_ENGINE_FLAGS, parse_config
 from services.workers.sglang.kv_events import batch_decoder, events_config
 
@@ -383,3 +383,29 @@ def test_a_misspelt_engine_flag_fails_in_sglangs_parser_naming_it(model_dir, cap
         cfg.server_args()
     assert exit_.value.code == 2
     assert "--mem-fraction-statik" in capsys.readouterr().err
+
+
+# -- disaggregation: the bootstrap fields ------------------------------------------------------------------
+
+
+def test_the_bootstrap_fields_are_generate_req_inputs_and_async_generates():
+    bootstrap = transfer.Bootstrap("10.0.0.5", 8998, 2**63 - 1)
+    kwargs = {**sampling.request_kwargs(REQUESTS["plain"], "rid-0", LIMITS), **bootstrap.request_kwargs()}
+    inspect.signature(Engine.async_generate).bind(object(), **kwargs)
+    obj = GenerateReqInput(**kwargs)
+    obj.normalize_batch_and_arguments()
+    assert (obj.bootstrap_host, obj.bootstrap_port, obj.bootstrap_room) == ("10.0.0.5", 8998, 2**63 - 1)
+
+
+@pytest.mark.parametrize(("mode", "sglangs"), [("prefill", "prefill"), ("decode", "decode"), ("agg", "null")])
+def test_the_workers_disaggregation_mode_is_sglangs(model_dir, mode, sglangs):
+    argv = ["--model-dir", str(model_dir), "--host", "0.0.0.0", "--disaggregation-mode", mode,
+            "--disaggregation-bootstrap-port", "9123", "--disaggregation-transfer-backend", "nixl"]
+    cfg = parse_config(argv, env={})
+    server_args = cfg.server_args()
+    assert cfg.worker(context_length=1, block_size=1).role == {"agg": "both"}.get(mode, mode)
+    assert server_args.disaggregation_mode == sglangs
+    assert (server_args.disaggregation_bootstrap_port, server_args.disaggregation_transfer_backend) == (9123, "nixl")
+    assert server_args.resolved_dict()["disaggregation_bootstrap_port"] == 9123  # what the engine reads
+    # A prefill worker's bootstrap server listens on the worker's host; otherwise SGLang keeps its own.
+    assert server_args.host == ("0.0.0.0" if mode == "prefill" else "127.0.0.1")

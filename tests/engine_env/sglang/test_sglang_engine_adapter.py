@@ -21,6 +21,7 @@ from services.workers.engine import (
     EngineError,
     EngineRequest,
     FinishReason,
+    KvTransferFailed,
     RequestRejected,
     TokenLogprob,
 )
@@ -253,3 +254,34 @@ async def test_load_comes_from_sglangs_load_snapshots():
     await anext(stream)
     assert engine.read_load() == {"active_blocks": 4, "waiting": 2, "running": 4, "total_blocks": 100}
     await stream.aclose()
+
+
+# -- disaggregation --------------------------------------------------------------------------------------
+
+
+async def test_a_prefill_leg_names_the_bootstrap_server_and_returns_it_on_its_last_output():
+    engine, fake = await started([("tokens", [10], 0), ("finish", {"type": "length", "length": 1})])
+    engine.bootstrap_host, engine._bootstrap_port = "10.0.0.5", 8998
+    outs = await collect(engine, request(max_tokens=1, kv_transfer_params={"do_remote_decode": True}))
+    sent = fake.requests[0]
+    assert (sent.bootstrap_host, sent.bootstrap_port) == ("10.0.0.5", 8998) and 0 <= sent.bootstrap_room < 2**63
+    assert [o.kv_transfer_params for o in outs[:-1]] == [None] * (len(outs) - 1)
+    assert outs[-1].kv_transfer_params == {"do_remote_prefill": True, "bootstrap_host": "10.0.0.5",
+                                           "bootstrap_port": 8998, "bootstrap_room": sent.bootstrap_room}
+
+
+async def test_a_decode_leg_meets_its_prefill_worker_in_the_room_it_returned():
+    engine, fake = await started([("tokens", [11, 12], 0), ("finish", {"type": "length", "length": 2})])
+    returned = {"do_remote_prefill": True, "bootstrap_host": "10.0.0.5", "bootstrap_port": 8998, "bootstrap_room": 77}
+    outs = await collect(engine, request(max_tokens=2, kv_transfer_params=returned))
+    sent = fake.requests[0]
+    assert (sent.bootstrap_host, sent.bootstrap_port, sent.bootstrap_room) == ("10.0.0.5", 8998, 77)
+    assert all(o.kv_transfer_params is None for o in outs)
+
+
+async def test_a_decode_leg_sglang_cannot_resolve_fails_before_reaching_sglang():
+    engine, fake = await started([("finish", {"type": "length", "length": 0})])
+    with pytest.raises(KvTransferFailed, match="bootstrap_room"):
+        await collect(engine, request(kv_transfer_params={"do_remote_prefill": True, "bootstrap_host": "h",
+                                                          "bootstrap_port": 8998}))
+    assert fake.requests == [] and engine.in_flight == 0

@@ -2,20 +2,24 @@
 
     .venv-vllm/bin/python -m pytest tests/engine_env/vllm -o addopts="--import-mode=importlib"
 
-A wrong field name, a constraint vLLM would refuse, an event shape that changed: each fails here
-rather than on a user's request. (`make test` runs it; the main run ignores tests/engine_env.)
+A wrong field name, a constraint vLLM would refuse, an event shape that changed, KV connector
+parameters vLLM reads from elsewhere: each fails here rather than on a user's request. (`make test`
+runs it; the main run ignores tests/engine_env.)
 """
 
 from __future__ import annotations
 
 import msgspec
 import pytest
+from vllm.config import KVTransferConfig
 from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from vllm.exceptions import QueueOverflowError, VLLMValidationError
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError
+from vllm.v1.request import Request
 
 from services.common.hashing import block_hashes, sequence_hashes
+from services.workers.config import ConfigError
 from services.workers.engine import (
     EngineBusy,
     EngineError,
@@ -25,6 +29,7 @@ from services.workers.engine import (
     SamplingParams,
 )
 from services.workers.engine_kv import BlockHashTranslator
+from services.workers.vllm import transfer
 from services.workers.vllm.config import parse_config
 from services.workers.vllm.engine import sampling_params, vllm_errors
 from services.workers.vllm.kv_events import batch_decoder
@@ -122,3 +127,58 @@ def test_pass_through_flags_reach_vllms_engine_args(tmp_path):
     assert (args.tensor_parallel_size, args.max_model_len, args.block_size) == (2, 2048, 32)
     assert (args.enable_prefix_caching, args.quantization, args.enable_lora) == (False, "fp8", True)
     assert args.kv_events_config.enable_kv_cache_events and args.kv_events_config.endpoint == cfg.kv_events_endpoint
+
+
+def test_a_prefill_legs_params_reach_vllms_request_as_its_connector_reads_them():
+    p = sampling_params(req(max_tokens=40, kv_transfer_params={"do_remote_decode": True}), max_model_len=100,
+                        defaults={})
+    request = Request("r", [1, 2, 3], p, None)
+    assert request.kv_transfer_params == {"do_remote_decode": True} and request.max_tokens == 1
+
+
+def test_a_decode_legs_params_reach_vllms_request_untouched():
+    returned = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[7, 8]],
+                "remote_engine_id": "e", "remote_request_id": "r0", "remote_host": "10.0.0.2", "remote_port": 5600,
+                "tp_size": 1}
+    request = Request("r", [1, 2, 3], sampling_params(req(max_tokens=9, kv_transfer_params=returned),
+                                                      max_model_len=100, defaults={}), None)
+    assert request.kv_transfer_params == returned and request.max_tokens == 9
+
+
+NIXL = '{"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"backends": ["UCX"]}}'
+
+
+def test_kv_transfer_config_passes_through_to_vllms_own_class(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    cfg = parse_config(["--model-dir", str(model), "--disaggregation-mode", "prefill", "--kv-transfer-config", NIXL],
+                       env={})
+    kv = cfg.engine_args().kv_transfer_config
+    assert isinstance(kv, KVTransferConfig)
+    assert (kv.kv_connector, kv.kv_role, kv.kv_connector_extra_config) == ("NixlConnector", "kv_both",
+                                                                           {"backends": ["UCX"]})
+    assert cfg.worker(context_length=1, block_size=1).role == "prefill"
+
+
+@pytest.mark.parametrize(("mode", "flags", "error"), [
+    ("decode", (), "needs vLLM's --kv-transfer-config"),
+    ("prefill", ("--kv-transfer-config", '{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}'),
+     "not kv_consumer"),
+    ("decode", ("--kv-transfer-config", '{"kv_connector": "NixlConnector", "kv_role": "kv_producer"}'),
+     "not kv_producer"),
+])
+def test_a_role_vllms_connector_cannot_play_is_refused(tmp_path, mode, flags, error):
+    model = tmp_path / "m"
+    model.mkdir()
+    cfg = parse_config(["--model-dir", str(model), "--disaggregation-mode", mode, *flags], env={})
+    with pytest.raises(ConfigError, match=error):
+        cfg.engine_args()
+
+
+@pytest.mark.parametrize(("role", "producer", "consumer"), [("kv_producer", True, False), ("kv_consumer", False, True),
+                                                            ("kv_both", True, True)])
+def test_the_role_check_reads_vllms_own_properties(role, producer, consumer):
+    kv = KVTransferConfig(kv_connector="NixlConnector", kv_role=role)
+    assert (kv.is_kv_producer, kv.is_kv_consumer) == (producer, consumer)
+    assert (transfer.role_errors("prefill", kv) == []) == producer
+    assert (transfer.role_errors("decode", kv) == []) == consumer

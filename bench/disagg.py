@@ -1,0 +1,227 @@
+"""The ``disagg`` scenario: the same number of mocker workers aggregated and disaggregated, Meshfront's and
+Dynamo 1.6.1's, on one mixed load at the mocker's real pace (issue 19's bench).
+
+Shapes (each a fresh mesh, one measured closed-loop level, then torn down):
+
+- ``agg``: N mockers (role both) behind the split mesh, kv router;
+- ``disagg``: 1 prefill + N-1 decode mockers (``--disaggregation-mode``), kv router: every request runs as two
+  legs (conditional disaggregation off, as Dynamo's default is);
+- ``dynamo-agg`` / ``dynamo-disagg``: Dynamo's frontend (kv router) and N of its own mockers, the second with
+  one in ``--disaggregation-mode prefill`` and the rest ``decode`` (bench/dynamo_peer.py).
+
+The load: ``concurrency`` slots, each request long (``long_min``..``long_max`` words, about as many tokens) with
+probability ``long_share``, else a short chat (``short_min``..``short_max``), every request ``max_tokens`` out
+(ignore_eos). The demo model's window (4096) is too small for 8k prompts, so both meshes serve a copy of it
+whose config says 32768. Reported per shape: TTFT and per-token ITL p50/p99, throughput, and the frontend's CPU
+per request (every process but the workers and NATS: Envoy, gateway, preprocessor, router, postprocessor;
+Dynamo's frontend), and, for Meshfront's shapes, the share of the prompt tokens the decode (or whole-request)
+workers found in their KV cache, from their ``meshfront_worker_cached_prompt_tokens`` counters (a decode worker's
+are the transferred ones; the client's usage reports the prefill leg's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import cpu
+from bench.loadgen import LoadSpec, open_connections, run_load
+from bench.mesh import Printer, run_async
+from bench.prompts import WORDS, PromptFactory
+from bench.stats import summarize
+from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan
+from services.launcher.processes import Mesh
+
+SHAPES = ("agg", "disagg", "dynamo-agg", "dynamo-disagg")
+CONTEXT = 32768
+# Both mockers model the same KV transfer: Meshfront's defaults (an 8B model's 128 KiB per token over a 25 GB/s
+# NIC, services/workers/mocker/transfer.py) given to Dynamo's mocker, and the same 16-token blocks.
+DYNAMO_MOCKER_FLAGS = ("--block-size", "16", "--kv-bytes-per-token", str(128 * 1024), "--kv-transfer-bandwidth", "25")
+FRONTEND_EXCLUDES = ("workers", "nats")
+
+
+@dataclasses.dataclass(frozen=True)
+class DisaggBenchConfig:
+    shapes: tuple[str, ...] = SHAPES
+    workers: int = 4  # disaggregated: 1 prefill + workers-1 decode
+    concurrency: int = 16
+    requests: int = 96
+    long_share: float = 0.25
+    long_min: int = 4000
+    long_max: int = 8000
+    short_min: int = 50
+    short_max: int = 300
+    max_tokens: int = 128
+    speedup: float = 1.0  # the mocker's real pace
+    warmup: int = 8
+    level_timeout_s: float = 150.0
+    model_name: str = "meshfront/demo-qwen"
+    seed: int | None = None
+    log_level: str = "WARNING"
+
+
+class MixedPrompts(PromptFactory):
+    """Long prompts mixed with short chats, each of its own random words (no accidental shared blocks)."""
+
+    def __init__(self, cfg: DisaggBenchConfig, seed: int):
+        super().__init__(cfg.short_min, seed=seed)
+        self.cfg = cfg
+        self._rng = random.Random(seed)
+
+    def next_prompt(self) -> str:
+        c, rng = self.cfg, self._rng
+        long = rng.random() < c.long_share
+        words = rng.randint(c.long_min, c.long_max) if long else rng.randint(c.short_min, c.short_max)
+        return " ".join(rng.choices(WORDS, k=words))
+
+
+def long_context_model(model_dir: Path) -> Path:
+    """A copy of the demo model whose config allows ``CONTEXT`` tokens (the weights are not needed: mockers)."""
+    out = ROOT / ".run" / "bench" / f"demo-qwen-{CONTEXT}"
+    if not (out / "config.json").is_file():
+        shutil.copytree(model_dir, out, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+        config = json.loads((out / "config.json").read_text())
+        config["max_position_embeddings"] = CONTEXT
+        (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def start(cfg: DisaggBenchConfig, shape: str, model_dir: str, log_dir: Path) -> Mesh:
+    if shape.startswith("dynamo"):
+        from bench import dynamo_peer
+
+        modes = disaggregation_modes(cfg.workers, shape == "dynamo-disagg")
+        return dynamo_peer.start(log_dir, model_dir, cfg.model_name, cfg.workers, cfg.speedup, "kv",
+                                 disaggregation_modes=modes, mocker_flags=DYNAMO_MOCKER_FLAGS)
+    base = ("--speedup-ratio", f"{cfg.speedup:g}")
+    workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", (*base, "--disaggregation-mode", mode))
+               for mode in disaggregation_modes(cfg.workers, shape == "disagg")]
+    plan = ephemeral_plan(workers, router_mode="kv", run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level)
+    mesh = Mesh(plan, log_dir)
+    try:
+        mesh.start(timeout=120)
+    except BaseException:
+        mesh.stop()
+        raise
+    return mesh
+
+
+def disaggregation_modes(workers: int, disaggregated: bool) -> list[str]:
+    """Each worker's ``--disaggregation-mode``: all agg, or one prefill and the rest decode."""
+    if not disaggregated:
+        return ["agg"] * workers
+    if workers < 2:
+        raise ValueError("a disaggregated shape needs at least 2 workers (1 prefill + 1 decode)")
+    return ["prefill"] + ["decode"] * (workers - 1)
+
+
+@dataclasses.dataclass
+class ShapeResult:
+    shape: str
+    ok: int
+    sent: int
+    wall_s: float
+    req_per_s: float
+    tokens_per_s: float
+    ttft_ms: dict[int, float]
+    itl_ms: dict[int, float]
+    frontend_cpu_ms_per_req: float
+    decode_cached_share: float | None  # None: not measured (Dynamo)
+    errors: list[str]
+
+
+def cache_counters(ports: list[int]) -> tuple[float, float]:
+    """(prompt tokens, cached prompt tokens) the workers on ``ports`` counted so far."""
+    prompt = cached = 0.0
+    for port in ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "meshfront_worker_prompt_tokens_total":
+                    prompt += sample.value
+                elif sample.name == "meshfront_worker_cached_prompt_tokens_total":
+                    cached += sample.value
+    return prompt, cached
+
+
+async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape: str, seed: int,
+                  emit: Printer, decode_ports: list[int]) -> ShapeResult:
+    warm = LoadSpec(url=url, model=cfg.model_name, concurrency=min(4, cfg.warmup), requests=cfg.warmup,
+                    max_tokens=cfg.max_tokens, duration_s=cfg.level_timeout_s)
+    warmed = summarize(await run_load(warm, MixedPrompts(cfg, seed ^ 0xA11)))
+    emit(f"[{shape}] warm-up: {warmed.ok}/{warmed.sent} ok" + (f"; {warmed.first_errors}" if warmed.errors else ""))
+    spec = LoadSpec(url=url, model=cfg.model_name, concurrency=cfg.concurrency, requests=cfg.requests,
+                    max_tokens=cfg.max_tokens, duration_s=cfg.level_timeout_s, request_timeout_s=cfg.level_timeout_s)
+    conns = await open_connections(url, cfg.concurrency)
+    counted = cache_counters(decode_ports)
+    before = cpu.sample(pids)
+    load = await run_load(spec, MixedPrompts(cfg, seed), conns)  # the same prompts for every shape
+    usage = cpu.usage_between(before, cpu.sample(pids))
+    prompt, cached = (after - was for after, was in zip(cache_counters(decode_ports), counted, strict=True))
+    for c in conns:
+        c.close()
+    stats = summarize(load)
+    per_request = usage.per_request(stats.ok)
+    frontend = sum(ms for group, ms in per_request.items() if group not in (*FRONTEND_EXCLUDES, "total"))
+    share = cached / prompt if decode_ports and prompt else None
+    return ShapeResult(shape, stats.ok, stats.sent, stats.wall_s, stats.req_per_s, stats.tokens_per_s, stats.ttft_ms,
+                       stats.itl_ms, frontend, share, stats.first_errors)
+
+
+def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> ShapeResult:
+    from services.models.build import build_demo_model
+
+    model_dir = str(long_context_model(build_demo_model(ROOT / "build" / "models" / "demo-qwen")))
+    log_dir = ROOT / ".run" / "bench" / f"logs-{shape}-{time.strftime('%Y%m%d-%H%M%S')}"
+    emit(f"[{shape}] starting (logs in {log_dir})")
+    mesh = start(cfg, shape, model_dir, log_dir)
+    try:
+        pids = {name: p.pid for name, p in mesh.procs.items()}
+        # Meshfront's decode (or whole-request) workers: the plan names them mocker-0.. in WorkerSpec order.
+        modes = disaggregation_modes(cfg.workers, shape == "disagg")
+        decode_ports = [] if shape.startswith("dynamo") else [
+            mesh.plan.metrics_ports[f"mocker-{i}"] for i, mode in enumerate(modes) if mode != "prefill"]
+        result = run_async(measure(mesh.url, pids, cfg, shape, seed, emit, decode_ports))
+        emit(f"[{shape}] {line(result)}")
+        return result
+    except BaseException:
+        emit(f"[{shape}] failed; last log lines:\n{mesh.all_logs()}")
+        raise
+    finally:
+        mesh.stop()
+
+
+def line(r: ShapeResult) -> str:
+    return (f"{r.ok}/{r.sent} ok in {r.wall_s:.1f}s: TTFT p50 {r.ttft_ms[50]:.0f} p99 {r.ttft_ms[99]:.0f} ms, "
+            f"ITL p50 {r.itl_ms[50]:.1f} p99 {r.itl_ms[99]:.1f} ms, {r.req_per_s:.2f} req/s, {r.tokens_per_s:.0f} "
+            f"tok/s, frontend CPU {r.frontend_cpu_ms_per_req:.1f} ms/req, decode workers' prompt cached "
+            f"{_share(r.decode_cached_share)}" + (f"; errors {r.errors}" if r.errors else ""))
+
+
+def _share(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
+
+
+def table(results: list[ShapeResult]) -> str:
+    head = ("| shape | ok | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | req/s | tok/s | frontend CPU ms/req "
+            "| decode workers' prompt cached |\n|---|---|---|---|---|---|---|---|---|---|")
+    rows = [f"| {r.shape} | {r.ok}/{r.sent} | {r.ttft_ms[50]:.0f} | {r.ttft_ms[99]:.0f} | {r.itl_ms[50]:.1f} | "
+            f"{r.itl_ms[99]:.1f} | {r.req_per_s:.2f} | {r.tokens_per_s:.0f} | {r.frontend_cpu_ms_per_req:.1f} | "
+            f"{_share(r.decode_cached_share)} |" for r in results]
+    return "\n".join([head, *rows])
+
+
+def main_disagg(cfg: DisaggBenchConfig, emit: Printer) -> str:
+    seed = cfg.seed if cfg.seed is not None else random.randrange(1 << 30)
+    emit(f"# seed {seed}")
+    results = [run_shape(cfg, shape, seed, emit) for shape in cfg.shapes]
+    return table(results)

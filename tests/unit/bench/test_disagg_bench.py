@@ -1,0 +1,67 @@
+"""``python -m bench disagg`` (bench/disagg.py): the mixed load and what each shape would start."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from bench import cli, disagg, dynamo_peer
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_mix_is_long_prompts_among_short_chats_the_same_for_every_shape():
+    cfg = disagg.DisaggBenchConfig(long_share=0.25)
+    prompts = disagg.MixedPrompts(cfg, 7)
+    lengths = [len(prompts.next_prompt().split()) for _ in range(400)]
+    long = [n for n in lengths if n >= cfg.long_min]
+    assert all(cfg.long_min <= n <= cfg.long_max for n in long)
+    assert all(cfg.short_min <= n <= cfg.short_max for n in lengths if n < cfg.long_min)
+    assert 0.15 < len(long) / len(lengths) < 0.35
+    again = disagg.MixedPrompts(cfg, 7)
+    assert [len(again.next_prompt().split()) for _ in range(400)] == lengths  # one seed, one load
+
+
+def test_the_same_worker_count_aggregated_and_disaggregated():
+    assert disagg.disaggregation_modes(4, False) == ["agg"] * 4
+    assert disagg.disaggregation_modes(4, True) == ["prefill", "decode", "decode", "decode"]
+    with pytest.raises(ValueError, match="at least 2"):
+        disagg.disaggregation_modes(1, True)
+
+
+def test_dynamos_mockers_run_in_its_disaggregation_mode(tmp_path):
+    procs = dict(dynamo_peer.commands(pathlib.Path("/venv/bin/python"), "/m", "org/demo", 3, 1.0, "kv", 4000, 4222,
+                                      tmp_path, ["prefill", "decode", "decode"]))
+    modes = [argv[argv.index("--disaggregation-mode") + 1] for name, argv in procs.items() if name.startswith("mocker")]
+    assert modes == ["prefill", "decode", "decode"]
+    plain = dict(dynamo_peer.commands(pathlib.Path("/p"), "/m", "org/demo", 2, 1.0, "kv", 4000, 4222, tmp_path))
+    assert not any("--disaggregation-mode" in argv for argv in plain.values())
+
+
+def test_the_long_context_copy_keeps_the_tokenizer_and_widens_the_window(tmp_path, monkeypatch, demo_model_dir):
+    monkeypatch.setattr(disagg, "ROOT", tmp_path)
+    out = disagg.long_context_model(pathlib.Path(demo_model_dir))
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == disagg.CONTEXT
+    assert (out / "tokenizer.json").is_file()
+
+
+def test_the_cli_takes_the_shapes_and_the_mix():
+    args = cli.parse_args(["disagg", "--shape", "agg,disagg", "--long-words", "4000,6000", "--workers", "4"])
+    assert (args.shape, args.long_words, args.workers) == ("agg,disagg", (4000, 6000), 4)
+
+
+def test_the_cached_share_comes_from_the_workers_own_counters():
+    from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+    registry = CollectorRegistry()
+    Counter("meshfront_worker_prompt_tokens", "", registry=registry).inc(1000)
+    Counter("meshfront_worker_cached_prompt_tokens", "", registry=registry).inc(990)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        port = server.server_address[1]
+        assert disagg.cache_counters([port, port]) == (2000.0, 1980.0)
+    finally:
+        server.shutdown()
+        thread.join(5)
