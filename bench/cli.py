@@ -415,18 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench " + shlex.join(argv)
     started = datetime.datetime.now().astimezone()
     _emit(f"$ {command}")
-    if args.scenario == "kv":
-        return _run_kv(args, command)
-    if args.scenario == "soak":
-        return _run_soak(args, command)
-    if args.scenario == "engine":
-        return _run_engine(args, command)
-    if args.scenario == "embeddings":
-        return _run_embeddings(args, command)
-    if args.scenario == "images":
-        return _run_images(args, command)
-    if args.scenario == "disagg":
-        return _run_disagg(args, command)
+    # The scenarios with runners of their own; mesh and external share the level loop below.
+    runners = {"kv": _run_kv, "soak": _run_soak, "engine": _run_engine, "embeddings": _run_embeddings,
+               "images": _run_images, "disagg": _run_disagg}
+    if args.scenario in runners:
+        return runners[args.scenario](args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
     _emit(f"# {_setting_line(args, cfg)}")
