@@ -20,6 +20,10 @@ so the tokens stay exactly those of an undisturbed run at temperature 0.
 Whenever an attempt ends before the decode worker sent anything (the client hung up during the prefill or
 the transfer, a leg failed, the first token finished the request), the blocks the prefill worker may still
 hold are released explicitly (``KvReleaser``): nobody will pull them.
+
+That is vLLM's and the mocker's order. A prefill worker whose engine pairs by bootstrap (SGLang) announces it
+in its leg's first chunk (transfer parameters before any token); the attempt then runs in the paired order
+instead, both legs at once (disagg_paired.py).
 """
 
 from __future__ import annotations
@@ -34,32 +38,15 @@ from meshfront.worker.v1 import worker_pb2
 
 from services.common.errors import InvalidRequest, MeshError, WorkerFailed
 from services.common.pump import Batch
+from services.postprocessor.disagg_common import TRANSFER_PARAM, Build, Decode, LegCall, Opener, drop_leg_budget
+from services.postprocessor.disagg_paired import PairedLegs, announces_pairing
 from services.postprocessor.migration import WorkerRoute, continuation
-
-# Only a decode worker that could not resolve a leg's transfer parameters names this param on its error.
-TRANSFER_PARAM = "kv_transfer_params"
 
 
 class KvReleaser(Protocol):
     """Frees blocks a prefill worker holds for a transfer (kv_release.GrpcKvReleaser); never raises."""
 
     def release(self, address: str, kv_transfer_params: bytes) -> None: ...
-
-
-class LegCall(Protocol):
-    """One leg's call on a worker (service.WorkerCall)."""
-
-    async def next_batch(self) -> Batch[worker_pb2.GenerateResponse]: ...
-
-    def cancel(self) -> None: ...
-
-    def fail(self, error: MeshError) -> None: ...
-
-
-Opener = Callable[[str, worker_pb2.GenerateRequest], LegCall]
-# Runs an opened decode call through the request's builder (Postprocessor._attempt with ``call``).
-Decode = Callable[[str, common_pb2.PreprocessedRequest, LegCall],
-                  AsyncGenerator[postprocessor_pb2.GenerateResponse, None]]
 
 
 def prefill_leg(request: common_pb2.PreprocessedRequest, route: WorkerRoute) -> common_pb2.PreprocessedRequest:
@@ -82,35 +69,54 @@ def decode_leg(request: common_pb2.PreprocessedRequest, first: list[int], route:
     return leg
 
 
-def _one_token(request: common_pb2.PreprocessedRequest) -> bool:
-    return request.stop.HasField("max_tokens") and request.stop.max_tokens <= 1
-
-
 class DisaggLegs:
-    """Runs one disaggregated attempt; ``blamed`` then says whose failure ended it."""
+    """Runs one disaggregated attempt, in the order its prefill worker asks for (sequential unless its first
+    chunk announces the paired order, disagg_paired.py); ``blamed`` then says whose failure ended it."""
 
     def __init__(self, open_call: Opener, decode: Decode, releaser: KvReleaser):
         self._open = open_call
         self._decode = decode
         self._releaser = releaser
-        self.blamed = ""
+        self._paired: PairedLegs | None = None
+        self._blamed = ""
+
+    @property
+    def blamed(self) -> str:
+        return self._paired.blamed if self._paired is not None else self._blamed
 
     async def run(self, route: WorkerRoute, request: common_pb2.PreprocessedRequest,
-                  build: Callable[[list[worker_pb2.GenerateResponse]], postprocessor_pb2.GenerateResponse | None],
+                  build: Build,
                   generated: Callable[[], list[int]], finished: Callable[[], bool],
                   ) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
         """Yields the request's responses from both legs. ``build`` feeds worker messages to the request's
         builder, ``generated`` is its decoder's ids so far and ``finished`` whether it ended the sequence."""
         before = len(generated())
-        self.blamed = route.prefill_worker_id
-        messages = await self._prefill(route, request)
+        self._blamed = route.prefill_worker_id
+        call = self._open(route.prefill_address, worker_pb2.GenerateRequest(request=prefill_leg(request, route)))
+        try:
+            messages = await self._first(call)
+            if announces_pairing(messages[0]):
+                self._paired = PairedLegs(self._open, self._decode)
+                async for response in self._paired.run(route, request, call, messages[0], messages[1:], build,
+                                                       finished):
+                    yield response
+                return
+            messages = await self._prefill(call, messages)
+        finally:
+            # A cancel here (the client left mid-prefill) aborts the sequence on the worker, blocks and all.
+            call.cancel()  # a no-op once the leg ended
+        async for response in self._sequential(route, request, messages, before, build, generated, finished):
+            yield response
+
+    async def _sequential(self, route: WorkerRoute, request: common_pb2.PreprocessedRequest,
+                          messages: list[worker_pb2.GenerateResponse], before: int,
+                          build: Build,
+                          generated: Callable[[], list[int]], finished: Callable[[], bool],
+                          ) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
+        """The decode leg after the prefill leg's ``messages`` (up to its finishing one)."""
         params = messages[-1].kv_transfer_params
         ended_at = time.monotonic()
-        if messages[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH and not _one_token(request):
-            last = worker_pb2.GenerateResponse()
-            last.CopyFrom(messages[-1])
-            last.finish_reason = common_pb2.FINISH_REASON_UNSPECIFIED  # the leg's budget, not the request's
-            messages[-1] = last
+        drop_leg_budget(messages, request)
         decode_call = None
         decoding = False  # the decode worker sent its first chunk: it pulled the blocks
         try:
@@ -125,7 +131,7 @@ class DisaggLegs:
                 yield response
             if decode_call is None:
                 return
-            self.blamed = route.worker_id
+            self._blamed = route.worker_id
             async for response in self._decode(route.address, leg, decode_call):
                 if not decoding:
                     decoding = True
@@ -134,7 +140,7 @@ class DisaggLegs:
                 yield response
         except MeshError as e:
             if not decoding and e.param == TRANSFER_PARAM and isinstance(e, (WorkerFailed, InvalidRequest)):
-                self.blamed = route.prefill_worker_id  # its blocks are gone, not the decode worker
+                self._blamed = route.prefill_worker_id  # its blocks are gone, not the decode worker
                 raise WorkerFailed("the KV transfer from the prefill worker failed") from e
             raise
         finally:
@@ -143,21 +149,28 @@ class DisaggLegs:
             if params and not decoding:
                 self._releaser.release(route.prefill_address, params)
 
-    async def _prefill(self, route: WorkerRoute,
-                       request: common_pb2.PreprocessedRequest) -> list[worker_pb2.GenerateResponse]:
-        """The prefill leg's messages, up to and including its finishing one."""
-        call = self._open(route.prefill_address, worker_pb2.GenerateRequest(request=prefill_leg(request, route)))
-        messages: list[worker_pb2.GenerateResponse] = []
-        try:
-            while True:
-                batch = await call.next_batch()
-                messages.extend(batch.messages)
-                if messages and messages[-1].finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-                    return messages
-                if batch.error is not None:
-                    raise batch.error if isinstance(batch.error, MeshError) else WorkerFailed("worker failed")
-                if batch.ended:
-                    raise WorkerFailed("the prefill worker ended the stream without a finish reason")
-        finally:
-            # A cancel here (the client left mid-prefill) aborts the sequence on the worker, blocks and all.
-            call.cancel()
+    @staticmethod
+    async def _first(call: LegCall) -> list[worker_pb2.GenerateResponse]:
+        """The prefill leg's first messages (at least one)."""
+        while True:
+            batch = await call.next_batch()
+            if batch.messages:
+                return batch.messages
+            _check(batch, ended="the prefill worker ended the stream without a finish reason")
+
+    @staticmethod
+    async def _prefill(call: LegCall, messages: list[worker_pb2.GenerateResponse]) -> list[worker_pb2.GenerateResponse]:
+        """The prefill leg's messages, from ``messages`` (read already) up to and including its finishing one."""
+        while messages[-1].finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+            batch = await call.next_batch()
+            messages.extend(batch.messages)
+            if messages[-1].finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+                _check(batch, ended="the prefill worker ended the stream without a finish reason")
+        return messages
+
+
+def _check(batch: Batch[worker_pb2.GenerateResponse], *, ended: str) -> None:
+    if batch.error is not None:
+        raise batch.error if isinstance(batch.error, MeshError) else WorkerFailed("worker failed")
+    if batch.ended:
+        raise WorkerFailed(ended)

@@ -182,6 +182,11 @@ class SglangEngine:
         first = True
         finished = False
         try:
+            if prefill_leg and bootstrap is not None:
+                # Announced before SGLang sees the request: its prefill server produces nothing until the
+                # decode leg has connected for this room, so the caller must open that leg now (the paired
+                # order, services/postprocessor/disagg_paired.py).
+                yield EngineOutput([], kv_transfer_params=bootstrap.returned_params())
             with _sglang_errors():
                 stream = await self.engine.async_generate(**kwargs)
             async with contextlib.aclosing(stream):

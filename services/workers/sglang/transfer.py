@@ -11,16 +11,19 @@ names it with ``bootstrap_host``/``bootstrap_port`` and a ``bootstrap_room``, a 
   worker's ``--host`` as SGLang's, so that its bootstrap server listens where decode workers can reach it;
 - **prefill leg** (``{"do_remote_decode": true}``): the worker names its own bootstrap server (its advertised
   host, SGLang's bootstrap port) and draws a room, unless the caller already chose all three (a caller that
-  sets up both ends); it submits with them and its last output returns ``{"do_remote_prefill": true,
-  "bootstrap_host", "bootstrap_port", "bootstrap_room"}``;
+  sets up both ends); it announces them in an output of its own, before SGLang sees the request (no tokens,
+  ``{"do_remote_prefill": true, "bootstrap_host", "bootstrap_port", "bootstrap_room"}``), submits with them,
+  and its last output returns the same;
 - **decode leg**: those three, checked, become the decode request's fields; parameters without them are
   ``KvTransferFailed``, so the caller prefills again.
 
 SGLang's protocol is not vLLM's in one respect the caller must honour (docs/engines.md, "Disaggregation"): its
 prefill server holds a request in its bootstrap queue until the decode server has connected for the same room,
 and returns the first token only after the KV went over. SGLang's own router therefore sends both legs at
-once; a caller that waits for the prefill leg's last output before starting the decode leg waits until
-SGLang's bootstrap timeout.
+once; a caller that waited for the prefill leg's last output before starting the decode leg would wait until
+SGLang's bootstrap timeout. The announcing output is what tells the postprocessor to open the decode leg at
+once, on the prefill leg's prompt (SGLang's decode server expects the KV of that prompt, and its output starts
+with the first token, which comes over with the KV): services/postprocessor/disagg_paired.py.
 """
 
 from __future__ import annotations

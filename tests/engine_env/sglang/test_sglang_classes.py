@@ -409,3 +409,19 @@ def test_the_workers_disaggregation_mode_is_sglangs(model_dir, mode, sglangs):
     assert server_args.resolved_dict()["disaggregation_bootstrap_port"] == 9123  # what the engine reads
     # A prefill worker's bootstrap server listens on the worker's host; otherwise SGLang keeps its own.
     assert server_args.host == ("0.0.0.0" if mode == "prefill" else "127.0.0.1")
+
+
+def test_sglangs_decode_server_starts_its_output_with_the_first_token_that_came_with_the_kv():
+    """The paired order (services/postprocessor/disagg_paired.py) sends the decode leg the prefill leg's prompt and
+    drops the decode leg's copy of the first token: SGLang's decode server commits the prefill server's token, sent
+    over in the transfer's metadata, as its request's first output id."""
+    from sglang.srt.disaggregation.decode import DecodeTransferQueue
+
+    source = inspect.getsource(DecodeTransferQueue._commit_transfer_to_req)
+    assert "self.metadata_buffers.get_buf(idx)" in source and "output_id," in source
+    assert "decode_req.req.output_ids.append(committed_output_id)" in source
+    assert "committed_output_id = output_id[0].item()" in source
+    # And the prefill server waits for the decode server for this long (what the sequential order would wait out).
+    from sglang.srt.environ import envs
+
+    assert envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get() == 300

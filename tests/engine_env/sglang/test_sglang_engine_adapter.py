@@ -265,9 +265,24 @@ async def test_a_prefill_leg_names_the_bootstrap_server_and_returns_it_on_its_la
     outs = await collect(engine, request(max_tokens=1, kv_transfer_params={"do_remote_decode": True}))
     sent = fake.requests[0]
     assert (sent.bootstrap_host, sent.bootstrap_port) == ("10.0.0.5", 8998) and 0 <= sent.bootstrap_room < 2**63
-    assert [o.kv_transfer_params for o in outs[:-1]] == [None] * (len(outs) - 1)
-    assert outs[-1].kv_transfer_params == {"do_remote_prefill": True, "bootstrap_host": "10.0.0.5",
-                                           "bootstrap_port": 8998, "bootstrap_room": sent.bootstrap_room}
+    returned = {"do_remote_prefill": True, "bootstrap_host": "10.0.0.5", "bootstrap_port": 8998,
+                "bootstrap_room": sent.bootstrap_room}
+    # Announced first, with no tokens (the postprocessor opens the decode leg on it: the paired order), then
+    # the tokens, the prompt's usage on the first of them, and the same parameters on the last output.
+    assert outs[0].token_ids == [] and outs[0].kv_transfer_params == returned and outs[0].prompt_tokens is None
+    assert [o.kv_transfer_params for o in outs[1:-1]] == [None] * (len(outs) - 2)
+    assert outs[1].prompt_tokens == len(PROMPT) and outs[-1].kv_transfer_params == returned
+
+
+async def test_the_prefill_leg_announces_its_bootstrap_before_sglang_sees_the_request():
+    """SGLang's prefill server produces nothing until the decode server connected: the announcement cannot wait
+    for SGLang's first output."""
+    engine, fake = await started([("wait",)])
+    engine.bootstrap_host, engine._bootstrap_port = "10.0.0.5", 8998
+    stream = engine.generate(request(max_tokens=1, kv_transfer_params={"do_remote_decode": True}))
+    announced = await asyncio.wait_for(anext(stream), 1)
+    assert announced.kv_transfer_params is not None and fake.requests == []
+    await stream.aclose()
 
 
 async def test_a_decode_leg_meets_its_prefill_worker_in_the_room_it_returned():

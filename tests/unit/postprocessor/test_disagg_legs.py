@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 from meshfront.common.v1 import common_pb2
+from meshfront.worker.v1 import worker_pb2
 
 from services.postprocessor.disagg_legs import decode_leg, prefill_leg
+from services.postprocessor.disagg_paired import announces_pairing, paired_decode_leg
 from services.postprocessor.migration import WorkerRoute
 
 pytestmark = pytest.mark.unit
@@ -39,3 +41,22 @@ def test_the_decode_leg_continues_after_the_first_token_with_the_params_untouche
     assert leg.disaggregation.role == common_pb2.DISAGGREGATION_ROLE_DECODE
     assert leg.disaggregation.kv_transfer_params == b'{"remote_handle": "h"}'
     assert (leg.disaggregation.peer_worker_id, leg.disaggregation.peer_address) == ("prefill-1", "127.0.0.1:1")
+
+
+def test_the_paired_decode_leg_takes_the_prefill_legs_prompt_and_the_requests_budgets():
+    leg = paired_decode_leg(request(max_tokens=50, min_tokens=5), ROUTE, b'{"bootstrap_room": 7}')
+    assert list(leg.token_ids) == [1, 2, 3] and (leg.stop.max_tokens, leg.stop.min_tokens) == (50, 5)
+    assert leg.disaggregation.role == common_pb2.DISAGGREGATION_ROLE_DECODE
+    assert leg.disaggregation.kv_transfer_params == b'{"bootstrap_room": 7}'
+    assert (leg.disaggregation.peer_worker_id, leg.disaggregation.peer_address) == ("prefill-1", "127.0.0.1:1")
+
+
+def test_only_transfer_parameters_before_any_token_announce_the_paired_order():
+    params = b'{"bootstrap_room": 7}'
+    assert announces_pairing(worker_pb2.GenerateResponse(kv_transfer_params=params))
+    # A sequential prefill leg's last chunk (the mocker's, vLLM's) carries its token and a finish with them.
+    assert not announces_pairing(worker_pb2.GenerateResponse(
+        token_ids=[5], finish_reason=common_pb2.FINISH_REASON_LENGTH, kv_transfer_params=params))
+    assert not announces_pairing(worker_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH,
+                                                             kv_transfer_params=params))
+    assert not announces_pairing(worker_pb2.GenerateResponse(token_ids=[5]))
