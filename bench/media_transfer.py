@@ -50,6 +50,7 @@ CHUNK = 1 << 20  # the worker's chunk (MediaChunk: at most 1 MiB)
 MIB = 1 << 20
 PROMPT = "fifty megabytes of noise"
 MARKER = b'"b64_json":"'
+WARMUP_FRAMES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,14 +234,14 @@ class MemorySampler(threading.Thread):
 
 # ---- the legs ---------------------------------------------------------------------------------------------
 
-def _request(cfg: TransferBenchConfig, response_format: str) -> bytes:
+def _request(cfg: TransferBenchConfig, response_format: str, frames: int = 0) -> bytes:
     return orjson.dumps({"model": MODEL, "prompt": PROMPT, "size": cfg.size, "response_format": response_format,
                          "output_format": "mp4",
-                         "nvext": {"fps": cfg.fps, "num_frames": cfg.frames, "num_inference_steps": 1,
+                         "nvext": {"fps": cfg.fps, "num_frames": frames or cfg.frames, "num_inference_steps": 1,
                                    "seed": cfg.seed}})
 
 
-async def b64_once(cfg: TransferBenchConfig, port: int) -> tuple[int, str, float, float]:
+async def b64_once(cfg: TransferBenchConfig, port: int, frames: int = 0) -> tuple[int, str, float, float]:
     """One b64_json generation: (bytes, sha256, body seconds, request seconds)."""
     from bench.http import Connection, HttpError
 
@@ -249,7 +250,7 @@ async def b64_once(cfg: TransferBenchConfig, port: int) -> tuple[int, str, float
     t0 = time.monotonic()
     first = 0.0
     try:
-        async for at, payload in conn.post_stream("/v1/videos/generations", _request(cfg, "b64_json")):
+        async for at, payload in conn.post_stream("/v1/videos/generations", _request(cfg, "b64_json", frames)):
             first = first or at
             data = extractor.feed(payload)
             digest.update(data)
@@ -262,14 +263,14 @@ async def b64_once(cfg: TransferBenchConfig, port: int) -> tuple[int, str, float
     return size, digest.hexdigest(), end - first, end - t0
 
 
-async def store_once(cfg: TransferBenchConfig, port: int) -> tuple[str, float]:
+async def store_once(cfg: TransferBenchConfig, port: int, frames: int = 0) -> tuple[str, float]:
     """One url generation: (media id, request seconds)."""
     from bench.http import Connection, HttpError
 
     conn = Connection("127.0.0.1", port)
     t0 = time.monotonic()
     try:
-        body = b"".join([p async for _, p in conn.post_stream("/v1/videos/generations", _request(cfg, "url"))])
+        body = b"".join([p async for _, p in conn.post_stream("/v1/videos/generations", _request(cfg, "url", frames))])
     finally:
         conn.close()
     try:
@@ -358,6 +359,12 @@ async def measure(cfg: TransferBenchConfig, mesh: Any, sampler: MemorySampler, e
         memory.extend(memory_rows(name, sampler.samples[idle_from:during_from], sampler.samples[during_from:]))
         return results
 
+    # Warm-up: every path once with a short video, so first-use costs (imports, connections, buffers that
+    # stay) fall outside the legs' baselines.
+    warm_id, _ = await store_once(cfg, http_port, WARMUP_FRAMES)
+    await grpc_download(gateway_port, warm_id)
+    await http_download(http_port, warm_id)
+    await b64_once(cfg, http_port, WARMUP_FRAMES)
     media_id = ""
     if "url-store" in cfg.legs or "url-download" in cfg.legs or "grpc-download" in cfg.legs:
         emit("# url-store: one generation stored in NATS")
