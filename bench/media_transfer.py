@@ -179,7 +179,8 @@ def memory_table(rows: list[MemoryRow], hwm: dict[str, int]) -> str:
 
 LEGEND = ("MB = 10^6 bytes; MiB and chunks = 2^20 bytes (the worker's chunk). Memory is VmRSS sampled every "
           "~20 ms (a peak between two samples can be missed), except `envoy-allocated`: Envoy's own heap "
-          "(admin /memory `allocated`). "
+          "(admin /memory `allocated`). VmHWM is the kernel's high-water mark, read at the end (startup included; "
+          "updated lazily, it can trail the sampled peak a little). "
           + " ".join(f"{name}: {why}." for name, why in NOTES.items()))
 
 
