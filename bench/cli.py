@@ -5,7 +5,8 @@ running (e.g. ``make run``) and accounts CPU for the pids given with ``--pid nam
 puts vLLM CPU workers behind the split and inproc meshes and compares them with vLLM's own server
 (bench/engine.py); ``kv``, ``soak``, ``embeddings`` (POST /v1/embeddings vs the model in-process,
 bench/embeddings.py) and ``images`` (the tiny diffusers pipeline in-process, behind its worker and
-through the mesh, bench/images.py) are described by their own ``--help``.
+through the mesh, bench/images.py) and ``media-transfer`` (MB/s and per-process memory of a ~50 MB video through
+Envoy, bench/media_transfer.py) are described by their own ``--help``.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_embeddings_parser(sub)
     _add_images_parser(sub)
     _add_disagg_parser(sub)
+    _add_media_transfer_parser(sub)
     args = p.parse_args(argv)
     if args.scenario == "engine":
         from bench.engine import DEPLOYMENTS
@@ -277,6 +279,47 @@ def _run_images(args: argparse.Namespace, command: str) -> int:
     return 0
 
 
+def _add_media_transfer_parser(sub) -> None:
+    from bench.media_transfer import LEGS, TransferBenchConfig
+
+    d = TransferBenchConfig()
+    t = sub.add_parser("media-transfer", help="MB/s of a ~50 MB video through Envoy (b64_json, url download, the "
+                       "gateway's gRPC download) and the memory each process uses while it passes")
+    t.add_argument("--legs", default=",".join(d.legs), help=f"comma list of {', '.join(LEGS)}")
+    t.add_argument("--size", default=d.size, help="WIDTHxHEIGHT of the video")
+    t.add_argument("--frames", type=int, default=d.frames, help="frames (noise: ~0.53 MB each at 1280x720)")
+    t.add_argument("--fps", type=float, default=d.fps)
+    t.add_argument("--generations", type=int, default=d.generations, help="b64_json requests")
+    t.add_argument("--downloads", type=int, default=d.downloads, help="downloads per download leg")
+    t.add_argument("--sample-ms", type=float, default=d.sample_ms, help="memory sampling period")
+    t.add_argument("--log-level", default=d.log_level, help="log level of the mesh services")
+    t.add_argument("--markdown", default="", help="append a markdown section with the tables to this file")
+
+
+def _run_media_transfer(args: argparse.Namespace, command: str) -> int:
+    import tempfile
+
+    from bench import media_transfer as mt
+
+    legs = tuple(s.strip() for s in args.legs.split(",") if s.strip())
+    if bad := [leg for leg in legs if leg not in mt.LEGS]:
+        raise SystemExit(f"unknown leg(s) {bad}; choose from {mt.LEGS}")
+    cfg = mt.TransferBenchConfig(legs=legs, size=args.size, frames=args.frames, fps=args.fps,
+                                 generations=args.generations, downloads=args.downloads, sample_ms=args.sample_ms,
+                                 log_level=args.log_level)
+    started = datetime.datetime.now().astimezone()
+    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
+    with tempfile.TemporaryDirectory(prefix="bench-media-transfer-") as logs:
+        transfers, memory, hwm = mt.run(cfg, _emit, Path(logs))
+    tables = mt.transfer_table(transfers) + "\n\n" + mt.memory_table(memory, hwm)
+    _emit("\n" + tables + "\n\n" + mt.LEGEND)
+    if args.markdown:
+        with Path(args.markdown).open("a") as f:
+            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
+                    f"Setting: {cfg}.\n\n{tables}\n\n{mt.LEGEND}\n")
+    return 0
+
+
 def _add_engine_parser(sub) -> None:
     from bench.engine import DEPLOYMENTS, EngineBenchConfig
 
@@ -417,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     _emit(f"$ {command}")
     # The scenarios with runners of their own; mesh and external share the level loop below.
     runners = {"kv": _run_kv, "soak": _run_soak, "engine": _run_engine, "embeddings": _run_embeddings,
-               "images": _run_images, "disagg": _run_disagg}
+               "images": _run_images, "disagg": _run_disagg, "media-transfer": _run_media_transfer}
     if args.scenario in runners:
         return runners[args.scenario](args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))

@@ -92,12 +92,21 @@ class Connection:
         Raises HttpError (with the response body) for a non-200 status. The connection is closed on
         any failure and when the server asks to close, so the next call reconnects.
         """
-        if not self.connected:
-            await self.connect()
         head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
                 f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        async for item in self._exchange(head + body):
+            yield item
+
+    async def get_stream(self, path: str) -> AsyncIterator[tuple[float, bytes]]:
+        """GETs ``path``; yields and raises as ``post_stream`` does (a download read as it comes)."""
+        async for item in self._exchange(f"GET {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n\r\n".encode()):
+            yield item
+
+    async def _exchange(self, request: bytes) -> AsyncIterator[tuple[float, bytes]]:
+        if not self.connected:
+            await self.connect()
         try:
-            self._writer.write(head + body)
+            self._writer.write(request)
             status, headers = await self._read_head()
             if status != 200:
                 body = b"".join([payload async for _, payload in self._read_body(headers)])

@@ -22,7 +22,12 @@ from services.gateway.embeddings.worker_client import EMBED_CHANNEL_OPTIONS
 log = logging.getLogger(__name__)
 
 # The same keepalive as the embedding workers' channels: a frozen worker fails the call within ~3 s.
-MEDIA_CHANNEL_OPTIONS = EMBED_CHANNEL_OPTIONS
+# A fixed receive window of two chunks: gRPC's default grows the window with its bandwidth estimate (BDP
+# probes), so a worker that sends faster than the client reads filled the gateway with most of a 50 MB video
+# (bench: `python -m bench media-transfer`); bounded, the worker waits and the gateway holds about two chunks.
+MEDIA_RECEIVE_WINDOW = 2 * 1024 * 1024
+MEDIA_CHANNEL_OPTIONS = [*EMBED_CHANNEL_OPTIONS, ("grpc.http2.bdp_probe", 0),
+                         ("grpc.http2.lookahead_bytes", MEDIA_RECEIVE_WINDOW)]
 
 
 class MediaWorkerClient(Protocol):
