@@ -15,24 +15,18 @@ import argparse
 import dataclasses
 import datetime
 import json
-import os
-import platform
 import shlex
 import sys
 from pathlib import Path
 
-from bench import mesh
+from bench import cli_fleets, mesh
+from bench.cli_common import emit as _emit
+from bench.cli_common import ints as _ints
+from bench.cli_common import machine_line as _machine_line
+from bench.cli_common import speedup as _speedup
 from bench.report import LEGEND, Row, markdown_table, text_table
 
 PACED_SPEEDUP = 1.0  # the mocker's real-time pace: a decode step of ~6 ms (empty cache) to ~12 ms (c=128)
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
-def _speedup(text: str) -> float:
-    return 0.0 if text == "instant" else float(text)
 
 
 def _add_load_flags(p: argparse.ArgumentParser) -> None:
@@ -87,9 +81,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_soak_parser(sub)
     _add_engine_parser(sub)
     _add_embeddings_parser(sub)
-    _add_images_parser(sub)
-    _add_disagg_parser(sub)
-    _add_media_transfer_parser(sub)
+    cli_fleets.add_images_parser(sub)
+    cli_fleets.add_disagg_parser(sub)
+    cli_fleets.add_media_transfer_parser(sub)
     args = p.parse_args(argv)
     if args.scenario == "engine":
         from bench.engine import DEPLOYMENTS
@@ -113,50 +107,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if args.paced:
             args.speedup = PACED_SPEEDUP
     return args
-
-
-def _add_disagg_parser(sub) -> None:
-    from bench.disagg import SHAPES as DISAGG_SHAPES
-    from bench.disagg import DisaggBenchConfig
-
-    d = DisaggBenchConfig()
-    g = sub.add_parser("disagg", help="the same mocker workers aggregated and disaggregated (1 prefill + N-1 "
-                       "decode), and Dynamo 1.6.1's both ways, on long prompts mixed with short chats")
-    g.add_argument("--shape", default=",".join(d.shapes), help=f"comma list of {', '.join(DISAGG_SHAPES)}")
-    g.add_argument("--workers", type=int, default=d.workers, help="workers per shape (disaggregated: 1 prefill)")
-    g.add_argument("--concurrency", type=int, default=d.concurrency)
-    g.add_argument("--requests", type=int, default=d.requests, help="measured requests per shape")
-    g.add_argument("--long-share", type=float, default=d.long_share, help="share of long prompts")
-    g.add_argument("--long-words", type=_ints, default=(d.long_min, d.long_max), help="long prompts' min,max words")
-    g.add_argument("--short-words", type=_ints, default=(d.short_min, d.short_max), help="short chats' min,max words")
-    g.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    g.add_argument("--speedup", type=_speedup, default=d.speedup, help="mocker --speedup-ratio (default 1 = paced)")
-    g.add_argument("--warmup", type=int, default=d.warmup)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--markdown", default="", help="append the table to this file")
-
-
-def _run_disagg(args: argparse.Namespace, command: str) -> int:
-    from bench.disagg import SHAPES as DISAGG_SHAPES
-    from bench.disagg import DisaggBenchConfig, main_disagg
-
-    shapes = tuple(s.strip() for s in args.shape.split(",") if s.strip())
-    bad = [s for s in shapes if s not in DISAGG_SHAPES]
-    if bad or not shapes:
-        raise SystemExit(f"unknown shape(s) {bad}; choose from {DISAGG_SHAPES}")
-    cfg = DisaggBenchConfig(shapes=shapes, workers=args.workers, concurrency=args.concurrency, requests=args.requests,
-                            long_share=args.long_share, long_min=args.long_words[0], long_max=args.long_words[-1],
-                            short_min=args.short_words[0], short_max=args.short_words[-1], max_tokens=args.max_tokens,
-                            speedup=args.speedup, warmup=args.warmup, seed=args.seed)
-    started = datetime.datetime.now().astimezone()
-    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}; {cfg}")
-    table = main_disagg(cfg, _emit)
-    _emit("\n" + table)
-    if args.markdown:
-        with Path(args.markdown).open("a") as f:
-            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
-                    f"Setting: {cfg}.\n\n{table}\n")
-    return 0
 
 
 def _add_kv_parser(sub) -> None:
@@ -235,88 +185,6 @@ def _run_embeddings(args: argparse.Namespace, command: str) -> int:
         with Path(args.markdown).open("a") as f:
             f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
                     f"Setting: {cfg}.\n\n{table}\n\n{embeddings.LEGEND}\n")
-    return 0
-
-
-def _add_images_parser(sub) -> None:
-    from bench.images import LEGS, ImageBenchConfig
-
-    d = ImageBenchConfig()
-    i = sub.add_parser("images", help="the tiny diffusers pipeline in-process vs behind `meshfront diffusers` vs "
-                       "POST /v1/images/generations through a fresh mesh")
-    i.add_argument("--legs", default=",".join(d.legs), help=f"comma list of {', '.join(LEGS)}")
-    i.add_argument("--images", type=int, default=d.images, help="images per leg (one after another)")
-    i.add_argument("--warmup", type=int, default=d.warmup, help="warm-up images before each leg")
-    i.add_argument("--size", type=int, default=d.size, help="width and height in pixels")
-    i.add_argument("--steps", type=int, default=d.steps, help="denoising steps per image")
-    i.add_argument("--threads", type=int, default=d.threads, help="torch threads of the worker and the direct leg")
-    i.add_argument("--rounds", type=int, default=d.rounds, help="rounds the legs alternate in")
-    i.add_argument("--log-level", default=d.log_level, help="log level of the mesh services")
-    i.add_argument("--markdown", default="", help="append a markdown section with the table to this file")
-
-
-def _run_images(args: argparse.Namespace, command: str) -> int:
-    import tempfile
-
-    from bench import images
-
-    legs = tuple(s.strip() for s in args.legs.split(",") if s.strip())
-    if bad := [leg for leg in legs if leg not in images.LEGS]:
-        raise SystemExit(f"unknown leg(s) {bad}; choose from {images.LEGS}")
-    cfg = images.ImageBenchConfig(legs=legs, images=args.images, warmup=args.warmup, size=args.size,
-                                  steps=args.steps, threads=args.threads, rounds=args.rounds,
-                                  log_level=args.log_level)
-    started = datetime.datetime.now().astimezone()
-    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
-    with tempfile.TemporaryDirectory(prefix="bench-images-") as logs:
-        rows = images.run(cfg, _emit, Path(logs))
-    table = images.markdown_table(rows)
-    _emit("\n" + table + "\n\n" + images.LEGEND)
-    if args.markdown:
-        with Path(args.markdown).open("a") as f:
-            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
-                    f"Setting: {cfg}.\n\n{table}\n\n{images.LEGEND}\n")
-    return 0
-
-
-def _add_media_transfer_parser(sub) -> None:
-    from bench.media_transfer import LEGS, TransferBenchConfig
-
-    d = TransferBenchConfig()
-    t = sub.add_parser("media-transfer", help="MB/s of a ~50 MB video through Envoy (b64_json, url download, the "
-                       "gateway's gRPC download) and the memory each process uses while it passes")
-    t.add_argument("--legs", default=",".join(d.legs), help=f"comma list of {', '.join(LEGS)}")
-    t.add_argument("--size", default=d.size, help="WIDTHxHEIGHT of the video")
-    t.add_argument("--frames", type=int, default=d.frames, help="frames (noise: ~0.53 MB each at 1280x720)")
-    t.add_argument("--fps", type=float, default=d.fps)
-    t.add_argument("--generations", type=int, default=d.generations, help="b64_json requests")
-    t.add_argument("--downloads", type=int, default=d.downloads, help="downloads per download leg")
-    t.add_argument("--sample-ms", type=float, default=d.sample_ms, help="memory sampling period")
-    t.add_argument("--log-level", default=d.log_level, help="log level of the mesh services")
-    t.add_argument("--markdown", default="", help="append a markdown section with the tables to this file")
-
-
-def _run_media_transfer(args: argparse.Namespace, command: str) -> int:
-    import tempfile
-
-    from bench import media_transfer as mt
-
-    legs = tuple(s.strip() for s in args.legs.split(",") if s.strip())
-    if bad := [leg for leg in legs if leg not in mt.LEGS]:
-        raise SystemExit(f"unknown leg(s) {bad}; choose from {mt.LEGS}")
-    cfg = mt.TransferBenchConfig(legs=legs, size=args.size, frames=args.frames, fps=args.fps,
-                                 generations=args.generations, downloads=args.downloads, sample_ms=args.sample_ms,
-                                 log_level=args.log_level)
-    started = datetime.datetime.now().astimezone()
-    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
-    with tempfile.TemporaryDirectory(prefix="bench-media-transfer-") as logs:
-        transfers, memory, hwm = mt.run(cfg, _emit, Path(logs))
-    tables = mt.transfer_table(transfers) + "\n\n" + mt.memory_table(memory, hwm)
-    _emit("\n" + tables + "\n\n" + mt.LEGEND)
-    if args.markdown:
-        with Path(args.markdown).open("a") as f:
-            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
-                    f"Setting: {cfg}.\n\n{tables}\n\n{mt.LEGEND}\n")
     return 0
 
 
@@ -433,10 +301,6 @@ def _config(args: argparse.Namespace, shapes: tuple[str, ...]) -> mesh.MeshBench
         profile_processes=getattr(args, "profile_process", ()), profile_native=getattr(args, "profile_native", False))
 
 
-def _emit(line: str) -> None:
-    print(line, flush=True)
-
-
 def _setting_line(args: argparse.Namespace, cfg: mesh.MeshBenchConfig) -> str:
     engine = ""
     if args.scenario == "mesh":
@@ -447,11 +311,6 @@ def _setting_line(args: argparse.Namespace, cfg: mesh.MeshBenchConfig) -> str:
             f"(ignore_eos), requests/level {cfg.requests or 'max(200, 8*c)'}, warm-up {cfg.warmup}")
 
 
-def _machine_line() -> str:
-    return f"{os.cpu_count()} cores (shared with other work: figures are noisy), {platform.python_implementation()} " \
-           f"{platform.python_version()}, load avg {os.getloadavg()[0]:.1f} at start"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -460,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     _emit(f"$ {command}")
     # The scenarios with runners of their own; mesh and external share the level loop below.
     runners = {"kv": _run_kv, "soak": _run_soak, "engine": _run_engine, "embeddings": _run_embeddings,
-               "images": _run_images, "disagg": _run_disagg, "media-transfer": _run_media_transfer}
+               "images": cli_fleets.run_images, "disagg": cli_fleets.run_disagg,
+               "media-transfer": cli_fleets.run_media_transfer}
     if args.scenario in runners:
         return runners[args.scenario](args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
