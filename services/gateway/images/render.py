@@ -26,28 +26,13 @@ from meshfront.worker.v1 import media_pb2
 from services.common.errors import MeshError, WorkerFailed
 from services.gateway.core.errors import error_body
 from services.gateway.images.request import ImageRequest
+from services.gateway.media.base64_stream import Base64Stream
 
 MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 Events = AsyncIterator[media_pb2.GenerateMediaResponse]
 # Stores one output's bytes and returns its URL.
 Store = Callable[[AsyncIterator[bytes], str], Awaitable[str]]
 
-
-class Base64Writer:
-    """Base64 of a byte stream, chunk by chunk: each piece is the encoding of whole 3-byte groups."""
-
-    def __init__(self) -> None:
-        self._rest = b""
-
-    def feed(self, data: bytes) -> bytes:
-        data = self._rest + data
-        cut = len(data) - len(data) % 3
-        self._rest = data[cut:]
-        return base64.b64encode(data[:cut])
-
-    def end(self) -> bytes:
-        rest, self._rest = self._rest, b""
-        return base64.b64encode(rest)
 
 
 class ImagesAnswer:
@@ -84,7 +69,7 @@ class ImagesAnswer:
 
     async def b64_body(self, events: Events) -> AsyncGenerator[bytes, None]:
         index = -1
-        encoder = Base64Writer()
+        encoder = Base64Stream()
         async for event in events:
             kind = event.WhichOneof("event")
             if kind == "chunk":

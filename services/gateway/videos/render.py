@@ -2,16 +2,15 @@
 
 The synchronous answer is ``{id, object: "video", model, status, progress, created, data: [{output_format,
 fps, url | b64_json}], inference_time_s}``. Its ``b64_json`` can be tens of MB, so it is never built
-whole: ``SyncBody`` writes the JSON up to the opening quote of ``b64_json``, then ``B64Stream`` encodes
-the video chunk by chunk (carrying the 0-2 bytes that do not fill a base64 quantum to the next chunk,
-so the pieces join into one valid encoding), then the tail with ``inference_time_s``, which the worker
-reports after its last chunk. Streamed (``stream: true``), the same object is the last SSE event's data,
-after one ``in_progress`` event per progress report, and ``data: [DONE]`` ends the stream.
+whole: ``SyncBody`` writes the JSON up to the opening quote of ``b64_json``, then ``Base64Stream``
+(media/base64_stream.py) encodes the video chunk by chunk (the pieces join into one valid encoding),
+then the tail with ``inference_time_s``, which the worker reports after its last chunk. Streamed
+(``stream: true``), the same object is the last SSE event's data, after one ``in_progress`` event per
+progress report, and ``data: [DONE]`` ends the stream.
 """
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import orjson
@@ -32,22 +31,6 @@ def list_body(records: list[dict[str, Any]], has_more: bool) -> bytes:
 def deleted_body(video_id: str) -> bytes:
     return orjson.dumps({"id": video_id, "object": "video.deleted", "deleted": True})
 
-
-class B64Stream:
-    """Base64 of a byte stream, one chunk at a time; the pieces concatenate to the whole's encoding."""
-
-    def __init__(self) -> None:
-        self._carry = b""
-
-    def feed(self, data: bytes) -> bytes:
-        data = self._carry + data
-        cut = len(data) - len(data) % 3
-        self._carry = data[cut:]
-        return base64.b64encode(data[:cut])
-
-    def end(self) -> bytes:
-        out, self._carry = base64.b64encode(self._carry), b""
-        return out
 
 
 class SyncBody:

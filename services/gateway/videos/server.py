@@ -23,6 +23,7 @@ from services.common.discovery import VIDEOS, WorkerCard
 from services.common.errors import InvalidRequest, MeshError, NotFound
 from services.gateway.core.errors import sse_error_frame
 from services.gateway.front_door import JSON, OPENAI, SSE, Models, check_model, headers, unexpected
+from services.gateway.media.base64_stream import Base64Stream
 from services.gateway.request_metrics import RequestTracker
 from services.gateway.videos import render
 from services.gateway.videos.generate import CONTENT_TYPES, MediaBlobs, MediaRunner, VideoRun, media_request
@@ -150,7 +151,7 @@ class VideosServicer(videos_pb2_grpc.VideosServiceServicer):
                 else:
                     sent = True
                     yield httpbody_pb2.HttpBody(content_type=ctype, data=lead + body.head("b64_json"))
-                    b64 = render.B64Stream()
+                    b64 = Base64Stream()
                     async for chunk in run.chunks():
                         yield httpbody_pb2.HttpBody(content_type=ctype, data=b64.feed(chunk))
                     yield httpbody_pb2.HttpBody(content_type=ctype, data=b64.end() + self._tail(body, run, True))

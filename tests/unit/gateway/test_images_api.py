@@ -20,8 +20,9 @@ from PIL import Image
 from services.common.discovery import IMAGES, VIDEOS, MediaLimits, ModelCard, WorkerCard
 from services.common.errors import InvalidRequest, NotFound, WorkerFailed
 from services.gateway.front_door import check_model
-from services.gateway.images.render import Base64Writer, ImagesAnswer
+from services.gateway.images.render import ImagesAnswer
 from services.gateway.images.request import parse_edit, parse_generation, resolve
+from services.gateway.media.base64_stream import Base64Stream
 
 pytestmark = pytest.mark.unit
 
@@ -147,7 +148,7 @@ def test_bad_edits_are_400s_naming_the_parameter(files, data, param):
 def test_base64_written_chunk_by_chunk_is_the_whole_encoding():
     data = os.urandom(10_001)
     for step in (1, 2, 3, 7, 1000, 4096):
-        w = Base64Writer()
+        w = Base64Stream()
         out = b"".join(w.feed(data[i:i + step]) for i in range(0, len(data), step)) + w.end()
         assert out == base64.b64encode(data)
 

@@ -11,7 +11,8 @@ import pytest
 from services.common.discovery import CHAT, COMPLETIONS, IMAGES, VIDEOS, MediaLimits, ModelCard, WorkerCard
 from services.common.errors import InvalidRequest, NotFound
 from services.gateway.http_api.videos_schemas import VIDEO_CREATE_REQUEST, VIDEO_NVEXT
-from services.gateway.videos.render import B64Stream, SyncBody
+from services.gateway.media.base64_stream import Base64Stream
+from services.gateway.videos.render import SyncBody
 from services.gateway.videos.request import (
     VideoParams,
     VideoSpec,
@@ -204,7 +205,7 @@ def test_only_a_video_model_makes_videos():
 @pytest.mark.parametrize("cuts", [[], [1], [2, 5], [3, 6, 9], [1000]])
 def test_b64_pieces_join_into_one_encoding(cuts):
     data = bytes(range(256)) * 7
-    stream, pieces, prev = B64Stream(), [], 0
+    stream, pieces, prev = Base64Stream(), [], 0
     for cut in [*cuts, len(data)]:
         pieces.append(stream.feed(data[prev:cut]))
         prev = cut
