@@ -15,8 +15,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import nats
 import orjson
@@ -31,6 +31,7 @@ from services.common.assembly import cancel_within
 from services.common.liveness import Change, LiveWorkers
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 BUCKET = "meshfront_workers"
 DEFAULT_TTL_S = 6.0
@@ -169,6 +170,20 @@ async def connect_retrying(url: str, name: str, stop: asyncio.Event | None = Non
                 raise
             stop_if_cancelled()
             log.info("waiting for NATS at %s (%s)", url, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+async def retry_until_open(open_it: Callable[[], Awaitable[T]], what: str) -> T:
+    """Calls ``open_it`` until it succeeds: a JetStream bucket opened while NATS (re)starts. Meanwhile the
+    requests that need it get a 503; a cancel (the service stopping) ends the wait."""
+    delay = 0.2
+    while True:
+        try:
+            return await open_it()
+        except Exception as e:  # noqa: BLE001 - NATS restarting: retry
+            stop_if_cancelled()
+            log.warning("%s not ready (%s); retrying", what, e)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 

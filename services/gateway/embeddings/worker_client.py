@@ -8,17 +8,14 @@ pipeline retries once on another worker and otherwise answers 503.
 
 from __future__ import annotations
 
-import logging
 from typing import Protocol
 
 import grpc
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 
 from services.common import tls as mesh_tls
-from services.common.errors import Cancelled, Internal, MeshError, WorkerFailed, from_rpc_error
 from services.common.grpc_server import CHANNEL_OPTIONS
-
-log = logging.getLogger(__name__)
+from services.gateway.core.worker_errors import worker_error
 
 # A frozen worker keeps its connection open and stops answering: pinging every second and giving up
 # 2 s later fails the call within ~3 s instead of leaving the client waiting (as the postprocessor's
@@ -50,21 +47,9 @@ class GrpcEmbedWorker:
         try:
             return await stub.Embed(req)
         except grpc.aio.AioRpcError as e:
-            raise worker_error(e, address) from None
+            raise worker_error(e, address, "embedding") from None
 
     async def close(self) -> None:
         channels, self._channels, self._stubs = self._channels, [], {}
         for channel in channels:
             await channel.close()
-
-
-def worker_error(e: grpc.aio.AioRpcError, address: str) -> MeshError:
-    """The worker's own reasons (invalid request, overloaded) stay; anything else is ``WorkerFailed``.
-
-    The transport's details name hosts, so they go to the log, not the client.
-    """
-    err = from_rpc_error(e)
-    if isinstance(err, (WorkerFailed, Cancelled, Internal)):
-        log.warning("embedding worker %s failed: %s %s", address, e.code().name, e.details())
-        return WorkerFailed(f"embedding worker failed ({e.code().name})")
-    return err

@@ -34,7 +34,7 @@ import nats.errors
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from services.common.discovery import close_nats, connect_retrying, stop_if_cancelled
+from services.common.discovery import close_nats, connect_retrying, retry_until_open
 from services.common.errors import NotFound
 from services.gateway.responses_api.store import StoreUnavailable
 
@@ -82,16 +82,7 @@ class MediaStore:
         """Background: connects (retrying until NATS answers) and opens (or creates) the bucket."""
         self._nc = await connect_retrying(self.nats_url, "gateway-media")
         js = self._nc.jetstream(timeout=self.wait_s)
-        delay = 0.2
-        while True:
-            try:
-                await _open_bucket(js)
-                break
-            except Exception as e:  # noqa: BLE001 - NATS restarting: retry, requests meanwhile get 503
-                stop_if_cancelled()
-                log.warning("media bucket not ready (%s); retrying", e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        await retry_until_open(lambda: _open_bucket(js), "media bucket")
         self._js = js
         self._ready.set()
 

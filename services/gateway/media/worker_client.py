@@ -8,7 +8,6 @@ which the pipeline retries once on another worker while nothing has reached the 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncGenerator
 from typing import Protocol
 
@@ -16,10 +15,8 @@ import grpc
 from meshfront.worker.v1 import media_pb2, media_pb2_grpc
 
 from services.common import tls as mesh_tls
-from services.common.errors import Cancelled, Internal, MeshError, WorkerFailed, from_rpc_error
+from services.gateway.core.worker_errors import worker_error
 from services.gateway.embeddings.worker_client import EMBED_CHANNEL_OPTIONS
-
-log = logging.getLogger(__name__)
 
 # The same keepalive as the embedding workers' channels: a frozen worker fails the call within ~3 s.
 # A fixed receive window of two chunks: gRPC's default grows the window with its bandwidth estimate (BDP
@@ -58,7 +55,7 @@ class GrpcMediaWorker:
             async for event in call:
                 yield event
         except grpc.aio.AioRpcError as e:
-            raise worker_error(e, address) from None
+            raise worker_error(e, address, "media") from None
         finally:
             call.cancel()  # a no-op once the call ended; otherwise the worker hears the hang-up
 
@@ -66,15 +63,3 @@ class GrpcMediaWorker:
         channels, self._channels, self._stubs = self._channels, [], {}
         for channel in channels:
             await channel.close()
-
-
-def worker_error(e: grpc.aio.AioRpcError, address: str) -> MeshError:
-    """The worker's own reasons (invalid request, overloaded) stay; anything else is ``WorkerFailed``.
-
-    The transport's details name hosts, so they go to the log, not the client.
-    """
-    err = from_rpc_error(e)
-    if isinstance(err, (WorkerFailed, Cancelled, Internal)):
-        log.warning("media worker %s failed: %s %s", address, e.code().name, e.details())
-        return WorkerFailed(f"media worker failed ({e.code().name})")
-    return err

@@ -27,7 +27,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.common.discovery import close_nats, connect_retrying, stop_if_cancelled
+from services.common.discovery import close_nats, connect_retrying, retry_until_open
 from services.common.errors import MeshError
 
 log = logging.getLogger(__name__)
@@ -70,15 +70,8 @@ class ResponseStore:
     async def run(self) -> None:
         """Background: connects (retrying until NATS answers) and opens the bucket."""
         self._nc = await connect_retrying(self.nats_url, "gateway-responses")
-        delay = 0.2
-        while self._kv is None:
-            try:
-                self._kv = await _open_bucket(self._nc)
-            except Exception as e:  # noqa: BLE001 - NATS restarting: retry, requests meanwhile get 503
-                stop_if_cancelled()
-                log.warning("responses bucket not ready (%s); retrying", e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        nc = self._nc
+        self._kv = await retry_until_open(lambda: _open_bucket(nc), "responses bucket")
         self._ready.set()
 
     async def _bucket(self) -> KeyValue:
