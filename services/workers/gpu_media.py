@@ -23,7 +23,7 @@ from services.common.discovery import MediaLimits
 from services.common.flags import FlagParser
 from services.workers import entry
 from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
-from services.workers.media.config import JobLimits, add_job_flags, job_limits_from_args
+from services.workers.media.config import JobLimits, add_job_flags, job_limits_from_args, limit_errors
 from services.workers.media.encode import IMAGE_CONTENT_TYPES, VIDEO_CONTENT_TYPES
 
 log = logging.getLogger(__name__)
@@ -124,19 +124,7 @@ def _limits(args: Any, errors: list[str]) -> MediaLimits:
         changes.update(default_frames=args.default_frames or base.default_frames,
                        max_frames=args.max_frames or base.max_frames, default_fps=args.default_fps or base.default_fps)
     limits = dataclasses.replace(base, **changes)
-    m = limits.size_multiple
-    if m < 1:
-        errors.append("--size-multiple must be at least 1")
-    elif limits.default_width % m or limits.default_height % m:
-        errors.append(f"--default-size must be a multiple of --size-multiple ({m})")
-    if limits.default_width > limits.max_width or limits.default_height > limits.max_height:
-        errors.append("--default-size must fit within --max-size")
-    if limits.max_n < 1:
-        errors.append("--max-n must be at least 1")
-    if not 1 <= limits.default_steps <= limits.max_steps:
-        errors.append("--default-steps must be between 1 and --max-steps")
-    if args.media == "video" and not 1 <= limits.default_frames <= limits.max_frames:
-        errors.append("--default-frames must be between 1 and --max-frames")
+    errors += limit_errors(limits, args.media == "video")
     return limits
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from services.common.discovery import MediaLimits
 from services.common.flags import FlagParser
+from services.workers.media.config import limit_errors
 from services.workers.media.encode import IMAGE_CONTENT_TYPES, VIDEO_CONTENT_TYPES
 
 KINDS = ("image", "video")
@@ -98,31 +99,9 @@ def media_config_from_args(args: argparse.Namespace, speedup_ratio: float, error
         changes.update(default_fps=args.media_default_fps, default_frames=args.media_default_frames,
                        max_frames=args.media_max_frames)
     limits = dataclasses.replace(base, **changes)
-    errors += _limit_errors(limits, video)
+    errors += limit_errors(limits, video, "--media-")
     if args.media_step_ms < 0:
         errors.append("--media-step-ms must be >= 0")
     return MediaSimConfig(kind=kind, limits=limits, step_ms=args.media_step_ms, speedup_ratio=speedup_ratio,
                           noise=args.media_noise)
 
-
-def _limit_errors(limits: MediaLimits, video: bool) -> list[str]:
-    errors = []
-    m = limits.size_multiple
-    if m < 1:
-        errors.append("--media-size-multiple must be at least 1")
-    elif limits.default_width % m or limits.default_height % m:
-        errors.append(f"--media-default-size must be a multiple of --media-size-multiple ({m})")
-    if limits.default_width > limits.max_width or limits.default_height > limits.max_height:
-        errors.append("--media-default-size must fit within --media-max-size")
-    if limits.max_n < 1:
-        errors.append("--media-max-n must be at least 1")
-    if not 1 <= limits.default_steps <= limits.max_steps:
-        errors.append("--media-default-steps must be between 1 and --media-max-steps")
-    if video:
-        if not 1 <= limits.default_frames <= limits.max_frames:
-            errors.append("--media-default-frames must be between 1 and --media-max-frames")
-        if limits.default_fps <= 0:
-            errors.append("--media-default-fps must be positive")
-        if "mp4" in limits.output_formats and (limits.default_width % 2 or limits.default_height % 2):
-            errors.append("--media-default-size must be even for mp4 (H.264)")
-    return errors
