@@ -11,6 +11,7 @@ makes, so which endpoint it registers for), the limits the gateway enforces (``-
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.util
 import json
@@ -23,8 +24,10 @@ from services.common.discovery import MediaLimits
 from services.common.flags import FlagParser
 from services.workers import entry
 from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
+from services.workers.engine_worker import EngineStartFailed, root_message
 from services.workers.media.config import JobLimits, add_job_flags, job_limits_from_args, limit_errors
 from services.workers.media.encode import IMAGE_CONTENT_TYPES, VIDEO_CONTENT_TYPES
+from services.workers.media.server import media_serving
 
 log = logging.getLogger(__name__)
 
@@ -166,3 +169,23 @@ def prompt_counter(model_dir: str) -> Callable[[str], int]:
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     return lambda prompt: len(tokenizer(prompt).input_ids)
+
+
+def gpu_media_kind(name: str, description: str, owned: Mapping[str, str], prepare: Callable[[GpuMediaConfig], Any],
+                   start_engine: Callable[[str, Mapping[str, Any], MediaLimits], Any]) -> entry.WorkerKind:
+    """A GPU media engine's worker kind: its flags, its ``prepare`` (the package and GPU checks), and
+    ``start_engine(model_dir, engine_args, limits)`` (blocking: the model loads) behind the media glue."""
+
+    async def build(cfg: GpuMediaConfig, events: entry.KvEvents) -> entry.Serving:
+        try:  # off the event loop
+            engine = await asyncio.to_thread(start_engine, cfg.worker.model_dir, cfg.engine_args, cfg.limits)
+        except Exception as e:  # any failure to start is reported the same way
+            raise EngineStartFailed(root_message(e)) from e
+
+        async def close() -> None:
+            await asyncio.to_thread(engine.close)
+
+        return media_serving(cfg.worker, engine, cfg.jobs, closers=[close])
+
+    return entry.WorkerKind(name=name, parse=lambda argv: parse_config(name, description, argv, owned=owned),
+                            log_level=lambda cfg: cfg.worker.log_level, prepare=prepare, build=build)

@@ -9,15 +9,12 @@ keyword arguments (SGLang's diffusion ``ServerArgs``: ``num_gpus``, ``tp_size``,
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.common.discovery import MediaLimits
 from services.workers import entry
-from services.workers.engine_worker import EngineStartFailed, root_message
-from services.workers.gpu_media import GpuMediaConfig, parse_config, prompt_counter, require
-from services.workers.media.server import media_serving
+from services.workers.gpu_media import GpuMediaConfig, gpu_media_kind, prompt_counter, require
 
 KIND = "sglang-diffusion"
 # DiffGenerator.from_pretrained keywords the worker sets itself.
@@ -43,20 +40,7 @@ def start_engine(model_dir: str, engine_args: Mapping[str, Any], limits: MediaLi
     return SglangDiffusionEngine(generator, limits, prompt_counter(model_dir))
 
 
-async def build(cfg: GpuMediaConfig, events: entry.KvEvents) -> entry.Serving:
-    try:  # off the event loop
-        engine = await asyncio.to_thread(start_engine, cfg.worker.model_dir, cfg.engine_args, cfg.limits)
-    except Exception as e:  # any failure to start is reported the same way
-        raise EngineStartFailed(root_message(e)) from e
-
-    async def close() -> None:
-        await asyncio.to_thread(engine.close)
-
-    return media_serving(cfg.worker, engine, cfg.jobs, closers=[close])
-
-
-KIND_SPEC = entry.WorkerKind(name=KIND, parse=lambda argv: parse_config(KIND, DESCRIPTION, argv, owned=OWNED),
-                             log_level=lambda cfg: cfg.worker.log_level, prepare=prepare, build=build)
+KIND_SPEC = gpu_media_kind(KIND, DESCRIPTION, OWNED, prepare, start_engine)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
