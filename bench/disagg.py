@@ -44,6 +44,13 @@ CONTEXT = 32768
 # Both mockers model the same KV transfer: Meshfront's defaults (an 8B model's 128 KiB per token over a 25 GB/s
 # NIC, services/workers/mocker/transfer.py) given to Dynamo's mocker, and the same 16-token blocks.
 DYNAMO_MOCKER_FLAGS = ("--block-size", "16", "--kv-bytes-per-token", str(128 * 1024), "--kv-transfer-bandwidth", "25")
+# ... and the same engine speed: Dynamo 1.6.1's mocker step times (its PerfModel::Polynomial, whose constants are
+# in its _core binary) given to ours. Its decode polynomial is our default; its prefill is ~4x faster than our
+# default (6k tokens: ~123 ms against ~516 ms), which alone made our TTFT look worse (mocker/timing.py).
+DYNAMO_PREFILL_MS = {"--prefill-ms-const": 16.50142, "--prefill-ms-per-token": 1.518344e-2,
+                     "--prefill-ms-per-token-sq": 4.209989e-7}
+TIMING_MODEL = ("both sides on Dynamo 1.6.1's mocker timing: prefill step 16.50142 + 1.518344e-2 n + 4.209989e-7 n^2 "
+                "ms for n uncached tokens, decode step 5.74 + 54.01 u - 25.74 u^2 ms at KV use u, / speed-up")
 FRONTEND_EXCLUDES = ("workers", "nats")
 
 
@@ -101,8 +108,7 @@ def start(cfg: DisaggBenchConfig, shape: str, model_dir: str, log_dir: Path) -> 
         modes = disaggregation_modes(cfg.workers, shape == "dynamo-disagg")
         return dynamo_peer.start(log_dir, model_dir, cfg.model_name, cfg.workers, cfg.speedup, "kv",
                                  disaggregation_modes=modes, mocker_flags=DYNAMO_MOCKER_FLAGS)
-    base = ("--speedup-ratio", f"{cfg.speedup:g}")
-    workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", (*base, "--disaggregation-mode", mode))
+    workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", mocker_args(cfg, mode))
                for mode in disaggregation_modes(cfg.workers, shape == "disagg")]
     plan = ephemeral_plan(workers, router_mode="kv", run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level)
     mesh = Mesh(plan, log_dir)
@@ -112,6 +118,12 @@ def start(cfg: DisaggBenchConfig, shape: str, model_dir: str, log_dir: Path) -> 
         mesh.stop()
         raise
     return mesh
+
+
+def mocker_args(cfg: DisaggBenchConfig, mode: str) -> tuple[str, ...]:
+    """Our mocker's flags in a Meshfront shape: the bench's pace and Dynamo's step times (``DYNAMO_PREFILL_MS``)."""
+    timing = (x for flag, ms in DYNAMO_PREFILL_MS.items() for x in (flag, repr(ms)))
+    return ("--speedup-ratio", f"{cfg.speedup:g}", *timing, "--disaggregation-mode", mode)
 
 
 def disaggregation_modes(workers: int, disaggregated: bool) -> list[str]:
@@ -222,6 +234,6 @@ def table(results: list[ShapeResult]) -> str:
 
 def main_disagg(cfg: DisaggBenchConfig, emit: Printer) -> str:
     seed = cfg.seed if cfg.seed is not None else random.randrange(1 << 30)
-    emit(f"# seed {seed}")
+    emit(f"# seed {seed}; {TIMING_MODEL}")
     results = [run_shape(cfg, shape, seed, emit) for shape in cfg.shapes]
-    return table(results)
+    return f"Timing model: {TIMING_MODEL}.\n\n{table(results)}"
