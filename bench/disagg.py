@@ -14,7 +14,8 @@ probability ``long_share``, else a short chat (``short_min``..``short_max``), ev
 (ignore_eos). The demo model's window (4096) is too small for 8k prompts, so both meshes serve a copy of it
 whose config says 32768. Reported per shape: TTFT and per-token ITL p50/p99, throughput, and the frontend's CPU
 per request (every process but the workers and NATS: Envoy, gateway, preprocessor, router, postprocessor;
-Dynamo's frontend), and, for Meshfront's shapes, the share of the prompt tokens the decode (or whole-request)
+Dynamo's frontend) and the workers' (our mockers are Python, Dynamo's Rust: on shared cores theirs leave more
+CPU to everything else), and, for Meshfront's shapes, the share of the prompt tokens the decode (or whole-request)
 workers found in their KV cache, from their ``meshfront_worker_cached_prompt_tokens`` counters (a decode worker's
 are the transferred ones; the client's usage reports the prefill leg's).
 """
@@ -146,6 +147,7 @@ class ShapeResult:
     ttft_ms: dict[int, float]
     itl_ms: dict[int, float]
     frontend_cpu_ms_per_req: float
+    workers_cpu_ms_per_req: float  # the mockers' own CPU: ours are Python, Dynamo's Rust, on the same cores
     decode_cached_share: float | None  # None: not measured (Dynamo)
     errors: list[str]
 
@@ -186,7 +188,7 @@ async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape:
     frontend = sum(ms for group, ms in per_request.items() if group not in (*FRONTEND_EXCLUDES, "total"))
     share = cached / prompt if decode_ports and prompt else None
     return ShapeResult(shape, stats.ok, stats.sent, stats.wall_s, stats.req_per_s, stats.tokens_per_s, stats.ttft_ms,
-                       stats.itl_ms, frontend, share, stats.first_errors)
+                       stats.itl_ms, frontend, per_request["workers"], share, stats.first_errors)
 
 
 def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> ShapeResult:
@@ -215,7 +217,8 @@ def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> S
 def line(r: ShapeResult) -> str:
     return (f"{r.ok}/{r.sent} ok in {r.wall_s:.1f}s: TTFT p50 {r.ttft_ms[50]:.0f} p99 {r.ttft_ms[99]:.0f} ms, "
             f"ITL p50 {r.itl_ms[50]:.1f} p99 {r.itl_ms[99]:.1f} ms, {r.req_per_s:.2f} req/s, {r.tokens_per_s:.0f} "
-            f"tok/s, frontend CPU {r.frontend_cpu_ms_per_req:.1f} ms/req, decode workers' prompt cached "
+            f"tok/s, frontend CPU {r.frontend_cpu_ms_per_req:.1f} ms/req, workers' CPU {r.workers_cpu_ms_per_req:.1f} "
+            f"ms/req, decode workers' prompt cached "
             f"{_share(r.decode_cached_share)}" + (f"; errors {r.errors}" if r.errors else ""))
 
 
@@ -225,9 +228,10 @@ def _share(share: float | None) -> str:
 
 def table(results: list[ShapeResult]) -> str:
     head = ("| shape | ok | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | req/s | tok/s | frontend CPU ms/req "
-            "| decode workers' prompt cached |\n|---|---|---|---|---|---|---|---|---|---|")
+            "| workers' CPU ms/req | decode workers' prompt cached |\n|---|---|---|---|---|---|---|---|---|---|---|")
     rows = [f"| {r.shape} | {r.ok}/{r.sent} | {r.ttft_ms[50]:.0f} | {r.ttft_ms[99]:.0f} | {r.itl_ms[50]:.1f} | "
             f"{r.itl_ms[99]:.1f} | {r.req_per_s:.2f} | {r.tokens_per_s:.0f} | {r.frontend_cpu_ms_per_req:.1f} | "
+            f"{r.workers_cpu_ms_per_req:.1f} | "
             f"{_share(r.decode_cached_share)} |" for r in results]
     return "\n".join([head, *rows])
 
