@@ -12,9 +12,11 @@ Shapes (each a fresh mesh, one measured closed-loop level, then torn down):
 The load: ``concurrency`` slots, each request long (``long_min``..``long_max`` words, about as many tokens) with
 probability ``long_share``, else a short chat (``short_min``..``short_max``), every request ``max_tokens`` out
 (ignore_eos). The demo model's window (4096) is too small for 8k prompts, so both meshes serve a copy of it
-whose config says 32768. Reported per shape: TTFT and per-token ITL p50/p99, throughput, and the frontend's CPU
+whose config says 32768. Reported per shape: TTFT and per-token ITL p50/p99, the first-to-second token gap and the
+ITL p99 after it (``handover_split``), throughput, and the frontend's CPU
 per request (every process but the workers and NATS: Envoy, gateway, preprocessor, router, postprocessor;
-Dynamo's frontend), and, for Meshfront's shapes, the share of the prompt tokens the decode (or whole-request)
+Dynamo's frontend) and the workers' (our mockers are Python, Dynamo's Rust: on shared cores theirs leave more
+CPU to everything else), and, for Meshfront's shapes, the share of the prompt tokens the decode (or whole-request)
 workers found in their KV cache, from their ``meshfront_worker_cached_prompt_tokens`` counters (a decode worker's
 are the transferred ones; the client's usage reports the prefill leg's).
 """
@@ -32,10 +34,10 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import cpu
-from bench.loadgen import LoadSpec, open_connections, run_load
+from bench.loadgen import LoadResult, LoadSpec, open_connections, run_load
 from bench.mesh import Printer, run_async
 from bench.prompts import WORDS, PromptFactory
-from bench.stats import summarize
+from bench.stats import percentile, summarize
 from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
 
@@ -44,6 +46,13 @@ CONTEXT = 32768
 # Both mockers model the same KV transfer: Meshfront's defaults (an 8B model's 128 KiB per token over a 25 GB/s
 # NIC, services/workers/mocker/transfer.py) given to Dynamo's mocker, and the same 16-token blocks.
 DYNAMO_MOCKER_FLAGS = ("--block-size", "16", "--kv-bytes-per-token", str(128 * 1024), "--kv-transfer-bandwidth", "25")
+# ... and the same engine speed: Dynamo 1.6.1's mocker step times (its PerfModel::Polynomial, whose constants are
+# in its _core binary) given to ours. Its decode polynomial is our default; its prefill is ~4x faster than our
+# default (6k tokens: ~123 ms against ~516 ms), which alone made our TTFT look worse (mocker/timing.py).
+DYNAMO_PREFILL_MS = {"--prefill-ms-const": 16.50142, "--prefill-ms-per-token": 1.518344e-2,
+                     "--prefill-ms-per-token-sq": 4.209989e-7}
+TIMING_MODEL = ("both sides on Dynamo 1.6.1's mocker timing: prefill step 16.50142 + 1.518344e-2 n + 4.209989e-7 n^2 "
+                "ms for n uncached tokens, decode step 5.74 + 54.01 u - 25.74 u^2 ms at KV use u, / speed-up")
 FRONTEND_EXCLUDES = ("workers", "nats")
 
 
@@ -101,8 +110,7 @@ def start(cfg: DisaggBenchConfig, shape: str, model_dir: str, log_dir: Path) -> 
         modes = disaggregation_modes(cfg.workers, shape == "dynamo-disagg")
         return dynamo_peer.start(log_dir, model_dir, cfg.model_name, cfg.workers, cfg.speedup, "kv",
                                  disaggregation_modes=modes, mocker_flags=DYNAMO_MOCKER_FLAGS)
-    base = ("--speedup-ratio", f"{cfg.speedup:g}")
-    workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", (*base, "--disaggregation-mode", mode))
+    workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", mocker_args(cfg, mode))
                for mode in disaggregation_modes(cfg.workers, shape == "disagg")]
     plan = ephemeral_plan(workers, router_mode="kv", run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level)
     mesh = Mesh(plan, log_dir)
@@ -112,6 +120,12 @@ def start(cfg: DisaggBenchConfig, shape: str, model_dir: str, log_dir: Path) -> 
         mesh.stop()
         raise
     return mesh
+
+
+def mocker_args(cfg: DisaggBenchConfig, mode: str) -> tuple[str, ...]:
+    """Our mocker's flags in a Meshfront shape: the bench's pace and Dynamo's step times (``DYNAMO_PREFILL_MS``)."""
+    timing = (x for flag, ms in DYNAMO_PREFILL_MS.items() for x in (flag, repr(ms)))
+    return ("--speedup-ratio", f"{cfg.speedup:g}", *timing, "--disaggregation-mode", mode)
 
 
 def disaggregation_modes(workers: int, disaggregated: bool) -> list[str]:
@@ -134,8 +148,25 @@ class ShapeResult:
     ttft_ms: dict[int, float]
     itl_ms: dict[int, float]
     frontend_cpu_ms_per_req: float
+    workers_cpu_ms_per_req: float  # the mockers' own CPU: ours are Python, Dynamo's Rust, on the same cores
+    handover_ms: float  # median gap from a stream's first token to its second (see handover_split)
+    later_itl_p99_ms: float  # per-token ITL p99 without that first gap
     decode_cached_share: float | None  # None: not measured (Dynamo)
     errors: list[str]
+
+
+def handover_split(load: LoadResult) -> tuple[float, float]:
+    """(median first-to-second token gap, per-token ITL p99 of the gaps after it), in ms. Meshfront streams the
+    prefill leg's first token at once, so its handover to the decode worker (the pull, the modelled transfer, the
+    decode worker's next step) is the first gap; Dynamo's first token comes from its decode worker, after the
+    handover, so it is in Dynamo's TTFT. Both ways of counting it are shown."""
+    first: list[float] = []
+    later: list[float] = []
+    for r in load.results:
+        if r.ok and len(r.arrivals) > 1:
+            first.append((r.arrivals[1][0] - r.arrivals[0][0]) * 1000)
+            later += [g * 1000 for g in dataclasses.replace(r, arrivals=r.arrivals[1:]).itl_gaps()[1]]
+    return percentile(first, 50), percentile(later, 99)
 
 
 def cache_counters(ports: list[int]) -> tuple[float, float]:
@@ -170,11 +201,12 @@ async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape:
     for c in conns:
         c.close()
     stats = summarize(load)
+    handover, later_itl = handover_split(load)
     per_request = usage.per_request(stats.ok)
     frontend = sum(ms for group, ms in per_request.items() if group not in (*FRONTEND_EXCLUDES, "total"))
     share = cached / prompt if decode_ports and prompt else None
     return ShapeResult(shape, stats.ok, stats.sent, stats.wall_s, stats.req_per_s, stats.tokens_per_s, stats.ttft_ms,
-                       stats.itl_ms, frontend, share, stats.first_errors)
+                       stats.itl_ms, frontend, per_request["workers"], handover, later_itl, share, stats.first_errors)
 
 
 def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> ShapeResult:
@@ -202,8 +234,10 @@ def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> S
 
 def line(r: ShapeResult) -> str:
     return (f"{r.ok}/{r.sent} ok in {r.wall_s:.1f}s: TTFT p50 {r.ttft_ms[50]:.0f} p99 {r.ttft_ms[99]:.0f} ms, "
-            f"ITL p50 {r.itl_ms[50]:.1f} p99 {r.itl_ms[99]:.1f} ms, {r.req_per_s:.2f} req/s, {r.tokens_per_s:.0f} "
-            f"tok/s, frontend CPU {r.frontend_cpu_ms_per_req:.1f} ms/req, decode workers' prompt cached "
+            f"ITL p50 {r.itl_ms[50]:.1f} p99 {r.itl_ms[99]:.1f} ms (first-to-second token p50 {r.handover_ms:.1f}, "
+            f"ITL p99 after it {r.later_itl_p99_ms:.1f}), {r.req_per_s:.2f} req/s, {r.tokens_per_s:.0f} "
+            f"tok/s, frontend CPU {r.frontend_cpu_ms_per_req:.1f} ms/req, workers' CPU {r.workers_cpu_ms_per_req:.1f} "
+            f"ms/req, decode workers' prompt cached "
             f"{_share(r.decode_cached_share)}" + (f"; errors {r.errors}" if r.errors else ""))
 
 
@@ -212,16 +246,19 @@ def _share(share: float | None) -> str:
 
 
 def table(results: list[ShapeResult]) -> str:
-    head = ("| shape | ok | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | req/s | tok/s | frontend CPU ms/req "
-            "| decode workers' prompt cached |\n|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| shape | ok | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | 1st-2nd token p50 ms "
+            "| ITL p99 after 2nd token ms | req/s | tok/s | frontend CPU ms/req | workers' CPU ms/req "
+            "| decode workers' prompt cached |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = [f"| {r.shape} | {r.ok}/{r.sent} | {r.ttft_ms[50]:.0f} | {r.ttft_ms[99]:.0f} | {r.itl_ms[50]:.1f} | "
-            f"{r.itl_ms[99]:.1f} | {r.req_per_s:.2f} | {r.tokens_per_s:.0f} | {r.frontend_cpu_ms_per_req:.1f} | "
+            f"{r.itl_ms[99]:.1f} | {r.handover_ms:.1f} | {r.later_itl_p99_ms:.1f} | {r.req_per_s:.2f} | "
+            f"{r.tokens_per_s:.0f} | {r.frontend_cpu_ms_per_req:.1f} | "
+            f"{r.workers_cpu_ms_per_req:.1f} | "
             f"{_share(r.decode_cached_share)} |" for r in results]
     return "\n".join([head, *rows])
 
 
 def main_disagg(cfg: DisaggBenchConfig, emit: Printer) -> str:
     seed = cfg.seed if cfg.seed is not None else random.randrange(1 << 30)
-    emit(f"# seed {seed}")
+    emit(f"# seed {seed}; {TIMING_MODEL}")
     results = [run_shape(cfg, shape, seed, emit) for shape in cfg.shapes]
-    return table(results)
+    return f"Timing model: {TIMING_MODEL}.\n\n{table(results)}"

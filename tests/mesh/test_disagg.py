@@ -276,3 +276,18 @@ def test_the_all_in_one_shape_runs_the_same_two_legs(disagg_mesh, client, tmp_pa
             assert "".join(c.choices[0].delta.content or "" for c in chunks) == split.choices[0].message.content
     finally:
         stop_cleanly(inproc)
+
+
+def test_a_burst_of_split_requests_spreads_over_both_decode_workers(disagg_mesh):
+    """Eight long prompts sent at once are all routed before any finishes: their decode legs share the decode
+    pool (each booking counts toward its worker's decode load at once), not all land on one worker."""
+    wait_all_free(disagg_mesh, 10)
+    bodies = [{**ask(long_prompt(300 + i, 1500), 40), "nvext": {"extra_fields": ["worker_id"]}} for i in range(8)]
+
+    async def send() -> list[dict]:
+        async with httpx.AsyncClient(base_url=disagg_mesh.url, timeout=60) as http:
+            replies = await asyncio.gather(*(http.post("/v1/chat/completions", json=b) for b in bodies))
+        return [r.raise_for_status().json() for r in replies]
+
+    decode = [r["nvext"]["worker_id"]["decode_worker_id"] for r in asyncio.run(send())]
+    assert sorted(decode.count(w) for w in DECODE.values()) == [4, 4], decode

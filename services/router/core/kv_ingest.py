@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from services.router.core.index import RadixIndex
@@ -68,12 +68,9 @@ class KvEventIngest:
         self.index = index or RadixIndex()
         self.stats = IngestStats()
         self.loads: dict[str, WorkerLoad] = {}
+        # Told (worker id, active blocks) as each load report arrives (the kv policy: KvAware.note_report).
+        self.load_listeners: list[Callable[[str, int], None]] = []
         self._streams: dict[str, _WorkerStream] = {}
-
-    def active_blocks(self, worker_id: str) -> int:
-        """KV blocks the worker last reported in use (0 before its first report)."""
-        load = self.loads.get(worker_id)
-        return load.active_blocks if load is not None else 0
 
     # -- live messages -----------------------------------------------------------------------------
 
@@ -116,6 +113,8 @@ class KvEventIngest:
         if load:
             self.loads[worker_id] = WorkerLoad(load.get("active_blocks", 0), load.get("waiting", 0),
                                                load.get("running", 0), load.get("total_blocks", 0))
+            for listener in self.load_listeners:
+                listener(worker_id, self.loads[worker_id].active_blocks)
 
     def _apply_events(self, worker_id: str, events: Iterable[Mapping[str, Any]]) -> bool:
         index = self.index

@@ -15,9 +15,21 @@ from services.common.flags import FlagParser
 from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
 from services.workers.media.config import DEFAULT_JOBS, JobLimits, add_job_flags, job_limits_from_args
 from services.workers.mocker.media_config import MediaSimConfig, add_media_flags, media_config_from_args
+from services.workers.mocker.timing import TimingModel
 from services.workers.mocker.transfer import DEFAULT_BANDWIDTH_GBS, DEFAULT_BLOCK_BYTES, DEFAULT_HOLD_TIMEOUT_S
 
 MODALITIES = ("image", "audio")
+_TIMING = TimingModel()  # the step-time polynomial's defaults (timing.py)
+# (flag, field, help) of each coefficient of the step-time polynomials, in ms (timing.py); the bench gives
+# Dynamo 1.6.1's prefill ones to run both mockers at one engine speed (bench/disagg.py).
+TIMING_FLAGS = (
+    ("--prefill-ms-const", "prefill_ms_const", "a prefill step's fixed cost"),
+    ("--prefill-ms-per-token", "prefill_ms_per_token", "a prefill step's cost per uncached token"),
+    ("--prefill-ms-per-token-sq", "prefill_ms_per_token_sq", "a prefill step's cost per uncached token squared"),
+    ("--decode-ms-const", "decode_ms_const", "a decode step's cost with an empty KV cache"),
+    ("--decode-ms-lin", "decode_ms_lin", "a decode step's cost per unit of KV cache in use (0..1)"),
+    ("--decode-ms-sq", "decode_ms_sq", "a decode step's cost per unit of KV cache in use, squared"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +58,26 @@ class MockerEngineConfig:
     kv_block_bytes: int = DEFAULT_BLOCK_BYTES
     kv_transfer_bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS
     kv_hold_timeout_s: float = DEFAULT_HOLD_TIMEOUT_S
+    # The step-time polynomials' coefficients in ms (timing.py; --prefill-ms-* and --decode-ms-*).
+    prefill_ms_const: float = _TIMING.prefill_ms_const
+    prefill_ms_per_token: float = _TIMING.prefill_ms_per_token
+    prefill_ms_per_token_sq: float = _TIMING.prefill_ms_per_token_sq
+    decode_ms_const: float = _TIMING.decode_ms_const
+    decode_ms_lin: float = _TIMING.decode_ms_lin
+    decode_ms_sq: float = _TIMING.decode_ms_sq
+
+    def timing(self) -> TimingModel:
+        return TimingModel(speedup_ratio=self.speedup_ratio, total_blocks=self.num_gpu_blocks,
+                           **{field: getattr(self, field) for _, field, _ in TIMING_FLAGS})
+
+    def _timing_errors(self) -> list[str]:
+        errors = []
+        if min(self.prefill_ms_const, self.prefill_ms_per_token, self.prefill_ms_per_token_sq) < 0:
+            errors.append("--prefill-ms-const, --prefill-ms-per-token and --prefill-ms-per-token-sq must be >= 0")
+        timing = self.timing()
+        if min(timing.decode_ms(0), timing.decode_ms(self.num_gpu_blocks)) <= 0:
+            errors.append("--decode-ms-*: a decode step must take > 0 ms with the KV cache empty and full")
+        return errors
 
     def validate(self) -> list[str]:
         errors = []
@@ -66,6 +98,7 @@ class MockerEngineConfig:
             errors.append("--kv-block-bytes and --kv-transfer-bandwidth-gbs must be positive")
         if self.kv_hold_timeout_s < 0:
             errors.append("--kv-hold-timeout-s must be >= 0 (0 = held until pulled or released)")
+        errors += self._timing_errors()
         if self.script and not Path(self.script).is_file():
             errors.append(f"--script {self.script!r} is not a file")
         return errors
@@ -104,6 +137,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
           help="GB/s between a prefill and a decode worker (a transfer takes blocks x block bytes / this)")
     p.add("--kv-hold-timeout-s", default=DEFAULT_HOLD_TIMEOUT_S, type=float,
           help="a prefill worker frees blocks held for a decode worker that has not pulled them by then (0: never)")
+    for flag, field, why in TIMING_FLAGS:
+        p.add(flag, default=getattr(_TIMING, field), type=float, help=f"{why}, in ms before --speedup-ratio")
     add_media_flags(p)
     add_job_flags(p)
     args = p.parse(argv)
@@ -126,6 +161,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         kv_block_bytes=args.kv_block_bytes,
         kv_transfer_bandwidth_gbs=args.kv_transfer_bandwidth_gbs,
         kv_hold_timeout_s=args.kv_hold_timeout_s,
+        **{field: getattr(args, field) for _, field, _ in TIMING_FLAGS},
     )
     errors: list[str] = []
     media = media_config_from_args(args, args.speedup_ratio, errors)

@@ -36,7 +36,7 @@ from services.workers.mocker.outputs import OutputPolicy, synthetic_logprob
 from services.workers.mocker.scheduler import Scheduler, SchedulerLimits, StepOutcome
 from services.workers.mocker.sequence import Sequence as Seq
 from services.workers.mocker.sequence import full_blocks
-from services.workers.mocker.timing import Clock, MonotonicClock, TimingModel
+from services.workers.mocker.timing import Clock, MonotonicClock
 from services.workers.mocker.transfer import (
     KvHolds,
     KvPuller,
@@ -73,7 +73,7 @@ class MockerEngine:
         self.scheduler = Scheduler(self.cache, SchedulerLimits(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             enable_chunked_prefill=config.enable_chunked_prefill))
-        self.timing = TimingModel(speedup_ratio=config.speedup_ratio, total_blocks=config.num_gpu_blocks)
+        self.timing = config.timing()
         # Disaggregation: blocks held for decode workers (a prefill leg's), and how a decode leg takes them.
         self.transfer = TransferSettings(config.kv_block_bytes, config.kv_transfer_bandwidth_gbs,
                                          config.kv_hold_timeout_s, config.speedup_ratio)

@@ -12,6 +12,12 @@ an 8B model), in milliseconds:
 
 A step that both prefills and decodes (a mixed batch) takes the sum. Every duration is divided by
 the speed-up ratio; a ratio of 0 means no delay at all.
+
+Every coefficient is a mocker flag (``--prefill-ms-const``, ``--prefill-ms-per-token``,
+``--prefill-ms-per-token-sq``, ``--decode-ms-const|lin|sq``; config.py). Dynamo 1.6.1's mocker has the
+same decode polynomial but a faster prefill, ``16.50142 + 1.518344e-2 * n + 4.209989e-7 * n**2``
+(its ``PerfModel::Polynomial``; the constants are in its ``_core`` binary): 6k tokens in ~123 ms where
+these defaults take ~516 ms. bench/disagg.py gives ours Dynamo's, so that both run at one engine speed.
 """
 
 from __future__ import annotations

@@ -65,3 +65,32 @@ def test_the_cached_share_comes_from_the_workers_own_counters():
     finally:
         server.shutdown()
         thread.join(5)
+
+
+def test_our_mockers_run_at_dynamos_engine_speed(demo_model_dir):
+    """Both sides on one timing model: our mockers get Dynamo 1.6.1's prefill polynomial (its decode one is ours),
+    so a 6k-token prompt prefills in ~123 ms on both, not ~516 ms on ours; the output says so."""
+    from services.workers.mocker.config import parse_config
+
+    args = disagg.mocker_args(disagg.DisaggBenchConfig(speedup=1.0), "decode")
+    engine = parse_config(["--model-dir", str(demo_model_dir), *args], env={}).engine
+    assert engine.timing().prefill_ms(6000) == pytest.approx(16.50142 + 1.518344e-2 * 6000 + 4.209989e-7 * 6000**2)
+    assert engine.timing().decode_ms(0) == pytest.approx(5.74) and engine.speedup_ratio == 1.0
+    assert "Dynamo 1.6.1's mocker timing" in disagg.TIMING_MODEL
+
+
+def test_the_handover_gap_is_reported_apart_from_the_later_itl():
+    """A stream whose first token came at once and whose second waited out the handover (pull, transfer, the decode
+    worker's next step): the first gap is reported on its own, and the ITL after it excludes it."""
+    from bench.loadgen import LoadResult, LoadSpec, RequestResult
+
+    def stream(handover_s: float) -> RequestResult:
+        arrivals = [(0.0, 1), (handover_s, 1), *((handover_s + 0.01 * k, 1) for k in range(1, 5))]
+        return RequestResult(start=0.0, end=1.0, first_token=0.0, arrivals=arrivals, content_events=6,
+                             completion_tokens=6, done=True)
+
+    spec = LoadSpec(url="http://x", model="m", concurrency=1, requests=3)
+    load = LoadResult(spec, 0.0, 1.0, [stream(0.02), stream(0.04), stream(0.06)])
+    handover, later = disagg.handover_split(load)
+    assert handover == pytest.approx(40.0)
+    assert later == pytest.approx(10.0)

@@ -16,6 +16,8 @@ from services.common.hashing import block_hashes, sequence_hashes
 from services.common.overload import BusyThreshold
 from services.router.core.conditional import DisaggSettings
 from services.router.core.index import RadixIndex
+from services.router.core.kv_ingest import KvEventIngest
+from services.router.core.policies import build_policy
 from services.router.core.policies.kv_aware import KvAware
 from services.router.disagg import prefill_leg_id
 from services.router.metrics import RouterMetrics
@@ -135,6 +137,69 @@ def test_decode_ties_go_to_fewer_sequences():
     router = Router(lambda model: PAIR)
     route(router, "a", (), prompt=0)  # one sequence on d1, no blocks
     assert route(router, "b", (), prompt=0).worker_id == "d2"
+
+
+def burst(router: Router, prompts: list[list[int]]) -> list[router_pb2.RouteResponse]:
+    """Routes every prompt concurrently, none released: a burst that arrives before any request finishes."""
+    async def go() -> list[router_pb2.RouteResponse]:
+        return list(await asyncio.gather(*(router.route(router_pb2.RouteRequest(
+            request_id=f"b{i}", model="m", block_hashes=p, prompt_tokens=len(p) * BS))
+            for i, p in enumerate(prompts))))
+    return asyncio.run(go())
+
+
+def report(ingest: KvEventIngest, worker: str, seq: int, active_blocks: int) -> None:
+    """The worker's KV event message carrying its own count of blocks in use (services/workers/kv_events.py)."""
+    ingest.on_message({"worker_id": worker, "model": "m", "seq": seq, "events": [],
+                       "load": {"active_blocks": active_blocks, "waiting": 0, "running": 1, "total_blocks": 1000}})
+
+
+def kv_router_after_a_finished_request(worker: str = "d1") -> Router:
+    """A kv router fed by KV events, whose ``worker`` still last reported the 40 blocks of a request that has
+    since ended (reports come every 0.5 s; the release at once)."""
+    ingest = KvEventIngest()
+    router = Router(lambda model: PAIR, build_policy("kv", ingest=ingest))
+    route(router, "old", hashes(99, blocks=40), decode_worker_id=worker)
+    report(ingest, worker, 1, 40)
+    release(router, "old")
+    return router
+
+
+@pytest.mark.parametrize("make", [
+    lambda: kv_router()[0],
+    kv_router_after_a_finished_request,
+    *(lambda mode=mode: Router(lambda model: PAIR, build_policy(mode))
+      for mode in ("round-robin", "random", "least-loaded")),
+], ids=["kv", "kv-stale-report", "round-robin", "random", "least-loaded"])
+@pytest.mark.parametrize("same_prompt", [False, True], ids=["distinct", "same"])
+def test_a_burst_of_split_requests_spreads_over_the_decode_workers(make, same_prompt):
+    """Each decode booking counts toward its worker's decode load at once: eight prompts routed before any ends
+    share the decode pool evenly, whether they differ or are one prompt (whose blocks a worker holds once).
+    Failed (kv-stale-report, same) while a worker's last report was a floor under its bookings: all eight went
+    to the other worker, whose deduplicated blocks never reached the stale 40."""
+    router = make()
+    prompts = [hashes(50 if same_prompt else 50 + i, blocks=24 + (0 if same_prompt else i)) for i in range(8)]
+    responses = burst(router, prompts)
+    assert all(r.prefill_worker_id for r in responses)  # every one split
+    decode = [r.worker_id for r in responses]
+    assert sorted(decode.count(w) for w in ("d1", "d2")) == [4, 4], decode
+    assert router.bookings.in_flight("d1") == router.bookings.in_flight("d2") == 4
+
+
+def test_a_report_counts_the_blocks_the_bookings_do_not_explain_until_the_next_one():
+    """A worker's report above the router's bookings (output blocks, load placed by others) adds to its load;
+    bookings made after it add on top at once; the next report replaces it."""
+    ingest = KvEventIngest()
+    router = Router(lambda model: PAIR, build_policy("kv", ingest=ingest))
+    route(router, "a", hashes(1, blocks=10), decode_worker_id="d1")
+    report(ingest, "d1", 1, 25)  # 10 booked + 15 the router did not place
+    assert router.policy.active_blocks("d1") == 25
+    route(router, "b", hashes(2, blocks=8), decode_worker_id="d1")
+    assert router.policy.active_blocks("d1") == 33
+    report(ingest, "d1", 2, 18)  # the worker has not seen b yet: its report explains nothing beyond a
+    assert router.policy.active_blocks("d1") == 18
+    release(router, "a")
+    assert router.policy.active_blocks("d1") == 8
 
 
 def test_first_token_frees_the_prefill_leg_and_release_frees_both():

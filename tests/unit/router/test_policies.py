@@ -4,7 +4,7 @@ import pytest
 
 from services.common.errors import InvalidRequest, NoWorkers
 from services.router.core.bookings import Bookings
-from services.router.core.kv_ingest import KvEventIngest, WorkerLoad
+from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.policies import KvSettings, build_policy
 from services.router.core.policies.kv_aware import KvAware
 from services.router.core.policies.random_choice import RandomChoice
@@ -80,11 +80,11 @@ async def test_only_request_tracking_policies_ask_for_the_first_token_report():
 
 def test_kv_is_built_from_typed_settings_with_the_event_index_or_approximate():
     ingest = KvEventIngest()
-    ingest.loads["w0"] = WorkerLoad(active_blocks=7)
     fed = build_policy("kv", KvSettings(overlap_weight=2.0, temperature=0.5, hotspot_ratio=4.0), ingest)
+    ingest.on_message({"worker_id": "w0", "model": "m", "seq": 1, "events": [], "load": {"active_blocks": 7}})
     assert isinstance(fed, KvAware) and fed.index is ingest.index and fed.approximate is None
     assert (fed.overlap_weight, fed.temperature, fed.hotspot_ratio) == (2.0, 0.5, 4.0)
-    assert fed._reported_blocks("w0") == 7 and fed._reported_blocks("w1") == 0
+    assert fed.active_blocks("w0") == 7 and fed.active_blocks("w1") == 0  # reports reach the policy
     approximate = build_policy("kv", KvSettings(ttl_s=9.0))
     assert isinstance(approximate, KvAware) and approximate.approximate is not None
     assert approximate.approximate.ttl_s == 9.0

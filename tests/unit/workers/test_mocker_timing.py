@@ -77,3 +77,23 @@ async def test_speedup_zero_never_sleeps_and_coalesces(clock):
     assert clock.sleeps == []
     assert sum(n for _, n in arrivals) == 200
     assert len(arrivals) < 20  # the loop runs many steps before it lets the consumer in
+
+
+def test_the_step_time_coefficients_are_flags_whose_defaults_leave_the_model_unchanged(demo_model_dir):
+    from services.workers.config import ConfigError
+    from services.workers.mocker.config import parse_config
+
+    default = parse_config(["--model-dir", str(demo_model_dir)], env={}).engine
+    assert default.timing() == TimingModel(total_blocks=default.num_gpu_blocks)
+    # Dynamo 1.6.1's prefill polynomial (bench/disagg.py runs both mockers on it): 6000 tokens in ~123 ms, not ~516.
+    dynamo = parse_config(["--model-dir", str(demo_model_dir), "--prefill-ms-const", "16.50142",
+                           "--prefill-ms-per-token", "1.518344e-2", "--prefill-ms-per-token-sq", "4.209989e-7",
+                           "--speedup-ratio", "2"], env={"MESHFRONT_MOCKER_DECODE_MS_CONST": "3"}).engine
+    engine = MockerEngine(dynamo, OutputPolicy([1]))
+    assert engine.timing.prefill_ms(6000) == pytest.approx(16.50142 + 91.10064 + 15.1559604)
+    assert default.timing().prefill_ms(6000) == pytest.approx(26.2 + 444.6 + 45.0)
+    assert engine.timing.decode_ms(0) == 3.0 and engine.timing.speedup_ratio == 2.0
+    with pytest.raises(ConfigError, match="prefill-ms-per-token-sq must be >= 0"):
+        parse_config(["--model-dir", str(demo_model_dir), "--prefill-ms-per-token", "-1"], env={})
+    with pytest.raises(ConfigError, match="decode step must take > 0 ms"):
+        parse_config(["--model-dir", str(demo_model_dir), "--decode-ms-const", "1", "--decode-ms-lin", "-10"], env={})

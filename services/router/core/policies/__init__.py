@@ -49,6 +49,8 @@ def build_policy(mode: str, kv: KvSettings = KvSettings(), ingest: KvEventIngest
         if ingest is None:
             return KvAware(overlap_weight=kv.overlap_weight, temperature=kv.temperature,
                            hotspot_ratio=kv.hotspot_ratio, approximate=True, ttl_s=kv.ttl_s)
-        return KvAware(overlap_weight=kv.overlap_weight, temperature=kv.temperature, hotspot_ratio=kv.hotspot_ratio,
-                       index=ingest.index, approximate=False, reported_blocks=ingest.active_blocks)
+        policy = KvAware(overlap_weight=kv.overlap_weight, temperature=kv.temperature,
+                         hotspot_ratio=kv.hotspot_ratio, index=ingest.index, approximate=False)
+        ingest.load_listeners.append(policy.note_report)  # the workers' own block counts refine the bookings
+        return policy
     raise ValueError(f"unknown router mode {mode!r}; choose one of {', '.join(POLICY_NAMES)}")

@@ -6,7 +6,7 @@ Per candidate ``w``, in KV blocks (Dynamo's selector, lib/kv-router/src/scheduli
     shared(w)   = leading prompt blocks that requests running on w hold
     prefill(w)  = prefill blocks of w's requests not yet past their first token
                   + prompt blocks - max(overlap(w), shared(w))
-    decode(w)   = max(active blocks of w's requests, blocks w reports in use)
+    decode(w)   = active blocks of w's requests + blocks w last reported in use beyond them
                   + prompt blocks - shared(w)
     logit(w)    = overlap_weight * prefill(w) + decode(w)
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from services.common.hashing import sequence_hashes
 from services.router.core.active import ActiveRequests
@@ -37,8 +37,6 @@ from services.router.core.approximate import ApproximateCache
 from services.router.core.index import RadixIndex
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, LifecycleEvent
 from services.router.core.types import Candidate, Decision, RouteQuery
-
-ReportedBlocks = Callable[[str], int]
 
 # Measured, not guessed (bench/RESULTS.md, "KV-aware routing"): on the 16-group workload weight 1
 # (Dynamo's default) lets load win so often that groups smear over workers (cached share 0.57 of a
@@ -56,7 +54,7 @@ class KvAware:
     def __init__(self, *, index: RadixIndex | None = None, overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
                  temperature: float = 0.0, hotspot_ratio: float = DEFAULT_HOTSPOT_RATIO,
                  approximate: bool | None = None, ttl_s: float = 120.0,
-                 reported_blocks: ReportedBlocks | None = None, rng: random.Random | None = None):
+                 rng: random.Random | None = None):
         if overlap_weight < 0 or temperature < 0 or hotspot_ratio < 1:
             raise ValueError("overlap_weight and temperature must be >= 0, hotspot_ratio >= 1")
         self.index = index or RadixIndex()
@@ -67,7 +65,10 @@ class KvAware:
         self.approximate = ApproximateCache(self.index, ttl_s=ttl_s) if (
             approximate if approximate is not None else index is None) else None
         self.active = ActiveRequests()
-        self._reported_blocks = reported_blocks or (lambda _w: 0)
+        # Per worker, the blocks its last load report (note_report) held beyond this router's bookings then:
+        # load we did not place (output tokens' blocks, other clients). Bookings made or freed since count on
+        # top at once; a report is never a floor that hides them (a stale one sent a burst to one worker).
+        self._unbooked: dict[str, int] = {}
         self._rng = rng
         self._pending: dict[str, tuple[int, ...]] = {}  # request id -> seq hashes, from choose to book
         # decisions; spills (chose less overlap than some worker had: load won); hot_skips (the guard
@@ -104,7 +105,11 @@ class KvAware:
         return found
 
     def active_blocks(self, worker_id: str) -> int:
-        return max(self.active.load(worker_id).active_blocks, self._reported_blocks(worker_id))
+        return self.active.load(worker_id).active_blocks + self._unbooked.get(worker_id, 0)
+
+    def note_report(self, worker_id: str, active_blocks: int) -> None:
+        """The worker's own count of blocks in use (KvEventIngest load listener), as it arrives."""
+        self._unbooked[worker_id] = max(0, active_blocks - self.active.load(worker_id).active_blocks)
 
     def _count(self, candidates, eligible, overlaps: dict[str, int], expected: int) -> None:
         self.stats["decisions"] += 1
@@ -127,7 +132,7 @@ class KvAware:
         # Blocks a running request on w holds are reused too (a paged cache shares them at once),
         # even before any event says they are cached: a burst of one prefix stays together.
         prefill = load.prefill_blocks + prompt_blocks - max(overlap, shared)
-        decode = max(load.active_blocks, self._reported_blocks(worker_id)) + prompt_blocks - shared
+        decode = load.active_blocks + self._unbooked.get(worker_id, 0) + prompt_blocks - shared
         return self.overlap_weight * prefill + decode
 
     def _pick(self, candidates: Sequence[Candidate], logits: Sequence[float], request_id: str) -> Candidate:
@@ -171,6 +176,7 @@ class KvAware:
 
     def drop_worker(self, worker_id: str) -> None:
         self.active.drop_worker(worker_id)
+        self._unbooked.pop(worker_id, None)
         if self.approximate is not None:
             self.approximate.drop_worker(worker_id)
         else:
