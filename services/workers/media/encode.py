@@ -114,6 +114,11 @@ def _write_video(path: str, frames: Sequence[Image.Image], container_format: str
         stream = container.add_stream(codec, rate=fps_fraction(fps))
         assert isinstance(stream, av.VideoStream)  # for the type checker: a video codec makes a video stream
         stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+        if codec == "libx264":
+            # One encoder thread: x264's frame threads gave other bytes for the same frames now and then while
+            # another encode ran in the process (tests/unit/workers/test_media_encode.py fails without this),
+            # and the same seed must give the same bytes. A worker runs one job at a time anyway.
+            stream.codec_context.thread_count = 1
         if quality is not None and codec == "mjpeg":
             # JPEG quality 0-100 onto FFmpeg's qscale 31 (worst) .. 2 (best).
             q = round(31 - (max(0, min(100, quality)) / 100) * 29)
