@@ -61,7 +61,7 @@ async def test_the_gateway_sends_no_warm_up_request_to_a_media_worker():
     class Pipeline:
         pinned: list[str] = []
 
-        async def run(self, requests, n, worker_id="", *, options):
+        async def run(self, requests, n, worker_id="", hints=None, trace=None, *, options):  # Pipeline.run's shape
             self.pinned.append(worker_id)
             yield []
 
