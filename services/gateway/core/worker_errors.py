@@ -22,5 +22,5 @@ def worker_error(e: grpc.aio.AioRpcError, address: str, kind: str) -> MeshError:
     err = from_rpc_error(e)
     if isinstance(err, (WorkerFailed, Cancelled, Internal)):
         log.warning("%s worker %s failed: %s %s", kind, address, e.code().name, e.details())
-        return WorkerFailed(f"{kind} worker failed ({e.code().name})")
+        return WorkerFailed(f"the {kind} worker serving this request failed")  # its code is in the log
     return err
