@@ -40,7 +40,8 @@ def vmesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
     m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO),
                                       WorkerSpec(str(demo_model_dir), VIDEO, "mocker", SIMULATOR),
                                       WorkerSpec(str(demo_model_dir), NOISE, "mocker",
-                                                 (*SIMULATOR, "--media-noise"))], gateways=2)
+                                                 (*SIMULATOR, "--media-noise", "--media-max-frames", "128"))],
+                   gateways=2)
     yield m
     stop_cleanly(m)
 
@@ -183,7 +184,7 @@ def test_sync_url_through_the_other_gateway(vmesh):
 
 def test_a_video_of_many_chunks_is_the_same_in_b64_json_and_by_url(vmesh):
     """Megabytes: the worker's 1 MiB chunks become several HttpBody messages of base64 that join into one."""
-    body = {"model": NOISE, "prompt": "p", "size": "256x256", "seconds": 8, "nvext": {"fps": 8, "seed": 11,
+    body = {"model": NOISE, "prompt": "p", "size": "256x256", "seconds": 14, "nvext": {"fps": 8, "seed": 11,
                                                                                      "num_inference_steps": 1}}
     b64 = post(vmesh, "/v1/videos/generations", {**body, "response_format": "b64_json"})
     assert b64.status_code == 200, b64.text[:500]
@@ -191,7 +192,7 @@ def test_a_video_of_many_chunks_is_the_same_in_b64_json_and_by_url(vmesh):
     assert len(video) > 2 << 20, len(video)  # three worker chunks at least
     url = post(vmesh, "/v1/videos/generations", body).json()["data"][0]["url"]
     assert httpx.get(url, timeout=60).content == video
-    assert decode(video)[1:4] == (64, 8.0, (256, 256))
+    assert decode(video)[1:4] == (112, 8.0, (256, 256))
 
 
 def test_a_job_the_worker_refuses_fails_with_its_error(client):
