@@ -20,8 +20,7 @@ from PIL import Image, UnidentifiedImageError
 MAX_PIXELS = 64 * 1024 * 1024
 _DATA_URL = re.compile(r"^data:([A-Za-z0-9.+-]+/[A-Za-z0-9.+-]+)(?:;[A-Za-z0-9=.+-]+)*;base64,(.*)$", re.DOTALL)
 AUDIO_MIME = {"wav": "audio/wav", "mp3": "audio/mpeg"}
-_VIDEO_MIME = {"mov,mp4,m4a,3gp,3g2,mj2": "video/mp4", "matroska,webm": "video/webm", "avi": "video/x-msvideo",
-               "gif": "image/gif"}
+_VIDEO_MIME = {"mov,mp4,m4a,3gp,3g2,mj2": "video/mp4", "matroska,webm": "video/webm", "avi": "video/x-msvideo"}
 
 
 class DecodeRefused(Exception):
@@ -86,6 +85,9 @@ def decode_video(raw: bytes) -> Decoded:
     """Opens the container, finds a video stream and decodes its first frame."""
     try:
         with av.open(io.BytesIO(raw), mode="r") as container:
+            # FFmpeg reads a still image (PNG, JPEG) as a one-frame "video"; a video part must be a video.
+            if container.format.name == "image2" or container.format.name.endswith("_pipe"):
+                raise DecodeRefused("it is a still image, not a video")
             if not container.streams.video:
                 raise DecodeRefused("it has no video stream")
             stream = container.streams.video[0]

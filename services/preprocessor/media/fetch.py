@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+from collections.abc import Callable
 
 import httpx
 
@@ -27,7 +28,10 @@ class FetchRefused(Exception):
     """The URL was not fetched, or its answer is not acceptable; the message says why."""
 
 
-def _kind(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def non_public_kind(ip: IpAddress) -> str | None:
     """What makes ``ip`` non-public, or None for a global unicast address."""
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is loopback however it is spelled
@@ -44,7 +48,7 @@ def _kind(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
     return None
 
 
-async def _resolve(host: str, port: int, allow_private: bool) -> str:
+async def _resolve(host: str, port: int, refuse: Callable[[IpAddress], str | None] | None) -> str:
     """The address to connect to for ``host``: every address it resolves to is checked, the first is used."""
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -53,9 +57,9 @@ async def _resolve(host: str, port: int, allow_private: bool) -> str:
     addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     if not addresses:
         raise FetchRefused(f"its host {host!r} does not resolve")
-    if not allow_private:
+    if refuse is not None:
         for addr in addresses:
-            kind = _kind(ipaddress.ip_address(addr.split("%", 1)[0]))
+            kind = refuse(ipaddress.ip_address(addr.split("%", 1)[0]))
             if kind is not None:
                 raise FetchRefused(f"its host {host!r} resolves to a {kind} address, which this deployment does "
                                    "not fetch from (--media-allow-private-urls)")
@@ -68,10 +72,14 @@ def _pinned(url: httpx.URL, address: str) -> httpx.URL:
 
 
 class UrlFetcher:
-    """Fetches http(s) URLs within ``limits``; one connection pool for the process."""
+    """Fetches http(s) URLs within ``limits``; one connection pool for the process.
 
-    def __init__(self, limits: MediaLimits):
+    ``refuse`` says what makes an address unfetchable (None: fetchable); tests narrow it to prove that every
+    address of every hop is checked."""
+
+    def __init__(self, limits: MediaLimits, refuse: Callable[[IpAddress], str | None] = non_public_kind):
         self._limits = limits
+        self._refuse = None if limits.allow_private else refuse
         # No proxies from the environment: a proxy would connect to addresses this module never checked.
         self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False,
                                          timeout=httpx.Timeout(limits.timeout_s))
@@ -93,7 +101,7 @@ class UrlFetcher:
             if current.scheme not in ("http", "https") or not current.host:
                 raise FetchRefused("it redirects to a URL that is not http(s)" if hop else "it is not an http(s) URL")
             port = current.port or (443 if current.scheme == "https" else 80)
-            address = await _resolve(current.host, port, self._limits.allow_private)
+            address = await _resolve(current.host, port, self._refuse)
             headers = {"Host": current.netloc.decode("ascii"), "Accept": "image/*, video/*, audio/*"}
             extensions = {"sni_hostname": current.host} if current.scheme == "https" else {}
             request = self._client.build_request("GET", _pinned(current, address), headers=headers,
