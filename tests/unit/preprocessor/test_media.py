@@ -128,3 +128,43 @@ async def test_inline_limits_and_non_images_are_400s():
     audio = await resolver.resolve([item(modality="audio", data=base64.b64encode(b"RIFF....").decode(), format="wav")])
     assert audio[0].content == b"RIFF...." and audio[0].info.mime_type == "audio/wav"
     await resolver.close()
+
+
+# --- the preprocessor end to end: placed tokens, salted hashes, what the worker receives ---
+
+async def test_the_preprocessor_places_images_and_salts_their_blocks(demo_model_dir):
+    import json
+
+    from meshfront.preprocessor.v1 import preprocessor_pb2
+
+    from services.common.discovery import ModelCard
+    from services.common.hashing import block_hashes
+    from services.preprocessor.core.artifacts import ArtifactCache
+    from services.preprocessor.service import Preprocessor
+
+    card = ModelCard(name="demo", model_dir=str(demo_model_dir), input_modalities=("image",))
+    pre = Preprocessor({"demo": card}.get, ArtifactCache())
+
+    async def run(raw: bytes | None):
+        content = [{"type": "text", "text": "describe " * 20}]
+        media = []
+        if raw is not None:
+            content.insert(0, {"type": "image_url", "image_url": {"url": data_url(raw)}})
+            media = [item(url=data_url(raw))]
+        req = preprocessor_pb2.PreprocessRequest(
+            request=common_pb2.PreprocessedRequest(request_id="r", model="demo", media=media),
+            messages_json=json.dumps([{"role": "user", "content": content}]))
+        return await pre.preprocess(req)
+
+    text = await run(None)
+    a, a_again, b = await run(png(224, 224, seed=1)), await run(png(224, 224, seed=1)), await run(png(224, 224, 2))
+    assert len(a.request.token_ids) == len(b.request.token_ids) == len(text.request.token_ids) + 64 + 3
+    assert list(text.block_hashes) == block_hashes(list(text.request.token_ids), 16)  # text: unchanged
+    assert list(a.block_hashes) == list(a_again.block_hashes)
+    assert list(a.request.token_ids) == list(b.request.token_ids)  # the same placeholder ids...
+    assert a.block_hashes[0] != b.block_hashes[0]  # ...told apart by the content hash salt
+    sent = a.request.media[0]
+    assert sent.content == png(224, 224, seed=1) and sent.mime_type == "image/png" and sent.url == ""
+    assert sent.content_hash == content_hash(sent.content) and (sent.width, sent.height) == (224, 224)
+    assert sent.token_count == 64 and set(a.request.token_ids[sent.token_offset:sent.token_offset + 64]) == {151655}
+    await pre.media.close()
