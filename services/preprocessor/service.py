@@ -178,7 +178,7 @@ class Preprocessor:
     @staticmethod
     def _fill_media(items, resolved: list[Resolved], placed: list[placement.Placed]) -> None:
         """What a worker receives per item (common.proto MediaItem): the bytes, never a URL to fetch."""
-        for item, r, p in zip(items, resolved, placed or [placement.Placed(0, 0)] * len(resolved), strict=True):
+        for item, r, p in zip(items, resolved, placed, strict=True):
             item.content = r.content
             item.mime_type = r.info.mime_type
             item.content_hash = r.content_hash
