@@ -1,7 +1,7 @@
 """The ``vision`` scenario: the cached share of repeated images under kv routing vs text on the same prefix structure.
 
-``python -m bench vision`` starts one mesh (``--workers`` image-declaring mockers, kv router) and drives
-the same closed-loop load twice over it with fresh prefixes each time:
+``python -m bench vision`` starts a fresh mesh per variant (``--workers`` image-declaring mockers, kv router) and
+drives the same closed-loop load (same seed: same group sequence and tails) on each:
 
 - ``image``: each of ``groups`` groups shares an image (a distinct 224 x 224 PNG per group, 64 image tokens
   once the preprocessor places it) followed by shared text; each request adds a unique tail;
@@ -123,31 +123,30 @@ def row(r: VariantResult) -> str:
 
 
 def run(cfg: VisionBenchConfig, emit) -> str:
-    """Both variants on one mesh; returns the markdown table with the gap in points."""
+    """Each variant on a fresh mesh with the same seed (the same group sequence and tails; only the group's head
+    differs); returns the markdown table with the gap in points."""
     from services.models.build import build_demo_model
 
     model_dir = str(build_demo_model(ROOT / "build" / "models" / "demo-qwen"))
     extra = ("--speedup-ratio", f"{cfg.speedup:g}", "--num-gpu-blocks", str(cfg.num_gpu_blocks),
              "--input-modalities", "image")
-    workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", extra) for _ in range(cfg.workers)]
-    plan = ephemeral_plan(workers, router_mode="kv", run_dir=ROOT / ".run" / "bench", log_level="WARNING")
-    metrics_port = plan.metrics_ports["router"]  # every service of an ephemeral plan is scrapeable
-    mesh = Mesh(plan, ROOT / ".run" / "bench" / f"vision-{time.strftime('%H%M%S')}")
     results = []
-    try:
-        mesh.start()
-        time.sleep(1.5)  # the router loads every worker's (empty) KV state
-        # Different seeds: the second variant shares no prefix with the first.
-        for name, with_images, seed in (("text", False, cfg.seed), ("image", True, cfg.seed + 7)):
+    for name, with_images in (("text", False), ("image", True)):
+        workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", extra) for _ in range(cfg.workers)]
+        plan = ephemeral_plan(workers, router_mode="kv", run_dir=ROOT / ".run" / "bench", log_level="WARNING")
+        mesh = Mesh(plan, ROOT / ".run" / "bench" / f"vision-{name}-{time.strftime('%H%M%S')}")
+        try:
+            mesh.start()
+            time.sleep(1.5)  # the router loads every worker's (empty) KV state
             emit(f"[{name}] {cfg.requests} requests at c={cfg.concurrency} ...")
-            r = _variant(mesh, metrics_port, cfg, name, with_images, seed)
+            # Every service of an ephemeral plan is scrapeable: the router's port is in the plan.
+            r = _variant(mesh, plan.metrics_ports["router"], cfg, name, with_images, cfg.seed)
             emit(row(r) + (f" errors: {r.first_errors}" if r.errors else ""))
             results.append(r)
-    except BaseException:
-        emit(f"[vision] failed; logs:\n{mesh.all_logs()}")
-        raise
-    finally:
-        mesh.stop()
+        except BaseException:
+            emit(f"[{name}] failed; logs:\n{mesh.all_logs()}")
+            raise
+        finally:
+            mesh.stop()
     gap = (results[0].cached_share - results[1].cached_share) * 100
     return HEADER + "\n" + "\n".join(row(r) for r in results) + f"\n\nText minus image cached share: {gap:+.1f} points."
-
