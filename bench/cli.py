@@ -3,8 +3,8 @@
 ``mesh`` starts a fresh mesh per shape and tears it down; ``load`` drives a mesh that is already
 running (e.g. ``make run``) and accounts CPU for the pids given with ``--pid name=PID``; ``engine``
 puts vLLM CPU workers behind the split and inproc meshes and compares them with vLLM's own server
-(bench/engine.py); ``kv``, ``soak``, ``embeddings`` (POST /v1/embeddings vs the model in-process,
-bench/embeddings.py) and ``images`` (the tiny diffusers pipeline in-process, behind its worker and
+(bench/engine.py); ``kv``, ``vision`` (bench/vision.py), ``soak``, ``embeddings`` (POST /v1/embeddings vs
+the model in-process, bench/embeddings.py) and ``images`` (the tiny diffusers pipeline in-process, behind its worker and
 through the mesh, bench/images.py) and ``media-transfer`` (MB/s and per-process memory of a ~50 MB video through
 Envoy, bench/media_transfer.py) are described by their own ``--help``.
 """
@@ -78,6 +78,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     "launcher gives them: envoy, gateway-0, preprocessor, router, postprocessor, mocker-0, nats")
     _add_load_flags(ld)
     _add_kv_parser(sub)
+    _add_vision_parser(sub)
     _add_soak_parser(sub)
     _add_engine_parser(sub)
     _add_embeddings_parser(sub)
@@ -126,6 +127,37 @@ def _add_kv_parser(sub) -> None:
     k.add_argument("--shape", default=",".join(d.shapes), help="comma list of split, inproc (the all-in-one "
                    "process); each case runs in each shape (replicas: split only)")
     k.add_argument("--markdown", default="", help="append the table to this file")
+
+
+def _add_vision_parser(sub) -> None:
+    from bench.vision import VisionBenchConfig
+
+    d = VisionBenchConfig()
+    v = sub.add_parser("vision", help="cached share of repeated images vs text on the same prefix structure, kv "
+                       "routing over image-declaring mockers")
+    v.add_argument("--requests", type=int, default=d.requests)
+    v.add_argument("--concurrency", type=int, default=d.concurrency)
+    v.add_argument("--workers", type=int, default=d.workers)
+    v.add_argument("--groups", type=int, default=d.groups)
+    v.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks, help="KV cache of each mocker")
+    v.add_argument("--speedup", type=_speedup, default=d.speedup, help="mocker --speedup-ratio")
+    v.add_argument("--markdown", default="", help="append the table to this file")
+
+
+def _run_vision(args: argparse.Namespace, command: str) -> int:
+    from bench.vision import VisionBenchConfig, run
+
+    cfg = VisionBenchConfig(requests=args.requests, concurrency=args.concurrency, workers=args.workers,
+                            groups=args.groups, num_gpu_blocks=args.num_gpu_blocks, speedup=args.speedup)
+    started = datetime.datetime.now().astimezone()
+    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}; {cfg}")
+    table = run(cfg, _emit)
+    _emit("\n" + table)
+    if args.markdown:
+        with Path(args.markdown).open("a") as f:
+            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
+                    f"Setting: {cfg}.\n\n{table}\n")
+    return 0
 
 
 def _add_soak_parser(sub) -> None:
@@ -318,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now().astimezone()
     _emit(f"$ {command}")
     # The scenarios with runners of their own; mesh and external share the level loop below.
-    runners = {"kv": _run_kv, "soak": _run_soak, "engine": _run_engine, "embeddings": _run_embeddings,
+    runners = {"kv": _run_kv, "vision": _run_vision, "soak": _run_soak, "engine": _run_engine,
+               "embeddings": _run_embeddings,
                "images": cli_fleets.run_images, "disagg": cli_fleets.run_disagg,
                "media-transfer": cli_fleets.run_media_transfer}
     if args.scenario in runners:
