@@ -4,8 +4,8 @@ Per request the router predicts how many prompt tokens the chosen worker already
 blocks x block size; 0 outside kv mode); at the first token the gateway reports what the worker
 actually served from cache (``usage.cached_tokens``). Counters of both give the predicted and the
 actual hit rate over any window (``rate(predicted)/rate(prompt)``), and ``min(predicted, actual)``
-gives precision and recall. KV event lag, gaps and resyncs come from the ingest; per-worker
-request and prompt-token counters give each worker's load share.
+gives precision and recall (also exported as gauges since start). KV event lag, gaps and resyncs come
+from the ingest; per-worker request and prompt-token counters give each worker's load share.
 """
 
 from __future__ import annotations
@@ -132,6 +132,13 @@ class _LiveCollector:
 
     def collect(self):
         yield self._load_share()
+        # Since start, over requests with a reported first token; a window's figures come from the counters:
+        # rate(correctly_predicted) / rate(predicted_cached) and / rate(actual_cached).
+        t = self._metrics.totals
+        yield GaugeMetricFamily(f"{_PREFIX}_prediction_precision", "Of the cached tokens the router predicted, the "
+                                "share the workers reported cached (1 when none were predicted)", value=t.precision)
+        yield GaugeMetricFamily(f"{_PREFIX}_prediction_recall", "Of the cached tokens the workers reported, the "
+                                "share the router predicted (1 when none were cached)", value=t.recall)
         queued = GaugeMetricFamily(f"{_PREFIX}_queued_requests", "Requests waiting for a busy model "
                                    "(--queue-timeout-s), per model", labels=["model"])
         for model, n in (self._queued() if self._queued else {}).items():
