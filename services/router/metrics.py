@@ -16,6 +16,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.common.metrics import LATENCY_BUCKETS
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent
 
@@ -74,6 +75,9 @@ class RouterMetrics:
                                      registry=r)
         self.error = Histogram(f"{_PREFIX}_prediction_error_tokens", "predicted - actual cached tokens per request",
                                buckets=(-1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024), registry=r)
+        self.route_duration = Histogram(f"{_PREFIX}_route_duration_seconds", "Route calls: arrival to the chosen "
+                                        "worker, a wait for a busy model included", buckets=LATENCY_BUCKETS,
+                                        registry=r)
         self.lag = Histogram(f"{_PREFIX}_kv_event_lag_seconds", "Publish-to-receive delay of KV event messages",
                              buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1, 5), registry=r)
         r.register(_LiveCollector(ingest, self, policy_stats, queued, sessions, disagg_decisions))

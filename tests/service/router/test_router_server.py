@@ -8,6 +8,7 @@ from services.common.discovery import ModelCard, WorkerCard
 from services.common.errors import ModelNotFound, from_rpc_error
 from services.common.grpc_server import GrpcServer
 from services.router.core.policies import build_policy
+from services.router.metrics import RouterMetrics
 from services.router.server import RouterServicer
 from services.router.service import Router
 
@@ -20,11 +21,21 @@ WORKERS = [WorkerCard(f"w{i}", f"127.0.0.1:{9500 + i}", ModelCard("m", "/models/
 async def stub():
     router = Router(lambda model: [w for w in WORKERS if w.model.name == model], build_policy("least-loaded"))
     server = GrpcServer("router", "127.0.0.1", 0)
-    router_pb2_grpc.add_RouterServiceServicer_to_server(RouterServicer(router), server.server)
+    router.metrics = RouterMetrics()  # a fresh registry per test
+    router_pb2_grpc.add_RouterServiceServicer_to_server(RouterServicer(router, router.metrics.route_duration),
+                                                        server.server)
     await server.start()
     async with grpc.aio.insecure_channel(server.address) as ch:
         yield router_pb2_grpc.RouterServiceStub(ch), router
     await server.stop()
+
+
+async def test_route_calls_are_timed(stub):
+    s, router = stub
+    for rid in ("a", "b", "c"):
+        await s.Route(router_pb2.RouteRequest(request_id=rid, model="m", prompt_tokens=10))
+    count = router.metrics.registry.get_sample_value("meshfront_router_route_duration_seconds_count")
+    assert count == 3
 
 
 async def test_route_books_and_release_frees(stub):
