@@ -1,0 +1,35 @@
+"""JetStream buckets replicated over a NATS cluster, single copies on a lone server.
+
+Every bucket the mesh creates (worker discovery, stored responses, video jobs, the media Object Store) goes
+through ``create_replicated``: on a clustered JetStream (``meshfront run --nats-cluster 3``, deploy/k8s) it
+gets three replicas, so one node's loss keeps its data and its writes (a quorum of two remains); a lone
+server refuses replicas (JetStream error 10074) and gets one. Asking the server beats counting the URLs a
+client was given: a client may name one node of a cluster and learn the others from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from nats.js.errors import APIError
+
+T = TypeVar("T")
+
+CLUSTER_REPLICAS = 3
+NOT_CLUSTERED = 10074  # JSStreamReplicasNotSupportedErr: "replicas > 1 not supported in non-clustered mode"
+
+
+async def create_replicated(create: Callable[[int], Awaitable[T]]) -> T:
+    """``create(replicas)`` with three replicas, or with one where the server is not clustered."""
+    try:
+        return await create(CLUSTER_REPLICAS)
+    except APIError as e:
+        if e.err_code != NOT_CLUSTERED:
+            raise
+    return await create(1)
+
+
+def nats_servers(url: str) -> list[str]:
+    """``--nats-url``: one URL, or every node of a cluster comma-separated (the client fails over between them)."""
+    return [u.strip() for u in url.split(",") if u.strip()]
