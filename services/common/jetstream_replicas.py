@@ -9,15 +9,21 @@ client was given: a client may name one node of a cluster and learn the others f
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from nats.js.errors import APIError
+from nats.errors import NoRespondersError
+from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
 T = TypeVar("T")
 
 CLUSTER_REPLICAS = 3
 NOT_CLUSTERED = 10074  # JSStreamReplicasNotSupportedErr: "replicas > 1 not supported in non-clustered mode"
+# A replicated stream whose leader died answers nothing until the two others elect one, 4-9 s later.
+FAILOVER_S = 12.0
+_LEADERLESS = (NoStreamResponseError, NoRespondersError, ServiceUnavailableError)
+_RETRY_S = 0.25
 
 
 async def create_replicated(create: Callable[[int], Awaitable[T]]) -> T:
@@ -28,6 +34,20 @@ async def create_replicated(create: Callable[[int], Awaitable[T]]) -> T:
         if e.err_code != NOT_CLUSTERED:
             raise
     return await create(1)
+
+
+async def through_failover(op: Callable[[], Awaitable[T]], timeout_s: float, failover_s: float = FAILOVER_S) -> T:
+    """``op()`` (a bucket read or write) within ``timeout_s`` a try, tried again while its stream has no leader
+    for up to ``failover_s``: a request that arrives while a node dies waits for the election, not a 503."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + failover_s
+    while True:
+        try:
+            return await asyncio.wait_for(op(), timeout_s)
+        except _LEADERLESS:
+            if loop.time() + _RETRY_S >= deadline:
+                raise
+            await asyncio.sleep(_RETRY_S)
 
 
 def nats_servers(url: str) -> list[str]:

@@ -1,9 +1,10 @@
 """NATS as a 3-node JetStream cluster (``meshfront run --nats-cluster 3``): every bucket has three replicas,
 and killing a node under load fails no request and loses no stored response.
 
-The node killed is the one leading the worker bucket's stream, the worst one to lose: the bucket must elect a
-new leader while the workers keep renewing their cards (a card that lapses for 6 s takes its worker out of
-routing), and every client connected to that node fails over to another URL of ``--nats-url``.
+The node killed leads a bucket's stream, the worst one to lose: the worker bucket must elect a new leader while
+the workers keep renewing their cards (a card that lapses takes its worker out of routing); the responses bucket
+while responses are being stored. Every client connected to that node fails over to another URL of
+``--nats-url``.
 """
 
 from __future__ import annotations
@@ -68,10 +69,13 @@ def _try(call):
         return None
 
 
-def test_killing_a_node_under_load_fails_nothing_and_stored_responses_survive(cluster_mesh):
+@pytest.mark.parametrize("bucket", ["workers", "responses"])
+def test_killing_a_node_under_load_fails_nothing_and_stored_responses_survive(cluster_mesh, bucket):
+    """The node killed leads ``bucket``'s stream: the workers' cards, or the stored responses being written."""
     client = sdk_client(cluster_mesh, timeout=60)
     stored = [client.responses.create(model=DEMO, input=f"Say hello {i}", store=True) for i in range(5)]
-    leader = _stream_infos(cluster_mesh.plan.nats_url)["workers"].cluster.leader
+    leader = wait_until(lambda: _try(lambda: _stream_infos(cluster_mesh.plan.nats_url)[bucket].cluster.leader), 20,
+                        f"a leader for the {bucket} bucket")
     assert leader in cluster_mesh.plan.nats_names
 
     stop = threading.Event()
@@ -109,10 +113,10 @@ def test_killing_a_node_under_load_fails_nothing_and_stored_responses_survive(cl
             run.result()
     assert before > 0 and sum(done.values()) > before + 20 and done["responses"] > 0, done
     assert failures == []
-    # The bucket moved on to a new leader on a surviving node, still replicated.
-    workers = wait_until(lambda: _try(lambda: _stream_infos(cluster_mesh.plan.nats_url)["workers"]), 10,
-                         "the worker bucket")
-    assert workers.cluster.leader != leader
+    # The bucket moved on to a new leader on a surviving node.
+    info = wait_until(lambda: _try(lambda: _stream_infos(cluster_mesh.plan.nats_url)[bucket]), 10,
+                      f"the {bucket} bucket")
+    assert info.cluster.leader != leader
     for r in stored + [client.responses.retrieve(i) for i in written[-3:]]:
         again = client.responses.retrieve(r.id)
         assert again.id == r.id and again.output_text == r.output_text

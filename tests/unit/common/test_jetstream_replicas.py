@@ -45,3 +45,36 @@ def test_every_node_url_and_the_ttl_that_follows():
                                                                         "nats://c:4222"]
     assert discovery_ttl_s("nats://a:4222") == DEFAULT_TTL_S
     assert discovery_ttl_s("nats://a:4222,nats://b:4222,nats://c:4222") == CLUSTER_TTL_S
+
+
+def test_a_leaderless_stream_is_waited_for_and_other_errors_are_not():
+    from nats.js.errors import NoStreamResponseError
+
+    from services.common.jetstream_replicas import through_failover
+
+    tries: list[int] = []
+
+    async def elected_on_third_try() -> str:
+        tries.append(1)
+        if len(tries) < 3:
+            raise NoStreamResponseError
+        return "stored"
+
+    assert asyncio.run(through_failover(elected_on_third_try, 1.0)) == "stored" and len(tries) == 3
+    with pytest.raises(NoStreamResponseError):  # past the failover budget the error reaches the caller
+        asyncio.run(through_failover(_never, 1.0, failover_s=0.6))
+
+    async def refused() -> None:
+        tries.append(1)
+        raise ServerError(code=400, err_code=10071, description="wrong last sequence")
+
+    tries.clear()
+    with pytest.raises(APIError):
+        asyncio.run(through_failover(refused, 1.0))
+    assert len(tries) == 1
+
+
+async def _never() -> None:
+    from nats.js.errors import NoStreamResponseError
+
+    raise NoStreamResponseError
