@@ -50,7 +50,7 @@ READY_TIMEOUT_S = {"mocker": 120.0, "hf": 120.0, "vllm": 600.0}
 # Stopped group after group: the edge first (no new requests; gateways drain their streams while the
 # stages and workers still serve them), then the stages, the workers (they deregister from NATS), NATS.
 STOP_ORDER = (("envoy", "gateway-*"), ("preprocessor", "router", "router-*", "postprocessor", "postprocessor-*"),
-              tuple(f"{kind}-*" for kind in WORKER_MODULES), ("nats",))
+              tuple(f"{kind}-*" for kind in WORKER_MODULES), ("nats", "nats-*"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -113,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--video-workers", type=int, default=1,
                    help=f"video simulators serving {DEMO_VIDEO_MODEL_NAME} on /v1/videos (mocker --media video); "
                         "0 for none")
+    p.add_argument("--nats-cluster", type=int, choices=(1, 3), default=1,
+                   help="NATS nodes: 3 runs a JetStream cluster whose buckets keep three replicas (one node may die)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--tls-cert", default="", help="PEM certificate (chain): Envoy serves HTTPS and gRPC over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
@@ -245,9 +247,10 @@ def main(argv: list[str] | None = None) -> int:
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
                     service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES},
-                    postprocessors=args.postprocessors, **ports)
+                    postprocessors=args.postprocessors, nats_cluster=args.nats_cluster, **ports)
     # A fresh JetStream store per launch; a restarted NATS keeps it (-sd), so discovery survives it.
-    shutil.rmtree(plan.run_dir / f"nats-{plan.nats_port}", ignore_errors=True)
+    for store in plan.nats_dirs:
+        shutil.rmtree(store, ignore_errors=True)
     process_specs = specs(plan)
     policy = RestartPolicy(crash_window_s=args.crash_window_s, max_fast_failures=args.crash_limit)
     policies = {}
@@ -300,6 +303,8 @@ def _placement(args: argparse.Namespace) -> dict:
         ports = {"gateway_ports": [free_port() for _ in range(args.gateways)],
                  "worker_ports": [free_port() for _ in range(workers)],
                  "extra_postprocessor_ports": [free_port() for _ in range(args.postprocessors - 1)],
+                 "extra_nats_ports": [free_port() for _ in range(args.nats_cluster - 1)],
+                 "nats_route_ports": [free_port() for _ in range(args.nats_cluster)],
                  **{k: free_port() for k in ("admin_port", "nats_port", "preprocessor_port", "router_port",
                                              "postprocessor_port")}}
     if args.run_dir:
