@@ -100,6 +100,9 @@ class ModelCard:
     input_modalities: tuple[str, ...] = ()
     # A media model's limits (endpoints IMAGES or VIDEOS); None for every other kind.
     media: MediaLimits | None = None
+    # The digest of the model's tokenizer/template/config files in the NATS Object Store
+    # (services/common/model_files.py), so that no stage but the worker needs model_dir; empty: none published.
+    model_files: str = ""
 
     def serves(self, endpoint: str) -> bool:
         return endpoint in self.endpoints
@@ -240,10 +243,14 @@ async def close_nats(nc: NatsClient | None, *, flush: bool = False) -> None:
 class Registrar:
     """Keeps one worker's card alive in the bucket until ``close``."""
 
-    def __init__(self, nats_url: str, card: WorkerCard, ttl_s: float | None = None):
+    def __init__(self, nats_url: str, card: WorkerCard, ttl_s: float | None = None, *,
+                 before_first_put: Callable[[nats.js.JetStreamContext], Awaitable[None]] | None = None):
+        """``before_first_put`` runs (retried like the put) before the card first goes out: what the
+        card points at (the model's files in the Object Store) is there before anyone reads the card."""
         self.nats_url = nats_url
         self.card = card
         self.ttl_s = ttl_s if ttl_s is not None else discovery_ttl_s(nats_url)
+        self._before_first_put = before_first_put
         self._task: asyncio.Task | None = None
         self._nc: nats.NATS | None = None
         self.registered = asyncio.Event()
@@ -261,6 +268,9 @@ class Registrar:
             try:
                 if not ready:
                     await open_bucket(self._nc, self.ttl_s)
+                    if self._before_first_put is not None:
+                        await self._before_first_put(js)
+                        self._before_first_put = None
                     ready = True
                 # Each put replaces the previous value (history 1) and restarts its TTL.
                 await js.publish(subject, payload, msg_ttl=self.ttl_s)

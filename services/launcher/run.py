@@ -98,7 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mocker-script", default=str(DEMO_SCRIPT),
                    help="mocker answers by prompt substring (JSON); empty for pseudo-random text")
     p.add_argument("--model-dir", default="", help="model directory (default: build the demo model)")
-    p.add_argument("--model-name", default=DEMO_MODEL_NAME)
+    p.add_argument("--model", default="", metavar="ORG/NAME",
+                   help="a Hugging Face id instead of --model-dir, downloaded once into the Hugging Face cache "
+                        "(HF_HOME, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE) and served under that name")
+    p.add_argument("--revision", default="", help="the --model revision (branch, tag or commit)")
+    p.add_argument("--model-name", default="", help=f"served model name (default: --model, else {DEMO_MODEL_NAME})")
     p.add_argument("--chat-template", default="", metavar="FILE",
                    help="Jinja chat template used instead of the model directory's (given to every "
                         "preprocessor, the all-in-one shape's too); checked before anything starts")
@@ -166,6 +170,21 @@ def _check_roles(args: argparse.Namespace) -> None:
         raise ValueError("--prefill-workers needs a worker that decodes: --decode-workers or --workers")
 
 
+def _model_dir(args: argparse.Namespace) -> str:
+    """--model-dir, or the Hugging Face snapshot --model names (resolved once here, not by every worker);
+    empty for the demo model."""
+    if args.model and args.model_dir:
+        raise ValueError("--model and --model-dir both name the model: give one")
+    if args.revision and not args.model:
+        raise ValueError("--revision needs --model (a Hugging Face id)")
+    if not args.model:
+        return str(args.model_dir)
+    from services.common.hub import resolve_model
+
+    print(f"resolving {args.model} through the Hugging Face cache ...", flush=True)
+    return resolve_model(args.model, args.revision)
+
+
 def _generating_workers(args: argparse.Namespace, model_dir: str, extra: tuple[str, ...]) -> list[WorkerSpec]:
     """Whole-request workers, then prefill and decode ones (the same flags plus their --disaggregation-mode)."""
     spec = WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)
@@ -213,7 +232,12 @@ def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    model_dir = args.model_dir
+    args.model_name = args.model_name or args.model or DEMO_MODEL_NAME
+    try:
+        model_dir = _model_dir(args)
+    except ValueError as e:
+        print(f"meshfront run: {e}", file=sys.stderr, flush=True)
+        return 1
     if args.worker_kind in ENGINES:
         try:
             ensure_engine_env(args.worker_kind, say=lambda line: print(line, flush=True))
@@ -234,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = ("--speedup-ratio", str(args.speedup_ratio))
         if args.mocker_script:
             extra = (*extra, "--script", os.path.abspath(args.mocker_script))
-    if not args.model_dir:  # the demo model's template speaks Hermes tool calls and Qwen3 thinking
+    if not (args.model_dir or args.model):  # the demo model's template speaks Hermes tool calls and Qwen3 thinking
         extra = (*extra, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
     ports = _placement(args)
     try:

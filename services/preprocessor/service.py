@@ -19,8 +19,9 @@ from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 
 from services.common.discovery import ModelCard
-from services.common.errors import Internal, InvalidRequest, ModelNotFound
+from services.common.errors import Internal, InvalidRequest, ModelNotFound, StageUnavailable
 from services.common.hashing import block_hashes, media_block_infos
+from services.common.model_files import ModelFilesResolver, ModelFilesUnavailable
 from services.preprocessor.core import embeddings as embed_inputs
 from services.preprocessor.core import messages as msgs
 from services.preprocessor.core import prompt as core
@@ -68,8 +69,11 @@ class Preprocessor:
     def __init__(self, models: ModelLookup, cache: ArtifactCache | None = None,
                  offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD, *,
                  default_template_kwargs: dict[str, Any] | None = None, hide_tools_for_choice_none: bool = True,
-                 chat_template: str = "", media: MediaResolver | None = None):
+                 chat_template: str = "", media: MediaResolver | None = None,
+                 model_files: ModelFilesResolver | None = None):
         self._models = models
+        # Cards' model files from NATS (services/common/model_files.py); None: read each card's model_dir.
+        self._files = model_files
         self._cache = cache or ArtifactCache()
         self._offload_threshold = offload_threshold
         # Per-deployment defaults (e.g. {"enable_thinking": false}); a request's own kwargs win.
@@ -194,14 +198,25 @@ class Preprocessor:
             await self._artifacts(card)
 
     async def _artifacts(self, card: ModelCard) -> ModelArtifacts:
-        cached = self._cache.peek(card.model_dir)
+        model_dir = card.model_dir
+        if self._files is not None:
+            model_dir = self._files.peek(card.model_dir, card.model_files) or await self._fetch_files(card)
+        cached = self._cache.peek(model_dir)
         if cached is not None:
             return cached
         try:
-            return await asyncio.to_thread(self._cache.get, card.model_dir)
+            return await asyncio.to_thread(self._cache.get, model_dir)
         except (ArtifactError, OSError) as e:
-            log.error("cannot load model %s from %s: %s", card.name, card.model_dir, e)
+            log.error("cannot load model %s from %s: %s", card.name, model_dir, e)
             raise Internal(f"The model `{card.name}` cannot be loaded by the preprocessor.") from e
+
+    async def _fetch_files(self, card: ModelCard) -> str:
+        assert self._files is not None
+        try:
+            return await self._files.local_dir(card.model_dir, card.model_files)
+        except ModelFilesUnavailable as e:
+            log.error("model %s: %s", card.name, e)  # NATS or the worker's upload: both come back by themselves
+            raise StageUnavailable(f"The files of model `{card.name}` are not available yet.") from None
 
     async def _run(self, size: int, fn, *args):
         if size > self._offload_threshold:
@@ -226,6 +241,7 @@ class Preprocessor:
         out.block_hashes.extend(hashes)
         post = out.postprocess
         post.model_dir = card.model_dir
+        post.model_files = card.model_files
         post.tool_call_parser = card.tool_call_parser
         post.reasoning_parser = card.reasoning_parser
         post.prompt_opens_reasoning = prepared.prompt_opens_reasoning

@@ -31,6 +31,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from services.common import model_files
 from services.common.discovery import Registrar, WorkerCard
 from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.kv_events import KvEventListener
@@ -142,6 +143,20 @@ async def serve(kind: WorkerKind[Any, P], prepared: P) -> None:
             await publisher.close()
 
 
+def _model_files_publisher(card: WorkerCard) -> Callable[[Any], Awaitable[None]] | None:
+    """Publishes the model's tokenizer/template/config files before the card that names them goes out."""
+    if not card.model.model_files:
+        return None
+
+    async def publish(js: Any) -> None:
+        published = await model_files.publish(js, card.model.model_dir)
+        if published != card.model.model_files:  # the files changed on disk since the card was made
+            raise RuntimeError(f"the files in {card.model.model_dir} changed while the worker started; restart it")
+        log.info("published the files of %s (%s) to NATS", card.model.name, published[:12])
+
+    return publish
+
+
 async def _serve_registered(serving: Serving) -> None:
     worker, server = serving.worker, serving.server
     serve_metrics(worker.metrics_port, worker.host)
@@ -149,7 +164,7 @@ async def _serve_registered(serving: Serving) -> None:
     metrics.info.labels(serving.card.role, serving.card.kind, serving.card.model.name).set(1)
     registrar: Registrar | None = None
     if worker.register:
-        registrar = Registrar(worker.nats_url, serving.card)
+        registrar = Registrar(worker.nats_url, serving.card, before_first_put=_model_files_publisher(serving.card))
         server.on_drain(registrar.close)  # routers stop picking this worker while its streams finish
         # The card goes out after a NATS round trip, by which time serve_until_signal has started
         # the (already bound) server.

@@ -13,6 +13,7 @@ from services.common import tls as mesh_tls
 from services.common.discovery import ModelCard, WorkerCard
 from services.common.errors import relay
 from services.common.grpc_server import GrpcServer
+from services.common.model_files import model_files_digest
 from services.common.mux_session import MuxSession, MuxSessions
 from services.workers.config import WorkerConfig
 from services.workers.engine import Engine
@@ -40,7 +41,8 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
                 max_num_batched_tokens: int = 0) -> WorkerCard:
     model = ModelCard(name=cfg.model_name, model_dir=cfg.model_dir, context_length=cfg.context_length,
                       block_size=cfg.block_size, tool_call_parser=cfg.tool_call_parser,
-                      reasoning_parser=cfg.reasoning_parser, input_modalities=cfg.input_modalities)
+                      reasoning_parser=cfg.reasoning_parser, input_modalities=cfg.input_modalities,
+                      model_files=model_files_digest(cfg.model_dir))
     return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind,
                       total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,
                       role=cfg.role)

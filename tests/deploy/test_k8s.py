@@ -40,7 +40,7 @@ MEDIA_WORKERS = {"worker-diffusers": "cpu", "worker-diffusers-gpu": "cuda"}
 # The engine workers of components/gpu-worker and the `meshfront` command each runs.
 GPU_WORKERS = {"worker-vllm": "vllm", "worker-sglang": "sglang"}
 # Engine flags the worker sets itself and refuses from its user (services/workers/<kind>/config.py).
-OWNED_ENGINE_FLAGS = {"vllm": {"--model", "--served-model-name", "--kv-events-config"},
+OWNED_ENGINE_FLAGS = {"vllm": {"--served-model-name", "--kv-events-config"},
                       "sglang": {"--model-path", "--served-model-name", "--kv-events-config"}}
 # Engine flags each manifest sets that must reach the engine (not be taken by Meshfront's own flags),
 # the tensor-parallel one first: the pod asks for that many GPUs.
@@ -301,20 +301,22 @@ def test_one_image_and_known_commands():
         assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1
 
 
-def test_model_directory_is_shared_by_path():
-    """Workers name their model directory in discovery; the stages must see it at the same path."""
-    for component in COMPONENTS:
-        mounts = {}
+def test_only_workers_mount_model_directories():
+    """The stages fetch each model's tokenizer and template from NATS into a cache of their own
+    (services/common/model_files.py): no model volume, a writable cache at XDG_CACHE_HOME."""
+    for component in (*COMPONENTS, GPU_WORKER):
         for w in workloads(with_component(component)):
-            for c in containers(w, init=False):
-                for m in c.get("volumeMounts", []):
-                    if m["name"] == "models":
-                        mounts[w["metadata"]["name"]] = m["mountPath"]
-        assert {"preprocessor", "postprocessor", "mocker"} <= mounts.keys()
-        assert set(mounts.values()) == {"/models"}
-    gpu = with_component(GPU_WORKER)
-    for w in workloads(gpu):
-        if w["metadata"]["name"] in ("preprocessor", "postprocessor", *GPU_WORKERS):
+            name = w["metadata"]["name"]
+            if name not in ("preprocessor", "postprocessor"):
+                continue
+            spec = w["spec"]["template"]["spec"]
+            assert "initContainers" not in spec and {v["name"] for v in spec["volumes"]} == {"model-files"}, name
+            (c,) = containers(w)
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+            assert mounts == {"model-files": env["XDG_CACHE_HOME"]}, name
+    for w in workloads(with_component(GPU_WORKER)):
+        if w["metadata"]["name"] in GPU_WORKERS:
             volume = next(v for v in w["spec"]["template"]["spec"]["volumes"] if v["name"] == "models")
             assert volume == {"name": "models", "persistentVolumeClaim": {"claimName": "meshfront-models",
                                                                          "readOnly": True}}

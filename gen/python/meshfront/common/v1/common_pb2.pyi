@@ -205,7 +205,7 @@ class ToolChoice(_message.Message):
     def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function_name: _Optional[str] = ...) -> None: ...
 
 class PostprocessOptions(_message.Message):
-    __slots__ = ("model_dir", "tool_call_parser", "reasoning_parser", "prompt_opens_reasoning", "tools_json", "tool_choice", "thinking_disabled", "single_tool_call", "stream_interval")
+    __slots__ = ("model_dir", "tool_call_parser", "reasoning_parser", "prompt_opens_reasoning", "tools_json", "tool_choice", "thinking_disabled", "single_tool_call", "stream_interval", "model_files")
     MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,7 @@ class PostprocessOptions(_message.Message):
     THINKING_DISABLED_FIELD_NUMBER: _ClassVar[int]
     SINGLE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FILES_FIELD_NUMBER: _ClassVar[int]
     model_dir: str
     tool_call_parser: str
     reasoning_parser: str
@@ -224,4 +225,5 @@ class PostprocessOptions(_message.Message):
     thinking_disabled: bool
     single_tool_call: bool
     stream_interval: int
-    def __init__(self, model_dir: _Optional[str] = ..., tool_call_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., thinking_disabled: _Optional[bool] = ..., single_tool_call: _Optional[bool] = ..., stream_interval: _Optional[int] = ...) -> None: ...
+    model_files: str
+    def __init__(self, model_dir: _Optional[str] = ..., tool_call_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., thinking_disabled: _Optional[bool] = ..., single_tool_call: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., model_files: _Optional[str] = ...) -> None: ...
