@@ -6,7 +6,8 @@ puts vLLM CPU workers behind the split and inproc meshes and compares them with 
 (bench/engine.py); ``kv``, ``soak``, ``embeddings`` (POST /v1/embeddings vs the model in-process,
 bench/embeddings.py) and ``images`` (the tiny diffusers pipeline in-process, behind its worker and
 through the mesh, bench/images.py) and ``media-transfer`` (MB/s and per-process memory of a ~50 MB video through
-Envoy, bench/media_transfer.py) are described by their own ``--help``.
+Envoy, bench/media_transfer.py) and ``scale`` (each stage at 1, 2 and 4 replicas, each replica a small
+host: a network namespace under a CPU quota, bench/scale.py) are described by their own ``--help``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench import cli_fleets, mesh
+from bench import cli_fleets, cli_scale, mesh
 from bench.cli_common import emit as _emit
 from bench.cli_common import ints as _ints
 from bench.cli_common import machine_line as _machine_line
@@ -86,6 +87,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     cli_fleets.add_images_parser(sub)
     cli_fleets.add_disagg_parser(sub)
     cli_fleets.add_media_transfer_parser(sub)
+    cli_scale.add_scale_parser(sub)
     args = p.parse_args(argv)
     if args.scenario == "engine":
         from bench.engine import DEPLOYMENTS
@@ -323,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     # The scenarios with runners of their own; mesh and external share the level loop below.
     runners = {"kv": _run_kv, "soak": _run_soak, "engine": _run_engine, "embeddings": _run_embeddings,
                "images": cli_fleets.run_images, "disagg": cli_fleets.run_disagg,
-               "media-transfer": cli_fleets.run_media_transfer}
+               "media-transfer": cli_fleets.run_media_transfer, "scale": cli_scale.run_scale}
     if args.scenario in runners:
         return runners[args.scenario](args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
