@@ -90,14 +90,13 @@ async def serve(host: str, port: int, interval_s: float) -> None:
     import grpc
     from google.api import httpbody_pb2
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
     from meshfront.gateway.v1 import gateway_pb2_grpc
 
     ticker = Ticker(interval_s)
     rendered: dict[tuple[str, int], list[httpbody_pb2.HttpBody]] = {}
 
     class FloorGateway(gateway_pb2_grpc.GatewayServiceServicer):
-        async def ChatCompletions(self, request: httpbody_pb2.HttpBody, context) -> AsyncIterator:  # noqa: N802
+        async def ChatCompletions(self, request: httpbody_pb2.HttpBody, context) -> AsyncIterator:
             body = orjson.loads(request.data)
             key = (str(body.get("model", "")), int(body.get("max_tokens") or 16))
             if key not in rendered:
@@ -184,7 +183,7 @@ class EdgeFloorMesh(Mesh):
             req = urllib.request.Request(f"{self.url}/v1/chat/completions", data=body,
                                          headers={"content-type": "application/json"})
             try:
-                with urllib.request.urlopen(req, timeout=2) as r:  # noqa: S310 - our own URL
+                with urllib.request.urlopen(req, timeout=2) as r:
                     if b"[DONE]" in r.read():
                         return
             except OSError:

@@ -244,15 +244,20 @@ def _wait_ready(procs: Sequence[Proc], lab, url: str, deadline: float, log_dir: 
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{p.name} did not open {address}:{p.port}")
             time.sleep(0.1)
-    for path, ready in (("/v1/models", lambda b: json.loads(b)["data"]), ("/health", lambda b: True)):
-        while True:
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                with urllib.request.urlopen(url + path, timeout=2) as r:  # noqa: S310 - our own mesh
-                    if ready(r.read()):
-                        break
+    for path, ready in (("/v1/models", lambda b: bool(json.loads(b)["data"])), ("/health", lambda b: True)):
+        while not _answers(url + path, ready):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{url}{path} not ready in time")
             time.sleep(0.2)
+
+
+def _answers(url: str, ready: Callable[[bytes], bool]) -> bool:
+    """Whether GET ``url`` answers 200 with a body ``ready`` accepts."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return ready(r.read())
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: str, pids: dict[str, int],
