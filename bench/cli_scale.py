@@ -37,12 +37,12 @@ def add_scale_parser(sub) -> None:
                    help="CPU cores per replica of STAGE (repeatable); defaults: "
                    + ", ".join(f"{k} {v:g}" for k, v in d.quotas))
     s.add_argument("--period-us", type=int, default=d.period_us, help="the quota's scheduler period")
-    s.add_argument("--concurrency", type=int, default=d.concurrency)
-    s.add_argument("--requests", type=int, default=d.requests, help="measured requests per row (bounded by "
-                   "--level-timeout too)")
+    s.add_argument("--concurrency", type=int, default=d.concurrency, help="closed-loop streams per replica")
+    s.add_argument("--requests", type=int, default=d.requests, help="measured requests per replica and row (bounded "
+                   "by --level-timeout too)")
     s.add_argument("--level-timeout", type=float, default=d.level_timeout_s, help="seconds one row's load may take")
     s.add_argument("--settle-requests", type=int, default=d.settle_requests, help="requests after the quota is set, "
-                   "before the measured window")
+                   "before the measured window, per replica")
     s.add_argument("--max-tokens", type=int, default=d.max_tokens)
     s.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens)
     s.add_argument("--workers", type=int, default=d.workers, help="mocker workers (unthrottled)")
@@ -80,6 +80,6 @@ def run_scale(args: argparse.Namespace, command: str) -> int:
 
 def setting_line(cfg) -> str:
     return (f"{cfg.workers} mocker workers (speed-up {cfg.speedup:g}), prompts ~{cfg.prompt_tokens} words, "
-            f"{cfg.max_tokens} tokens out, closed loop c={cfg.concurrency}, {cfg.requests} requests or "
-            f"{cfg.level_timeout_s:g} s per row, quota period {cfg.period_us} us, quotas "
+            f"{cfg.max_tokens} tokens out, closed loop of {cfg.concurrency} streams and {cfg.requests} requests per "
+            f"replica (at most {cfg.level_timeout_s:g} s per row), quota period {cfg.period_us} us, quotas "
             + ", ".join(f"{k} {v:g}" for k, v in cfg.quotas))

@@ -5,7 +5,7 @@ the replicas of the stage under test each get a network namespace of their own a
 CPU quota (the host's size); everything else (NATS, mocker workers at a high speed-up, Envoy, one
 process of every other stage) shares one unthrottled namespace, ``rest``, where the load generator
 runs too. Quotas are set after the mesh has started and warmed (imports and tokenizer loading under a
-0.05-core quota would take minutes), then a short settle load runs before the measured one.
+0.015-core quota would take minutes), then a short settle load runs before the measured one.
 
 Each row reports req/s (and per replica), the stage's CPU per request, TTFT, and which stage was the
 bottleneck (bench/scale_report.py reads the quota's throttling counters and every process's CPU).
@@ -47,13 +47,13 @@ PORTS = {"gateway": 9100, "allinone": 9100, "preprocessor": 9200, "router": 9300
 MODULES = {"gateway": "services.gateway", "allinone": "services.allinone", "preprocessor": "services.preprocessor",
            "router": "services.router", "postprocessor": "services.postprocessor"}
 # CPU cores per replica. Four replicas must fit next to an unthrottled rest that carries four times
-# one replica's load on a 2-core machine: with ~32 tokens out the split mesh costs ~5-8 ms of CPU per
-# request, of which the gateway and the postprocessor take ~1.5-2 ms each, the preprocessor and the
-# router ~0.5-0.8 ms, the all-in-one process ~3 ms. A quota of ~1/20 of a core per ms of the stage's
-# CPU per request caps one replica near 50 req/s, so four replicas ask ~200 req/s of the rest, about
-# 1-1.5 cores: the most this machine spares. Smaller quotas would leave the idle work of a service
-# (heartbeats, discovery) a visible share of its quota.
-QUOTAS = {"gateway": 0.1, "postprocessor": 0.1, "preprocessor": 0.04, "router": 0.04, "allinone": 0.15}
+# one replica's load, on a 2-core machine that other work shares. Measured here (32 tokens out, the
+# machine loaded), CPU per request is about: gateway 6 ms, preprocessor 1.8 ms, router ~1 ms,
+# postprocessor ~4 ms, all-in-one ~8 ms, the whole split mesh 13-20 ms. Each quota is sized so that
+# four replicas carry about 35 req/s (gateway 4 x 0.05 / 6 ms), which asks the rest for about half a
+# core: what the machine reliably spares. The period is the kernel's default, 100 ms, because 1 ms per
+# period is the least a quota may be and the preprocessor's and router's are 1.5 ms.
+QUOTAS = {"gateway": 0.05, "postprocessor": 0.05, "preprocessor": 0.015, "router": 0.015, "allinone": 0.08}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,11 +62,12 @@ class ScaleConfig:
     replicas: tuple[int, ...] = (1, 2, 4)
     kv_replicas: tuple[int, ...] = (1, 3)
     quotas: tuple[tuple[str, float], ...] = tuple(QUOTAS.items())
-    period_us: int = 20_000  # short periods: a replica waits at most ~20 ms for its next slice
-    concurrency: int = 64
-    requests: int = 600  # per row; the row also ends at level_timeout_s
+    period_us: int = 100_000  # the kernel's default; 1 ms per period is the least a quota may be
+    # Per replica, so every replica has the same queue and the window about the same length whatever N.
+    concurrency: int = 16
+    requests: int = 120  # the row also ends at level_timeout_s (requests still open then count as errors)
     level_timeout_s: float = 40.0
-    settle_requests: int = 48  # after the quota is set, before the window
+    settle_requests: int = 12  # after the quota is set, before the window
     warmup: int = 16
     prompt_tokens: int = 200
     max_tokens: int = 32
@@ -263,7 +264,8 @@ def _answers(url: str, ready: Callable[[bytes], bool]) -> bool:
 async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: str, pids: dict[str, int],
                    groups: CpuHosts, procs: Sequence[Proc], kv: bool) -> ScaleRow:
     def spec(requests: int) -> LoadSpec:
-        return LoadSpec(url=url, model=cfg.model_name, concurrency=min(cfg.concurrency, requests), requests=requests,
+        return LoadSpec(url=url, model=cfg.model_name, concurrency=min(cfg.concurrency * replicas, requests),
+                        requests=requests,
                         max_tokens=cfg.max_tokens, duration_s=cfg.level_timeout_s,
                         request_timeout_s=cfg.level_timeout_s)
 
@@ -272,10 +274,11 @@ async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: 
         stats = summarize(await run_load(spec(cfg.warmup), warm))
         if not stats.ok:
             raise RuntimeError(f"warm-up failed: {stats.first_errors}")
+    quota = cfg.quota(stage)
     for i in range(replicas):
-        groups.limit(f"r{i}", cfg.quota(stage))
+        quota = groups.limit(f"r{i}", cfg.quota(stage))  # the kernel's minimum may round it up
     if cfg.settle_requests:
-        await run_load(spec(cfg.settle_requests), warm)
+        await run_load(spec(cfg.settle_requests * replicas), warm)
     if kv:
         from bench.kv import GroupedPrompts
 
@@ -283,7 +286,7 @@ async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: 
                                                                  cfg.kv_shared_fraction, cfg.seed)
     else:
         prompts = PromptFactory(cfg.prompt_tokens, seed=cfg.seed)
-    load_spec = spec(cfg.requests)
+    load_spec = spec(cfg.requests * replicas)
     conns = await open_connections(url, load_spec.concurrency)
     hosts = [f"r{i}" for i in range(replicas)]
     me = os.getpid()
@@ -305,12 +308,12 @@ async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: 
     machine_cores = (machine1 - machine0) / 1000.0 / window
     client_ms = (client1 or 0.0) - (client0 or 0.0)
     others["client"] = client_ms
-    verdict = bottleneck(stage, window, cfg.quota(stage), stage_ms, throttling, others, machine_cores,
+    verdict = bottleneck(stage, window, quota, stage_ms, throttling, others, machine_cores,
                          os.cpu_count() or 1)
     ok = max(1, stats.ok)
     bg = max(0.0, machine_cores - (usage.total_ms + client_ms) / 1000.0 / window)
     cached = stats.mean_cached_tokens / stats.mean_prompt_tokens if kv and stats.mean_prompt_tokens else None
-    return ScaleRow(stage=stage, replicas=replicas, quota_cores=cfg.quota(stage), ok=stats.ok, errors=stats.errors,
+    return ScaleRow(stage=stage, replicas=replicas, quota_cores=quota, ok=stats.ok, errors=stats.errors,
                     req_per_s=stats.req_per_s, stage_cpu_ms=stage_ms / ok, total_cpu_ms=usage.total_ms / ok,
                     ttft_p50_ms=stats.ttft_ms[50], ttft_p99_ms=stats.ttft_ms[99], verdict=verdict, bg_cores=bg,
                     cached_share=cached, label=case if case != stage else "")

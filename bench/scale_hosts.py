@@ -40,10 +40,19 @@ class CpuController:
 
     def quota_files(self, cores: float, period_us: int) -> dict[str, str]:
         """File name -> content that limits a group to ``cores`` CPUs in each ``period_us``."""
-        quota = max(1000, round(cores * period_us))  # the kernel's minimum quota is 1 ms
+        quota = quota_us(cores, period_us)
         if self.version == 1:
             return {"cpu.cfs_period_us": str(period_us), "cpu.cfs_quota_us": str(quota)}
         return {"cpu.max": f"{quota} {period_us}"}
+
+
+def quota_us(cores: float, period_us: int) -> int:
+    """The quota the kernel will hold a group to: at least 1 ms per period, its minimum."""
+    return max(1000, round(cores * period_us))
+
+
+def effective_cores(cores: float, period_us: int) -> float:
+    return quota_us(cores, period_us) / period_us
 
 
 def find_controller(root: pathlib.Path = CGROUP_ROOT) -> CpuController:
@@ -115,9 +124,11 @@ class CpuHosts:
         self.groups[host] = group
         return group
 
-    def limit(self, host: str, cores: float) -> None:
+    def limit(self, host: str, cores: float) -> float:
+        """Holds ``host`` to ``cores``; returns the cores the kernel will actually allow (1 ms minimum)."""
         for name, value in self.controller.quota_files(cores, self.period_us).items():
             (self.groups[host] / name).write_text(value)
+        return effective_cores(cores, self.period_us)
 
     def procs_file(self, host: str) -> pathlib.Path:
         return self.groups[host] / "cgroup.procs"

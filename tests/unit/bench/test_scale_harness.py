@@ -114,3 +114,11 @@ def test_all_in_one_replicas_are_envoys_gateways(tmp_path):
     endpoints = [e["endpoint"]["address"]["socket_address"] for e in cluster["load_assignment"]["endpoints"][0][
         "lb_endpoints"]]
     assert [(e["address"], e["port_value"]) for e in endpoints] == [("10.214.0.20", 9100), ("10.214.0.21", 9100)]
+
+
+def test_a_quota_under_the_kernels_minimum_reports_what_the_kernel_allows(tmp_path):
+    (tmp_path / "cpu").mkdir()
+    hosts = CpuHosts(CpuController(tmp_path / "cpu", 1), period_us=20_000)
+    hosts.add("r0")
+    assert hosts.limit("r0", 0.04) == pytest.approx(0.05)  # 800 us asked, 1 ms held: the row says 0.05
+    assert hosts.limit("r0", 0.1) == pytest.approx(0.1)
