@@ -211,6 +211,8 @@ def run_row(cfg: ScaleConfig, case: str, stage: str, replicas: int, model_dir: s
         emit(f"[{case} x{replicas}] failed; last log lines:\n" + _tails(log_dir))
         raise
     finally:
+        if groups is not None:
+            groups.unlimit()
         stubborn = lab.stop_processes()
         lab.close()
         left = groups.close() if groups is not None else []

@@ -130,6 +130,14 @@ class CpuHosts:
             (self.groups[host] / name).write_text(value)
         return effective_cores(cores, self.period_us)
 
+    def unlimit(self) -> None:
+        """Lifts every group's quota: a service drains on SIGTERM within its grace only at full speed."""
+        files = {1: {"cpu.cfs_quota_us": "-1"}, 2: {"cpu.max": f"max {self.period_us}"}}[self.controller.version]
+        for group in self.groups.values():
+            for name, value in files.items():
+                with contextlib.suppress(OSError):  # a group this run could not limit: nothing to lift
+                    (group / name).write_text(value)
+
     def procs_file(self, host: str) -> pathlib.Path:
         return self.groups[host] / "cgroup.procs"
 

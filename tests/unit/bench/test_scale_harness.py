@@ -122,3 +122,13 @@ def test_a_quota_under_the_kernels_minimum_reports_what_the_kernel_allows(tmp_pa
     hosts.add("r0")
     assert hosts.limit("r0", 0.04) == pytest.approx(0.05)  # 800 us asked, 1 ms held: the row says 0.05
     assert hosts.limit("r0", 0.1) == pytest.approx(0.1)
+
+
+def test_quotas_are_lifted_for_the_teardown(tmp_path):
+    (tmp_path / "cpu").mkdir()
+    hosts = CpuHosts(CpuController(tmp_path / "cpu", 1), period_us=100_000)
+    for h in ("r0", "r1"):
+        hosts.add(h)
+        hosts.limit(h, 0.015)
+    hosts.unlimit()
+    assert [(hosts.groups[h] / "cpu.cfs_quota_us").read_text() for h in ("r0", "r1")] == ["-1", "-1"]
