@@ -39,7 +39,8 @@ def add_scale_parser(sub) -> None:
     s.add_argument("--period-us", type=int, default=d.period_us, help="the quota's scheduler period")
     s.add_argument("--concurrency", type=int, default=d.concurrency, help="closed-loop streams per replica")
     s.add_argument("--requests", type=int, default=d.requests, help="measured requests per replica and row (bounded "
-                   "by --level-timeout too)")
+                   "by --level-timeout too; router-kv rows all take this times the most --kv-replicas, and as many "
+                   "streams, since the cached share depends on both)")
     s.add_argument("--level-timeout", type=float, default=d.level_timeout_s, help="seconds one row's load may take")
     s.add_argument("--settle-requests", type=int, default=d.settle_requests, help="requests after the quota is set, "
                    "before the measured window, per replica")

@@ -265,8 +265,12 @@ def _answers(url: str, ready: Callable[[bytes], bool]) -> bool:
 
 async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: str, pids: dict[str, int],
                    groups: CpuHosts, procs: Sequence[Proc], kv: bool) -> ScaleRow:
+    # The cached share depends on how many requests there are (each group's first misses) and how many
+    # run at once (two of a group in flight both miss): kv rows keep both the same for every replica count.
+    per = max(cfg.kv_replicas) if kv else replicas
+
     def spec(requests: int) -> LoadSpec:
-        return LoadSpec(url=url, model=cfg.model_name, concurrency=min(cfg.concurrency * replicas, requests),
+        return LoadSpec(url=url, model=cfg.model_name, concurrency=min(cfg.concurrency * per, requests),
                         requests=requests,
                         max_tokens=cfg.max_tokens, duration_s=cfg.level_timeout_s,
                         request_timeout_s=cfg.level_timeout_s)
@@ -280,7 +284,7 @@ async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: 
     for i in range(replicas):
         quota = groups.limit(f"r{i}", cfg.quota(stage))  # the kernel's minimum may round it up
     if cfg.settle_requests:
-        await run_load(spec(cfg.settle_requests * replicas), warm)
+        await run_load(spec(cfg.settle_requests * per), warm)
     if kv:
         from bench.kv import GroupedPrompts
 
@@ -288,7 +292,7 @@ async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: 
                                                                  cfg.kv_shared_fraction, cfg.seed)
     else:
         prompts = PromptFactory(cfg.prompt_tokens, seed=cfg.seed)
-    load_spec = spec(cfg.requests * replicas)
+    load_spec = spec(cfg.requests * per)
     conns = await open_connections(url, load_spec.concurrency)
     hosts = [f"r{i}" for i in range(replicas)]
     me = os.getpid()
