@@ -9,8 +9,9 @@ runs too. Quotas are set after the mesh has started and warmed (imports and toke
 
 Each row reports req/s (and per replica), the stage's CPU per request, TTFT, and which stage was the
 bottleneck (bench/scale_report.py reads the quota's throttling counters and every process's CPU).
-The ``router-kv`` case runs the router under kv routing on prompts that share group prefixes and
-compares the cached share of 1 and 3 router replicas. Every load is bounded by a request count and
+Streams and requests are per replica (``load_scale``). The ``router-kv`` case runs the router under
+kv routing on prompts that share group prefixes and compares the cached share of 1 and 3 router
+replicas, with the same load for both. Every load is bounded by a request count and
 a time limit; namespaces, groups and processes are removed in ``finally`` (and SIGTERM is turned
 into an exception so it reaches that ``finally``).
 """
@@ -263,11 +264,17 @@ def _answers(url: str, ready: Callable[[bytes], bool]) -> bool:
         return False
 
 
+def load_scale(cfg: ScaleConfig, replicas: int, kv: bool) -> int:
+    """How many replicas' worth of streams and requests a row sends: its own replica count, so every
+    replica has the same queue; but kv rows all send the most kv replicas' worth, since the cached share
+    depends on how many requests there are (each group's first misses) and how many run at once (two of
+    a group in flight both miss)."""
+    return max(cfg.kv_replicas) if kv else replicas
+
+
 async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: str, pids: dict[str, int],
                    groups: CpuHosts, procs: Sequence[Proc], kv: bool) -> ScaleRow:
-    # The cached share depends on how many requests there are (each group's first misses) and how many
-    # run at once (two of a group in flight both miss): kv rows keep both the same for every replica count.
-    per = max(cfg.kv_replicas) if kv else replicas
+    per = load_scale(cfg, replicas, kv)
 
     def spec(requests: int) -> LoadSpec:
         return LoadSpec(url=url, model=cfg.model_name, concurrency=min(cfg.concurrency * per, requests),

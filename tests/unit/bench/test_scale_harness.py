@@ -132,3 +132,13 @@ def test_quotas_are_lifted_for_the_teardown(tmp_path):
         hosts.limit(h, 0.015)
     hosts.unlimit()
     assert [(hosts.groups[h] / "cpu.cfs_quota_us").read_text() for h in ("r0", "r1")] == ["-1", "-1"]
+
+
+def test_load_is_per_replica_but_the_same_for_every_router_kv_row():
+    from bench.scale import load_scale
+
+    cfg = ScaleConfig(kv_replicas=(1, 3))
+    assert [load_scale(cfg, n, kv=False) for n in (1, 2, 4)] == [1, 2, 4]
+    # Per replica, one router would see 120 requests and three 360: 16 groups' first misses alone
+    # made three routers read 9 points more cached.
+    assert [load_scale(cfg, n, kv=True) for n in (1, 3)] == [3, 3]
