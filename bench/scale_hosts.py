@@ -157,6 +157,8 @@ class CpuHosts:
                 left.append(f"{host}: {e}")
         with contextlib.suppress(OSError):
             self.run_dir.rmdir()
+        with contextlib.suppress(OSError):  # still holding another run's groups: that run removes it
+            self.run_dir.parent.rmdir()
         self.groups.clear()
         return left
 
