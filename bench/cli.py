@@ -6,7 +6,8 @@ puts vLLM CPU workers behind the split and inproc meshes and compares them with 
 (bench/engine.py); ``kv``, ``vision`` (bench/vision.py), ``soak``, ``embeddings`` (POST /v1/embeddings vs
 the model in-process, bench/embeddings.py) and ``images`` (the tiny diffusers pipeline in-process, behind its worker and
 through the mesh, bench/images.py) and ``media-transfer`` (MB/s and per-process memory of a ~50 MB video through
-Envoy, bench/media_transfer.py) are described by their own ``--help``.
+Envoy, bench/media_transfer.py) and ``scale`` (each stage at 1, 2 and 4 replicas, each replica a small
+host: a network namespace under a CPU quota, bench/scale.py) are described by their own ``--help``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench import cli_fleets, mesh
+from bench import cli_fleets, cli_scale, mesh
 from bench.cli_common import emit as _emit
 from bench.cli_common import ints as _ints
 from bench.cli_common import machine_line as _machine_line
@@ -50,7 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sub = p.add_subparsers(dest="scenario", required=True)
     m = sub.add_parser("mesh", help="start a mesh per shape and measure it")
     m.add_argument("--shape", default="split,inproc", help="comma list of split, inproc, dynamo (Dynamo 1.6.1's "
-                   "own frontend and mocker, the peer; its environment is built on first use)")
+                   "own frontend and mocker, the peer; its environment is built on first use), edge (Envoy and a "
+                   "stand-in gateway streaming pre-rendered chunks at the mocker's pace: the floor; every other "
+                   "shape's CPU per request is printed as a ratio to it)")
     m.add_argument("--speedup", type=_speedup, default=100.0, help="mocker --speedup-ratio; 'instant' = 0")
     m.add_argument("--paced", action="store_true", help=f"mocker at real pace (speed-up {PACED_SPEEDUP:g})")
     m.add_argument("--workers", type=int, default=2)
@@ -85,6 +88,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     cli_fleets.add_images_parser(sub)
     cli_fleets.add_disagg_parser(sub)
     cli_fleets.add_media_transfer_parser(sub)
+    cli_scale.add_scale_parser(sub)
     args = p.parse_args(argv)
     if args.scenario == "engine":
         from bench.engine import DEPLOYMENTS
@@ -102,9 +106,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"unknown shape(s) {bad}; choose from {KV_SHAPES}")
     if args.scenario == "mesh":
         args.shape = tuple(s.strip() for s in args.shape.split(",") if s.strip())
-        bad = [s for s in args.shape if s not in (*mesh.SHAPES, mesh.PEER)]
+        known = (*mesh.SHAPES, mesh.PEER, mesh.FLOOR)
+        bad = [s for s in args.shape if s not in known]
         if bad:
-            p.error(f"unknown shape(s) {bad}; choose from {(*mesh.SHAPES, mesh.PEER)}")
+            p.error(f"unknown shape(s) {bad}; choose from {known}")
         if args.paced:
             args.speedup = PACED_SPEEDUP
     return args
@@ -353,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     runners = {"kv": _run_kv, "vision": _run_vision, "soak": _run_soak, "engine": _run_engine,
                "embeddings": _run_embeddings,
                "images": cli_fleets.run_images, "disagg": cli_fleets.run_disagg,
-               "media-transfer": cli_fleets.run_media_transfer}
+               "media-transfer": cli_fleets.run_media_transfer, "scale": cli_scale.run_scale}
     if args.scenario in runners:
         return runners[args.scenario](args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
@@ -366,12 +371,20 @@ def main(argv: list[str] | None = None) -> int:
     else:
         records = _run_external(args, cfg)
     rows = [r.row for r in records]
-    _emit("\n" + text_table(rows) + "\n\n" + LEGEND)
+    floor = floor_lines(rows)
+    _emit("\n" + text_table(rows) + "\n\n" + LEGEND + "".join("\n" + line for line in floor))
     if args.markdown:
-        _append_markdown(Path(args.markdown), command, started, args, cfg, records)
+        _append_markdown(Path(args.markdown), command, started, args, cfg, records, floor)
     if args.json:
         Path(args.json).write_text(json.dumps([_record_json(r) for r in records], indent=1, default=str))
     return 0
+
+
+def floor_lines(rows: list[Row]) -> list[str]:
+    """Each shape's CPU per request against the ``edge`` floor's at the same concurrency (none without it)."""
+    from bench.edge_floor import ratios
+
+    return ratios([(r.shape, r.stats.concurrency, r.cpu_per_request) for r in rows])
 
 
 def _run_external(args: argparse.Namespace, cfg: mesh.MeshBenchConfig) -> list[mesh.LevelRecord]:
@@ -388,7 +401,7 @@ def _record_json(r: mesh.LevelRecord) -> dict:
 
 
 def _append_markdown(path: Path, command: str, started: datetime.datetime, args: argparse.Namespace,
-                     cfg: mesh.MeshBenchConfig, records: list[mesh.LevelRecord]) -> None:
+                     cfg: mesh.MeshBenchConfig, records: list[mesh.LevelRecord], floor: list[str]) -> None:
     bg = ", ".join(f"{r.row.shape} c{r.row.stats.concurrency}: {r.bg_cores:.2f}" for r in records)
     idle = {r.row.shape: r.idle_ms_per_s for r in records if r.idle_ms_per_s}
     idle_text = "".join(f" Idle CPU of the {shape} mesh, ms per second: {mesh.fmt_groups(v)}."
@@ -399,6 +412,7 @@ def _append_markdown(path: Path, command: str, started: datetime.datetime, args:
         idle_text += f" Request outputs per multiplexed message: {shared}."
     section = (f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
                f"Setting: {_setting_line(args, cfg)}.\n\n{markdown_table([r.row for r in records])}\n\n"
-               f"{LEGEND} CPU used by other tenants during each level, in cores: {bg}.{idle_text}\n")
+               f"{LEGEND} CPU used by other tenants during each level, in cores: {bg}.{idle_text}\n"
+               + "".join(f"\n- {line}" for line in floor) + ("\n" if floor else ""))
     with path.open("a") as f:
         f.write(section)
