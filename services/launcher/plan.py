@@ -12,6 +12,7 @@ import pathlib
 import random
 import socket
 import sys
+import urllib.parse
 
 from services.launcher import envoy_config
 from services.launcher.engine_env import ENGINES
@@ -85,6 +86,8 @@ class MeshPlan:
     mtls_certs: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     # Prometheus port per process name ("gateway-0", "router", "mocker-1", ...); absent = off.
     metrics_ports: dict[str, int] = dataclasses.field(default_factory=dict)
+    # An OTLP/gRPC collector ("http://127.0.0.1:4317"): every process and Envoy send it their spans (tracing on).
+    otlp_endpoint: str = ""
 
     def process_flags(self, name: str) -> list[str]:
         """Flags the plan gives the process called ``name``: its metrics port and the --tls-* set."""
@@ -198,6 +201,14 @@ def _py(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def _otlp_address(endpoint: str) -> tuple[str, int] | None:
+    """The collector's (host, port) for Envoy's tracer; None when tracing is off."""
+    if not endpoint:
+        return None
+    parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    return parsed.hostname or "127.0.0.1", parsed.port or 4317
+
+
 def _envoy_upstream_tls(plan: MeshPlan) -> tuple[str, str, str] | None:
     if plan.mtls is None:
         return None
@@ -219,6 +230,8 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
     nats_dir = plan.run_dir / f"nats-{plan.nats_port}"
     common = ["--nats-url", plan.nats_url, "--log-level", plan.log_level]
     env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if plan.otlp_endpoint:  # spans leave every half second (the SDK's default is 5 s): a trace shows up at once
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=plan.otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="500")
     out = [ProcessSpec("nats", [str(VENV_BIN / "nats-server"), "-js", "-a", "127.0.0.1", "-p", str(plan.nats_port),
                                 "-sd", str(nats_dir)], plan.nats_port)]
     for i, (w, port) in enumerate(zip(plan.workers, plan.worker_ports, strict=True)):
@@ -254,7 +267,8 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
     envoy_yaml.write_text(envoy_config.render(listen_host="127.0.0.1", listen_port=plan.http_port,
                                               admin_port=plan.admin_port, tls=plan.tls,
                                               upstream_tls=_envoy_upstream_tls(plan),
-                                              gateways=[("127.0.0.1", p) for p in plan.gateway_ports]))
+                                              gateways=[("127.0.0.1", p) for p in plan.gateway_ports],
+                                              otlp=_otlp_address(plan.otlp_endpoint)))
     out.append(ProcessSpec("envoy", [str(VENV_BIN / "envoy"), "-c", str(envoy_yaml), "--concurrency", "1",
                                      "--log-level", "warn", "--base-id", str(plan.http_port)], plan.http_port,
                            {"PATH": os.environ.get("PATH", "")}))
