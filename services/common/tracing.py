@@ -50,31 +50,35 @@ def endpoint_from_env(env: Mapping[str, str] | None = None) -> str:
     return next((env[v] for v in ENDPOINT_VARS if env.get(v)), "")
 
 
-def configure(service: str, env: Mapping[str, str] | None = None) -> bool:
+def configure(service: str, env: Mapping[str, str] | None = None, exporter: Any = None) -> bool:
     """Turns tracing on for this process when the environment names a collector; returns whether it did.
 
-    ``service`` becomes the spans' ``service.name`` unless ``OTEL_SERVICE_NAME`` sets one.
+    ``service`` becomes the spans' ``service.name`` unless ``OTEL_SERVICE_NAME`` sets one. ``exporter`` (an
+    OpenTelemetry ``SpanExporter``, for tests) replaces the OTLP one and turns tracing on by itself.
     """
     global ENABLED, _tracer, _provider
     env = os.environ if env is None else env
     endpoint = endpoint_from_env(env)
-    if not endpoint or ENABLED:
+    if ENABLED or not (endpoint or exporter):
         return ENABLED
-    from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
     name = env.get("OTEL_SERVICE_NAME") or f"meshfront-{service}"
+    # The process's own provider, not the global one: nothing else in the process traces through it.
     _provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    # Plaintext unless the endpoint says https: the collector is usually a sidecar or on loopback.
-    _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
-        endpoint=endpoint, insecure=not endpoint.startswith("https://"))))
-    trace.set_tracer_provider(_provider)
+    if exporter is not None:
+        _provider.add_span_processor(SimpleSpanProcessor(exporter))
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        # Plaintext unless the endpoint says https: the collector is usually a sidecar or on loopback.
+        _provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
+            endpoint=endpoint, insecure=not endpoint.startswith("https://"))))
     _tracer = _provider.get_tracer("meshfront")
     ENABLED = True
-    log.info("tracing on: spans of %s go to %s", name, endpoint)
+    log.info("tracing on: spans of %s go to %s", name, endpoint or exporter)
     return True
 
 
