@@ -184,3 +184,31 @@ def test_meshfront_run_trace_starts_phoenix_and_meshfront_trace_prints_the_reque
         assert missing.returncode == 1 and "no trace" in missing.stderr
     finally:
         lch.kill_everything()
+
+
+def test_the_all_in_one_shape_traces_the_same_stages_in_one_process(tmp_path_factory, demo_model_dir, envoy_bin,
+                                                                     nats_bin, collector):
+    """In-process the stages run in the gateway's task: their spans nest under its span without any header."""
+    m = start_mesh(tmp_path_factory, [WorkerSpec(str(demo_model_dir), DEMO, "mocker", ("--speedup-ratio", "2"))],
+                   inproc=True, otlp_endpoint=f"http://127.0.0.1:{collector[1]}")
+    try:
+        rid = f"inproc-{uuid.uuid4().hex[:12]}"
+        r = httpx.post(f"{m.url}/v1/completions", timeout=60, headers={"x-request-id": rid},
+                       json={"model": DEMO, "prompt": "hello", "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        want = {("meshfront-allinone", n) for n in ("gateway Completions", "preprocess", "preprocess.tokenize",
+                                                     "route", "postprocess")}
+        want |= {("meshfront-mocker", n) for n in ("worker", "worker.prefill", "worker.decode")}
+        def complete():
+            spans = collector[0].trace_of(rid)
+            seen = {(v, x.name) for v, x in spans}
+            return spans if want <= seen and any(v == "meshfront-envoy" for v, _ in seen) else None
+
+        spans = wait_until(complete, 30, f"the all-in-one's spans of {rid}")
+        by_id = {s.span_id: (v, s) for v, s in spans}
+        gateway = next(s for _, s in spans if s.name == "gateway Completions")
+        for name in ("preprocess", "route", "postprocess"):
+            assert next(s for _, s in spans if s.name == name).parent_span_id == gateway.span_id, name
+        assert by_id[gateway.parent_span_id][0] == "meshfront-envoy"
+    finally:
+        stop_cleanly(m)
