@@ -132,10 +132,6 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
     def _unary(self, behavior: Behavior, method: str, rid: str, streamed: bool = False,
                scope: Any = _UNTRACED) -> Behavior:
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            with scope:
-                return await answer(request, context)
-
         async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 if streamed:
@@ -150,16 +146,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 return None
             except Exception as e:  # noqa: BLE001 - every failure becomes a status here, and only here
                 await self._fail(context, e, method, rid)
-        return call
+        return answer if scope is _UNTRACED else _within(scope, answer)
 
     def _stream(self, behavior: Behavior, method: str, rid: str, streamed: bool = False,
                 scope: Any = _UNTRACED) -> Behavior:
         if not inspect.isasyncgenfunction(behavior):  # writes with context.write (errors.relay)
             return self._unary(behavior, method, rid, streamed, scope)
-
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> None:
-            with scope:
-                await drive(request, context)
 
         async def drive(request: Any, context: grpc.aio.ServicerContext) -> None:
             # A generator servicer is driven from here with context.write, not handed to grpc to iterate:
@@ -183,4 +175,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 await self._fail(context, e, method, rid)
             finally:
                 await responses.aclose()
-        return call
+        return drive if scope is _UNTRACED else _within(scope, drive)
+
+
+def _within(scope: Any, behavior: Behavior) -> Behavior:
+    """``behavior`` with ``scope`` (the call's span, current) around it: only for traced calls, so an untraced
+    call runs exactly as it did without tracing."""
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        with scope:
+            return await behavior(request, context)
+    return call

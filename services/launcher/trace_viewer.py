@@ -40,7 +40,7 @@ def is_up(url: str) -> bool:
         return False
 
 
-def announce_when_up(url: str, stop: threading.Event, timeout_s: float = 120.0) -> None:
+def announce_when_up(url: str, stop: threading.Event, timeout_s: float = 900.0) -> None:
     """Prints the viewer's URL once its API answers (Phoenix takes a few seconds to start)."""
     deadline = time.monotonic() + timeout_s
     while not stop.is_set() and time.monotonic() < deadline:
