@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 if the committed ConfigMap is stale")
     p.add_argument("--namespace", default="meshfront")
     p.add_argument("--otlp", metavar="HOST:PORT", default="",
-                   help="the OTLP/gRPC collector of envoy-tracing.yaml (default otel-collector.NS.svc.cluster.local:4317)")
+                   help="the OTLP/gRPC collector of envoy-tracing.yaml "
+                        "(default otel-collector.NS.svc.cluster.local:4317)")
     args = p.parse_args(argv)
     otlp = None
     if args.otlp:
