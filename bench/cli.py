@@ -67,6 +67,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     m.add_argument("--gateway-flag", action="append", default=[], help="extra gateway flag (repeatable, both "
                    "shapes), e.g. --gateway-flag=--stream-interval=4")
     m.add_argument("--log-level", default="WARNING", help="log level of the mesh services")
+    m.add_argument("--otlp-endpoint", default="", help="tracing on: the OTLP/gRPC collector every process and Envoy "
+                   "send spans to (e.g. http://127.0.0.1:4317); default off")
     m.add_argument("--profile", default="", metavar="DIR", help="py-spy every measured level of the processes "
                    "--profile-process names; collapsed stacks go to DIR, top frames are printed")
     m.add_argument("--profile-process", type=lambda t: tuple(x for x in t.split(",") if x),
@@ -335,7 +337,8 @@ def _config(args: argparse.Namespace, shapes: tuple[str, ...]) -> mesh.MeshBench
         gateway_flags=tuple(getattr(args, "gateway_flag", ())),
         log_level=getattr(args, "log_level", "WARNING"), seed=args.seed,
         idle_s=args.idle_seconds, profile_dir=getattr(args, "profile", ""),
-        profile_processes=getattr(args, "profile_process", ()), profile_native=getattr(args, "profile_native", False))
+        profile_processes=getattr(args, "profile_process", ()), profile_native=getattr(args, "profile_native", False),
+        otlp_endpoint=getattr(args, "otlp_endpoint", ""))
 
 
 def _setting_line(args: argparse.Namespace, cfg: mesh.MeshBenchConfig) -> str:

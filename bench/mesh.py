@@ -56,6 +56,7 @@ class MeshBenchConfig:
     profile_dir: str = ""  # py-spy profiles of every measured level go here (bench/profile.py); "" = none
     profile_processes: tuple[str, ...] = ("gateway", "postprocessor")
     profile_native: bool = False  # C and Cython frames too (py-spy --native)
+    otlp_endpoint: str = ""  # tracing on: every process and Envoy send spans to this OTLP/gRPC collector
 
     def requests_for(self, concurrency: int) -> int:
         return self.requests if self.requests else max(200, 8 * concurrency)
@@ -90,7 +91,8 @@ def start_mesh(cfg: MeshBenchConfig, shape: str, log_dir: Path) -> Mesh:
     workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", extra) for _ in range(cfg.workers)]
     plan = ephemeral_plan(workers, cfg.gateways, inproc=shape == "inproc", router_mode=cfg.router_mode,
                           run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level,
-                          service_args={"postprocessor": cfg.postprocessor_flags, "gateway": cfg.gateway_flags})
+                          service_args={"postprocessor": cfg.postprocessor_flags, "gateway": cfg.gateway_flags},
+                          otlp_endpoint=cfg.otlp_endpoint)
     mesh = Mesh(plan, log_dir)
     try:
         mesh.start(timeout=90)

@@ -12,6 +12,7 @@ import pathlib
 import random
 import socket
 import sys
+import urllib.parse
 
 from services.launcher import envoy_config
 from services.launcher.engine_env import ENGINES
@@ -91,6 +92,8 @@ class MeshPlan:
     nats_cluster: int = 1
     extra_nats_ports: list[int] = dataclasses.field(default_factory=list)
     nats_route_ports: list[int] = dataclasses.field(default_factory=list)
+    # An OTLP/gRPC collector ("http://127.0.0.1:4317"): every process and Envoy send it their spans (tracing on).
+    otlp_endpoint: str = ""
 
     def process_flags(self, name: str) -> list[str]:
         """Flags the plan gives the process called ``name``: its metrics port and the --tls-* set."""
@@ -236,6 +239,14 @@ def _py(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def _otlp_address(endpoint: str) -> tuple[str, int] | None:
+    """The collector's (host, port) for Envoy's tracer; None when tracing is off."""
+    if not endpoint:
+        return None
+    parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    return parsed.hostname or "127.0.0.1", parsed.port or 4317
+
+
 def _envoy_upstream_tls(plan: MeshPlan) -> tuple[str, str, str] | None:
     if plan.mtls is None:
         return None
@@ -256,6 +267,8 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     common = ["--nats-url", plan.nats_url, "--log-level", plan.log_level]
     env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if plan.otlp_endpoint:  # spans leave every half second (the SDK's default is 5 s): a trace shows up at once
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=plan.otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="500")
     out = nats_specs(plan)
     for i, (w, port) in enumerate(zip(plan.workers, plan.worker_ports, strict=True)):
         out.append(ProcessSpec(f"{w.kind}-{i}", worker_argv(w.kind, "--port", str(port), "--model-dir", w.model_dir,
@@ -290,7 +303,8 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
     envoy_yaml.write_text(envoy_config.render(listen_host="127.0.0.1", listen_port=plan.http_port,
                                               admin_port=plan.admin_port, tls=plan.tls,
                                               upstream_tls=_envoy_upstream_tls(plan),
-                                              gateways=[("127.0.0.1", p) for p in plan.gateway_ports]))
+                                              gateways=[("127.0.0.1", p) for p in plan.gateway_ports],
+                                              otlp=_otlp_address(plan.otlp_endpoint)))
     out.append(ProcessSpec("envoy", [str(VENV_BIN / "envoy"), "-c", str(envoy_yaml), "--concurrency", "1",
                                      "--log-level", "warn", "--base-id", str(plan.http_port)], plan.http_port,
                            {"PATH": os.environ.get("PATH", "")}))

@@ -25,9 +25,10 @@ import time
 import urllib.request
 
 from services.gateway.frontend_metrics import check_prefix
+from services.launcher import trace_viewer
 from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
-from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, WorkerSpec, free_port, specs
+from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, ProcessSpec, WorkerSpec, free_port, specs
 from services.launcher.supervise import RestartPolicy, Spec, Supervisor
 from services.models.minilm import EmbeddingModelMissing
 from services.preprocessor.core.template_check import read_chat_template
@@ -84,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="postprocessor replicas (ports 9400, 9401, ...); each gateway keeps one multiplexed stream to "
                         "each and sends a request to the least busy")
     p.add_argument("--router-mode", choices=POLICY_NAMES, default="round-robin")
+    p.add_argument("--trace", action="store_true",
+                   help="start Arize Phoenix (from .venv-phoenix, built on first use) as the trace viewer and send it "
+                        "every process's spans and Envoy's; prints its URL (meshfront trace REQUEST_ID reads it)")
     p.add_argument("--inproc", action="store_true",
                    help="all-in-one: preprocessor, router and postprocessor in each gateway process "
                         "(services.allinone)")
@@ -170,6 +174,15 @@ def _check_roles(args: argparse.Namespace) -> None:
         raise ValueError("--prefill-workers needs a worker that decodes: --decode-workers or --workers")
 
 
+def _prepare_environments(args: argparse.Namespace) -> None:
+    """The engine's environment for engine workers, and the trace viewer's for --trace (built alike).
+
+    Raises:
+        EngineEnvError: a step of building one failed."""
+    for kind in [args.worker_kind] * (args.worker_kind in ENGINES) + ["phoenix"] * args.trace:
+        ensure_engine_env(kind, say=lambda line: print(line, flush=True))
+
+
 def _model_dir(args: argparse.Namespace) -> str:
     """--model-dir, or the Hugging Face snapshot --model names (resolved once here, not by every worker);
     empty for the demo model."""
@@ -235,15 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     args.model_name = args.model_name or args.model or DEMO_MODEL_NAME
     try:
         model_dir = _model_dir(args)
-    except ValueError as e:
+        _prepare_environments(args)
+    except (ValueError, EngineEnvError) as e:
         print(f"meshfront run: {e}", file=sys.stderr, flush=True)
         return 1
-    if args.worker_kind in ENGINES:
-        try:
-            ensure_engine_env(args.worker_kind, say=lambda line: print(line, flush=True))
-        except EngineEnvError as e:
-            print(f"meshfront run: {e}", file=sys.stderr, flush=True)
-            return 1
     if not model_dir:
         from services.models.build import build_demo_model
 
@@ -275,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     # A fresh JetStream store per launch; a restarted NATS keeps it (-sd), so discovery survives it.
     for store in plan.nats_dirs:
         shutil.rmtree(store, ignore_errors=True)
-    process_specs = specs(plan)
+    viewer = _trace_viewer(args, plan)
+    process_specs = ([viewer] if viewer else []) + specs(plan)
     policy = RestartPolicy(crash_window_s=args.crash_window_s, max_fast_failures=args.crash_limit)
     policies = {}
     if args.worker_kind in ENGINES:  # an engine that fails while loading the model failed fast too
@@ -289,10 +298,23 @@ def main(argv: list[str] | None = None) -> int:
                                                         READY_TIMEOUT_S[args.worker_kind],
                                                         frozenset(w.model_name for w in plan.workers)),
                      daemon=True).start()
+    if viewer is not None:
+        threading.Thread(target=trace_viewer.announce_when_up, args=(f"http://127.0.0.1:{viewer.ready_port}", stop),
+                         daemon=True).start()
     try:
         return asyncio.run(supervisor.run())
     finally:
         stop.set()
+
+
+def _trace_viewer(args: argparse.Namespace, plan: MeshPlan) -> ProcessSpec | None:
+    """--trace: Phoenix's process, and the plan pointed at it."""
+    if not args.trace:
+        return None
+    ui_port, otlp_port = ((free_port(), free_port()) if args.free_ports
+                          else (trace_viewer.UI_PORT, trace_viewer.OTLP_PORT))
+    plan.otlp_endpoint = trace_viewer.otlp_endpoint(otlp_port)
+    return trace_viewer.phoenix_spec(plan.run_dir, ui_port, otlp_port)
 
 
 def _embedding_workers(args: argparse.Namespace) -> list[WorkerSpec]:

@@ -29,6 +29,7 @@ from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
 
+from services.common import tracing
 from services.common.discovery import ModelCard
 from services.common.errors import Internal, InvalidRequest, MeshError, StageUnavailable, WorkerFailed
 from services.common.model_files import ModelFilesResolver, ModelFilesUnavailable
@@ -240,6 +241,10 @@ class Postprocessor:
         builder = _ResponseBuilder(decoder, texts,
                                    output_parser(req.options, self._chat_processor, req.request, model_dir=model_dir))
         route = WorkerRoute(req.worker_id, req.worker_address, req.prefill_worker_id, req.prefill_worker_address)
+        span = tracing.start_span("postprocess", req.request.traceparent, {
+            "meshfront.mesh_request_id": req.request.request_id}) if tracing.ENABLED else None
+        if span is not None:  # the workers' spans (every leg and attempt) nest under this one
+            req.request.traceparent = tracing.traceparent_of(span)
         request, failed = req.request, []
         if req.HasField("resume"):
             request = _resume(req, builder)
@@ -280,6 +285,9 @@ class Postprocessor:
         finally:
             metrics.in_flight.dec()
             metrics.streams.labels(outcome).inc()
+            if span is not None:
+                span.set_attributes({"meshfront.outcome": outcome, "meshfront.migrations": len(failed)})
+                tracing.end_span(span)
 
     def _legs(self, stream_interval: int, builder: _ResponseBuilder) -> DisaggLegs:
         return DisaggLegs(self._workers.generate,

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ import orjson
 from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 
+from services.common import tracing
 from services.common.discovery import ModelCard
 from services.common.errors import Internal, InvalidRequest, ModelNotFound, StageUnavailable
 from services.common.hashing import block_hashes, media_block_infos
@@ -86,6 +88,23 @@ class Preprocessor:
         self._vision_specs: dict[str, placement.VisionSpec] = {}
 
     async def preprocess(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse:
+        if not tracing.ENABLED:
+            return (await self._preprocess(req))[0]
+        with tracing.span("preprocess", {"meshfront.model": req.request.model}) as span:
+            started = time.time_ns()
+            response, prepared, prepared_ns = await self._preprocess(req)
+            if prepared.rendered_ns:  # a chat prompt: its template, then its tokenization
+                tracing.record_span("preprocess.template", span, started, prepared.rendered_ns)
+                tracing.record_span("preprocess.tokenize", span, prepared.rendered_ns, prepared_ns)
+            else:
+                tracing.record_span("preprocess.tokenize", span, started, prepared_ns)
+            span.set_attribute("meshfront.prompt_tokens", len(response.request.token_ids))
+            return response
+
+    async def _preprocess(self, req: preprocessor_pb2.PreprocessRequest
+                          ) -> tuple[preprocessor_pb2.PreprocessResponse, core.PreparedPrompt, int]:
+        """The response, the prompt it was prepared from and when that was done (time.time_ns(), 0 when
+        tracing is off: the spans of ``preprocess`` need it)."""
         name = req.request.model
         card = self._models(name)
         if card is None:
@@ -125,6 +144,7 @@ class Preprocessor:
         placed: list[placement.Placed] = []
         if spec is not None:
             prepared, placed = self._place(prepared, resolved, spec)
+        prepared_ns = time.time_ns() if tracing.ENABLED else 0
         core.check_context(len(prepared.token_ids), context_length, max_tokens, param)
         infos = media_block_infos([(p.offset, p.count, r.content_hash) for p, r in zip(placed, resolved, strict=True)
                                    if p.count], card.block_size) if placed else None
@@ -136,7 +156,7 @@ class Preprocessor:
             response.postprocess.thinking_disabled = thinking_disabled(chat.chat_template_kwargs_json)
         if req.return_formatted_prompt:
             response.formatted_prompt = prepared.text
-        return response
+        return response, prepared, prepared_ns
 
     async def preprocess_embeddings(self, req: preprocessor_pb2.PreprocessEmbeddingsRequest
                                     ) -> preprocessor_pb2.PreprocessEmbeddingsResponse:

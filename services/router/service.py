@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 from meshfront.router.v1 import router_pb2
 
+from services.common import tracing
 from services.common.decision_record import (
     BY_DECODE_LOAD,
     BY_PIN,
@@ -27,6 +28,7 @@ from services.router.core.sessions import SessionAffinity
 from services.router.core.types import Candidate, Decision, RouteQuery
 from services.router.core.wait_queue import WaitQueue
 from services.router.disagg import Disagg, Shape, check_pins, is_prefill_leg, prefill_leg_id
+from services.router.route_trace import route_attributes
 
 log = logging.getLogger(__name__)
 WorkerLookup = Callable[[str], Sequence[WorkerCard]]
@@ -72,6 +74,15 @@ class Router:
                           c.total_kv_blocks, c.max_num_batched_tokens) for c in cards]
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
+        if not tracing.ENABLED:
+            return await self._route(req)
+        with tracing.span("route", {"meshfront.model": req.model,
+                                    "meshfront.prompt_tokens": req.prompt_tokens}) as span:
+            response = await self._route(req)
+            span.set_attributes(route_attributes(response))
+            return response
+
+    async def _route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         # Earlier requests' first tokens and endings come first: they free what this one may take.
         self._apply_reports(req.first_tokens, req.releases)
         if self.queue_timeout_s <= 0:
@@ -89,6 +100,11 @@ class Router:
     async def _wait(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         future = self.queue.push(req.model, req, req.priority_jump_s)
         depth = self.queue.waiting(req.model)
+        with tracing.span("route.queue_wait", {"meshfront.queue_depth": depth}):
+            return await self._waited(req, future, depth)
+
+    async def _waited(self, req: router_pb2.RouteRequest, future: asyncio.Future, depth: int
+                      ) -> router_pb2.RouteResponse:
         try:
             response = await asyncio.wait_for(future, self.queue_timeout_s)
         except (TimeoutError, asyncio.CancelledError) as e:

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from services.common import model_files
+from services.common import model_files, tracing
 from services.common.discovery import Registrar, WorkerCard
 from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.kv_events import KvEventListener
@@ -113,6 +113,7 @@ def main(kind: WorkerKind[C, P], argv: Sequence[str] | None = None) -> None:
     except ValueError as e:
         bad_value(kind.name, e)
     setup_logging(kind.log_level(cfg))
+    tracing.configure(kind.name)  # on only when the environment names an OTLP collector
     try:
         prepared = kind.prepare(cfg)
     except Unavailable as e:

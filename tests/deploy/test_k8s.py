@@ -544,3 +544,24 @@ def test_the_gpu_media_worker_asks_for_a_gpu_and_frees_it_before_a_new_pod():
     assert worker["spec"]["replicas"] == 0  # optional: scaled up where the cluster has GPUs
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 10 * 60
+
+
+# -- components/tracing: every process and Envoy send spans to one OTLP collector ---------------------------------
+
+def test_the_tracing_component_points_every_process_and_envoy_at_one_collector():
+    resources = with_component(K8S / "components" / "tracing")
+    endpoint = next(r for r in resources if r["kind"] == "ConfigMap" and r["metadata"]["name"] == "meshfront-tracing"
+                    )["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    traced = set()
+    for w in workloads(resources):
+        for c in containers(w, init=False):
+            if c["command"][0] == "meshfront":
+                assert {"configMapRef": {"name": "meshfront-tracing"}} in c.get("envFrom", []), w["metadata"]["name"]
+                traced.add(w["metadata"]["name"])
+    assert traced == set(PORTS)
+    envoy = next(w for w in workloads(resources) if w["metadata"]["name"] == "envoy")
+    assert envoy["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["-c", "/etc/envoy/envoy-tracing.yaml"]
+    edge = yaml.safe_load(next(r for r in base_resources() if r["kind"] == "ConfigMap")["data"]["envoy-tracing.yaml"])
+    collector = next(c for c in edge["static_resources"]["clusters"] if c["name"] == "opentelemetry_collector")
+    address = collector["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+    assert endpoint == f"http://{address['address']}:{address['port_value']}"

@@ -18,6 +18,7 @@ from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 from meshfront.router.v1 import router_pb2
 
+from services.common import tracing
 from services.common.decision_record import CandidateScore, DecisionRecord
 from services.common.errors import WorkerFailed
 from services.gateway.clients import PostprocessorClient, PreprocessorClient, RouterClient
@@ -81,6 +82,8 @@ class Pipeline:
             gen.options.stream_interval = self.stream_interval
         req = gen.request
         req.request_id = request_id
+        if tracing.ENABLED:  # the postprocessor's and worker's spans join the served call's trace
+            req.traceparent = tracing.current_traceparent()
         if choice and req.sampling.HasField("seed"):
             req.sampling.seed = (req.sampling.seed + choice) % 2**64  # distinct but reproducible choices
         route = await self.router.route(router_pb2.RouteRequest(
