@@ -27,7 +27,7 @@ import urllib.request
 from services.gateway.frontend_metrics import check_prefix
 from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
-from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, WorkerSpec, free_port, specs
+from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, WorkerSpec, free_port, preprocessor_engine, specs
 from services.launcher.supervise import RestartPolicy, Spec, Supervisor
 from services.models.minilm import EmbeddingModelMissing
 from services.preprocessor.core.template_check import read_chat_template
@@ -212,9 +212,11 @@ def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float,
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model_dir = args.model_dir
-    if args.worker_kind in ENGINES:
+    # Engine workers, and a preprocessor rendering with an engine's renderer, run from that engine's environment.
+    for engine in dict.fromkeys(e for e in (args.worker_kind, preprocessor_engine(args.preprocessor_flag))
+                                if e in ENGINES):
         try:
-            ensure_engine_env(args.worker_kind, say=lambda line: print(line, flush=True))
+            ensure_engine_env(engine, say=lambda line: print(line, flush=True))
         except EngineEnvError as e:
             print(f"meshfront run: {e}", file=sys.stderr, flush=True)
             return 1

@@ -23,6 +23,7 @@ from services.preprocessor.core import embeddings as embed_inputs
 from services.preprocessor.core import messages as msgs
 from services.preprocessor.core import prompt as core
 from services.preprocessor.core.artifacts import ArtifactCache, ArtifactError, ModelArtifacts
+from services.preprocessor.core.renderers import ChatRenderer, OursChatRenderer
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +59,13 @@ class Preprocessor:
         models: model name -> card (from the worker registry), or None when no worker serves it.
         cache: loaded model artifacts, shared if several preprocessors run in one process.
         offload_threshold: prompt size above which work moves to a thread.
+        chat_renderer: who renders and tokenizes chats (--chat-processor; default: ours).
     """
 
     def __init__(self, models: ModelLookup, cache: ArtifactCache | None = None,
                  offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD, *,
                  default_template_kwargs: dict[str, Any] | None = None, hide_tools_for_choice_none: bool = True,
-                 chat_template: str = ""):
+                 chat_template: str = "", chat_renderer: ChatRenderer | None = None):
         self._models = models
         self._cache = cache or ArtifactCache()
         self._offload_threshold = offload_threshold
@@ -72,6 +74,9 @@ class Preprocessor:
         self._hide_tools_for_none = hide_tools_for_choice_none
         # --chat-template: replaces every model directory's template (checked at start).
         self._chat_template = chat_template
+        self._chat_renderer = chat_renderer or OursChatRenderer()
+        # Model directory -> its artifacts, once they and the chat renderer are loaded for it.
+        self._ready: dict[str, ModelArtifacts] = {}
 
     async def preprocess(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse:
         name = req.request.model
@@ -94,7 +99,8 @@ class Preprocessor:
                                   self._template_kwargs_json(req.chat_template_kwargs_json),
                                   hide_tools_for_choice_none=self._hide_tools_for_none,
                                   template_override=self._chat_template)
-            prepared = await self._run(chat.size(), core.prepare_chat, artifacts, chat, context_length, max_tokens)
+            prepared = await self._run(chat.size(), self._chat_renderer.prepare_chat, artifacts, chat, context_length,
+                                       max_tokens)
             param = "messages"
         elif kind == "text":
             prepared = await self._run(len(req.text), core.prepare_text, artifacts, req.text, context_length,
@@ -145,14 +151,22 @@ class Preprocessor:
             await self._artifacts(card)
 
     async def _artifacts(self, card: ModelCard) -> ModelArtifacts:
-        cached = self._cache.peek(card.model_dir)
-        if cached is not None:
-            return cached
+        ready = self._ready.get(card.model_dir)
+        if ready is not None:
+            return ready
         try:
-            return await asyncio.to_thread(self._cache.get, card.model_dir)
+            return await asyncio.to_thread(self._load, card.model_dir)
         except (ArtifactError, OSError) as e:
             log.error("cannot load model %s from %s: %s", card.name, card.model_dir, e)
             raise Internal(f"The model `{card.name}` cannot be loaded by the preprocessor.") from e
+
+    def _load(self, model_dir: str) -> ModelArtifacts:
+        """The directory's artifacts, and the chat renderer ready for it (an engine's reads the model too:
+        seconds for vLLM's), before a request uses them."""
+        artifacts = self._cache.get(model_dir)
+        self._chat_renderer.warm(artifacts)
+        self._ready[model_dir] = artifacts
+        return artifacts
 
     async def _run(self, size: int, fn, *args):
         if size > self._offload_threshold:
