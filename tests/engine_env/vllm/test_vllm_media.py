@@ -121,3 +121,49 @@ def test_images_become_vllms_multimodal_data_and_uuids():
 def test_bytes_that_are_not_an_image_are_the_clients_fault():
     with pytest.raises(RequestRejected, match="could not be decoded"):
         media.multimodal_fields([MediaInput("image", content=b"not an image", content_hash=1)])
+
+
+PROBE = """
+import json
+from PIL import Image
+import vllm.model_executor.models.qwen2_vl  # what vLLM's model registry imports to inspect Qwen2-VL
+from transformers.models.qwen2_vl import Qwen2VLProcessor
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+processor = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=224 * 224)
+grid = processor(images=[Image.new("RGB", (112, 112))], return_tensors="np")["image_grid_thw"][0]
+try:
+    Qwen2VLProcessor.video_processor.fget(None)(videos=[])
+    video = "processed"
+except ValueError as e:
+    video = str(e)
+print("PROBE " + json.dumps({"grid": grid.tolist(), "attributes": Qwen2VLProcessor.get_attributes(),
+                             "video": video}))
+"""
+
+
+def run_probe(with_shim: bool):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if with_shim:
+        paths.insert(0, str(media.WITHOUT_TORCHVISION))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_vllms_qwen2_vl_loads_with_the_pil_processor_where_torchvision_is_missing():
+    import importlib.util
+    import json
+
+    assert importlib.util.find_spec("torchvision") is None  # the engine environment this is for
+    without = run_probe(with_shim=False)
+    assert without.returncode != 0 and "No module named 'torchvision'" in without.stderr
+    done = run_probe(with_shim=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    probe = json.loads(next(ln for ln in done.stdout.splitlines() if ln.startswith("PROBE "))[6:])
+    assert probe["grid"] == [1, 8, 8]  # 112x112: 8x8 patches of 14 px, i.e. 16 tokens after the 2x2 merge
+    assert probe["attributes"] == ["image_processor", "tokenizer"]
+    assert "needs torchvision" in probe["video"] and '{"video": 0}' in probe["video"]
