@@ -13,7 +13,6 @@ import contextlib
 import os
 import re
 import signal
-import time
 import urllib.request
 
 import pytest
@@ -24,6 +23,7 @@ from services.launcher.vision_demo import VLLM_VISION_ARGS
 from tests.conftest import ROOT, sdk_client, stop_cleanly
 from tests.engine.conftest import ENGINE_START_S, wait_workers
 from tests.media_samples import data_url, png
+from tests.mesh.conftest import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -71,12 +71,31 @@ def client(vision_mesh):
     c.close()
 
 
+def router_metrics(mesh: Mesh) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{mesh.plan.metrics_ports['router']}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
 def predicted(mesh: Mesh) -> float:
     """The router's predicted cached tokens so far."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{mesh.plan.metrics_ports['router']}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    m = re.search(r"^meshfront_router_predicted_cached_tokens_total ([0-9.e+]+)$", text, re.M)
+    m = re.search(r"^meshfront_router_predicted_cached_tokens_total ([0-9.e+]+)$", router_metrics(mesh), re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def index_blocks(mesh: Mesh) -> dict[str, float]:
+    return {w: float(n) for w, n in re.findall(r'^meshfront_router_kv_index_blocks\{worker="([^"]+)"\} ([0-9.e+]+)$',
+                                               router_metrics(mesh), re.M)}
+
+
+def indexed(mesh: Mesh, client, image_part: dict, tail: str):
+    """Sends one request and waits until the router's index holds its image block (the worker's KV events
+    arrived), without sending anything else that could land the same prompt on the other worker."""
+    before = index_blocks(mesh)
+    response = ask(client, image_part, tail=tail)
+    worker = worker_of(response)
+    wait_until(lambda: index_blocks(mesh).get(worker, 0) >= before.get(worker, 0) + 1, 60,
+               "the request's blocks in the router's index")
+    return response
 
 
 def ask(client, image: dict | None, tail: str = "what is in it?"):
@@ -108,10 +127,9 @@ def test_an_image_request_answers_with_the_images_tokens_in_usage(client):
     assert IMAGE_TOKENS + 2 <= with_image.usage.prompt_tokens - text_only.usage.prompt_tokens <= IMAGE_TOKENS + 4
 
 
-def test_the_same_image_again_is_cached_on_the_same_worker(client):
-    first = ask(client, image(2), tail="same")
+def test_the_same_image_again_is_cached_on_the_same_worker(client, vision_mesh):
+    first = indexed(vision_mesh, client, image(2), tail="same")
     assert first.usage.prompt_tokens >= (TEXT_BLOCKS + 1) * BLOCK
-    time.sleep(1.0)  # its KV events reach the router over ZMQ and NATS
     again = ask(client, image(2), tail="same")
     assert worker_of(again) == worker_of(first)
     # Every full block is cached, the image's included.
@@ -119,8 +137,7 @@ def test_the_same_image_again_is_cached_on_the_same_worker(client):
 
 
 def test_a_different_image_gets_no_predicted_hit_past_the_text_before_it(client, vision_mesh):
-    ask(client, image(3), tail="different")
-    time.sleep(1.0)
+    indexed(vision_mesh, client, image(3), tail="different")
     before = predicted(vision_mesh)
     other = ask(client, image(4), tail="different")
     # Only the text blocks are shared: the router predicts them and vLLM reuses them, nothing past them.
@@ -128,9 +145,8 @@ def test_a_different_image_gets_no_predicted_hit_past_the_text_before_it(client,
     assert other.usage.prompt_tokens_details.cached_tokens <= TEXT_BLOCKS * BLOCK
 
 
-def test_a_uuid_names_the_image_sent_before_it(client):
-    first = ask(client, image(5, uuid="engine-photo"), tail="uuid")
-    time.sleep(1.0)
+def test_a_uuid_names_the_image_sent_before_it(client, vision_mesh):
+    first = indexed(vision_mesh, client, image(5, uuid="engine-photo"), tail="uuid")
     again = ask(client, image(5, uuid="engine-photo", with_url=False), tail="uuid")
     assert again.usage.prompt_tokens == first.usage.prompt_tokens
     assert worker_of(again) == worker_of(first)
