@@ -46,7 +46,7 @@ def test_the_preprocessors_image_token_count_is_qwen2_vls_own(model_dir, size):
     tokens = int(grid.prod()) // processor.merge_size ** 2
     spec = load_spec(str(model_dir), Tokenizer.from_file(str(model_dir / "tokenizer.json")))
     assert (spec.min_pixels, spec.max_pixels) == (MIN_PIXELS, MAX_PIXELS)
-    assert image_tokens(*size, spec) == tokens
+    assert image_tokens(size[0], size[1], spec) == tokens
     assert 4 <= tokens <= 64
 
 
