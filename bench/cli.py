@@ -253,17 +253,23 @@ def _add_engine_parser(sub) -> None:
     e.add_argument("--log-level", default=d.log_level, help="log level of the mesh services")
     e.add_argument("--markdown", default="", help="append a markdown section with the table to this file")
     e.add_argument("--json", default="", help="write every level's figures to this JSON file")
+    e.add_argument("--vision", action="store_true", help="the demo vision model (meshfront/demo-qwen-vl), a distinct "
+                   "224x224 image per request, Qwen2-VL's engine flags (services/launcher/vision_demo.py)")
 
 
 def _run_engine(args: argparse.Namespace, command: str) -> int:
     from bench import engine
+    from services.launcher.vision_demo import VLLM_VISION_ARGS
+    from services.models.qwen_vl import NAME as VISION_MODEL
 
     cfg = engine.EngineBenchConfig(
         deployments=args.deployments, concurrency=args.concurrency, requests=args.requests or None,
         prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, warmup=args.warmup, workers=args.workers,
         level_timeout_s=args.level_timeout, start_timeout_s=args.start_timeout, model_name=args.model,
-        engine_flags=(*engine.ENGINE_FLAGS, *args.engine_flag), log_level=args.log_level, seed=args.seed,
-        idle_s=args.idle_seconds)
+        engine_flags=(*engine.ENGINE_FLAGS, *(VLLM_VISION_ARGS if args.vision else ()), *args.engine_flag),
+        log_level=args.log_level, seed=args.seed, idle_s=args.idle_seconds, vision=args.vision)
+    if args.vision and args.model == engine.EngineBenchConfig.model_name:
+        cfg = dataclasses.replace(cfg, model_name=VISION_MODEL)
     started = datetime.datetime.now().astimezone()
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
     records, seed = engine.run(cfg, _emit)

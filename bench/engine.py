@@ -44,7 +44,7 @@ import orjson
 from bench import cpu
 from bench.loadgen import LoadSpec, run_load
 from bench.mesh import measured_load
-from bench.prompts import PromptFactory
+from bench.prompts import ImagePromptFactory, PromptFactory
 from bench.stats import LevelStats, summarize
 from services.launcher.engine_env import ENGINES
 from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan, free_port
@@ -81,6 +81,7 @@ class EngineBenchConfig:
     log_level: str = "WARNING"
     seed: int | None = None  # prompt seed; None = one random seed for the run, shared by every deployment
     idle_s: float = 3.0  # idle-CPU window after warm-up; 0 skips it
+    vision: bool = False  # the demo vision model, one distinct image per request (bench/prompts.py)
 
     def requests_for(self, concurrency: int) -> int:
         return self.requests if self.requests else max(96, 4 * concurrency)
@@ -220,7 +221,11 @@ def _engine_python() -> Path:
     return env.python
 
 
-def _model_dir() -> str:
+def _model_dir(vision: bool = False) -> str:
+    if vision:
+        from services.models.qwen_vl import default_vision_model_dir
+
+        return str(default_vision_model_dir(with_weights=True))
     from services.models.build import default_test_model_dir
 
     return str(default_test_model_dir(with_weights=True))
@@ -323,6 +328,10 @@ class ServerDeployment(Deployment):
         self.log_path = log_dir / "vllm-server.log"
         with self.log_path.open("ab") as log:
             env = {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "PYTHONUNBUFFERED": "1"}
+            if cfg.vision:  # Qwen2-VL's processor without torchvision, as the worker loads it (its media.py)
+                from services.workers.vllm.media import enable_pil_processors
+
+                enable_pil_processors(env)
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)
         atexit.register(_kill_group, self.proc)
@@ -414,7 +423,7 @@ def _fmt(values: Mapping[str, float]) -> str:
 async def drive(dep: Deployment, cfg: EngineBenchConfig, seed: int, tracked: Tracked,
                 emit: Printer) -> list[EngineRecord]:
     """Warm-up (discarded), an idle window, then one measured level per concurrency."""
-    prompts = PromptFactory(cfg.prompt_tokens, seed=seed)
+    prompts = (ImagePromptFactory if cfg.vision else PromptFactory)(cfg.prompt_tokens, seed=seed)
     if cfg.warmup:
         warm = _load_spec(cfg, dep.url, min(cfg.warmup, max(cfg.concurrency)), cfg.warmup)
         s = summarize(await run_load(warm, prompts))
@@ -484,7 +493,7 @@ def run(cfg: EngineBenchConfig, emit: Printer) -> tuple[list[EngineRecord], int]
              "would update it); running with it as it is")
     seed = cfg.seed if cfg.seed is not None else random.randrange(1 << 30)
     emit(f"# {setting_line(cfg, seed)}")
-    model_dir = _model_dir()
+    model_dir = _model_dir(cfg.vision)
     records: list[EngineRecord] = []
     for name in cfg.deployments:
         records += run_deployment(cfg, name, model_dir, seed, emit)

@@ -89,7 +89,8 @@ class LoadResult:
         return self.finished - self.started
 
 
-def chat_body(model: str, prompt: str, max_tokens: int, ignore_eos: bool, min_tokens: int = 0) -> bytes:
+def chat_body(model: str, prompt: str | list[dict], max_tokens: int, ignore_eos: bool, min_tokens: int = 0) -> bytes:
+    """A streamed chat completion; ``prompt`` is the user message's content (text, or parts: bench/prompts.py)."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
             "ignore_eos": ignore_eos}

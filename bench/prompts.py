@@ -41,3 +41,22 @@ class PromptFactory:
         self._next += 1
         tail = " ".join(rng.choices(WORDS, k=self.prompt_tokens - self.shared_prefix_tokens))
         return f"{self._prefix} {tail}" if self._prefix and tail else self._prefix or tail
+
+
+class ImagePromptFactory(PromptFactory):
+    """Each prompt is a distinct random 224x224 PNG (64 tokens on the demo vision model) followed by its text.
+
+    ``next_prompt`` returns the message's content parts (``loadgen.chat_body`` takes them as they are).
+    """
+
+    def next_prompt(self) -> list[dict]:  # type: ignore[override]
+        import base64
+        import io
+
+        from PIL import Image
+
+        rng = random.Random(self.seed * 1_000_003 + self._next)
+        out = io.BytesIO()
+        Image.frombytes("RGB", (224, 224), rng.randbytes(224 * 224 * 3)).save(out, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+        return [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": super().next_prompt()}]

@@ -30,7 +30,7 @@ from typing import Any
 from sglang.srt.entrypoints.engine import Engine
 
 from services.workers.engine import EngineError, EngineOutput, EngineRequest, FinishReason, RequestRejected
-from services.workers.sglang import sampling, transfer
+from services.workers.sglang import media, sampling, transfer
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,10 @@ class SglangEngine:
         return self._block_size
 
     @property
+    def input_modalities(self) -> tuple[str, ...]:
+        return media.input_modalities(self.engine.tokenizer_manager.model_config)
+
+    @property
     def num_kv_blocks(self) -> int:
         return self._total_tokens // self._block_size if self._block_size else 0
 
@@ -164,6 +168,7 @@ class SglangEngine:
     def request_kwargs(self, request: EngineRequest, rid: str,
                        bootstrap: transfer.Bootstrap | None = None) -> dict[str, Any]:
         kwargs = sampling.request_kwargs(request, rid, self.limits)
+        kwargs.update(media.media_kwargs(request.media))
         if bootstrap is not None:
             kwargs.update(bootstrap.request_kwargs())
         return kwargs

@@ -12,6 +12,7 @@ process logs the real traceback just above.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -42,7 +43,8 @@ async def build(prepared: tuple[SglangConfig, Any], events: entry.KvEvents) -> e
         if engine.child_failed:  # SGLang's own message is then generic ("scheduler died ...")
             detail += " (the failing SGLang process logged its traceback above)"
         raise EngineStartFailed(detail) from e
-    worker = cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size)
+    worker = dataclasses.replace(cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size),
+                                 input_modalities=engine.input_modalities)
     engine.bootstrap_host = worker.advertised_address(0).rsplit(":", 1)[0]  # the host part, as peers reach it
     log.info("SGLang engine ready: context %d, page size %d, %d KV pages", engine.max_model_len,
              engine.block_size, engine.num_kv_blocks)

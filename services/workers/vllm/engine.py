@@ -35,7 +35,7 @@ from services.workers.engine import (
     KvTransferFailed,
     RequestRejected,
 )
-from services.workers.vllm import sampling, thinking_budget, transfer
+from services.workers.vllm import media, sampling, thinking_budget, transfer
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,10 @@ class VllmEngine:
         return self.llm.vllm_config.cache_config.num_gpu_blocks or 0
 
     @property
+    def input_modalities(self) -> tuple[str, ...]:
+        return media.input_modalities(self.llm.model_config)
+
+    @property
     def max_num_batched_tokens(self) -> int:
         return self.llm.vllm_config.scheduler_config.max_num_batched_tokens
 
@@ -143,6 +147,8 @@ class VllmEngine:
         params = sampling_params(request, max_model_len=self.max_model_len, defaults=self._defaults,
                                  thinking_budgets=self._thinking_budgets)
         prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
+        if request.media:  # decoded images and their uuids (media.py); decoding is CPU work
+            prompt.update(await asyncio.to_thread(media.multimodal_fields, request.media))
         eos = request.eos_token_ids
         top = request.logprobs
         leg = transfer.leg(request.kv_transfer_params)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import msgspec
@@ -9,6 +10,9 @@ from vllm.config import KVEventsConfig
 from vllm.distributed.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 from services.workers.engine_kv import BlocksRemoved, BlocksStored, CacheCleared, EngineKvEvent
+from services.workers.vllm.media import extra_key_content_hashes
+
+log = logging.getLogger(__name__)
 
 
 def events_config(endpoint: str, replay_endpoint: str) -> KVEventsConfig:
@@ -29,8 +33,13 @@ def batch_decoder():
             elif event.medium not in (None, MEDIUM_GPU) or event.group_idx not in (None, 0):
                 continue  # an offloading tier's copy, or a hybrid model's other cache group
             elif isinstance(event, BlockStored):
+                try:  # the images a block holds salt its hash, as the preprocessor salted the prompt's
+                    mm_infos = extra_key_content_hashes(event.extra_keys, len(event.block_hashes))
+                except ValueError as e:
+                    log.warning("not indexing %d stored block(s): %s", len(event.block_hashes), e)
+                    continue  # the blocks after them go unindexed too: their parent is unknown
                 out.append(BlocksStored(event.block_hashes, event.parent_block_hash, event.token_ids,
-                                        event.block_size))
+                                        event.block_size, mm_infos))
             elif isinstance(event, BlockRemoved):
                 out.append(BlocksRemoved(event.block_hashes))
             else:

@@ -10,6 +10,7 @@ message on one line and status 1, before anything is registered.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -34,7 +35,8 @@ async def build(prepared: tuple[VllmConfig, Any], events: entry.KvEvents) -> ent
             await engine.start()
     except Exception as e:
         raise EngineStartFailed(root_message(e)) from e
-    worker = cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size)
+    worker = dataclasses.replace(cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size),
+                                 input_modalities=engine.input_modalities)
     log.info("vLLM engine ready: context %d, block size %d, %d KV blocks", engine.max_model_len,
              engine.block_size, engine.num_kv_blocks)
     closers = engine_kv_events(cfg, engine.block_size, batch_decoder(), events.listener(worker))
@@ -66,6 +68,9 @@ def _engine_processes_die_with_a_signal() -> Iterator[None]:
 def prepare(cfg: VllmConfig) -> tuple[VllmConfig, Any]:
     """Checks that vLLM imports here, then runs vLLM's own parser over the engine flags (a bad one exits
     there, naming it; one that parses but cannot work with this worker is a ConfigError)."""
+    from services.workers.vllm.media import enable_pil_processors
+
+    enable_pil_processors()  # before vLLM is imported: its processes inherit it
     try:
         import vllm  # noqa: F401 - a clear message when the engine is not installed here
     except ImportError:

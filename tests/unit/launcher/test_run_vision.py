@@ -1,0 +1,47 @@
+"""`meshfront run --demo-vision`: one more worker serving the demo vision model, mocker or vLLM."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from services.launcher.run import VLLM_CPU_ARGS, _placement, parse_args
+from services.launcher.vision_demo import VLLM_VISION_ARGS, vision_workers
+from services.models.build import REPO_ROOT
+from services.models.qwen_vl import NAME
+
+pytestmark = pytest.mark.unit
+
+BUILD = REPO_ROOT / "build" / "models"
+
+
+def test_no_vision_worker_without_the_flag():
+    args = parse_args([])
+    assert vision_workers(args, BUILD, VLLM_CPU_ARGS) == []
+
+
+def test_the_mocker_serves_it_by_default_declaring_images():
+    args = parse_args(["--demo-vision"])
+    [spec] = vision_workers(args, BUILD, VLLM_CPU_ARGS)
+    assert (spec.kind, spec.model_name) == ("mocker", NAME)
+    assert spec.extra[spec.extra.index("--input-modalities") + 1] == "image"
+    config = json.loads((pathlib.Path(spec.model_dir) / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
+    # ... on a port of its own.
+    assert len(_placement(args)["worker_ports"]) == len(_placement(parse_args([]))["worker_ports"]) + 1
+
+
+def test_worker_kind_vllm_runs_it_in_vllm_with_images_only():
+    args = parse_args(["--demo-vision", "--worker-kind", "vllm", "--engine-args", "--max-model-len 2048"])
+    [spec] = vision_workers(args, BUILD, VLLM_CPU_ARGS)
+    assert spec.kind == "vllm" and "--input-modalities" not in spec.extra  # vLLM's model config says
+    assert spec.extra[:2] == ("--max-model-len", "2048")
+    assert spec.extra[2:2 + len(VLLM_VISION_ARGS)] == VLLM_VISION_ARGS
+
+
+def test_the_hf_worker_cannot_serve_it(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--demo-vision", "--worker-kind", "hf"])
+    assert "--demo-vision runs on the mocker or vllm" in capsys.readouterr().err
