@@ -188,8 +188,9 @@ class MockerEngine:
                                  min_tokens=request.min_tokens, eos_id=eos_id, ignore_eos=request.ignore_eos,
                                  guided_json_schema=_json_schema_only(request),
                                  max_thinking_tokens=request.max_thinking_tokens)
-        seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size),
-                  stream=TokenStream(logprobs=request.logprobs is not None))
+        lora_name = request.lora.adapter.name if request.lora is not None else None
+        seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size, lora_name),
+                  stream=TokenStream(logprobs=request.logprobs is not None), lora_name=lora_name)
         seq.top_logprobs = request.logprobs
         seq.hold_on_finish = hold
         return seq

@@ -34,9 +34,10 @@ def chain_hash(parent: int | None, tokens_hash: int) -> int:
     return sequence_hashes((parent, tokens_hash))[1]
 
 
-def full_blocks(token_ids: Seq[int], block_size: int) -> list[StoredBlock]:
-    """The full blocks of ``token_ids`` with their sequence and local hashes."""
-    local = block_hashes(token_ids, block_size)
+def full_blocks(token_ids: Seq[int], block_size: int, lora_name: str | None = None) -> list[StoredBlock]:
+    """The full blocks of ``token_ids`` with their sequence and local hashes (salted by a LoRA adapter's
+    name, as the preprocessor salts the prompt's: one adapter's blocks are never another's or the base's)."""
+    local = block_hashes(token_ids, block_size, lora_name=lora_name)
     return [StoredBlock(s, t) for s, t in zip(sequence_hashes(local), local, strict=True)]
 
 
@@ -69,6 +70,8 @@ class Sequence:
     # prompt tokens whose KV they brought (computed at admission, once; a preempted sequence recomputes).
     pinned: list[int] = dataclasses.field(default_factory=list)
     transferred_tokens: int = 0
+    # The LoRA adapter the sequence runs with (None: the base model): it salts every block hash.
+    lora_name: str | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -86,13 +89,13 @@ class Sequence:
         """Full blocks of every token so far (prompt plus output, after a preemption)."""
         if not self.output:
             return self.prompt_blocks
-        return full_blocks(self.prompt + self.output, block_size)
+        return full_blocks(self.prompt + self.output, block_size, self.lora_name)
 
     def tail_block(self, block_size: int) -> StoredBlock:
         """The block made of the last ``block_size`` tokens, which just filled up."""
         start = self.total_tokens - block_size
         n_prompt = len(self.prompt)
         tokens = self.prompt[start:] + self.output[max(0, start - n_prompt):]
-        local = block_hashes(tokens, block_size)[0]
+        local = block_hashes(tokens, block_size, lora_name=self.lora_name)[0]
         parent = self.held[-1].block_hash if self.held else None
         return StoredBlock(chain_hash(parent, local), local)
