@@ -38,6 +38,9 @@ class BlocksStored:
     token_ids: Sequence[int]
     # Tokens per block in this event (a partial block reports fewer).
     block_size: int
+    # The LoRA adapter the blocks were computed under (None: the base model): it salts our hashes as the
+    # preprocessor salts a request's (services/common/hashing.py).
+    lora_name: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,8 +92,8 @@ class BlockHashTranslator:
             parent = found
         run: list[StoredBlock] = []
         run_parent = parent
-        for engine_hash, local in zip(event.engine_hashes, block_hashes(event.token_ids, self.block_size),
-                                      strict=True):
+        locals_ = block_hashes(event.token_ids, self.block_size, lora_name=event.lora_name)
+        for engine_hash, local in zip(event.engine_hashes, locals_, strict=True):
             ours = chain_hash(parent, local)
             if engine_hash in self._ours:  # announced again (a prefix-cache hit): nothing new
                 self._flush(run, run_parent)

@@ -35,7 +35,7 @@ from services.workers.engine import (
     KvTransferFailed,
     RequestRejected,
 )
-from services.workers.vllm import sampling, transfer
+from services.workers.vllm import lora, sampling, transfer
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,8 @@ class VllmEngine:
         self.in_flight += 1
         first = True
         try:
-            async with contextlib.aclosing(self.llm.generate(prompt, params, request.request_id)) as stream:
+            async with contextlib.aclosing(self.llm.generate(prompt, params, request.request_id,
+                                                             lora_request=lora.lora_request(request.lora))) as stream:
                 while True:
                     with vllm_errors():
                         out = await anext(stream, None)

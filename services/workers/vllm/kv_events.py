@@ -30,7 +30,7 @@ def batch_decoder():
                 continue  # an offloading tier's copy, or a hybrid model's other cache group
             elif isinstance(event, BlockStored):
                 out.append(BlocksStored(event.block_hashes, event.parent_block_hash, event.token_ids,
-                                        event.block_size))
+                                        event.block_size, event.lora_name))
             elif isinstance(event, BlockRemoved):
                 out.append(BlocksRemoved(event.block_hashes))
             else:

@@ -19,6 +19,7 @@ from typing import Any
 from services.workers import entry
 from services.workers.engine_worker import EngineStartFailed, descendants, engine_kv_events, root_message
 from services.workers.vllm.config import VllmConfig, parse_config
+from services.workers.vllm.lora import lora_settings, start_adapters
 
 log = logging.getLogger("services.workers.vllm")
 
@@ -34,13 +35,14 @@ async def build(prepared: tuple[VllmConfig, Any], events: entry.KvEvents) -> ent
             await engine.start()
     except Exception as e:
         raise EngineStartFailed(root_message(e)) from e
+    adapters = await start_adapters(lora_settings(engine_args, cfg.lora_modules), engine)
     worker = cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size)
     log.info("vLLM engine ready: context %d, block size %d, %d KV blocks", engine.max_model_len,
              engine.block_size, engine.num_kv_blocks)
     closers = engine_kv_events(cfg, engine.block_size, batch_decoder(), events.listener(worker))
     return entry.engine_serving(worker, engine, load=engine.read_load, total_kv_blocks=engine.num_kv_blocks,
                                 max_num_batched_tokens=engine.max_num_batched_tokens, failed=engine.failed,
-                                closers=closers)
+                                closers=closers, adapters=adapters)
 
 
 @contextlib.contextmanager
@@ -75,7 +77,9 @@ def prepare(cfg: VllmConfig) -> tuple[VllmConfig, Any]:
     if cfg.args.host in ("127.0.0.1", "localhost"):
         # vLLM's internal sockets bind this address; the default is the machine's outward one.
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-    return cfg, cfg.engine_args()
+    engine_args = cfg.engine_args()
+    lora_settings(engine_args, cfg.lora_modules)  # --lora-modules without --enable-lora: refused before loading
+    return cfg, engine_args
 
 
 # parse_config checks the flags without importing vllm (fail fast, with every problem listed).
