@@ -12,6 +12,7 @@ from services.common.assembly import Built
 from services.common.discovery import ModelCard, WorkerRegistry
 from services.common.warmup import warm_each_new_model
 from services.preprocessor.config import PreprocessorConfig
+from services.preprocessor.media.resolve import MediaResolver
 from services.preprocessor.service import Preprocessor
 
 
@@ -31,6 +32,6 @@ def build(cfg: PreprocessorConfig, registry: WorkerRegistry) -> Built[Preprocess
     preprocessor = Preprocessor(model_card, offload_threshold=cfg.offload_threshold,
                                 default_template_kwargs=cfg.default_chat_template_kwargs,
                                 hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none,
-                                chat_template=cfg.chat_template)
+                                chat_template=cfg.chat_template, media=MediaResolver(cfg.media))
     # A newly served model's tokenizer and template load now, not on its first request.
-    return Built(preprocessor, closers=[warm_each_new_model(registry, preprocessor.warm)])
+    return Built(preprocessor, closers=[warm_each_new_model(registry, preprocessor.warm), preprocessor.media.close])

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors
 from services.preprocessor.core.template_check import read_chat_template
+from services.preprocessor.media.limits import MediaLimits
 from services.preprocessor.service import DEFAULT_OFFLOAD_THRESHOLD
 
 DEFAULT_PORT = 9200
@@ -32,9 +33,11 @@ class PreprocessorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    # Bounds on fetching and decoding chat media (--media-*).
+    media: MediaLimits = MediaLimits()
 
     def validate(self) -> None:
-        errors = common_errors(self.port, self.drain_grace_s)
+        errors = common_errors(self.port, self.drain_grace_s) + self.media.errors()
         if self.offload_threshold < 0:
             errors.append("--offload-threshold must be >= 0")
         if errors:
@@ -60,6 +63,19 @@ def add_flags(p: Flags) -> None:
     p.add("--chat-template", default="",
           help="Jinja chat template file used instead of the model directory's (every model this "
                "preprocessor serves); checked at start")
+    d = MediaLimits()
+    p.add("--media-max-bytes", default=d.max_bytes, type=int,
+          help="most bytes of one image, video or audio item, fetched or inline (larger: 400)")
+    p.add("--media-max-items", default=d.max_items, type=int, help="most media parts in one request (more: 400)")
+    p.add("--media-fetch-timeout-s", default=d.timeout_s, type=float,
+          help="seconds one media URL may take to fetch, redirects included (longer: 400)")
+    p.add("--media-max-redirects", default=d.max_redirects, type=int,
+          help="redirects one media fetch follows (more: 400)")
+    p.add("--media-allow-private-urls", default=False, type=bool,
+          help="fetch media URLs whose host resolves to a private, loopback, link-local or other non-global "
+               "address (default: refused with a 400)")
+    p.add("--media-uuid-cache-bytes", default=d.uuid_cache_bytes, type=int,
+          help="bytes of recent media kept for parts that name only a uuid (0: none)")
 
 
 def from_args(args: argparse.Namespace) -> PreprocessorConfig:
@@ -71,7 +87,12 @@ def from_args(args: argparse.Namespace) -> PreprocessorConfig:
                              drain_grace_s=args.drain_grace_s, default_chat_template_kwargs=defaults,
                              hide_tools_for_tool_choice_none=args.hide_tools_for_tool_choice_none,
                              chat_template_path=args.chat_template, chat_template=template,
-                             tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca)
+                             tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+                             media=MediaLimits(max_bytes=args.media_max_bytes, max_items=args.media_max_items,
+                                               timeout_s=args.media_fetch_timeout_s,
+                                               max_redirects=args.media_max_redirects,
+                                               allow_private=args.media_allow_private_urls,
+                                               uuid_cache_bytes=args.media_uuid_cache_bytes))
     cfg.validate()
     return cfg
 

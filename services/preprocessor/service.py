@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -19,11 +20,14 @@ from meshfront.preprocessor.v1 import preprocessor_pb2
 
 from services.common.discovery import LoraAdapter, ModelCard
 from services.common.errors import Internal, InvalidRequest, ModelNotFound
-from services.common.hashing import block_hashes
+from services.common.hashing import block_hashes, media_block_infos
 from services.preprocessor.core import embeddings as embed_inputs
 from services.preprocessor.core import messages as msgs
 from services.preprocessor.core import prompt as core
 from services.preprocessor.core.artifacts import ArtifactCache, ArtifactError, ModelArtifacts
+from services.preprocessor.media import placement
+from services.preprocessor.media.limits import MediaLimits
+from services.preprocessor.media.resolve import MediaResolver, Resolved
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +75,7 @@ class Preprocessor:
     def __init__(self, models: ModelLookup, cache: ArtifactCache | None = None,
                  offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD, *,
                  default_template_kwargs: dict[str, Any] | None = None, hide_tools_for_choice_none: bool = True,
-                 chat_template: str = ""):
+                 chat_template: str = "", media: MediaResolver | None = None):
         self._models = models
         self._cache = cache or ArtifactCache()
         self._offload_threshold = offload_threshold
@@ -80,6 +84,9 @@ class Preprocessor:
         self._hide_tools_for_none = hide_tools_for_choice_none
         # --chat-template: replaces every model directory's template (checked at start).
         self._chat_template = chat_template
+        # Fetches and decodes each request's media once (--media-* bounds).
+        self.media = media or MediaResolver(MediaLimits())
+        self._vision_specs: dict[str, placement.VisionSpec] = {}
 
     async def preprocess(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse:
         name = req.request.model
@@ -92,6 +99,10 @@ class Preprocessor:
         core.check_stop_strings(req.request.stop.stop)
         check_media(card, req.request.media)
         artifacts = await self._artifacts(card)
+        # Fetched and decoded here, once: the image's size decides its token count, which the prompt, the
+        # block hashes and the context check all need (docs/architecture.md, "Image input").
+        resolved = await self.media.resolve(req.request.media) if req.request.media else []
+        spec = self._vision_spec(artifacts) if resolved else None
         stop = req.request.stop
         context_length = artifacts.effective_context_length(card.context_length)
         max_tokens = stop.max_tokens if stop.HasField("max_tokens") else None
@@ -101,7 +112,8 @@ class Preprocessor:
             chat = core.ChatInput(req.messages_json, req.tools_json, choice_none,
                                   self._template_kwargs_json(req.chat_template_kwargs_json),
                                   hide_tools_for_choice_none=self._hide_tools_for_none,
-                                  template_override=self._chat_template)
+                                  template_override=self._chat_template,
+                                  media_markers=spec.markers() if spec else {})
             prepared = await self._run(chat.size(), core.prepare_chat, artifacts, chat, context_length, max_tokens)
             param = "messages"
         elif kind == "text":
@@ -113,14 +125,21 @@ class Preprocessor:
             param = "prompt"
         else:
             raise InvalidRequest("the request has no prompt", param="messages")
+        placed: list[placement.Placed] = []
+        if spec is not None:
+            prepared, placed = self._place(prepared, resolved, spec)
         core.check_context(len(prepared.token_ids), context_length, max_tokens, param)
+        infos = media_block_infos([(p.offset, p.count, r.content_hash) for p, r in zip(placed, resolved, strict=True)
+                                   if p.count], card.block_size) if placed else None
         # A LoRA adapter is served under its own name by workers of its base model (whose card this is):
         # its KV blocks are not the base's, so its hashes are salted with its name (as the engine's are).
         adapter = lora_adapter(card, name)
         lora_name = adapter.name if adapter is not None else None
-        hashes = await self._run(len(prepared.token_ids), functools.partial(block_hashes, lora_name=lora_name),
+        hashes = await self._run(len(prepared.token_ids), functools.partial(block_hashes, block_mm_infos=infos,
+                                                                            lora_name=lora_name),
                                  prepared.token_ids, card.block_size)
         response = self._response(req, card, artifacts, prepared, hashes)
+        self._fill_media(response.request.media, resolved, placed)
         if adapter is not None:
             response.request.lora.name, response.request.lora.path = adapter.name, adapter.path
         if kind == "messages_json" and card.reasoning_parser:
@@ -153,6 +172,35 @@ class Preprocessor:
         if not isinstance(own, dict):
             raise InvalidRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
         return orjson.dumps({**self._default_kwargs, **own}).decode()
+
+    def _vision_spec(self, artifacts: ModelArtifacts) -> placement.VisionSpec:
+        spec = self._vision_specs.get(artifacts.model_dir)
+        if spec is None:
+            spec = self._vision_specs[artifacts.model_dir] = placement.load_spec(artifacts.model_dir,
+                                                                                 artifacts.tokenizer)
+        return spec
+
+    @staticmethod
+    def _place(prepared: core.PreparedPrompt, resolved: list[Resolved], spec: placement.VisionSpec
+               ) -> tuple[core.PreparedPrompt, list[placement.Placed]]:
+        """The prompt with each item's placeholder expanded to its token count (placement.py)."""
+        counts = [(r.modality, placement.item_tokens(r.modality, r.info.width, r.info.height, r.info.frames,
+                                                     r.info.duration_s, spec)) for r in resolved]
+        ids, placed = placement.expand(prepared.token_ids, counts, spec)
+        return dataclasses.replace(prepared, token_ids=ids), placed
+
+    @staticmethod
+    def _fill_media(items, resolved: list[Resolved], placed: list[placement.Placed]) -> None:
+        """What a worker receives per item (common.proto MediaItem): the bytes, never a URL to fetch."""
+        for item, r, p in zip(items, resolved, placed or [placement.Placed(0, 0)] * len(resolved), strict=True):
+            item.content = r.content
+            item.mime_type = r.info.mime_type
+            item.content_hash = r.content_hash
+            item.width, item.height = r.info.width, r.info.height
+            item.token_offset, item.token_count = p.offset, p.count
+            item.data = ""  # audio's base64, now in content
+            if item.url.startswith("data:"):
+                item.url = ""  # the same bytes again, base64
 
     async def warm(self, card: ModelCard) -> None:
         """Loads a model's artifacts ahead of its first request; failures are logged, not raised."""

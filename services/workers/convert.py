@@ -60,10 +60,16 @@ def request_from_proto(request: worker_pb2.GenerateRequest) -> EngineRequest:
         ignore_eos=stop.ignore_eos,
         logprobs=_opt(r.output, "logprobs"),
         guided=guided_from_proto(r.sampling),
-        media=tuple(MediaInput(m.modality, m.url, m.data, m.format) for m in r.media),
+        media=tuple(media_from_proto(m) for m in r.media),
         max_thinking_tokens=_opt(stop, "max_thinking_tokens"),
         kv_transfer_params=transfer_params_from_proto(r),
     )
+
+
+def media_from_proto(m: common_pb2.MediaItem) -> MediaInput:
+    return MediaInput(m.modality, m.url, m.data, m.format, content=m.content, mime_type=m.mime_type,
+                      content_hash=m.content_hash, uuid=m.uuid, token_offset=m.token_offset,
+                      token_count=m.token_count, width=m.width, height=m.height)
 
 
 def transfer_params_from_proto(r: common_pb2.PreprocessedRequest) -> dict[str, Any] | None:

@@ -106,12 +106,26 @@ class GuidedDecoding:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MediaInput:
-    """One image (an http(s) or data: URL) or audio clip (base64 ``data`` in ``format``)."""
+    """One image, video or audio clip, fetched and decoded once by the preprocessor (common.proto MediaItem).
+
+    ``content`` holds its bytes as served (``mime_type``); ``content_hash`` is XXH3-64 of them and salts the
+    KV block hashes of the blocks holding its placeholder tokens, which sit at
+    ``token_ids[token_offset:token_offset + token_count]`` already expanded (token_count 0: not placed, the
+    engine places it). ``uuid`` is the client's id for it (vLLM's multi_modal_uuids), or "".
+    """
 
     modality: str
     url: str = ""
     data: str = ""
     format: str = ""
+    content: bytes = b""
+    mime_type: str = ""
+    content_hash: int = 0
+    uuid: str = ""
+    token_offset: int = 0
+    token_count: int = 0
+    width: int = 0
+    height: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,7 +146,7 @@ class EngineRequest:
     logprobs: int | None = None
     # Guided decoding; None: unconstrained.
     guided: GuidedDecoding | None = None
-    # Images and audio of the chat, in order (only for engines whose card declares the modality).
+    # Images, videos and audio of the chat, in order (only for engines whose card declares the modality).
     media: tuple[MediaInput, ...] = ()
     # Reasoning-token budget (nvext.max_thinking_tokens); None: none.
     max_thinking_tokens: int | None = None

@@ -18,6 +18,7 @@ import pytest
 
 from services.launcher.run import STAGES, parse_args
 from tests.conftest import sdk_client, stop_cleanly
+from tests.media_samples import data_url, png
 from tests.mesh.conftest import DEMO, DEMO_PARSERS, SECOND, mocker, start_mesh
 
 pytestmark = pytest.mark.mesh
@@ -31,8 +32,9 @@ TEMPLATE = (
     "{% if p.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% elif p.type == 'text' %}"
     "{{ p.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>{% endfor %}\n"
     "{%- if add_generation_prompt %}\n<|im_start|>assistant\n{% endif %}")
-IMAGE_TOKENS = 64
-PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(32)).decode()
+IMAGE_TOKENS = 64  # 224 x 224 px in Qwen2-VL's 28 px tiles: 8 x 8
+PNG = base64.b64encode(png(224, 224)).decode()
+OTHER_PNG = data_url(png(224, 224, seed=1))
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["split", "allinone"])
@@ -273,19 +275,31 @@ def image_message(url: str) -> list[dict]:
 
 def test_image_parts_reach_an_image_declaring_worker(client):
     text_only = client.chat.completions.create(model=DEMO, messages=ask("Say hello"), max_tokens=4)
-    for url in (f"data:image/png;base64,{PNG}", "https://example.com/cat.png"):
+    for url in (f"data:image/png;base64,{PNG}", OTHER_PNG):
         r = client.chat.completions.create(model=DEMO, messages=image_message(url), max_tokens=4,
                                            extra_body={"nvext": {"annotations": ["formatted_prompt"]}})
         prompt = r.model_extra["nvext"]["formatted_prompt"]
         assert "<|image_pad|>" in prompt and "Say hello" in prompt
-        # The prompt grew by the template's vision markers plus the worker's placeholder tokens.
+        # The prompt grew by the template's vision markers plus the image's placeholder tokens.
         assert r.usage.prompt_tokens >= text_only.usage.prompt_tokens + IMAGE_TOKENS
     two = [{"role": "user", "content": image_message(f"data:image/png;base64,{PNG}")[0]["content"]
-            + [{"type": "image_url", "image_url": {"url": "http://example.com/b.jpg"}}]}]
-    one = client.chat.completions.create(model=DEMO, messages=image_message("http://example.com/b.jpg"),
-                                         max_tokens=2)
+            + [{"type": "image_url", "image_url": {"url": OTHER_PNG}}]}]
+    one = client.chat.completions.create(model=DEMO, messages=image_message(OTHER_PNG), max_tokens=2)
     r2 = client.chat.completions.create(model=DEMO, messages=two, max_tokens=2)
     assert r2.usage.prompt_tokens - one.usage.prompt_tokens >= IMAGE_TOKENS
+
+
+@pytest.mark.parametrize(("url", "kind"), [("http://127.0.0.1:9/cat.png", "loopback"),
+                                           ("http://localhost:9/cat.png", "loopback"),
+                                           ("http://169.254.169.254/latest/meta-data", "link-local"),
+                                           ("http://10.0.0.1/cat.png", "private"),
+                                           ("http://[::ffff:127.0.0.1]/cat.png", "loopback")])
+def test_private_addresses_are_refused_by_default(client, url, kind):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=DEMO, messages=image_message(url))
+    message = e.value.body["message"]
+    assert e.value.body["param"] == "messages[0].content" and f"a {kind}" in message, message
+    assert "'messages[0].content[1].image_url.url'" in message and "--media-allow-private-urls" in message
 
 
 def test_image_parts_to_a_model_without_image_support_are_400_naming_it(client):
@@ -320,10 +334,10 @@ def test_max_thinking_tokens_reaches_the_worker(client):
 
 
 def test_a_large_inline_image_crosses_every_hop(client):
-    big = base64.b64encode(bytes(3 * 1024 * 1024)).decode()  # a 4 MiB data URL, beyond gRPC's default limit
-    r = client.chat.completions.create(model=DEMO, messages=image_message(f"data:image/png;base64,{big}"),
-                                       max_tokens=2)
-    assert r.usage.prompt_tokens > IMAGE_TOKENS and r.usage.completion_tokens == 2
+    big = png(1100, 1000, seed=7)  # 3.3 MB of noise: a 4.4 MB data URL, beyond gRPC's default limit
+    assert len(big) > 3 * 1024 * 1024
+    r = client.chat.completions.create(model=DEMO, messages=image_message(data_url(big)), max_tokens=2)
+    assert r.usage.prompt_tokens > 39 * 36 and r.usage.completion_tokens == 2  # 1092 x 1008 px resized
 
 
 def test_odd_annotation_names_are_echoed_safely(client):

@@ -37,7 +37,8 @@ def _base(req: GenerationRequest, request_id: str) -> common_pb2.PreprocessedReq
 
 def _media(item: Media) -> common_pb2.MediaItem:
     return common_pb2.MediaItem(modality=item.modality, url=item.url, data=item.data, format=item.format,
-                                detail=item.detail, message_index=item.message_index, part_index=item.part_index)
+                                detail=item.detail, message_index=item.message_index, part_index=item.part_index,
+                                uuid=item.uuid)
 
 
 def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.PreprocessRequest:

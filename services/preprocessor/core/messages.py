@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -25,7 +26,7 @@ from services.common.errors import InvalidRequest
 # speaks): what reaches the preprocessor is well-formed, and this module only normalises it for the
 # template. Text-like parts keep their text under these keys; media parts become placeholders.
 _TEXT_KEYS = {"text": "text", "refusal": "refusal"}
-_MEDIA_PARTS = {"image_url": "image", "input_audio": "audio"}
+_MEDIA_PARTS = {"image_url": "image", "video_url": "video", "input_audio": "audio"}
 
 
 def parse_json(raw: str, what: str, param: str) -> Any:
@@ -35,13 +36,15 @@ def parse_json(raw: str, what: str, param: str) -> Any:
         raise InvalidRequest(f"{what} is not valid JSON: {e}", param=param) from e
 
 
-def _flatten_content(content: list[dict], media_parts: bool) -> str | list[dict]:
+def _flatten_content(content: list[dict], media_parts: bool, markers: Mapping[str, str]) -> str | list[dict]:
     parts = [{"type": "text", "text": part[_TEXT_KEYS[part["type"]]]} if part["type"] in _TEXT_KEYS
              else {"type": _MEDIA_PARTS[part["type"]]} for part in content]
     if not media_parts or all(p["type"] == "text" for p in parts):
-        # A template that expects string content gets the text; the media reach the worker as
-        # PreprocessedRequest.media, whose engine places them.
-        return "\n".join(p["text"] for p in parts if p["type"] == "text")
+        # A template that expects string content gets the text, with each medium the model has a placeholder
+        # for standing where it was (``markers``, media/placement.py); the rest reach the worker as
+        # PreprocessedRequest.media unplaced, and its engine places them.
+        return "\n".join(p["text"] if p["type"] == "text" else markers[p["type"]] for p in parts
+                         if p["type"] == "text" or p["type"] in markers)
     return parts
 
 
@@ -59,14 +62,15 @@ def _parse_arguments(tool_calls: list[Any]) -> list[Any]:
     return out
 
 
-def _normalise_message(message: dict, template_reads_reasoning: bool, media_parts: bool) -> dict:
+def _normalise_message(message: dict, template_reads_reasoning: bool, media_parts: bool,
+                       markers: Mapping[str, str]) -> dict:
     msg = {k: v for k, v in message.items() if v is not None}
     if msg.get("role") == "developer":
         # OpenAI's newer name for system instructions; most templates only know "system",
         # and a template that skips unknown roles would silently drop the message.
         msg["role"] = "system"
     if isinstance(msg.get("content"), list):
-        msg["content"] = _flatten_content(msg["content"], media_parts)
+        msg["content"] = _flatten_content(msg["content"], media_parts, markers)
     if msg.get("role") == "assistant":
         if isinstance(msg.get("tool_calls"), list):
             msg["tool_calls"] = _parse_arguments(msg["tool_calls"])
@@ -78,12 +82,14 @@ def _normalise_message(message: dict, template_reads_reasoning: bool, media_part
     return msg
 
 
-def normalise_messages(messages: list[dict], template_reads_reasoning: bool, media_parts: bool = True) -> list[dict]:
+def normalise_messages(messages: list[dict], template_reads_reasoning: bool, media_parts: bool = True,
+                       markers: Mapping[str, str] | None = None) -> list[dict]:
     """Normalised copies of ``messages`` (validated by the gateway).
 
-    ``media_parts``: the template renders image/audio parts; otherwise content becomes its text.
+    ``media_parts``: the template renders image/video/audio parts; otherwise content becomes its text, with
+    ``markers[modality]`` (the model's placeholder text) where each medium it names was.
     """
-    return [_normalise_message(m, template_reads_reasoning, media_parts) for m in messages]
+    return [_normalise_message(m, template_reads_reasoning, media_parts, markers or {}) for m in messages]
 
 
 def normalise_tools(tools: list[dict] | None) -> list[dict]:

@@ -6,7 +6,7 @@ Pure functions over plain values; ``service.py`` maps protos onto them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.common.errors import InvalidRequest
@@ -44,6 +44,8 @@ class ChatInput:
     hide_tools_for_choice_none: bool = True
     # The deployment's --chat-template, used instead of the model directory's; empty for none.
     template_override: str = ""
+    # Placeholder text per modality for templates that render no media parts (media/placement.py).
+    media_markers: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def size(self) -> int:
         return len(self.messages_json) + len(self.tools_json)
@@ -72,7 +74,8 @@ def render_chat_prompt(artifacts: ModelArtifacts, chat: ChatInput) -> str:
         raise InvalidRequest(f"model directory {artifacts.model_dir} has no chat template; use /v1/completions",
                              param="messages")
     messages = msgs.normalise_messages(msgs.parse_json(chat.messages_json, "messages", "messages"),
-                                       template_reads(template, "reasoning_content"), renders_media_parts(template))
+                                       template_reads(template, "reasoning_content"), renders_media_parts(template),
+                                       chat.media_markers)
     kwargs = _optional_json(chat.chat_template_kwargs_json, "chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise InvalidRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")

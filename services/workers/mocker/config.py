@@ -19,7 +19,7 @@ from services.workers.mocker.media_config import MediaSimConfig, add_media_flags
 from services.workers.mocker.timing import TimingModel
 from services.workers.mocker.transfer import DEFAULT_BANDWIDTH_GBS, DEFAULT_BLOCK_BYTES, DEFAULT_HOLD_TIMEOUT_S
 
-MODALITIES = ("image", "audio")
+MODALITIES = ("image", "video", "audio")
 _TIMING = TimingModel()  # the step-time polynomial's defaults (timing.py)
 # (flag, field, help) of each coefficient of the step-time polynomials, in ms (timing.py); the bench gives
 # Dynamo 1.6.1's prefill ones to run both mockers at one engine speed (bench/disagg.py).
@@ -129,9 +129,11 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     p.add("--script", default="", help="JSON file of {match, text} rules and a {default} answer")
     p.add("--output-text", default=None, help="answer every prompt with this text (one default rule)")
     p.add("--input-modalities", default="",
-          help="media chat messages may carry for this worker, comma-separated: image, audio (declared on "
+          help="media chat messages may carry for this worker, comma-separated: image, video, audio (declared on "
                "its card; default: text only)")
-    p.add("--image-tokens", default=64, type=int, help="prompt tokens one image stands for")
+    p.add("--image-tokens", default=64, type=int,
+          help="prompt tokens one image or video stands for when the preprocessor did not place it (a model "
+               "without an image placeholder token); placed ones take their size-derived count")
     p.add("--audio-tokens", default=32, type=int, help="prompt tokens one audio clip stands for")
     p.add("--kv-block-bytes", default=DEFAULT_BLOCK_BYTES, type=int,
           help="bytes of one KV block, for the time a disaggregated transfer takes (default: an 8B model's)")

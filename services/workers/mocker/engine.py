@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 import xxhash
 
+from services.common.hashing import media_block_infos
 from services.common.kv_events import KvEventListener, StoredBlock
 from services.workers.engine import (
     EngineBusy,
@@ -168,7 +169,7 @@ class MockerEngine:
         cfg = self.config
         if not text_prompt:
             raise RequestRejected("the prompt is empty")
-        prompt = text_prompt + self._media_tokens(request.media)
+        prompt, spans = self._place_media(text_prompt, request.media)
         room = cfg.context_length - len(prompt)
         if room <= 0:
             raise RequestRejected(f"the prompt has {len(prompt)} tokens; the context window is {cfg.context_length}")
@@ -188,25 +189,41 @@ class MockerEngine:
                                  min_tokens=request.min_tokens, eos_id=eos_id, ignore_eos=request.ignore_eos,
                                  guided_json_schema=_json_schema_only(request),
                                  max_thinking_tokens=request.max_thinking_tokens)
+        mm_infos = media_block_infos(spans, cfg.block_size) or None
         lora_name = request.lora.adapter.name if request.lora is not None else None
-        seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size, lora_name),
-                  stream=TokenStream(logprobs=request.logprobs is not None), lora_name=lora_name)
+        seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size, mm_infos, lora_name),
+                  stream=TokenStream(logprobs=request.logprobs is not None), mm_infos=mm_infos, lora_name=lora_name)
         seq.top_logprobs = request.logprobs
         seq.hold_on_finish = hold
         return seq
 
-    def _media_tokens(self, media: Sequence[MediaInput]) -> list[int]:
-        """Each image or clip as a fixed number of placeholder tokens, as a vision or audio encoder's
-        output takes prompt positions; the ids derive from the content, so the same image reuses
-        cached blocks and another one does not."""
-        out: list[int] = []
+    def _place_media(self, prompt: list[int], media: Sequence[MediaInput]
+                     ) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """The prompt with every item in it, and each item's ``(offset, length, content_hash)``.
+
+        An item the preprocessor placed (token_count > 0) already has its placeholder run in the prompt, sized
+        from the image (media/placement.py). One it did not place becomes a fixed number of placeholder tokens
+        at the end (--image-tokens, --audio-tokens), as an engine that places media itself would add them; their
+        ids derive from the content. Either way the blocks holding an item are salted with its content hash."""
+        spans: list[tuple[int, int, int]] = []
+        out = prompt
         for item in media:
             if item.modality not in self.config.input_modalities:
                 raise RequestRejected(f"this worker does not accept {item.modality} input")
-            n = self.config.image_tokens if item.modality == "image" else self.config.audio_tokens
-            seed = xxhash.xxh3_64_intdigest(f"{item.modality}:{item.url}:{item.format}:{item.data}".encode())
-            out += [_MEDIA_TOKEN_BASE + (seed + i) % _MEDIA_TOKEN_SPAN for i in range(n)]
-        return out
+            identity = item.content_hash or xxhash.xxh3_64_intdigest(
+                f"{item.modality}:{item.url}:{item.format}:{item.data}".encode())
+            if item.token_count:
+                if item.token_offset + item.token_count > len(prompt):
+                    raise RequestRejected(f"a {item.modality}'s placeholder tokens lie past the prompt's end")
+                spans.append((item.token_offset, item.token_count, identity))
+                continue
+            n = {"image": self.config.image_tokens, "video": self.config.image_tokens}.get(item.modality,
+                                                                                       self.config.audio_tokens)
+            if out is prompt:
+                out = list(prompt)
+            spans.append((len(out), n, identity))
+            out += [_MEDIA_TOKEN_BASE + (identity + i) % _MEDIA_TOKEN_SPAN for i in range(n)]
+        return out, spans
 
     # -- the loop ---------------------------------------------------------------------------------
 

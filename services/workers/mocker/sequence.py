@@ -7,7 +7,7 @@ import enum
 from collections.abc import Sequence as Seq
 from typing import Protocol
 
-from services.common.hashing import block_hashes, sequence_hashes
+from services.common.hashing import BlockMmInfos, block_hashes, sequence_hashes
 from services.common.kv_events import StoredBlock
 from services.workers.engine import FinishReason, TokenStream
 
@@ -34,10 +34,12 @@ def chain_hash(parent: int | None, tokens_hash: int) -> int:
     return sequence_hashes((parent, tokens_hash))[1]
 
 
-def full_blocks(token_ids: Seq[int], block_size: int, lora_name: str | None = None) -> list[StoredBlock]:
-    """The full blocks of ``token_ids`` with their sequence and local hashes (salted by a LoRA adapter's
-    name, as the preprocessor salts the prompt's: one adapter's blocks are never another's or the base's)."""
-    local = block_hashes(token_ids, block_size, lora_name=lora_name)
+def full_blocks(token_ids: Seq[int], block_size: int, mm_infos: BlockMmInfos | None = None,
+                lora_name: str | None = None) -> list[StoredBlock]:
+    """The full blocks of ``token_ids`` with their sequence and local hashes; ``mm_infos`` salts the blocks
+    holding media with its content hashes, and ``lora_name`` every block with a LoRA adapter's name, as the
+    preprocessor's hashes for the router are (one adapter's blocks are never another's or the base's)."""
+    local = block_hashes(token_ids, block_size, block_mm_infos=mm_infos, lora_name=lora_name)
     return [StoredBlock(s, t) for s, t in zip(sequence_hashes(local), local, strict=True)]
 
 
@@ -50,6 +52,8 @@ class Sequence:
     plan: OutputPlan
     # Full blocks of the prompt, hashed once when the request arrives.
     prompt_blocks: list[StoredBlock]
+    # Per block of the prompt, the content hashes of the media it holds (hashing.media_block_infos); None: text.
+    mm_infos: list[list[int] | None] | None = None
     stream: TokenStream | None = None
     # Alternatives per token when the request wants logprobs; None when it does not.
     top_logprobs: int | None = None
@@ -89,13 +93,15 @@ class Sequence:
         """Full blocks of every token so far (prompt plus output, after a preemption)."""
         if not self.output:
             return self.prompt_blocks
-        return full_blocks(self.prompt + self.output, block_size, self.lora_name)
+        return full_blocks(self.prompt + self.output, block_size, self.mm_infos, self.lora_name)
 
     def tail_block(self, block_size: int) -> StoredBlock:
         """The block made of the last ``block_size`` tokens, which just filled up."""
         start = self.total_tokens - block_size
         n_prompt = len(self.prompt)
         tokens = self.prompt[start:] + self.output[max(0, start - n_prompt):]
-        local = block_hashes(tokens, block_size, lora_name=self.lora_name)[0]
+        index = start // block_size  # the prompt's last block may fill up while decoding, with media in it
+        mm = self.mm_infos[index] if self.mm_infos and index < len(self.mm_infos) else None
+        local = block_hashes(tokens, block_size, block_mm_infos=[mm], lora_name=self.lora_name)[0]
         parent = self.held[-1].block_hash if self.held else None
         return StoredBlock(chain_hash(parent, local), local)

@@ -281,12 +281,38 @@ def test_image_and_audio_parts_become_media_in_order():
     {"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}},
     {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
     {"type": "file", "file": {"file_id": "f"}},
-    {"type": "video_url", "video_url": {"url": "https://x.org/v.mp4"}},
+    {"type": "video_url", "video_url": {"url": "ftp://x.org/v.mp4"}},
+    {"type": "video_url", "video_url": {"url": f"data:image/png;base64,{PNG}"}},  # an image as a video
+    {"type": "image_url", "image_url": {"url": f"data:video/mp4;base64,{PNG}"}},  # a video as an image
+    {"type": "video_url", "video_url": {"url": "https://x.org/v.mp4", "detail": "low"}},
+    {"type": "image_url", "image_url": None},  # null needs a uuid naming an earlier image
+    {"type": "image_url"},
+    {"type": "image_url", "image_url": {"url": "https://x.org/a.png"}, "uuid": 5},
+    {"type": "image_url", "image_url": {"url": "https://x.org/a.png"}, "uuid": ""},
+    {"type": "image_url", "image_url": {"url": "https://x.org/a.png"}, "uuid": "u" * 257},
     {"type": "text", "text": 5},
     "just a string",
 ])
 def test_malformed_parts_are_400(part):
     rejects(parts(part), "messages[0].content")
+
+
+def test_bad_parts_name_the_field():
+    assert "'messages[0].content[0].uuid'" in rejects(parts({"type": "image_url", "uuid": 5}), "messages[0].content")
+    msg = rejects(parts({"type": "video_url", "video_url": {"url": "data:image/png;base64,AAAA"}}),
+                  "messages[0].content")
+    assert "'messages[0].content[0].video_url.url'" in msg and "data:video/" in msg
+
+
+def test_video_and_uuid_parts_become_media():
+    req = parse_chat(parts({"type": "image_url", "image_url": {"url": "https://x.org/a.png"}, "uuid": "cat"},
+                           {"type": "video_url", "video_url": {"url": "https://x.org/v.mp4"}},
+                           {"type": "image_url", "image_url": None, "uuid": "cat"},
+                           {"type": "image_url", "uuid": "cat"},
+                           {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{PNG}"}, "uuid": "v"}))
+    media = [(m.modality, m.url[:10], m.uuid) for m in chat_to_preprocess(req, "r").request.media]
+    assert media == [("image", "https://x.", "cat"), ("video", "https://x.", ""), ("image", "", "cat"),
+                     ("image", "", "cat"), ("video", "data:video", "v")]
 
 
 def test_media_only_in_user_messages():

@@ -23,3 +23,17 @@ def test_flags_win_over_env():
 def test_invalid_values_fail_at_startup():
     with pytest.raises(ValueError, match="port"):
         parse_config(["--port", "70000"], {})
+
+
+def test_media_flags_and_env_twins():
+    from services.preprocessor.media.limits import MediaLimits
+
+    assert parse_config([], {}).media == MediaLimits() and not MediaLimits().allow_private
+    cfg = parse_config(["--media-max-bytes", "1000", "--media-max-items", "3", "--media-fetch-timeout-s", "2.5",
+                        "--media-max-redirects", "0", "--media-uuid-cache-bytes", "0"],
+                       {"MESHFRONT_PREPROCESSOR_MEDIA_ALLOW_PRIVATE_URLS": "true"})
+    assert cfg.media == MediaLimits(max_bytes=1000, max_items=3, timeout_s=2.5, max_redirects=0, allow_private=True,
+                                    uuid_cache_bytes=0)
+    for bad in (["--media-max-bytes", "0"], ["--media-fetch-timeout-s", "0"], ["--media-max-redirects", "-1"]):
+        with pytest.raises(ValueError, match="--media-"):
+            parse_config(bad, {})

@@ -17,12 +17,14 @@ from services.preprocessor.core.artifacts import ArtifactCache
 from services.preprocessor.core.template_check import read_chat_template
 from services.preprocessor.core.templates import renders_media_parts
 from services.preprocessor.service import Preprocessor
+from tests.media_samples import data_url, png
 
 pytestmark = pytest.mark.unit
 
 CUSTOM = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant]"
-IMAGE = common_pb2.MediaItem(modality="image", url="https://x.org/a.png", message_index=0, part_index=1)
-CONTENT = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "https://x.org/a.png"}}]
+PNG_URL = data_url(png(56, 56))
+IMAGE = common_pb2.MediaItem(modality="image", url=PNG_URL, message_index=0, part_index=1)
+CONTENT = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": PNG_URL}}]
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +63,18 @@ async def test_media_need_a_model_that_declares_them(demo_model_dir, cache):
     with pytest.raises(InvalidRequest, match="does not accept audio input"):
         await make(demo_model_dir, cache, modalities=("image",)).preprocess(request(messages, [IMAGE, audio]))
     ok = await make(demo_model_dir, cache, modalities=("image",)).preprocess(request(messages, [IMAGE]))
-    assert [m.url for m in ok.request.media] == ["https://x.org/a.png"]  # on to the worker
+    assert [m.content for m in ok.request.media] == [png(56, 56)]  # on to the worker, with its bytes
 
 
 async def test_a_string_content_template_gets_the_text_of_media_messages(demo_model_dir, cache):
     pre = make(demo_model_dir, cache, modalities=("image",))
     resp = await pre.preprocess(request([{"role": "user", "content": CONTENT}], [IMAGE]))
-    assert "<|im_start|>user\nlook<|im_end|>" in resp.formatted_prompt  # the demo template reads strings
+    # The demo template reads strings: the image stands where it was as Qwen2-VL's markers, its one
+    # <|image_pad|> expanded to the image's tokens (56 x 56 px: 2 x 2 tiles of 28 px).
+    assert "<|im_start|>user\nlook\n<|vision_start|><|image_pad|><|vision_end|><|im_end|>" in resp.formatted_prompt
+    assert list(resp.request.token_ids).count(151655) == 4
+    assert (resp.request.media[0].token_offset, resp.request.media[0].token_count) == (
+        list(resp.request.token_ids).index(151655), 4)
     assert not renders_media_parts(CUSTOM)
     assert renders_media_parts("{% if part.type == 'image' %}<|image_pad|>{% endif %}")
 

@@ -97,7 +97,7 @@ def test_cards_carry_adapters_across_json():
 
 def test_adapter_blocks_are_salted_in_the_mocker_and_in_vllm_event_translation():
     tokens = list(range(64))
-    base, salted = full_blocks(tokens, 16), full_blocks(tokens, 16, "ada")
+    base, salted = full_blocks(tokens, 16), full_blocks(tokens, 16, lora_name="ada")
     assert {b.block_hash for b in base}.isdisjoint(b.block_hash for b in salted)
     assert [b.block_hash for b in salted] == sequence_hashes(block_hashes(tokens, 16, lora_name="ada"))
 

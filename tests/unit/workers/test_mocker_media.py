@@ -1,4 +1,5 @@
-"""The mocker's image and audio support: placeholder tokens per item, refused when not declared."""
+"""The mocker's image, video and audio support: placeholder tokens per item, salted KV blocks, refused when not
+declared."""
 
 from __future__ import annotations
 
@@ -70,5 +71,47 @@ def test_mocker_flags_declare_modalities(demo_model_dir):
     assert cfg.worker.input_modalities == ("image", "audio") == cfg.engine.input_modalities
     assert cfg.engine.image_tokens == 10
     assert parse_config(["--model-dir", str(demo_model_dir)], {}).worker.input_modalities == ()
-    with pytest.raises(ConfigError, match="video"):
-        parse_config(["--model-dir", str(demo_model_dir), "--input-modalities", "video"], {})
+    video = parse_config(["--model-dir", str(demo_model_dir), "--input-modalities", "video"], {})
+    assert video.engine.input_modalities == ("video",)
+    with pytest.raises(ConfigError, match="smell"):
+        parse_config(["--model-dir", str(demo_model_dir), "--input-modalities", "smell"], {})
+
+
+# --- items the preprocessor placed (token_offset/token_count): their blocks are salted with content_hash ---
+
+PAD = 151655
+
+
+def placed(content_hash: int, offset: int, count: int) -> MediaInput:
+    return MediaInput("image", content_hash=content_hash, token_offset=offset, token_count=count, content=b"x")
+
+
+async def test_placed_images_are_not_appended_and_salt_their_blocks(tokenizer, clock):
+    from services.common.hashing import block_hashes, media_block_infos, sequence_hashes
+
+    cfg = MockerEngineConfig(speedup_ratio=0.0, input_modalities=("image",), image_tokens=48)
+    engine = MockerEngine(cfg, OutputPolicy.build(tokenizer), clock=clock)
+    try:
+        prompt = list(range(1000, 1020)) + [PAD] * 40 + list(range(2000, 2012))  # 72 tokens, image at 20..59
+        a = await first_output(engine, EngineRequest("a", prompt, max_tokens=1, media=(placed(7, 20, 40),)))
+        assert a.prompt_tokens == 72  # already in the prompt: nothing appended
+        again = await first_output(engine, EngineRequest("b", prompt, max_tokens=1, media=(placed(7, 20, 40),)))
+        assert again.cached_tokens == 64  # every full block, the image's included
+        other = await first_output(engine, EngineRequest("c", prompt, max_tokens=1, media=(placed(8, 20, 40),)))
+        assert other.cached_tokens == 16  # only the block before the image
+        # The blocks it stored are the ones the preprocessor's salted hashes name for the router.
+        expected = sequence_hashes(block_hashes(prompt, 16, block_mm_infos=media_block_infos([(20, 40, 7)], 16)))
+        assert all(engine.cache.contains(h) for h in expected)
+        with pytest.raises(RequestRejected, match="past the prompt"):
+            await first_output(engine, EngineRequest("d", prompt, max_tokens=1, media=(placed(7, 60, 40),)))
+    finally:
+        await engine.close()
+
+
+def test_the_full_media_contract_reaches_the_engine_request():
+    item = common_pb2.MediaItem(modality="image", content=b"\x89PNG", mime_type="image/png", content_hash=5,
+                                uuid="u1", token_offset=3, token_count=4, width=28, height=56)
+    r = convert.request_from_proto(worker_pb2.GenerateRequest(request=common_pb2.PreprocessedRequest(
+        request_id="r", token_ids=[1] * 8, media=[item])))
+    assert r.media == (MediaInput("image", content=b"\x89PNG", mime_type="image/png", content_hash=5, uuid="u1",
+                                  token_offset=3, token_count=4, width=28, height=56),)

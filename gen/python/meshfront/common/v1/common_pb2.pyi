@@ -173,7 +173,7 @@ class DisaggregationParams(_message.Message):
     def __init__(self, role: _Optional[_Union[DisaggregationRole, str]] = ..., kv_transfer_params: _Optional[bytes] = ..., peer_worker_id: _Optional[str] = ..., peer_address: _Optional[str] = ...) -> None: ...
 
 class MediaItem(_message.Message):
-    __slots__ = ("modality", "url", "data", "format", "detail", "message_index", "part_index")
+    __slots__ = ("modality", "url", "data", "format", "detail", "message_index", "part_index", "content", "mime_type", "content_hash", "uuid", "token_offset", "token_count", "width", "height")
     MODALITY_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +181,14 @@ class MediaItem(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PART_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
     modality: str
     url: str
     data: str
@@ -188,7 +196,15 @@ class MediaItem(_message.Message):
     detail: str
     message_index: int
     part_index: int
-    def __init__(self, modality: _Optional[str] = ..., url: _Optional[str] = ..., data: _Optional[str] = ..., format: _Optional[str] = ..., detail: _Optional[str] = ..., message_index: _Optional[int] = ..., part_index: _Optional[int] = ...) -> None: ...
+    content: bytes
+    mime_type: str
+    content_hash: int
+    uuid: str
+    token_offset: int
+    token_count: int
+    width: int
+    height: int
+    def __init__(self, modality: _Optional[str] = ..., url: _Optional[str] = ..., data: _Optional[str] = ..., format: _Optional[str] = ..., detail: _Optional[str] = ..., message_index: _Optional[int] = ..., part_index: _Optional[int] = ..., content: _Optional[bytes] = ..., mime_type: _Optional[str] = ..., content_hash: _Optional[int] = ..., uuid: _Optional[str] = ..., token_offset: _Optional[int] = ..., token_count: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
 
 class ToolChoice(_message.Message):
     __slots__ = ("mode", "function_name")

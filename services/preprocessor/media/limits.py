@@ -1,0 +1,37 @@
+"""The bounds on what one request's media may cost the mesh (flags --media-*; services/preprocessor/config.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+DEFAULT_MAX_BYTES = 20 * 1024 * 1024  # OpenAI's per-image limit
+DEFAULT_MAX_ITEMS = 16
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_REDIRECTS = 3
+DEFAULT_UUID_CACHE_BYTES = 256 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaLimits:
+    # Most bytes of one item, fetched or inline (a data URL's or input_audio's decoded payload).
+    max_bytes: int = DEFAULT_MAX_BYTES
+    # Most media parts in one request (uuid references count).
+    max_items: int = DEFAULT_MAX_ITEMS
+    # Wall-clock bound on fetching one URL, its redirects included.
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    # Most redirects one fetch follows.
+    max_redirects: int = DEFAULT_MAX_REDIRECTS
+    # Fetch from private, loopback, link-local and other non-global addresses (off: refused with a 400).
+    allow_private: bool = False
+    # Bytes of media kept for parts that name only a uuid (least recently used dropped first; 0: none kept).
+    uuid_cache_bytes: int = DEFAULT_UUID_CACHE_BYTES
+
+    def errors(self) -> list[str]:
+        out = []
+        if self.max_bytes <= 0 or self.max_items <= 0:
+            out.append("--media-max-bytes and --media-max-items must be positive")
+        if self.timeout_s <= 0:
+            out.append("--media-fetch-timeout-s must be positive")
+        if self.max_redirects < 0 or self.uuid_cache_bytes < 0:
+            out.append("--media-max-redirects and --media-uuid-cache-bytes must be >= 0")
+        return out
