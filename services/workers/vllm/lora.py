@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -98,12 +99,15 @@ class VllmLora:
 
     async def load_lora(self, adapter: LoraAdapter, lora_id: int) -> None:
         from vllm.lora.request import LoRARequest
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         try:
             # Loads the weights now (vLLM's /v1/load_lora_adapter does the same): a bad directory is refused
             # here, with vLLM's reason, not on the first request that names the adapter.
             await self._llm().add_lora(LoRARequest(adapter.name, lora_id, adapter.path))
-        except (ValueError, OSError, RuntimeError) as e:
+        except EngineDeadError:
+            raise  # the engine's death, which the worker's death watch reports; not the adapter's fault
+        except Exception as e:  # noqa: BLE001 - the engine core's utility calls fail with a bare Exception
             raise InvalidRequest(f"The LoRA adapter `{adapter.name}` cannot be loaded: {_reason(e)}",
                                  param="lora_path") from e
 
@@ -111,9 +115,18 @@ class VllmLora:
         await self._llm().remove_lora(lora_id)
 
 
+# The engine core wraps a worker's error: "Call to add_lora method failed: Worker failed with error '<why>',
+# please check the stack trace above for the root cause". The client gets <why>.
+_WRAPPED = re.compile(r"failed with error '(.*)', please check", re.S)
+
+
 def _reason(error: BaseException) -> str:
     """vLLM's own words, on one line, bounded."""
-    return " ".join(str(error).split())[:300] or type(error).__name__
+    text = str(error)
+    wrapped = _WRAPPED.search(text)
+    if wrapped is not None:
+        text = wrapped.group(1)
+    return " ".join(text.split())[:300] or type(error).__name__
 
 
 async def start_adapters(settings: LoraSettings, engine: Any) -> WorkerAdapters | None:
