@@ -107,7 +107,7 @@ class VllmLora:
             await self._llm().add_lora(LoRARequest(adapter.name, lora_id, adapter.path))
         except EngineDeadError:
             raise  # the engine's death, which the worker's death watch reports; not the adapter's fault
-        except Exception as e:  # noqa: BLE001 - the engine core's utility calls fail with a bare Exception
+        except Exception as e:  # the engine core's utility calls fail with a bare Exception
             raise InvalidRequest(f"The LoRA adapter `{adapter.name}` cannot be loaded: {_reason(e)}",
                                  param="lora_path") from e
 
