@@ -48,11 +48,12 @@ unit service mesh deploy: $(STAMP)
 	$(BIN)/pytest -m $@ $(PYTEST_ARGS)
 
 # The engine tier needs vLLM's own environment (.venv-vllm, about 2.5 minutes the first time).
+# engine-env also builds .venv-phoenix, the trace viewer of `meshfront run --trace` (its mesh test needs it).
 engine: engine-env
 	$(BIN)/pytest -m $@ $(PYTEST_ARGS)
 
 engine-env: $(STAMP)
-	$(BIN)/python -m services.launcher.engine_env vllm sglang
+	$(BIN)/python -m services.launcher.engine_env vllm sglang phoenix
 
 # The adapters checked against the engines' own classes, each in its engine's environment (SGLang
 # cannot run a model on a CPU; this is where its adapter is tested).

@@ -3,10 +3,11 @@
 ``mesh`` starts a fresh mesh per shape and tears it down; ``load`` drives a mesh that is already
 running (e.g. ``make run``) and accounts CPU for the pids given with ``--pid name=PID``; ``engine``
 puts vLLM CPU workers behind the split and inproc meshes and compares them with vLLM's own server
-(bench/engine.py); ``kv``, ``soak``, ``embeddings`` (POST /v1/embeddings vs the model in-process,
-bench/embeddings.py) and ``images`` (the tiny diffusers pipeline in-process, behind its worker and
+(bench/engine.py); ``kv``, ``vision`` (bench/vision.py), ``soak``, ``embeddings`` (POST /v1/embeddings vs
+the model in-process, bench/embeddings.py) and ``images`` (the tiny diffusers pipeline in-process, behind its worker and
 through the mesh, bench/images.py) and ``media-transfer`` (MB/s and per-process memory of a ~50 MB video through
-Envoy, bench/media_transfer.py) are described by their own ``--help``.
+Envoy, bench/media_transfer.py) and ``scale`` (each stage at 1, 2 and 4 replicas, each replica a small
+host: a network namespace under a CPU quota, bench/scale.py) are described by their own ``--help``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench import cli_fleets, mesh
+from bench import cli_fleets, cli_scale, mesh
 from bench.cli_common import emit as _emit
 from bench.cli_common import ints as _ints
 from bench.cli_common import machine_line as _machine_line
@@ -50,7 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sub = p.add_subparsers(dest="scenario", required=True)
     m = sub.add_parser("mesh", help="start a mesh per shape and measure it")
     m.add_argument("--shape", default="split,inproc", help="comma list of split, inproc, dynamo (Dynamo 1.6.1's "
-                   "own frontend and mocker, the peer; its environment is built on first use)")
+                   "own frontend and mocker, the peer; its environment is built on first use), edge (Envoy and a "
+                   "stand-in gateway streaming pre-rendered chunks at the mocker's pace: the floor; every other "
+                   "shape's CPU per request is printed as a ratio to it)")
     m.add_argument("--speedup", type=_speedup, default=100.0, help="mocker --speedup-ratio; 'instant' = 0")
     m.add_argument("--paced", action="store_true", help=f"mocker at real pace (speed-up {PACED_SPEEDUP:g})")
     m.add_argument("--workers", type=int, default=2)
@@ -64,6 +67,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     m.add_argument("--gateway-flag", action="append", default=[], help="extra gateway flag (repeatable, both "
                    "shapes), e.g. --gateway-flag=--stream-interval=4")
     m.add_argument("--log-level", default="WARNING", help="log level of the mesh services")
+    m.add_argument("--otlp-endpoint", default="", help="tracing on: the OTLP/gRPC collector every process and Envoy "
+                   "send spans to (e.g. http://127.0.0.1:4317); default off")
     m.add_argument("--profile", default="", metavar="DIR", help="py-spy every measured level of the processes "
                    "--profile-process names; collapsed stacks go to DIR, top frames are printed")
     m.add_argument("--profile-process", type=lambda t: tuple(x for x in t.split(",") if x),
@@ -78,12 +83,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     "launcher gives them: envoy, gateway-0, preprocessor, router, postprocessor, mocker-0, nats")
     _add_load_flags(ld)
     _add_kv_parser(sub)
+    _add_vision_parser(sub)
     _add_soak_parser(sub)
     _add_engine_parser(sub)
     _add_embeddings_parser(sub)
     cli_fleets.add_images_parser(sub)
     cli_fleets.add_disagg_parser(sub)
     cli_fleets.add_media_transfer_parser(sub)
+    cli_scale.add_scale_parser(sub)
     args = p.parse_args(argv)
     if args.scenario == "engine":
         from bench.engine import DEPLOYMENTS
@@ -101,9 +108,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"unknown shape(s) {bad}; choose from {KV_SHAPES}")
     if args.scenario == "mesh":
         args.shape = tuple(s.strip() for s in args.shape.split(",") if s.strip())
-        bad = [s for s in args.shape if s not in (*mesh.SHAPES, mesh.PEER)]
+        known = (*mesh.SHAPES, mesh.PEER, mesh.FLOOR)
+        bad = [s for s in args.shape if s not in known]
         if bad:
-            p.error(f"unknown shape(s) {bad}; choose from {(*mesh.SHAPES, mesh.PEER)}")
+            p.error(f"unknown shape(s) {bad}; choose from {known}")
         if args.paced:
             args.speedup = PACED_SPEEDUP
     return args
@@ -126,6 +134,37 @@ def _add_kv_parser(sub) -> None:
     k.add_argument("--shape", default=",".join(d.shapes), help="comma list of split, inproc (the all-in-one "
                    "process); each case runs in each shape (replicas: split only)")
     k.add_argument("--markdown", default="", help="append the table to this file")
+
+
+def _add_vision_parser(sub) -> None:
+    from bench.vision import VisionBenchConfig
+
+    d = VisionBenchConfig()
+    v = sub.add_parser("vision", help="cached share of repeated images vs text on the same prefix structure, kv "
+                       "routing over image-declaring mockers")
+    v.add_argument("--requests", type=int, default=d.requests)
+    v.add_argument("--concurrency", type=int, default=d.concurrency)
+    v.add_argument("--workers", type=int, default=d.workers)
+    v.add_argument("--groups", type=int, default=d.groups)
+    v.add_argument("--num-gpu-blocks", type=int, default=d.num_gpu_blocks, help="KV cache of each mocker")
+    v.add_argument("--speedup", type=_speedup, default=d.speedup, help="mocker --speedup-ratio")
+    v.add_argument("--markdown", default="", help="append the table to this file")
+
+
+def _run_vision(args: argparse.Namespace, command: str) -> int:
+    from bench.vision import VisionBenchConfig, run
+
+    cfg = VisionBenchConfig(requests=args.requests, concurrency=args.concurrency, workers=args.workers,
+                            groups=args.groups, num_gpu_blocks=args.num_gpu_blocks, speedup=args.speedup)
+    started = datetime.datetime.now().astimezone()
+    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}; {cfg}")
+    table = run(cfg, _emit)
+    _emit("\n" + table)
+    if args.markdown:
+        with Path(args.markdown).open("a") as f:
+            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
+                    f"Setting: {cfg}.\n\n{table}\n")
+    return 0
 
 
 def _add_soak_parser(sub) -> None:
@@ -298,7 +337,8 @@ def _config(args: argparse.Namespace, shapes: tuple[str, ...]) -> mesh.MeshBench
         gateway_flags=tuple(getattr(args, "gateway_flag", ())),
         log_level=getattr(args, "log_level", "WARNING"), seed=args.seed,
         idle_s=args.idle_seconds, profile_dir=getattr(args, "profile", ""),
-        profile_processes=getattr(args, "profile_process", ()), profile_native=getattr(args, "profile_native", False))
+        profile_processes=getattr(args, "profile_process", ()), profile_native=getattr(args, "profile_native", False),
+        otlp_endpoint=getattr(args, "otlp_endpoint", ""))
 
 
 def _setting_line(args: argparse.Namespace, cfg: mesh.MeshBenchConfig) -> str:
@@ -318,9 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now().astimezone()
     _emit(f"$ {command}")
     # The scenarios with runners of their own; mesh and external share the level loop below.
-    runners = {"kv": _run_kv, "soak": _run_soak, "engine": _run_engine, "embeddings": _run_embeddings,
+    runners = {"kv": _run_kv, "vision": _run_vision, "soak": _run_soak, "engine": _run_engine,
+               "embeddings": _run_embeddings,
                "images": cli_fleets.run_images, "disagg": cli_fleets.run_disagg,
-               "media-transfer": cli_fleets.run_media_transfer}
+               "media-transfer": cli_fleets.run_media_transfer, "scale": cli_scale.run_scale}
     if args.scenario in runners:
         return runners[args.scenario](args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
@@ -333,12 +374,20 @@ def main(argv: list[str] | None = None) -> int:
     else:
         records = _run_external(args, cfg)
     rows = [r.row for r in records]
-    _emit("\n" + text_table(rows) + "\n\n" + LEGEND)
+    floor = floor_lines(rows)
+    _emit("\n" + text_table(rows) + "\n\n" + LEGEND + "".join("\n" + line for line in floor))
     if args.markdown:
-        _append_markdown(Path(args.markdown), command, started, args, cfg, records)
+        _append_markdown(Path(args.markdown), command, started, args, cfg, records, floor)
     if args.json:
         Path(args.json).write_text(json.dumps([_record_json(r) for r in records], indent=1, default=str))
     return 0
+
+
+def floor_lines(rows: list[Row]) -> list[str]:
+    """Each shape's CPU per request against the ``edge`` floor's at the same concurrency (none without it)."""
+    from bench.edge_floor import ratios
+
+    return ratios([(r.shape, r.stats.concurrency, r.cpu_per_request) for r in rows])
 
 
 def _run_external(args: argparse.Namespace, cfg: mesh.MeshBenchConfig) -> list[mesh.LevelRecord]:
@@ -355,7 +404,7 @@ def _record_json(r: mesh.LevelRecord) -> dict:
 
 
 def _append_markdown(path: Path, command: str, started: datetime.datetime, args: argparse.Namespace,
-                     cfg: mesh.MeshBenchConfig, records: list[mesh.LevelRecord]) -> None:
+                     cfg: mesh.MeshBenchConfig, records: list[mesh.LevelRecord], floor: list[str]) -> None:
     bg = ", ".join(f"{r.row.shape} c{r.row.stats.concurrency}: {r.bg_cores:.2f}" for r in records)
     idle = {r.row.shape: r.idle_ms_per_s for r in records if r.idle_ms_per_s}
     idle_text = "".join(f" Idle CPU of the {shape} mesh, ms per second: {mesh.fmt_groups(v)}."
@@ -366,6 +415,7 @@ def _append_markdown(path: Path, command: str, started: datetime.datetime, args:
         idle_text += f" Request outputs per multiplexed message: {shared}."
     section = (f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n"
                f"Setting: {_setting_line(args, cfg)}.\n\n{markdown_table([r.row for r in records])}\n\n"
-               f"{LEGEND} CPU used by other tenants during each level, in cores: {bg}.{idle_text}\n")
+               f"{LEGEND} CPU used by other tenants during each level, in cores: {bg}.{idle_text}\n"
+               + "".join(f"\n- {line}" for line in floor) + ("\n" if floor else ""))
     with path.open("a") as f:
         f.write(section)

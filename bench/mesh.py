@@ -29,6 +29,7 @@ from services.launcher.processes import Mesh
 
 SHAPES = ("split", "inproc")
 PEER = "dynamo"  # Dynamo's own frontend and mocker, measured the same way (bench/dynamo_peer.py)
+FLOOR = "edge"  # Envoy and a stand-in gateway answering pre-rendered chunks: the design's floor (bench/edge_floor.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,7 @@ class MeshBenchConfig:
     profile_dir: str = ""  # py-spy profiles of every measured level go here (bench/profile.py); "" = none
     profile_processes: tuple[str, ...] = ("gateway", "postprocessor")
     profile_native: bool = False  # C and Cython frames too (py-spy --native)
+    otlp_endpoint: str = ""  # tracing on: every process and Envoy send spans to this OTLP/gRPC collector
 
     def requests_for(self, concurrency: int) -> int:
         return self.requests if self.requests else max(200, 8 * concurrency)
@@ -81,11 +83,16 @@ def start_mesh(cfg: MeshBenchConfig, shape: str, log_dir: Path) -> Mesh:
         from bench import dynamo_peer
 
         return dynamo_peer.start(log_dir, model_dir, cfg.model_name, cfg.workers, cfg.speedup, cfg.router_mode)
+    if shape == FLOOR:
+        from bench.edge_floor import EdgeFloorMesh
+
+        return EdgeFloorMesh(log_dir, cfg.speedup).start()
     extra = ("--speedup-ratio", f"{cfg.speedup:g}", *cfg.worker_flags)
     workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", extra) for _ in range(cfg.workers)]
     plan = ephemeral_plan(workers, cfg.gateways, inproc=shape == "inproc", router_mode=cfg.router_mode,
                           run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level,
-                          service_args={"postprocessor": cfg.postprocessor_flags, "gateway": cfg.gateway_flags})
+                          service_args={"postprocessor": cfg.postprocessor_flags, "gateway": cfg.gateway_flags},
+                          otlp_endpoint=cfg.otlp_endpoint)
     mesh = Mesh(plan, log_dir)
     try:
         mesh.start(timeout=90)
@@ -276,7 +283,7 @@ def run_shape(cfg: MeshBenchConfig, shape: str, emit: Printer) -> list[LevelReco
     emit(f"[{shape}] mesh up at {mesh.url}: {', '.join(sorted(mesh.procs))}")
     try:
         pids = {name: p.pid for name, p in mesh.procs.items()}
-        metrics_ports = [] if shape == PEER else list(mesh.plan.metrics_ports.values())
+        metrics_ports = [] if shape in (PEER, FLOOR) else list(mesh.plan.metrics_ports.values())
         return run_async(drive(mesh.url, pids, cfg, shape, emit, check=lambda: _check_alive(mesh),
                                metrics_ports=metrics_ports))
     except BaseException:

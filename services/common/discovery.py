@@ -28,6 +28,7 @@ from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from services.common.assembly import cancel_within
+from services.common.jetstream_replicas import create_replicated, nats_servers
 from services.common.liveness import Change, LiveWorkers
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,19 @@ T = TypeVar("T")
 
 BUCKET = "meshfront_workers"
 DEFAULT_TTL_S = 6.0
+# A JetStream cluster elects a new leader for a stream 4-9 s after losing the node that led it, and no card
+# can be written meanwhile: given several NATS URLs (a cluster), cards live 20 s, so that losing one node does
+# not expire every worker (tests/mesh/test_nats_cluster.py). A SIGKILLed worker then leaves routing after 20 s;
+# its requests migrate at once whatever the TTL.
+CLUSTER_TTL_S = 20.0
+# After a failed heartbeat, the next comes this soon: a card must be renewed as soon as a new leader is elected.
+RETRY_S = 1.0
+
+
+def discovery_ttl_s(nats_url: str) -> float:
+    """The cards' TTL: longer on a cluster (``--nats-url`` lists several nodes), which readers and workers
+    agree on since every process of a mesh is given the same URLs."""
+    return CLUSTER_TTL_S if len(nats_servers(nats_url)) > 1 else DEFAULT_TTL_S
 
 # The OpenAI endpoints a model card may list. A generating model serves the first two; an embedding
 # model (services/workers/embed) only the third; a media model (the mocker's media kind, `meshfront
@@ -96,6 +110,9 @@ class ModelCard:
     input_modalities: tuple[str, ...] = ()
     # A media model's limits (endpoints IMAGES or VIDEOS); None for every other kind.
     media: MediaLimits | None = None
+    # The digest of the model's tokenizer/template/config files in the NATS Object Store
+    # (services/common/model_files.py), so that no stage but the worker needs model_dir; empty: none published.
+    model_files: str = ""
     # LoRA adapters of this base model the worker holds now (cards change as adapters load and unload).
     lora_adapters: tuple[LoraAdapter, ...] = ()
 
@@ -160,7 +177,7 @@ async def connect(url: str, name: str) -> nats.NATS:
     async def on_error(e: Exception) -> None:
         log.warning("nats: %s", e)
 
-    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+    return await nats.connect(nats_servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                               connect_timeout=2, allow_reconnect=True, error_cb=on_error)
 
 
@@ -210,9 +227,9 @@ async def open_bucket(nc: nats.NATS, ttl_s: float = DEFAULT_TTL_S):
     try:
         return await js.key_value(BUCKET)
     except BucketNotFoundError:
-        cfg = KeyValueConfig(bucket=BUCKET, history=1, limit_marker_ttl=ttl_s)
         with contextlib.suppress(Exception):
-            return await js.create_key_value(cfg)
+            return await create_replicated(lambda replicas: js.create_key_value(
+                KeyValueConfig(bucket=BUCKET, history=1, limit_marker_ttl=ttl_s, replicas=replicas)))
         return await js.key_value(BUCKET)
 
 
@@ -243,10 +260,14 @@ async def close_nats(nc: NatsClient | None, *, flush: bool = False) -> None:
 class Registrar:
     """Keeps one worker's card alive in the bucket until ``close``."""
 
-    def __init__(self, nats_url: str, card: WorkerCard, ttl_s: float = DEFAULT_TTL_S):
+    def __init__(self, nats_url: str, card: WorkerCard, ttl_s: float | None = None, *,
+                 before_first_put: Callable[[nats.js.JetStreamContext], Awaitable[None]] | None = None):
+        """``before_first_put`` runs (retried like the put) before the card first goes out: what the
+        card points at (the model's files in the Object Store) is there before anyone reads the card."""
         self.nats_url = nats_url
         self.card = card
-        self.ttl_s = ttl_s
+        self.ttl_s = ttl_s if ttl_s is not None else discovery_ttl_s(nats_url)
+        self._before_first_put = before_first_put
         self._task: asyncio.Task | None = None
         self._nc: nats.NATS | None = None
         self.registered = asyncio.Event()
@@ -277,6 +298,9 @@ class Registrar:
             try:
                 if not ready:
                     await open_bucket(self._nc, self.ttl_s)
+                    if self._before_first_put is not None:
+                        await self._before_first_put(js)
+                        self._before_first_put = None
                     ready = True
                 # Each put replaces the previous value (history 1) and restarts its TTL.
                 await js.publish(subject, self.card.to_json(), msg_ttl=self.ttl_s)
@@ -289,7 +313,8 @@ class Registrar:
                 log.warning("registration heartbeat failed: %s", e)
                 ready = False
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self.ttl_s / 3)
+                await asyncio.wait_for(self._changed.wait(),
+                                       self.ttl_s / 3 if ready else min(RETRY_S, self.ttl_s / 3))
 
     async def close(self) -> None:
         if self._task:
@@ -325,11 +350,11 @@ class WorkerRegistry:
     is ``LiveWorkers``'s call, not only the bucket's.
     """
 
-    def __init__(self, nats_url: str, name: str, ttl_s: float = DEFAULT_TTL_S):
+    def __init__(self, nats_url: str, name: str, ttl_s: float | None = None):
         self.nats_url = nats_url
         self.name = name
         self.workers: dict[str, WorkerCard] = {}
-        self._live = LiveWorkers(ttl_s)
+        self._live = LiveWorkers(ttl_s if ttl_s is not None else discovery_ttl_s(nats_url))
         self._by_model: dict[str, list[WorkerCard]] = {}
         self._listeners: list[Listener] = []
         self._task: asyncio.Task | None = None

@@ -12,6 +12,7 @@ error trailers for Envoy (services/gateway/front_door.py).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import uuid
@@ -21,12 +22,14 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from services.common import tracing
 from services.common.errors import Internal, InvalidRequest, MeshError, to_status
 
 # Callers that know the request id send it, so that a log line and a client's error meet.
 REQUEST_ID_KEY = "x-request-id"
 
 Behavior = Callable[[Any, grpc.aio.ServicerContext], Any]
+_UNTRACED = contextlib.nullcontext()
 
 
 def request_id_metadata(request_id: str) -> tuple[tuple[str, str]]:
@@ -71,6 +74,8 @@ async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, service: str):
         self.service = service
+        # The gateway's calls come from Envoy: their x-request-id is the client's, the key to the trace.
+        self._edge = service == "gateway"
         self._log = logging.getLogger(f"services.{service}")
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
@@ -81,18 +86,32 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         method = details.method
         sent = dict(details.invocation_metadata or ()).get(REQUEST_ID_KEY)
         rid = sent if isinstance(sent, str) else ""  # only keys ending in -bin carry bytes
+        scope = self._server_span(handler, method, details.invocation_metadata, rid)
         # Request messages are parsed tolerantly and refused as the caller's mistake (``_Undecodable``).
         io = {"request_deserializer": _tolerant(handler.request_deserializer),
               "response_serializer": handler.response_serializer}
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method, rid), **io)
+            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary, method, rid, scope=scope),
+                                                       **io)
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, method, rid), **io)
+            return grpc.unary_stream_rpc_method_handler(self._stream(handler.unary_stream, method, rid, scope=scope),
+                                                        **io)
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
                 self._unary(handler.stream_unary, method, rid, streamed=True), **io)
         return grpc.stream_stream_rpc_method_handler(
             self._stream(handler.stream_stream, method, rid, streamed=True), **io)
+
+    def _server_span(self, handler: Any, method: str, metadata: Any, rid: str) -> Any:
+        """A span for one call of a traced request (one that names a trace or a request id), made current
+        for the call: the stages' own spans nest under it. Never for a multiplexed stream (it carries many
+        requests, each with its own ``traceparent``) nor for health checks; a no-op when tracing is off."""
+        if not tracing.ENABLED or handler.stream_stream or method.startswith("/grpc.health"):
+            return _UNTRACED
+        parent = tracing.from_metadata(metadata)
+        if not parent and not rid:
+            return _UNTRACED
+        return tracing.server_span(f"{self.service} {method.rsplit('/', 1)[-1]}", parent, rid, edge=self._edge)
 
     async def _fail(self, context: grpc.aio.ServicerContext, err: Exception, method: str, rid: str) -> None:
         if isinstance(err, MeshError):
@@ -111,8 +130,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         # Nobody is left to answer, and it is not a bug of ours.
         self._log.info("%s for request %s ended by the transport: %s", method, rid or "(unnamed)", err)
 
-    def _unary(self, behavior: Behavior, method: str, rid: str, streamed: bool = False) -> Behavior:
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    def _unary(self, behavior: Behavior, method: str, rid: str, streamed: bool = False,
+               scope: Any = _UNTRACED) -> Behavior:
+        async def answer(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 if streamed:
                     request = _checked(request)
@@ -126,13 +146,14 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 return None
             except Exception as e:  # noqa: BLE001 - every failure becomes a status here, and only here
                 await self._fail(context, e, method, rid)
-        return call
+        return answer if scope is _UNTRACED else _within(scope, answer)
 
-    def _stream(self, behavior: Behavior, method: str, rid: str, streamed: bool = False) -> Behavior:
+    def _stream(self, behavior: Behavior, method: str, rid: str, streamed: bool = False,
+                scope: Any = _UNTRACED) -> Behavior:
         if not inspect.isasyncgenfunction(behavior):  # writes with context.write (errors.relay)
-            return self._unary(behavior, method, rid, streamed)
+            return self._unary(behavior, method, rid, streamed, scope)
 
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> None:
+        async def drive(request: Any, context: grpc.aio.ServicerContext) -> None:
             # A generator servicer is driven from here with context.write, not handed to grpc to iterate:
             # a caller's cancel must land in this task's own await, so that the ``finally`` closes the
             # servicer's generators (and what they hold open upstream: a multiplexed call, a worker
@@ -154,4 +175,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 await self._fail(context, e, method, rid)
             finally:
                 await responses.aclose()
-        return call
+        return drive if scope is _UNTRACED else _within(scope, drive)
+
+
+def _within(scope: Any, behavior: Behavior) -> Behavior:
+    """``behavior`` with ``scope`` (the call's span, current) around it: only for traced calls, so an untraced
+    call runs exactly as it did without tracing."""
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        with scope:
+            return await behavior(request, context)
+    return call

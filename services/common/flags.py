@@ -206,7 +206,8 @@ def add_common_flags(p: FlagParser, *, port: int) -> None:
     """Flags every service has: where it listens, how it drains, where NATS is, how it logs."""
     p.add("--host", default="127.0.0.1", help="address to listen on")
     p.add("--port", default=port, type=int, help="gRPC port (0 picks a free one)")
-    p.add("--nats-url", default="nats://127.0.0.1:4222", env="MESHFRONT_NATS_URL", help="NATS server URL")
+    p.add("--nats-url", default="nats://127.0.0.1:4222", env="MESHFRONT_NATS_URL",
+          help="NATS server URL, or every node of a cluster comma-separated")
     p.add("--log-level", default="INFO", env="MESHFRONT_LOG_LEVEL", help="logging level")
     p.add("--metrics-port", default=0, type=int, help="Prometheus metrics port (0 = off)")
     p.add("--drain-grace-s", default=10.0, type=float,

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from services.common import tls as mesh_tls
+from services.common import tracing
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.metrics import serve_metrics
@@ -116,6 +117,7 @@ def main(spec: ServiceSpec[C, Any], argv: Sequence[str] | None = None) -> None:
     except (ValueError, OSError) as e:  # a --tls-* pair half given, a file that cannot be read
         bad_value(spec.name, e)
     setup_logging(cfg.log_level)
+    tracing.configure(spec.name)  # on only when the environment names an OTLP collector
     run(lambda: serve(spec, cfg, tls))
 
 

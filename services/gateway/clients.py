@@ -21,6 +21,7 @@ from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
 
 from services.common import tls as mesh_tls
+from services.common import tracing
 from services.common.error_interceptor import request_id_metadata
 from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.stage_wait import DEFAULT_WAIT_S, StageCaller
@@ -69,7 +70,7 @@ class GrpcPreprocessor:
         self._stub = preprocessor_pb2_grpc.PreprocessorServiceStub(self.stage.channel)
 
     async def preprocess(self, req):
-        metadata = request_id_metadata(req.request.request_id)
+        metadata = tracing.call_metadata(request_id_metadata(req.request.request_id))
         return await self.stage.call(lambda: self._stub.Preprocess(req, metadata=metadata))
 
     async def preprocess_embeddings(self, req):
@@ -82,7 +83,7 @@ class GrpcRouter:
         self._stub = router_pb2_grpc.RouterServiceStub(self.stage.channel)
 
     async def route(self, req):
-        metadata = request_id_metadata(req.request_id)
+        metadata = tracing.call_metadata(request_id_metadata(req.request_id))
         return await self.stage.call(lambda: self._stub.Route(req, metadata=metadata))
 
     async def release(self, req):

@@ -32,6 +32,7 @@ from typing import Any, NoReturn, Protocol
 import grpc
 from google.api import httpbody_pb2
 
+from services.common import tracing
 from services.common.discovery import IMAGES, VIDEOS, WorkerCard
 from services.common.errors import Internal, InvalidRequest, MeshError, NotFound, Overloaded, to_status
 from services.gateway.core import errors as openai_errors
@@ -221,6 +222,8 @@ async def serve_generation(servicer: Any, start: Start, endpoint: str, shape: Er
     (KServe's ModelStreamInfer), so an early error is raised to it instead of ending the call.
     """
     request_id = uuid.uuid4().hex
+    if tracing.ENABLED:
+        tracing.set_attributes({tracing.MESH_REQUEST_ID_ATTRIBUTE: request_id, "meshfront.endpoint": endpoint})
     with RequestTracker(endpoint) as track:
         err: MeshError
         try:

@@ -19,7 +19,7 @@ DEMO_MAX_LORAS = 4
 def check_demo_lora(worker_kind: str, model_dir_given: bool) -> None:
     """Raises ValueError for a shape the demo adapter cannot serve."""
     if model_dir_given:
-        raise ValueError("--demo-lora serves an adapter of the demo model: drop --model-dir")
+        raise ValueError("--demo-lora serves an adapter of the demo model: drop --model-dir and --model")
     if worker_kind not in ("mocker", "vllm"):
         raise ValueError("--demo-lora needs --worker-kind mocker or vllm")
 

@@ -7,7 +7,8 @@ of torch and triton), so its worker runs from its own environment next to the me
 and the engine tests call ``ensure``; a stamp of every input makes later calls instant, and any
 change to them reruns the (idempotent) steps. Each step prints a progress line while it works.
 
-``python -m services.launcher.engine_env vllm`` prepares it ahead of time (``make engine-env``).
+``python -m services.launcher.engine_env vllm`` prepares it ahead of time (``make engine-env``); the trace
+viewer's environment (``phoenix``, below) is built the same way.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class EngineEnv:
     venv: Path
     steps: tuple[Step, ...]
     check: str  # a module whose import proves the environment works
+    # The files whose change rebuilds it; None: every requirements file and pyproject.toml (an engine
+    # environment installs this checkout at the mesh's pins).
+    inputs: tuple[Path, ...] | None = None
 
     @property
     def python(self) -> Path:
@@ -54,6 +58,10 @@ class EngineEnv:
         h = hashlib.sha256()
         for step in self.steps:
             h.update("\0".join(step.argv).encode())
+        if self.inputs is not None:
+            for path in self.inputs:
+                h.update(path.read_bytes())
+            return h.hexdigest()
         for path in sorted(REQUIREMENTS.glob("*.txt")):  # the files steps install from, and the mesh's pins
             h.update(path.read_bytes())
         h.update((ROOT / "pyproject.toml").read_bytes())
@@ -125,13 +133,26 @@ ENGINES = {
 }
 
 
+# Not an engine: Arize Phoenix, the trace viewer of ``meshfront run --trace``, built the same way (its own
+# environment from a pinned file, stamped) because it pins protobuf 7 and ~140 packages the mesh must not share.
+PHOENIX = EngineEnv(
+    kind="phoenix",
+    venv=ROOT / ".venv-phoenix",
+    steps=(Step("installing Arize Phoenix 20.26.1 (pinned; about 6 minutes the first time)",
+                ("{pip}", "install", "-r", str(REQUIREMENTS / "phoenix.txt"))),),
+    check="phoenix.server.main",
+    inputs=(REQUIREMENTS / "phoenix.txt",),  # it shares nothing with the mesh: the mesh's pins do not rebuild it
+)
+ENVIRONMENTS = {**ENGINES, "phoenix": PHOENIX}
+
+
 class EngineEnvError(RuntimeError):
     """A step failed; the message names it and ends with the tail of its output."""
 
 
 def ensure(kind: str, *, say: Callable[[str], None] = print) -> Path:
-    """The engine environment's python, creating or updating the environment first if needed."""
-    return ensure_env(ENGINES[kind], say=say)
+    """The environment's python (an engine's, or the trace viewer's), creating or updating it first if needed."""
+    return ensure_env(ENVIRONMENTS[kind], say=say)
 
 
 def ensure_env(env: EngineEnv, *, say: Callable[[str], None] = print) -> Path:
@@ -182,8 +203,8 @@ def _run_step(label: str, argv: list[str], log, say: Callable[[str], None]) -> N
 def main(argv: list[str] | None = None) -> int:
     kinds = sys.argv[1:] if argv is None else argv
     for kind in kinds or list(ENGINES):
-        if kind not in ENGINES:
-            print(f"engine_env: unknown engine {kind!r} (known: {', '.join(ENGINES)})", file=sys.stderr)
+        if kind not in ENVIRONMENTS:
+            print(f"engine_env: unknown environment {kind!r} (known: {', '.join(ENVIRONMENTS)})", file=sys.stderr)
             return 2
         try:
             print(ensure(kind, say=lambda line: print(line, flush=True)))

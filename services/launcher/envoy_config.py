@@ -18,7 +18,8 @@ DESCRIPTOR = ROOT / "deploy" / "envoy" / "gateway.pb"
 
 def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Sequence[tuple[str, int]],
            admin_host: str = "127.0.0.1", tls: tuple[str, str] | None = None, gateway_dns: bool = False,
-           descriptor: str | None = None, upstream_tls: tuple[str, str, str] | None = None) -> str:
+           descriptor: str | None = None, upstream_tls: tuple[str, str, str] | None = None,
+           otlp: tuple[str, int] | None = None) -> str:
     """The shipped config with these addresses.
 
     ``tls=(cert, key)`` (PEM files) terminates TLS on the listener with ALPN h2 and
@@ -28,6 +29,8 @@ def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Seq
     Kubernetes Service); ``descriptor`` overrides the transcoder's descriptor path.
     ``upstream_tls=(ca, cert, key)`` makes Envoy reach the gateways over mTLS (the mesh's
     ``--tls-*`` flags): it verifies them against ``ca`` and presents ``cert``.
+    ``otlp=(host, port)``: Envoy's OpenTelemetry tracer sends the edge span of every request to that OTLP/gRPC
+    collector (a name resolved like ``gateway_dns``'s) and passes its ``traceparent`` to the gateway.
     """
     cfg = yaml.safe_load(ENVOY_YAML.read_text())
     cfg["admin"]["address"]["socket_address"].update(address=admin_host, port_value=admin_port)
@@ -48,6 +51,9 @@ def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Seq
         cluster["transport_socket"] = upstream_mtls(*upstream_tls)
     cluster["load_assignment"]["endpoints"] = [{"lb_endpoints": [
         {"endpoint": {"address": {"socket_address": {"address": h, "port_value": p}}}} for h, p in gateways]}]
+    if otlp is not None:
+        hcm["tracing"] = edge_tracing()
+        cfg["static_resources"]["clusters"].append(otlp_cluster(*otlp))
     return yaml.dump(cfg, Dumper=_Expanded, sort_keys=False)
 
 
@@ -57,6 +63,42 @@ class _Expanded(yaml.SafeDumper):
 
     def ignore_aliases(self, data: object) -> bool:
         return True
+
+
+OTLP_CLUSTER = "opentelemetry_collector"
+
+
+def edge_tracing() -> dict:
+    """The listener's tracing: every request gets an edge span (continuing a client's ``traceparent``),
+    tagged with its ``x-request-id``, and the gateway receives the span's ``traceparent``."""
+    return {
+        "random_sampling": {"value": 100},
+        "spawn_upstream_span": False,  # one edge span per request: the gateway's own span is its child
+        "custom_tags": [{"tag": "meshfront.request_id", "request_header": {"name": "x-request-id"}}],
+        "provider": {
+            "name": "envoy.tracers.opentelemetry",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
+                "grpc_service": {"envoy_grpc": {"cluster_name": OTLP_CLUSTER}, "timeout": "1s"},
+                "service_name": "meshfront-envoy",
+            },
+        },
+    }
+
+
+def otlp_cluster(host: str, port: int) -> dict:
+    """The OTLP/gRPC collector (HTTP/2, plaintext); a name is re-resolved like the gateways'."""
+    return {
+        "name": OTLP_CLUSTER,
+        "type": "STRICT_DNS",
+        "dns_lookup_family": "V4_ONLY",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}},
+        "load_assignment": {"cluster_name": OTLP_CLUSTER, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}]}]},
+    }
 
 
 def downstream_tls(cert: str, key: str) -> dict:

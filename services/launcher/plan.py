@@ -12,6 +12,7 @@ import pathlib
 import random
 import socket
 import sys
+import urllib.parse
 
 from services.launcher import envoy_config
 from services.launcher.engine_env import ENGINES
@@ -85,6 +86,14 @@ class MeshPlan:
     mtls_certs: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     # Prometheus port per process name ("gateway-0", "router", "mocker-1", ...); absent = off.
     metrics_ports: dict[str, int] = dataclasses.field(default_factory=dict)
+    # NATS nodes: 1, or a JetStream cluster (3) whose buckets get three replicas (services/common/
+    # jetstream_replicas.py). Nodes after the first listen on extra_nats_ports (default: the ports right after
+    # nats_port); each node's cluster routes listen on nats_route_ports (default 6222, 6223, ...).
+    nats_cluster: int = 1
+    extra_nats_ports: list[int] = dataclasses.field(default_factory=list)
+    nats_route_ports: list[int] = dataclasses.field(default_factory=list)
+    # An OTLP/gRPC collector ("http://127.0.0.1:4317"): every process and Envoy send it their spans (tracing on).
+    otlp_endpoint: str = ""
 
     def process_flags(self, name: str) -> list[str]:
         """Flags the plan gives the process called ``name``: its metrics port and the --tls-* set."""
@@ -126,8 +135,23 @@ class MeshPlan:
         return (self.tls_cert, self.tls_key) if self.tls_cert else None
 
     @property
+    def nats_ports(self) -> list[int]:
+        return _replica_ports(self.nats_port, self.extra_nats_ports, self.nats_cluster)
+
+    @property
+    def nats_names(self) -> list[str]:
+        """``nats``, then ``nats-1``, ``nats-2`` for a cluster's other nodes."""
+        return _replica_names("nats", self.nats_cluster)
+
+    @property
     def nats_url(self) -> str:
-        return f"nats://127.0.0.1:{self.nats_port}"
+        """Every node's URL: a client fails over to another node when its own goes away."""
+        return ",".join(f"nats://127.0.0.1:{p}" for p in self.nats_ports)
+
+    @property
+    def nats_dirs(self) -> list[pathlib.Path]:
+        """Each node's JetStream store."""
+        return [self.run_dir / f"nats-{p}" for p in self.nats_ports]
 
 
 _HANDED_OUT: set[int] = set()
@@ -170,6 +194,9 @@ def ephemeral_plan(workers: list[WorkerSpec], gateways: int = 1, **kw) -> MeshPl
     """A plan on free ports, for tests and benchmarks that must not clash with a running mesh."""
     kw.setdefault("extra_router_ports", [free_port() for _ in range(kw.get("routers", 1) - 1)])
     kw.setdefault("extra_postprocessor_ports", [free_port() for _ in range(kw.get("postprocessors", 1) - 1)])
+    kw.setdefault("extra_nats_ports", [free_port() for _ in range(kw.get("nats_cluster", 1) - 1)])
+    kw.setdefault("nats_route_ports", [free_port() for _ in range(kw.get("nats_cluster", 1))]
+                  if kw.get("nats_cluster", 1) > 1 else [])
     plan = MeshPlan(http_port=free_port(), admin_port=free_port(), nats_port=free_port(),
                     gateway_ports=[free_port() for _ in range(gateways)], preprocessor_port=free_port(),
                     router_port=free_port(), postprocessor_port=free_port(),
@@ -177,6 +204,20 @@ def ephemeral_plan(workers: list[WorkerSpec], gateways: int = 1, **kw) -> MeshPl
     if "metrics_ports" not in kw:  # every service scrapeable, as on Kubernetes
         plan.metrics_ports = {name: free_port() for name in plan.service_names()}
     return plan
+
+
+def nats_specs(plan: MeshPlan) -> list[ProcessSpec]:
+    """One nats-server, or a JetStream cluster's nodes, each routed to every other one."""
+    nodes = zip(plan.nats_names, plan.nats_ports, plan.nats_dirs, strict=True)
+    if plan.nats_cluster == 1:
+        return [ProcessSpec(name, [str(VENV_BIN / "nats-server"), "-js", "-a", "127.0.0.1", "-p", str(port),
+                                   "-sd", str(store)], port) for name, port, store in nodes]
+    routes = plan.nats_route_ports or [6222 + i for i in range(plan.nats_cluster)]
+    urls = [f"nats://127.0.0.1:{p}" for p in routes]
+    return [ProcessSpec(name, [str(VENV_BIN / "nats-server"), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd",
+                               str(store), "-n", name, "--cluster_name", "meshfront", "--cluster", urls[i],
+                               "--routes", ",".join(u for u in urls if u != urls[i])], port)
+            for i, (name, port, store) in enumerate(nodes)]
 
 
 def _replica_names(service: str, count: int) -> list[str]:
@@ -198,6 +239,14 @@ def _py(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+def _otlp_address(endpoint: str) -> tuple[str, int] | None:
+    """The collector's (host, port) for Envoy's tracer; None when tracing is off."""
+    if not endpoint:
+        return None
+    parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    return parsed.hostname or "127.0.0.1", parsed.port or 4317
+
+
 def _envoy_upstream_tls(plan: MeshPlan) -> tuple[str, str, str] | None:
     if plan.mtls is None:
         return None
@@ -216,11 +265,11 @@ def allinone_stage_args(plan: MeshPlan) -> list[str]:
 
 def specs(plan: MeshPlan) -> list[ProcessSpec]:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    nats_dir = plan.run_dir / f"nats-{plan.nats_port}"
     common = ["--nats-url", plan.nats_url, "--log-level", plan.log_level]
     env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    out = [ProcessSpec("nats", [str(VENV_BIN / "nats-server"), "-js", "-a", "127.0.0.1", "-p", str(plan.nats_port),
-                                "-sd", str(nats_dir)], plan.nats_port)]
+    if plan.otlp_endpoint:  # spans leave every half second (the SDK's default is 5 s): a trace shows up at once
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=plan.otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="500")
+    out = nats_specs(plan)
     for i, (w, port) in enumerate(zip(plan.workers, plan.worker_ports, strict=True)):
         out.append(ProcessSpec(f"{w.kind}-{i}", worker_argv(w.kind, "--port", str(port), "--model-dir", w.model_dir,
                                                             "--model-name", w.model_name, *common, *w.extra,
@@ -254,7 +303,8 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
     envoy_yaml.write_text(envoy_config.render(listen_host="127.0.0.1", listen_port=plan.http_port,
                                               admin_port=plan.admin_port, tls=plan.tls,
                                               upstream_tls=_envoy_upstream_tls(plan),
-                                              gateways=[("127.0.0.1", p) for p in plan.gateway_ports]))
+                                              gateways=[("127.0.0.1", p) for p in plan.gateway_ports],
+                                              otlp=_otlp_address(plan.otlp_endpoint)))
     out.append(ProcessSpec("envoy", [str(VENV_BIN / "envoy"), "-c", str(envoy_yaml), "--concurrency", "1",
                                      "--log-level", "warn", "--base-id", str(plan.http_port)], plan.http_port,
                            {"PATH": os.environ.get("PATH", "")}))

@@ -136,7 +136,8 @@ class Mesh:
     def stop(self, grace: float = 15.0) -> list[str]:
         """SIGTERMs everything (Envoy and gateways first); returns the names that misbehaved."""
         problems = []
-        order = sorted(self.procs, key=lambda n: (n != "envoy", not n.startswith("gateway"), n == "nats"))
+        order = sorted(self.procs, key=lambda n: (n != "envoy", not n.startswith("gateway"),
+                                                  n == "nats" or n.startswith("nats-")))
         for name in order:
             proc = self.procs[name]
             if proc.poll() is None:

@@ -25,10 +25,11 @@ import time
 import urllib.request
 
 from services.gateway.frontend_metrics import check_prefix
+from services.launcher import trace_viewer
 from services.launcher.demo_lora import check_demo_lora, demo_lora_flags
 from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
-from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, WorkerSpec, free_port, specs
+from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, ProcessSpec, WorkerSpec, free_port, specs
 from services.launcher.supervise import RestartPolicy, Spec, Supervisor
 from services.models.minilm import EmbeddingModelMissing
 from services.preprocessor.core.template_check import read_chat_template
@@ -51,7 +52,7 @@ READY_TIMEOUT_S = {"mocker": 120.0, "hf": 120.0, "vllm": 600.0}
 # Stopped group after group: the edge first (no new requests; gateways drain their streams while the
 # stages and workers still serve them), then the stages, the workers (they deregister from NATS), NATS.
 STOP_ORDER = (("envoy", "gateway-*"), ("preprocessor", "router", "router-*", "postprocessor", "postprocessor-*"),
-              tuple(f"{kind}-*" for kind in WORKER_MODULES), ("nats",))
+              tuple(f"{kind}-*" for kind in WORKER_MODULES), ("nats", "nats-*"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         _check_shape(args)
         _check_files(args)
         if args.demo_lora:
-            check_demo_lora(args.worker_kind, bool(args.model_dir))
+            check_demo_lora(args.worker_kind, bool(args.model_dir or args.model))
     except ValueError as e:
         p.error(str(e))
     return args
@@ -87,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="postprocessor replicas (ports 9400, 9401, ...); each gateway keeps one multiplexed stream to "
                         "each and sends a request to the least busy")
     p.add_argument("--router-mode", choices=POLICY_NAMES, default="round-robin")
+    p.add_argument("--trace", action="store_true",
+                   help="start Arize Phoenix (from .venv-phoenix, built on first use) as the trace viewer and send it "
+                        "every process's spans and Envoy's; prints its URL (meshfront trace REQUEST_ID reads it)")
     p.add_argument("--inproc", action="store_true",
                    help="all-in-one: preprocessor, router and postprocessor in each gateway process "
                         "(services.allinone)")
@@ -101,7 +105,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mocker-script", default=str(DEMO_SCRIPT),
                    help="mocker answers by prompt substring (JSON); empty for pseudo-random text")
     p.add_argument("--model-dir", default="", help="model directory (default: build the demo model)")
-    p.add_argument("--model-name", default=DEMO_MODEL_NAME)
+    p.add_argument("--model", default="", metavar="ORG/NAME",
+                   help="a Hugging Face id instead of --model-dir, downloaded once into the Hugging Face cache "
+                        "(HF_HOME, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE) and served under that name")
+    p.add_argument("--revision", default="", help="the --model revision (branch, tag or commit)")
+    p.add_argument("--model-name", default="", help=f"served model name (default: --model, else {DEMO_MODEL_NAME})")
     p.add_argument("--demo-lora", action="store_true",
                    help="also serve meshfront/demo-qwen-lora, a random LoRA adapter of the demo model (docs/lora.md)")
     p.add_argument("--chat-template", default="", metavar="FILE",
@@ -118,6 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--video-workers", type=int, default=1,
                    help=f"video simulators serving {DEMO_VIDEO_MODEL_NAME} on /v1/videos (mocker --media video); "
                         "0 for none")
+    p.add_argument("--nats-cluster", type=int, choices=(1, 3), default=1,
+                   help="NATS nodes: 3 runs a JetStream cluster whose buckets keep three replicas (one node may die)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--tls-cert", default="", help="PEM certificate (chain): Envoy serves HTTPS and gRPC over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
@@ -169,6 +179,30 @@ def _check_roles(args: argparse.Namespace) -> None:
         raise ValueError("--prefill-workers needs a worker that decodes: --decode-workers or --workers")
 
 
+def _prepare_environments(args: argparse.Namespace) -> None:
+    """The engine's environment for engine workers, and the trace viewer's for --trace (built alike).
+
+    Raises:
+        EngineEnvError: a step of building one failed."""
+    for kind in [args.worker_kind] * (args.worker_kind in ENGINES) + ["phoenix"] * args.trace:
+        ensure_engine_env(kind, say=lambda line: print(line, flush=True))
+
+
+def _model_dir(args: argparse.Namespace) -> str:
+    """--model-dir, or the Hugging Face snapshot --model names (resolved once here, not by every worker);
+    empty for the demo model."""
+    if args.model and args.model_dir:
+        raise ValueError("--model and --model-dir both name the model: give one")
+    if args.revision and not args.model:
+        raise ValueError("--revision needs --model (a Hugging Face id)")
+    if not args.model:
+        return str(args.model_dir)
+    from services.common.hub import resolve_model
+
+    print(f"resolving {args.model} through the Hugging Face cache ...", flush=True)
+    return resolve_model(args.model, args.revision)
+
+
 def _generating_workers(args: argparse.Namespace, model_dir: str, extra: tuple[str, ...]) -> list[WorkerSpec]:
     """Whole-request workers, then prefill and decode ones (the same flags plus their --disaggregation-mode)."""
     spec = WorkerSpec(model_dir, args.model_name, args.worker_kind, extra)
@@ -216,13 +250,13 @@ def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    model_dir = args.model_dir
-    if args.worker_kind in ENGINES:
-        try:
-            ensure_engine_env(args.worker_kind, say=lambda line: print(line, flush=True))
-        except EngineEnvError as e:
-            print(f"meshfront run: {e}", file=sys.stderr, flush=True)
-            return 1
+    args.model_name = args.model_name or args.model or DEMO_MODEL_NAME
+    try:
+        model_dir = _model_dir(args)
+        _prepare_environments(args)
+    except (ValueError, EngineEnvError) as e:
+        print(f"meshfront run: {e}", file=sys.stderr, flush=True)
+        return 1
     if not model_dir:
         from services.models.build import build_demo_model
 
@@ -237,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = ("--speedup-ratio", str(args.speedup_ratio))
         if args.mocker_script:
             extra = (*extra, "--script", os.path.abspath(args.mocker_script))
-    if not args.model_dir:  # the demo model's template speaks Hermes tool calls and Qwen3 thinking
+    if not (args.model_dir or args.model):  # the demo model's template speaks Hermes tool calls and Qwen3 thinking
         extra = (*extra, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
     if args.demo_lora:
         extra = (*extra, *demo_lora_flags(args.worker_kind))
@@ -252,10 +286,12 @@ def main(argv: list[str] | None = None) -> int:
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
                     service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES},
-                    postprocessors=args.postprocessors, **ports)
+                    postprocessors=args.postprocessors, nats_cluster=args.nats_cluster, **ports)
     # A fresh JetStream store per launch; a restarted NATS keeps it (-sd), so discovery survives it.
-    shutil.rmtree(plan.run_dir / f"nats-{plan.nats_port}", ignore_errors=True)
-    process_specs = specs(plan)
+    for store in plan.nats_dirs:
+        shutil.rmtree(store, ignore_errors=True)
+    viewer = _trace_viewer(args, plan)
+    process_specs = ([viewer] if viewer else []) + specs(plan)
     policy = RestartPolicy(crash_window_s=args.crash_window_s, max_fast_failures=args.crash_limit)
     policies = {}
     if args.worker_kind in ENGINES:  # an engine that fails while loading the model failed fast too
@@ -269,10 +305,23 @@ def main(argv: list[str] | None = None) -> int:
                                                         READY_TIMEOUT_S[args.worker_kind],
                                                         frozenset(w.model_name for w in plan.workers)),
                      daemon=True).start()
+    if viewer is not None:
+        threading.Thread(target=trace_viewer.announce_when_up, args=(f"http://127.0.0.1:{viewer.ready_port}", stop),
+                         daemon=True).start()
     try:
         return asyncio.run(supervisor.run())
     finally:
         stop.set()
+
+
+def _trace_viewer(args: argparse.Namespace, plan: MeshPlan) -> ProcessSpec | None:
+    """--trace: Phoenix's process, and the plan pointed at it."""
+    if not args.trace:
+        return None
+    ui_port, otlp_port = ((free_port(), free_port()) if args.free_ports
+                          else (trace_viewer.UI_PORT, trace_viewer.OTLP_PORT))
+    plan.otlp_endpoint = trace_viewer.otlp_endpoint(otlp_port)
+    return trace_viewer.phoenix_spec(plan.run_dir, ui_port, otlp_port)
 
 
 def _embedding_workers(args: argparse.Namespace) -> list[WorkerSpec]:
@@ -307,6 +356,8 @@ def _placement(args: argparse.Namespace) -> dict:
         ports = {"gateway_ports": [free_port() for _ in range(args.gateways)],
                  "worker_ports": [free_port() for _ in range(workers)],
                  "extra_postprocessor_ports": [free_port() for _ in range(args.postprocessors - 1)],
+                 "extra_nats_ports": [free_port() for _ in range(args.nats_cluster - 1)],
+                 "nats_route_ports": [free_port() for _ in range(args.nats_cluster)],
                  **{k: free_port() for k in ("admin_port", "nats_port", "preprocessor_port", "router_port",
                                              "postprocessor_port")}}
     if args.run_dir:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
+from services.common.model_files import ModelFilesResolver
 from services.common.warmup import warm_each_new_model
 from services.postprocessor.config import PostprocessorConfig
 from services.postprocessor.core.parsers.backends import load_chat_processor
@@ -35,9 +36,11 @@ def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.Mesh
         closers.append(grpc_router.close)
     workers = MuxWorkerClient(tls)
     releaser = GrpcKvReleaser(tls)
+    model_files = ModelFilesResolver(cfg.nats_url)  # the tokenizer comes from NATS: no model volume needed
     postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit),
                                   idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor,
-                                  kv_releaser=releaser)
+                                  kv_releaser=releaser, model_files=model_files)
     closers.append(warm_each_new_model(registry, postprocessor.warm))
-    return Built(postprocessor, closers=[postprocessor.close, workers.close, releaser.close, *closers],
+    return Built(postprocessor, closers=[postprocessor.close, workers.close, releaser.close, model_files.close,
+                                         *closers],
                  parts={"workers": workers, "router": router})

@@ -36,6 +36,7 @@ from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
 
+from services.common import tracing
 from services.common.errors import InvalidRequest, MeshError, WorkerFailed
 from services.common.pump import Batch
 from services.postprocessor.disagg_common import TRANSFER_PARAM, Build, Decode, LegCall, Opener, drop_leg_budget
@@ -116,6 +117,7 @@ class DisaggLegs:
         """The decode leg after the prefill leg's ``messages`` (up to its finishing one)."""
         params = messages[-1].kv_transfer_params
         ended_at = time.monotonic()
+        ended_ns = time.time_ns() if tracing.ENABLED else 0  # the trace's transfer span starts here
         drop_leg_budget(messages, request)
         decode_call = None
         decoding = False  # the decode worker sent its first chunk: it pulled the blocks
@@ -137,6 +139,8 @@ class DisaggLegs:
                     decoding = True
                     response.worker_id, response.prefill_worker_id = route.worker_id, route.prefill_worker_id
                     response.kv_transfer_ms = round((time.monotonic() - ended_at) * 1000, 3)
+                    if ended_ns:
+                        _transfer_span(request.traceparent, ended_ns, route)
                 yield response
         except MeshError as e:
             if not decoding and e.param == TRANSFER_PARAM and isinstance(e, (WorkerFailed, InvalidRequest)):
@@ -167,6 +171,14 @@ class DisaggLegs:
             if messages[-1].finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
                 _check(batch, ended="the prefill worker ended the stream without a finish reason")
         return messages
+
+
+def _transfer_span(traceparent: str, started_ns: int, route: WorkerRoute) -> None:
+    """The KV transfer in the request's trace: from the prefill leg's end to the decode worker's first chunk
+    (the decode worker pulled the blocks by then)."""
+    tracing.end_span(tracing.start_span("kv_transfer", traceparent, {
+        "meshfront.prefill_worker_id": route.prefill_worker_id, "meshfront.decode_worker_id": route.worker_id},
+        start_ns=started_ns))
 
 
 def _check(batch: Batch[worker_pb2.GenerateResponse], *, ended: str) -> None:

@@ -29,8 +29,10 @@ from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
 
+from services.common import tracing
 from services.common.discovery import ModelCard
-from services.common.errors import Internal, InvalidRequest, MeshError, WorkerFailed
+from services.common.errors import Internal, InvalidRequest, MeshError, StageUnavailable, WorkerFailed
+from services.common.model_files import ModelFilesResolver, ModelFilesUnavailable
 from services.common.pump import Batch
 from services.postprocessor import convert
 from services.postprocessor.core.logprobs import TokenTexts
@@ -190,8 +192,11 @@ class Postprocessor:
 
     def __init__(self, workers: WorkerClient | None = None, tokenizers: TokenizerCache | None = None,
                  migrator: Migrator | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-                 chat_processor: ChatProcessor | None = None, kv_releaser: KvReleaser | None = None):
+                 chat_processor: ChatProcessor | None = None, kv_releaser: KvReleaser | None = None,
+                 model_files: ModelFilesResolver | None = None):
         self._owned_client = None
+        # Models' files from NATS (services/common/model_files.py); None: read the request's model_dir.
+        self._files = model_files
         if workers is None:
             from services.postprocessor.mux_client import MuxWorkerClient  # keeps gRPC out of this module
 
@@ -229,11 +234,17 @@ class Postprocessor:
         """
         if not req.worker_address:
             raise InvalidRequest("worker_address is required", param="worker_address")
-        model = await self._tokenizer(req.options.model_dir)
+        model_dir = await self._model_dir(req.options.model_dir, req.options.model_files)
+        model = await self._tokenizer(model_dir)
         decoder = SequenceDecoder(model.tokenizer, convert.sequence_options(req.request))
         texts = model.texts if req.request.output.HasField("logprobs") else None
-        builder = _ResponseBuilder(decoder, texts, output_parser(req.options, self._chat_processor, req.request))
+        builder = _ResponseBuilder(decoder, texts,
+                                   output_parser(req.options, self._chat_processor, req.request, model_dir=model_dir))
         route = WorkerRoute(req.worker_id, req.worker_address, req.prefill_worker_id, req.prefill_worker_address)
+        span = tracing.start_span("postprocess", req.request.traceparent, {
+            "meshfront.mesh_request_id": req.request.request_id}) if tracing.ENABLED else None
+        if span is not None:  # the workers' spans (every leg and attempt) nest under this one
+            req.request.traceparent = tracing.traceparent_of(span)
         request, failed = req.request, []
         if req.HasField("resume"):
             request = _resume(req, builder)
@@ -274,6 +285,9 @@ class Postprocessor:
         finally:
             metrics.in_flight.dec()
             metrics.streams.labels(outcome).inc()
+            if span is not None:
+                span.set_attributes({"meshfront.outcome": outcome, "meshfront.migrations": len(failed)})
+                tracing.end_span(span)
 
     def _legs(self, stream_interval: int, builder: _ResponseBuilder) -> DisaggLegs:
         return DisaggLegs(self._workers.generate,
@@ -329,8 +343,21 @@ class Postprocessor:
     async def warm(self, card: ModelCard) -> None:
         """Loads a model's tokenizer ahead of its first request; a failure is logged, and the first
         request reports it."""
-        with contextlib.suppress(Internal):
-            await self._tokenizer(card.model_dir)
+        with contextlib.suppress(Internal, StageUnavailable):
+            await self._tokenizer(await self._model_dir(card.model_dir, card.model_files))
+
+    async def _model_dir(self, model_dir: str, model_files: str) -> str:
+        """Where the model's tokenizer is on this host: fetched from NATS once when the card published it."""
+        if self._files is None or not model_files:
+            return model_dir
+        found = self._files.peek(model_dir, model_files)
+        if found is not None:
+            return found
+        try:
+            return await self._files.local_dir(model_dir, model_files)
+        except ModelFilesUnavailable as e:
+            log.error("%s", e)  # NATS or the worker's upload: both come back by themselves
+            raise StageUnavailable("the model's files are not available yet") from None
 
     async def _tokenizer(self, model_dir: str) -> ModelTokenizer:
         cached = self._tokenizers.get(model_dir)
@@ -360,13 +387,15 @@ def _resume(req: postprocessor_pb2.GenerateRequest, builder: _ResponseBuilder) -
 
 
 def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatProcessor | None = None,
-                  request: common_pb2.PreprocessedRequest | None = None) -> StreamingOutputParser | None:
+                  request: common_pb2.PreprocessedRequest | None = None, *,
+                  model_dir: str | None = None) -> StreamingOutputParser | None:
     """The request's reasoning / tool-call parsers; None (no parsing at all) for plain requests."""
     if not (options.reasoning_parser or options.tools_json):
         return None
     config = convert.parser_config(options)
     prompt_ids = request.token_ids if request is not None else ()  # not copied: ours never read it
-    context = ParseContext(options.model_dir, options.tools_json, prompt_ids)
+    # model_dir: the directory on this host (fetched model files), where the engines' parsers find the tokenizer.
+    context = ParseContext(options.model_dir if model_dir is None else model_dir, options.tools_json, prompt_ids)
     try:
         parser = (chat_processor or OursChatProcessor()).output_parser(config, context)
     except LookupError as e:

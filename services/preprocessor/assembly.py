@@ -10,6 +10,7 @@ import dataclasses
 
 from services.common.assembly import Built
 from services.common.discovery import ModelCard, WorkerRegistry
+from services.common.model_files import ModelFilesResolver
 from services.common.warmup import warm_each_new_model
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.media.resolve import MediaResolver
@@ -29,9 +30,12 @@ def build(cfg: PreprocessorConfig, registry: WorkerRegistry) -> Built[Preprocess
             return card
         return dataclasses.replace(card, input_modalities=tuple(m for m in card.input_modalities if m in common))
 
+    model_files = ModelFilesResolver(cfg.nats_url)  # tokenizer and template from NATS: no model volume needed
     preprocessor = Preprocessor(model_card, offload_threshold=cfg.offload_threshold,
                                 default_template_kwargs=cfg.default_chat_template_kwargs,
                                 hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none,
-                                chat_template=cfg.chat_template, media=MediaResolver(cfg.media))
+                                chat_template=cfg.chat_template, media=MediaResolver(cfg.media),
+                                model_files=model_files)
     # A newly served model's tokenizer and template load now, not on its first request.
-    return Built(preprocessor, closers=[warm_each_new_model(registry, preprocessor.warm), preprocessor.media.close])
+    return Built(preprocessor, closers=[warm_each_new_model(registry, preprocessor.warm), preprocessor.media.close,
+                                        model_files.close])

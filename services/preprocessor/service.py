@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,9 +19,11 @@ import orjson
 from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 
+from services.common import tracing
 from services.common.discovery import LoraAdapter, ModelCard
-from services.common.errors import Internal, InvalidRequest, ModelNotFound
+from services.common.errors import Internal, InvalidRequest, ModelNotFound, StageUnavailable
 from services.common.hashing import block_hashes, media_block_infos
+from services.common.model_files import ModelFilesResolver, ModelFilesUnavailable
 from services.preprocessor.core import embeddings as embed_inputs
 from services.preprocessor.core import messages as msgs
 from services.preprocessor.core import prompt as core
@@ -75,8 +78,11 @@ class Preprocessor:
     def __init__(self, models: ModelLookup, cache: ArtifactCache | None = None,
                  offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD, *,
                  default_template_kwargs: dict[str, Any] | None = None, hide_tools_for_choice_none: bool = True,
-                 chat_template: str = "", media: MediaResolver | None = None):
+                 chat_template: str = "", media: MediaResolver | None = None,
+                 model_files: ModelFilesResolver | None = None):
         self._models = models
+        # Cards' model files from NATS (services/common/model_files.py); None: read each card's model_dir.
+        self._files = model_files
         self._cache = cache or ArtifactCache()
         self._offload_threshold = offload_threshold
         # Per-deployment defaults (e.g. {"enable_thinking": false}); a request's own kwargs win.
@@ -89,6 +95,23 @@ class Preprocessor:
         self._vision_specs: dict[str, placement.VisionSpec] = {}
 
     async def preprocess(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse:
+        if not tracing.ENABLED:
+            return (await self._preprocess(req))[0]
+        with tracing.span("preprocess", {"meshfront.model": req.request.model}) as span:
+            started = time.time_ns()
+            response, prepared, prepared_ns = await self._preprocess(req)
+            if prepared.rendered_ns:  # a chat prompt: its template, then its tokenization
+                tracing.record_span("preprocess.template", span, started, prepared.rendered_ns)
+                tracing.record_span("preprocess.tokenize", span, prepared.rendered_ns, prepared_ns)
+            else:
+                tracing.record_span("preprocess.tokenize", span, started, prepared_ns)
+            span.set_attribute("meshfront.prompt_tokens", len(response.request.token_ids))
+            return response
+
+    async def _preprocess(self, req: preprocessor_pb2.PreprocessRequest
+                          ) -> tuple[preprocessor_pb2.PreprocessResponse, core.PreparedPrompt, int]:
+        """The response, the prompt it was prepared from and when that was done (time.time_ns(), 0 when
+        tracing is off: the spans of ``preprocess`` need it)."""
         name = req.request.model
         card = self._models(name)
         if card is None:
@@ -128,6 +151,7 @@ class Preprocessor:
         placed: list[placement.Placed] = []
         if spec is not None:
             prepared, placed = self._place(prepared, resolved, spec)
+        prepared_ns = time.time_ns() if tracing.ENABLED else 0
         core.check_context(len(prepared.token_ids), context_length, max_tokens, param)
         infos = media_block_infos([(p.offset, p.count, r.content_hash) for p, r in zip(placed, resolved, strict=True)
                                    if p.count], card.block_size) if placed else None
@@ -146,7 +170,7 @@ class Preprocessor:
             response.postprocess.thinking_disabled = thinking_disabled(chat.chat_template_kwargs_json)
         if req.return_formatted_prompt:
             response.formatted_prompt = prepared.text
-        return response
+        return response, prepared, prepared_ns
 
     async def preprocess_embeddings(self, req: preprocessor_pb2.PreprocessEmbeddingsRequest
                                     ) -> preprocessor_pb2.PreprocessEmbeddingsResponse:
@@ -192,7 +216,7 @@ class Preprocessor:
     @staticmethod
     def _fill_media(items, resolved: list[Resolved], placed: list[placement.Placed]) -> None:
         """What a worker receives per item (common.proto MediaItem): the bytes, never a URL to fetch."""
-        for item, r, p in zip(items, resolved, placed or [placement.Placed(0, 0)] * len(resolved), strict=True):
+        for item, r, p in zip(items, resolved, placed, strict=True):
             item.content = r.content
             item.mime_type = r.info.mime_type
             item.content_hash = r.content_hash
@@ -208,14 +232,25 @@ class Preprocessor:
             await self._artifacts(card)
 
     async def _artifacts(self, card: ModelCard) -> ModelArtifacts:
-        cached = self._cache.peek(card.model_dir)
+        model_dir = card.model_dir
+        if self._files is not None:
+            model_dir = self._files.peek(card.model_dir, card.model_files) or await self._fetch_files(card)
+        cached = self._cache.peek(model_dir)
         if cached is not None:
             return cached
         try:
-            return await asyncio.to_thread(self._cache.get, card.model_dir)
+            return await asyncio.to_thread(self._cache.get, model_dir)
         except (ArtifactError, OSError) as e:
-            log.error("cannot load model %s from %s: %s", card.name, card.model_dir, e)
+            log.error("cannot load model %s from %s: %s", card.name, model_dir, e)
             raise Internal(f"The model `{card.name}` cannot be loaded by the preprocessor.") from e
+
+    async def _fetch_files(self, card: ModelCard) -> str:
+        assert self._files is not None
+        try:
+            return await self._files.local_dir(card.model_dir, card.model_files)
+        except ModelFilesUnavailable as e:
+            log.error("model %s: %s", card.name, e)  # NATS or the worker's upload: both come back by themselves
+            raise StageUnavailable(f"The files of model `{card.name}` are not available yet.") from None
 
     async def _run(self, size: int, fn, *args):
         if size > self._offload_threshold:
@@ -240,6 +275,7 @@ class Preprocessor:
         out.block_hashes.extend(hashes)
         post = out.postprocess
         post.model_dir = card.model_dir
+        post.model_files = card.model_files
         post.tool_call_parser = card.tool_call_parser
         post.reasoning_parser = card.reasoning_parser
         post.prompt_opens_reasoning = prepared.prompt_opens_reasoning

@@ -16,7 +16,8 @@ from services.router.service import Router
 
 
 def _serve(router: Built[Router], server: GrpcServer) -> None:
-    router_pb2_grpc.add_RouterServiceServicer_to_server(RouterServicer(router.service), server.server)
+    servicer = RouterServicer(router.service, router.parts["metrics"].route_duration)
+    router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server.server)
 
 
 # The router's metrics (services/router/metrics.py) are registered by its build.

@@ -4,8 +4,8 @@ Per request the router predicts how many prompt tokens the chosen worker already
 blocks x block size; 0 outside kv mode); at the first token the gateway reports what the worker
 actually served from cache (``usage.cached_tokens``). Counters of both give the predicted and the
 actual hit rate over any window (``rate(predicted)/rate(prompt)``), and ``min(predicted, actual)``
-gives precision and recall. KV event lag, gaps and resyncs come from the ingest; per-worker
-request and prompt-token counters give each worker's load share.
+gives precision and recall (also exported as gauges since start). KV event lag, gaps and resyncs come
+from the ingest; per-worker request and prompt-token counters give each worker's load share.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.common.metrics import LATENCY_BUCKETS
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent
 
@@ -75,6 +76,9 @@ class RouterMetrics:
                                      registry=r)
         self.error = Histogram(f"{_PREFIX}_prediction_error_tokens", "predicted - actual cached tokens per request",
                                buckets=(-1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024), registry=r)
+        self.route_duration = Histogram(f"{_PREFIX}_route_duration_seconds", "Route calls: arrival to the chosen "
+                                        "worker, a wait for a busy model included", buckets=LATENCY_BUCKETS,
+                                        registry=r)
         self.lag = Histogram(f"{_PREFIX}_kv_event_lag_seconds", "Publish-to-receive delay of KV event messages",
                              buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1, 5), registry=r)
         r.register(_LiveCollector(ingest, self, policy_stats, queued, sessions, disagg_decisions, lora_decisions))
@@ -135,6 +139,13 @@ class _LiveCollector:
 
     def collect(self):
         yield self._load_share()
+        # Since start, over requests with a reported first token; a window's figures come from the counters:
+        # rate(correctly_predicted) / rate(predicted_cached) and / rate(actual_cached).
+        t = self._metrics.totals
+        yield GaugeMetricFamily(f"{_PREFIX}_prediction_precision", "Of the cached tokens the router predicted, the "
+                                "share the workers reported cached (1 when none were predicted)", value=t.precision)
+        yield GaugeMetricFamily(f"{_PREFIX}_prediction_recall", "Of the cached tokens the workers reported, the "
+                                "share the router predicted (1 when none were cached)", value=t.recall)
         queued = GaugeMetricFamily(f"{_PREFIX}_queued_requests", "Requests waiting for a busy model "
                                    "(--queue-timeout-s), per model", labels=["model"])
         for model, n in (self._queued() if self._queued else {}).items():

@@ -8,18 +8,28 @@ from collections.abc import Callable, Sequence
 
 from meshfront.router.v1 import router_pb2
 
+from services.common import tracing
+from services.common.decision_record import (
+    BY_DECODE_LOAD,
+    BY_PIN,
+    BY_POLICY,
+    BY_SESSION,
+    CandidateScore,
+    DecisionRecord,
+)
 from services.common.discovery import PREFILL, WorkerCard
 from services.common.errors import ModelNotFound, NoWorkers, Overloaded
 from services.common.overload import BusyThreshold
 from services.router.core.bookings import Bookings
 from services.router.core.conditional import DisaggSettings
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent, LifecycleListener
-from services.router.core.policies import DEFAULT_MODE, Policy, build_policy
+from services.router.core.policies import DEFAULT_MODE, Policy, build_policy, policy_name
 from services.router.core.sessions import SessionAffinity
 from services.router.core.types import Candidate, Decision, RouteQuery
 from services.router.core.wait_queue import WaitQueue
 from services.router.disagg import Disagg, Shape, check_pins, is_prefill_leg, prefill_leg_id
 from services.router.lora import AdapterRouting
+from services.router.route_trace import route_attributes
 
 log = logging.getLogger(__name__)
 WorkerLookup = Callable[[str], Sequence[WorkerCard]]
@@ -71,6 +81,15 @@ class Router:
                           c.total_kv_blocks, c.max_num_batched_tokens) for c in cards]
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
+        if not tracing.ENABLED:
+            return await self._route(req)
+        with tracing.span("route", {"meshfront.model": req.model,
+                                    "meshfront.prompt_tokens": req.prompt_tokens}) as span:
+            response = await self._route(req)
+            span.set_attributes(route_attributes(response))
+            return response
+
+    async def _route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         # Earlier requests' first tokens and endings come first: they free what this one may take.
         self._apply_reports(req.first_tokens, req.releases)
         if self.queue_timeout_s <= 0:
@@ -88,6 +107,11 @@ class Router:
     async def _wait(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         future = self.queue.push(req.model, req, req.priority_jump_s)
         depth = self.queue.waiting(req.model)
+        with tracing.span("route.queue_wait", {"meshfront.queue_depth": depth}):
+            return await self._waited(req, future, depth)
+
+    async def _waited(self, req: router_pb2.RouteRequest, future: asyncio.Future, depth: int
+                      ) -> router_pb2.RouteResponse:
         try:
             response = await asyncio.wait_for(future, self.queue_timeout_s)
         except (TimeoutError, asyncio.CancelledError) as e:
@@ -121,13 +145,14 @@ class Router:
             candidates = self.lora.admissible(req.model, base, serving, lambda cs: self._admissible(cs, req),
                                               lambda name: self._as_candidates(self._workers_for(name)))
         decode_pin = req.decode_worker_id or req.worker_id
-        query = RouteQuery(req.request_id, req.model, tuple(req.block_hashes), req.prompt_tokens, decode_pin)
-        decision = self._choose(req, query, serving, candidates, self.disagg.plain_decode(every, req))
+        query = RouteQuery(req.request_id, req.model, tuple(req.block_hashes), req.prompt_tokens, decode_pin,
+                           req.explain)
+        decision, chosen_by = self._choose(req, query, serving, candidates, self.disagg.plain_decode(every, req))
         chosen = next((c for c in candidates if c.worker_id == decision.worker_id), None)
         if chosen is None:
             raise NoWorkers(f"routing policy chose unknown worker {decision.worker_id}")
         shape = self.disagg.shape(req, every, chosen, decision.overlap_blocks)
-        self._book(req, query, shape)
+        predicted = self._book(req, query, shape)
         response = router_pb2.RouteResponse(worker_id=chosen.worker_id, address=chosen.address,
                                             overlap_blocks=shape.decode_overlap,
                                             report_first_token=self.policy.wants_first_token,
@@ -136,12 +161,17 @@ class Router:
             response.prefill_worker_id, response.prefill_address = shape.prefill.worker_id, shape.prefill.address
             response.prefill_overlap_blocks = shape.prefill_overlap
             response.report_first_token = True  # the first token ends the prefill leg's booking
+        if req.explain:
+            record = DecisionRecord(policy_name(self.policy), chosen_by, chosen.worker_id,
+                                    decision.scores or self._booked_view(candidates, query),
+                                    predicted, req.prompt_tokens, response.prefill_worker_id)
+            response.decision.CopyFrom(decision_proto(record))
         return response
 
     def _choose(self, req: router_pb2.RouteRequest, query: RouteQuery, serving: list[Candidate],
-                candidates: list[Candidate], plain_decode: bool) -> Decision:
+                candidates: list[Candidate], plain_decode: bool) -> tuple[Decision, str]:
         """The (decode) worker: the pinned one, the session's, or the policy's (decode load alone when the
-        request will be split unconditionally: see Disagg.plain_decode)."""
+        request will be split unconditionally: see Disagg.plain_decode), and which of them chose it."""
         pin = query.pinned_worker_id
         sticky = self.sessions.worker_for(req.session_id) if req.session_id and not pin else None
         if sticky is not None and self.queue_timeout_s > 0 and sticky not in req.exclude_worker_ids \
@@ -149,15 +179,23 @@ class Router:
             # The session's worker is busy and requests may wait: wait for it (its KV holds the session).
             raise Overloaded(f"The worker of session {req.session_id!r} is busy.", code="overloaded")
         if sticky is not None and any(c.worker_id == sticky for c in candidates):
-            return Decision(sticky)
+            return Decision(sticky), BY_SESSION
         if pin:  # a pin wins in every mode (as in Dynamo); 'direct' only differs in requiring one
-            return self._pinned.choose(candidates, query)
+            return self._pinned.choose(candidates, query), BY_PIN
         if plain_decode:
-            return Decision(self.disagg.least_decode_load(candidates).worker_id)
-        return self.policy.choose(candidates, query)
+            return Decision(self.disagg.least_decode_load(candidates).worker_id), BY_DECODE_LOAD
+        return self.policy.choose(candidates, query), BY_POLICY
 
-    def _book(self, req: router_pb2.RouteRequest, query: RouteQuery, shape: Shape) -> None:
-        """Books the request on its worker, and a split request's prefill leg on its prefill worker."""
+    def _booked_view(self, candidates: list[Candidate], query: RouteQuery) -> tuple[CandidateScore, ...]:
+        """Each candidate as the router saw it when the policy kept no view of its own (it scores nothing, or a
+        pin or session chose): the bookings, and the overlap the policy expects (kv), else 0."""
+        overlaps = self.policy.overlaps(query.block_hashes)
+        return tuple(CandidateScore(c.worker_id, overlaps.get(c.worker_id, 0), c.in_flight, c.booked_prompt_tokens)
+                     for c in candidates)
+
+    def _book(self, req: router_pb2.RouteRequest, query: RouteQuery, shape: Shape) -> int:
+        """Books the request on its worker, and a split request's prefill leg on its prefill worker; returns the
+        cached prompt tokens predicted (those the first-token report will measure)."""
         leg = prefill_leg_id(req.request_id)
         if leg in self.bookings:  # routed again (a migration): the old pair's prefill leg is over
             self.apply(LifecycleEvent(FREE, leg))
@@ -174,6 +212,7 @@ class Router:
         if prefill is not None:  # booked with the tokens it computes: the prefill queue others are weighed by
             self.apply(LifecycleEvent(BOOK, leg, prefill.worker_id, req.model, query.block_hashes,
                                       prompt - predicted, shape.prefill_overlap, predicted))
+        return predicted
 
     def _admissible(self, candidates: list[Candidate], req: router_pb2.RouteRequest) -> list[Candidate]:
         """Drops workers a migrating request already failed on, then busy ones (Overloaded if none is left)."""
@@ -226,3 +265,18 @@ class Router:
                 self.apply(LifecycleEvent(FREE, leg), remote)
         if event.kind == FREE:
             self._drain_queue()  # a worker may have room for whoever waits longest (or most urgently)
+
+
+def decision_proto(record: DecisionRecord) -> router_pb2.RoutingDecision:
+    out = router_pb2.RoutingDecision(policy=record.policy, chosen_by=record.chosen_by, worker_id=record.worker_id,
+                                     prefill_worker_id=record.prefill_worker_id,
+                                     predicted_cached_tokens=record.predicted_cached_tokens,
+                                     prompt_tokens=record.prompt_tokens)
+    for c in record.candidates:
+        score = out.candidates.add(worker_id=c.worker_id, overlap_blocks=c.overlap_blocks, in_flight=c.in_flight,
+                                   booked_prompt_tokens=c.booked_prompt_tokens, eligible=c.eligible)
+        if c.active_blocks is not None:
+            score.active_blocks = c.active_blocks
+        if c.score is not None:
+            score.score = c.score
+    return out

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from services.common.discovery import BOTH, DECODE, PREFILL
 from services.common.flags import FlagParser, add_common_flags, common_errors
+from services.common.hub import is_hub_id, resolve_model
 from services.common.parser_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 from services.workers.model_dir import read_model_info
 
@@ -84,6 +85,10 @@ def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregatio
     """
     add_common_flags(p, port=0)
     p.add("--model-dir", default="", help="model directory (tokenizer.json, config.json, weights)")
+    p.add("--model", default="", help="a Hugging Face id (org/name) instead of --model-dir: downloaded into the "
+                                       "Hugging Face cache (HF_HOME, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE) and served "
+                                       "under that name; a directory is taken as --model-dir")
+    p.add("--revision", default="", help="the --model revision: a branch, tag or commit (default: the default branch)")
     p.add("--model-name", default="", help="served model name (default: the directory's name)")
     p.add("--worker-id", default="", help="id in the worker registry (default: <kind>-<8 hex>)")
     p.add("--advertise-host", default="", help="host other services dial (default: --host)")
@@ -103,15 +108,20 @@ def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregatio
 
 def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_length: int | None = None,
                             block_size: int | None = None) -> WorkerConfig:
-    """The shared config; an engine-sized worker passes the engine's context window and block size."""
-    model_dir = args.model_dir
+    """The shared config; an engine-sized worker passes the engine's context window and block size.
+
+    Raises:
+        ConfigError: both --model and --model-dir, or --revision without --model.
+        ModelNotResolved: --model names nothing the hub (or its cache, offline) has."""
+    model_dir = _model_dir(args)
     context = args.context_length if context_length is None else context_length
     if context <= 0 and model_dir and Path(model_dir).is_dir():
         context = read_model_info(model_dir).context_length
     return WorkerConfig(
         kind=kind,
         model_dir=model_dir,
-        model_name=args.model_name or (Path(model_dir).name if model_dir else ""),
+        model_name=args.model_name or (args.model if is_hub_id(args.model) else "") or (Path(model_dir).name
+                                                                                       if model_dir else ""),
         worker_id=args.worker_id or f"{kind}-{secrets.token_hex(4)}",
         host=args.host,
         port=args.port,
@@ -131,6 +141,19 @@ def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_leng
         # Kinds without the flag (add_worker_flags(disaggregation=False)) run whole requests.
         disaggregation_mode=args.disaggregation_mode if "disaggregation_mode" in args else AGG,
     )
+
+
+def _model_dir(args: argparse.Namespace) -> str:
+    """--model-dir, or the directory --model names (a Hugging Face snapshot, downloaded when not cached)."""
+    if args.model and args.model_dir:
+        raise ConfigError(["--model and --model-dir both name the model: give one"])
+    if args.revision and not args.model:
+        raise ConfigError(["--revision needs --model (a Hugging Face id)"])
+    if not args.model:
+        return str(args.model_dir)
+    if Path(args.model).is_dir():  # vllm serve's --model takes a directory too
+        return str(args.model)
+    return resolve_model(args.model, args.revision)
 
 
 class ConfigError(ValueError):

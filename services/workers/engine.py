@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -178,6 +179,9 @@ class EngineOutput:
     cached_tokens: int | None = None
     # Set on the last output of a prefill leg: what its decode leg needs to take over the KV blocks.
     kv_transfer_params: dict[str, Any] | None = None
+    # Set on the first output by engines that know it: time.time_ns() when the engine first scheduled the
+    # sequence, which ends its queue wait and starts its prefill in the request's trace.
+    scheduled_ns: int | None = None
 
 
 class Engine(Protocol):
@@ -200,8 +204,8 @@ class TokenStream:
     consumer has gone (``close``) is a no-op, so an engine never needs to know about aborts.
     """
 
-    __slots__ = ("_done", "_error", "_finish", "_logprobs", "_prompt_info", "_tokens", "_transfer", "_waiter",
-                 "closed")
+    __slots__ = ("_done", "_error", "_finish", "_logprobs", "_prompt_info", "_scheduled_ns", "_tokens", "_transfer",
+                 "_waiter", "closed")
 
     def __init__(self, *, logprobs: bool = False) -> None:
         self._tokens: list[int] = []
@@ -210,6 +214,7 @@ class TokenStream:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._prompt_info: tuple[int, int] | None = None
+        self._scheduled_ns: int | None = None
         self._transfer: dict[str, Any] | None = None
         self._done = False
         self.closed = False
@@ -219,6 +224,12 @@ class TokenStream:
     def set_prompt_info(self, prompt_tokens: int, cached_tokens: int) -> None:
         """Records what the first output reports; call before the first push."""
         self._prompt_info = (prompt_tokens, cached_tokens)
+
+    def mark_scheduled(self) -> None:
+        """The engine scheduled the sequence (its queue wait ends); only the first call counts (a preempted
+        sequence is scheduled again). One clock read per request."""
+        if self._scheduled_ns is None:
+            self._scheduled_ns = time.time_ns()
 
     def set_transfer_params(self, params: dict[str, Any]) -> None:
         """Records what the last output hands a decode leg; call before the finishing push."""
@@ -283,6 +294,7 @@ class TokenStream:
             out.logprobs, self._logprobs = self._logprobs, []
         if self._prompt_info is not None:
             out.prompt_tokens, out.cached_tokens = self._prompt_info
+            out.scheduled_ns = self._scheduled_ns
             self._prompt_info = None
         if self._finish:
             self._done = True

@@ -31,6 +31,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from services.common import model_files, tracing
 from services.common.discovery import LoraAdapter, Registrar, WorkerCard
 from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.kv_events import KvEventListener
@@ -118,6 +119,7 @@ def main(kind: WorkerKind[C, P], argv: Sequence[str] | None = None) -> None:
     except ValueError as e:
         bad_value(kind.name, e)
     setup_logging(kind.log_level(cfg))
+    tracing.configure(kind.name)  # on only when the environment names an OTLP collector
     try:
         prepared = kind.prepare(cfg)
     except Unavailable as e:
@@ -158,6 +160,20 @@ def _card_updater(registrar: Registrar) -> Callable[[tuple[LoraAdapter, ...]], A
     return update
 
 
+def _model_files_publisher(card: WorkerCard) -> Callable[[Any], Awaitable[None]] | None:
+    """Publishes the model's tokenizer/template/config files before the card that names them goes out."""
+    if not card.model.model_files:
+        return None
+
+    async def publish(js: Any) -> None:
+        published = await model_files.publish(js, card.model.model_dir)
+        if published != card.model.model_files:  # the files changed on disk since the card was made
+            raise RuntimeError(f"the files in {card.model.model_dir} changed while the worker started; restart it")
+        log.info("published the files of %s (%s) to NATS", card.model.name, published[:12])
+
+    return publish
+
+
 async def _serve_registered(serving: Serving) -> None:
     worker, server = serving.worker, serving.server
     serve_metrics(worker.metrics_port, worker.host)
@@ -165,7 +181,7 @@ async def _serve_registered(serving: Serving) -> None:
     metrics.info.labels(serving.card.role, serving.card.kind, serving.card.model.name).set(1)
     registrar: Registrar | None = None
     if worker.register:
-        registrar = Registrar(worker.nats_url, serving.card)
+        registrar = Registrar(worker.nats_url, serving.card, before_first_put=_model_files_publisher(serving.card))
         if serving.adapters is not None:
             serving.adapters.on_change = _card_updater(registrar)
         server.on_drain(registrar.close)  # routers stop picking this worker while its streams finish

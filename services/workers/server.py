@@ -13,6 +13,7 @@ from services.common import tls as mesh_tls
 from services.common.discovery import LoraAdapter, ModelCard, WorkerCard
 from services.common.errors import relay
 from services.common.grpc_server import GrpcServer
+from services.common.model_files import model_files_digest
 from services.common.mux_session import MuxSession, MuxSessions
 from services.workers.config import WorkerConfig
 from services.workers.engine import Engine
@@ -53,7 +54,8 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
     model = ModelCard(name=cfg.model_name, model_dir=cfg.model_dir, context_length=cfg.context_length,
                       block_size=cfg.block_size, tool_call_parser=cfg.tool_call_parser,
                       reasoning_parser=cfg.reasoning_parser, input_modalities=cfg.input_modalities,
-                      lora_adapters=adapters.adapters if adapters is not None else ())
+                      lora_adapters=adapters.adapters if adapters is not None else (),
+                      model_files=model_files_digest(cfg.model_dir))
     lora = adapters.settings if adapters is not None else None
     return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind,
                       total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,

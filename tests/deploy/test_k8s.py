@@ -40,7 +40,7 @@ MEDIA_WORKERS = {"worker-diffusers": "cpu", "worker-diffusers-gpu": "cuda"}
 # The engine workers of components/gpu-worker and the `meshfront` command each runs.
 GPU_WORKERS = {"worker-vllm": "vllm", "worker-sglang": "sglang"}
 # Engine flags the worker sets itself and refuses from its user (services/workers/<kind>/config.py).
-OWNED_ENGINE_FLAGS = {"vllm": {"--model", "--served-model-name", "--kv-events-config"},
+OWNED_ENGINE_FLAGS = {"vllm": {"--served-model-name", "--kv-events-config"},
                       "sglang": {"--model-path", "--served-model-name", "--kv-events-config"}}
 # Engine flags each manifest sets that must reach the engine (not be taken by Meshfront's own flags),
 # the tensor-parallel one first: the pod asks for that many GPUs.
@@ -207,7 +207,15 @@ def test_scaled_services_have_a_service_and_an_hpa():
         assert any(s["spec"]["selector"].items() <= labels.items() for s in services), f"{name} has no Service"
     assert deployments["router"]["spec"]["replicas"] >= 2
     nats = next(r for r in resources if r["kind"] == "StatefulSet" and r["metadata"]["name"] == "nats")
-    assert "-js" in nats["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = nats["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "-js" in args
+    # A JetStream cluster of three (buckets replicated thrice), started together, routed to every node.
+    assert nats["spec"]["replicas"] == 3 and nats["spec"]["podManagementPolicy"] == "Parallel"
+    routes = args[args.index("--routes") + 1].split(",")
+    assert routes == [f"nats://nats-{i}.nats.meshfront.svc.cluster.local:6222" for i in range(3)]
+    assert args[args.index("--cluster") + 1].endswith(":6222") and args[args.index("-n") + 1] == "$(POD_NAME)"
+    pdb = next(r for r in resources if r["kind"] == "PodDisruptionBudget" and r["metadata"]["name"] == "nats")
+    assert pdb["spec"]["maxUnavailable"] == 1
 
 
 def test_dns_targets_name_headless_services_that_exist():
@@ -215,11 +223,29 @@ def test_dns_targets_name_headless_services_that_exist():
     headless = {(s["metadata"]["name"], p["port"]) for s in resources if s["kind"] == "Service"
                 and s["spec"].get("clusterIP") == "None" for p in s["spec"]["ports"]}
     targets = [v for w in workloads(resources) for c in containers(w) for v in env_of(c).values()
-               if v.startswith(("dns:///", "nats://"))]
+               if v.startswith("dns:///")]
     assert targets
     for target in targets:
-        m = re.fullmatch(r"(?:dns:///|nats://)([a-z0-9-]+)\.meshfront\.svc\.cluster\.local:(\d+)", target)
+        m = re.fullmatch(r"dns:///([a-z0-9-]+)\.meshfront\.svc\.cluster\.local:(\d+)", target)
         assert m and (m[1], int(m[2])) in headless, target
+    nats_urls = [v for w in workloads(resources) for c in containers(w) for v in env_of(c).values()
+                 if v.startswith("nats://")]
+    assert nats_urls
+    for url in nats_urls:
+        assert_every_nats_node(url, resources)
+
+
+def assert_every_nats_node(url: str, resources: list[dict]) -> None:
+    """A NATS URL list names each pod of the nats StatefulSet once, through its headless Service: a client
+    fails over to another node when its own dies (tests/mesh/test_nats_cluster.py)."""
+    nats = next(r for r in resources if r["kind"] == "StatefulSet" and r["metadata"]["name"] == "nats")
+    service = next(r for r in resources
+                   if r["kind"] == "Service" and r["metadata"]["name"] == nats["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"]
+    client_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "client")
+    expected = [f"nats://nats-{i}.{service['metadata']['name']}.meshfront.svc.cluster.local:{client_port}"
+                for i in range(nats["spec"]["replicas"])]
+    assert url.split(",") == expected, url
 
 
 def test_env_twins_are_flags_the_services_know():
@@ -275,20 +301,22 @@ def test_one_image_and_known_commands():
         assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1
 
 
-def test_model_directory_is_shared_by_path():
-    """Workers name their model directory in discovery; the stages must see it at the same path."""
-    for component in COMPONENTS:
-        mounts = {}
+def test_only_workers_mount_model_directories():
+    """The stages fetch each model's tokenizer and template from NATS into a cache of their own
+    (services/common/model_files.py): no model volume, a writable cache at XDG_CACHE_HOME."""
+    for component in (*COMPONENTS, GPU_WORKER):
         for w in workloads(with_component(component)):
-            for c in containers(w, init=False):
-                for m in c.get("volumeMounts", []):
-                    if m["name"] == "models":
-                        mounts[w["metadata"]["name"]] = m["mountPath"]
-        assert {"preprocessor", "postprocessor", "mocker"} <= mounts.keys()
-        assert set(mounts.values()) == {"/models"}
-    gpu = with_component(GPU_WORKER)
-    for w in workloads(gpu):
-        if w["metadata"]["name"] in ("preprocessor", "postprocessor", *GPU_WORKERS):
+            name = w["metadata"]["name"]
+            if name not in ("preprocessor", "postprocessor"):
+                continue
+            spec = w["spec"]["template"]["spec"]
+            assert "initContainers" not in spec and {v["name"] for v in spec["volumes"]} == {"model-files"}, name
+            (c,) = containers(w)
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+            assert mounts == {"model-files": env["XDG_CACHE_HOME"]}, name
+    for w in workloads(with_component(GPU_WORKER)):
+        if w["metadata"]["name"] in GPU_WORKERS:
             volume = next(v for v in w["spec"]["template"]["spec"]["volumes"] if v["name"] == "models")
             assert volume == {"name": "models", "persistentVolumeClaim": {"claimName": "meshfront-models",
                                                                          "readOnly": True}}
@@ -349,10 +377,7 @@ def test_gpu_workers_run_the_engine_commands(name):
     assert args.register
     loopback = sorted(k for k, v in vars(args).items() if isinstance(v, str) and "127.0.0.1" in v)
     assert not loopback, f"{name} leaves {loopback} at 127.0.0.1"
-    nats = re.fullmatch(r"nats://([a-z0-9-]+)\.meshfront\.svc\.cluster\.local:(\d+)", args.nats_url)
-    headless = {(s["metadata"]["name"], p["port"]) for s in base_resources() if s["kind"] == "Service"
-                and s["spec"].get("clusterIP") == "None" for p in s["spec"]["ports"]}
-    assert nats and (nats[1], int(nats[2])) in headless, args.nats_url
+    assert_every_nats_node(args.nats_url, base_resources())
     # Ports: gRPC (probed with gRPC health checking) and metrics (the engine's own metrics included).
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert args.port == ports["grpc"]
@@ -466,10 +491,7 @@ def test_media_workers_run_the_diffusers_worker_with_flags_it_accepts(name, tmp_
     assert cfg.worker.host == "0.0.0.0" and cfg.worker.advertise_host == "$(POD_IP)" and cfg.worker.register
     pod_ip = next(e for e in c["env"] if e["name"] == "POD_IP")
     assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    headless = {(s["metadata"]["name"], p["port"]) for s in base_resources() if s["kind"] == "Service"
-                and s["spec"].get("clusterIP") == "None" for p in s["spec"]["ports"]}
-    nats = re.fullmatch(r"nats://([a-z0-9-]+)\.meshfront\.svc\.cluster\.local:(\d+)", cfg.worker.nats_url)
-    assert nats and (nats[1], int(nats[2])) in headless, cfg.worker.nats_url
+    assert_every_nats_node(cfg.worker.nats_url, base_resources())
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert cfg.worker.port == ports["grpc"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -522,3 +544,24 @@ def test_the_gpu_media_worker_asks_for_a_gpu_and_frees_it_before_a_new_pod():
     assert worker["spec"]["replicas"] == 0  # optional: scaled up where the cluster has GPUs
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 10 * 60
+
+
+# -- components/tracing: every process and Envoy send spans to one OTLP collector ---------------------------------
+
+def test_the_tracing_component_points_every_process_and_envoy_at_one_collector():
+    resources = with_component(K8S / "components" / "tracing")
+    endpoint = next(r for r in resources if r["kind"] == "ConfigMap" and r["metadata"]["name"] == "meshfront-tracing"
+                    )["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    traced = set()
+    for w in workloads(resources):
+        for c in containers(w, init=False):
+            if c["command"][0] == "meshfront":
+                assert {"configMapRef": {"name": "meshfront-tracing"}} in c.get("envFrom", []), w["metadata"]["name"]
+                traced.add(w["metadata"]["name"])
+    assert traced == set(PORTS)
+    envoy = next(w for w in workloads(resources) if w["metadata"]["name"] == "envoy")
+    assert envoy["spec"]["template"]["spec"]["containers"][0]["args"][:2] == ["-c", "/etc/envoy/envoy-tracing.yaml"]
+    edge = yaml.safe_load(next(r for r in base_resources() if r["kind"] == "ConfigMap")["data"]["envoy-tracing.yaml"])
+    collector = next(c for c in edge["static_resources"]["clusters"] if c["name"] == "opentelemetry_collector")
+    address = collector["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+    assert endpoint == f"http://{address['address']}:{address['port_value']}"

@@ -100,3 +100,45 @@ def test_repeated_prefix_hits_the_cache_and_workers_come_and_go(kv_mesh, demo_mo
     for tail in ("six", "seven", "eight", "nine"):
         assert ask(client, tail).usage.prompt_tokens > 320
     client.close()
+
+
+OTHER_PREFIX = " ".join(["copper lantern meadow thunder violet harbor candle orbit"] * 40)  # 320 words
+
+
+def test_the_decision_record_explains_the_choice_and_scores_its_prediction(kv_mesh):
+    """nvext.extra_fields ["routing"]: each candidate's overlap, load and score, the choice, the predicted
+    cached tokens and the actual ones; the router's precision and recall gauges follow the reports."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{kv_mesh.url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+    def explained(tail: str, **kw):
+        return client.chat.completions.create(
+            model=DEMO, messages=[{"role": "user", "content": f"{OTHER_PREFIX} {tail}"}], max_tokens=4,
+            extra_body={"nvext": {"extra_fields": ["routing", "worker_id"]}}, **kw)
+
+    plain = client.chat.completions.create(model=DEMO, messages=[{"role": "user", "content": "hello"}], max_tokens=2)
+    assert "nvext" not in (plain.model_extra or {})  # not asked: not there
+    first = explained("one").model_extra["nvext"]["routing"]
+    assert first["policy"] == "kv" and first["chosen_by"] == "policy"
+    assert len(first["candidates"]) == 2 and all("score" in c and "active_blocks" in c for c in first["candidates"])
+    assert first["predicted_cached_tokens"] < 320 and first["actual_cached_tokens"] is not None
+    holder = first["worker_id"]
+    wait_until(lambda: index_blocks(kv_mesh).get(holder, 0) >= 20, 5, "the first request's stored events")
+    time.sleep(0.3)  # its Release reaches the router
+    second = explained("two")
+    record = second.model_extra["nvext"]["routing"]
+    assert record["worker_id"] == holder == second.model_extra["nvext"]["worker_id"]["decode_worker_id"]
+    seen = {c["worker_id"]: c for c in record["candidates"]}
+    assert seen[holder]["overlap_blocks"] >= 20 and seen[holder]["score"] == min(c["score"] for c in seen.values())
+    assert record["predicted_cached_tokens"] >= 320 and record["actual_cached_tokens"] >= 320
+    assert record["actual_cached_tokens"] == second.usage.prompt_tokens_details.cached_tokens
+    # Streamed: on the choice's last chunk, with the actual cached tokens known by then.
+    chunks = list(explained("three", stream=True))
+    routed = [c.model_extra["nvext"]["routing"] for c in chunks
+              if (c.model_extra or {}).get("nvext", {}).get("routing")]
+    assert len(routed) == 1 and routed[0]["worker_id"] == holder and routed[0]["actual_cached_tokens"] >= 320
+    m = wait_until(lambda: (lambda d: d if "meshfront_router_prediction_recall" in d else None)(metrics(kv_mesh)),
+                   5, "the precision and recall gauges")
+    assert 0 < m["meshfront_router_prediction_precision"] <= 1 and 0 < m["meshfront_router_prediction_recall"] <= 1
+    client.close()

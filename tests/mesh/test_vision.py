@@ -99,11 +99,30 @@ def client(vision_mesh):
     c.close()
 
 
-def predicted(mesh) -> float:
+def router_metrics(mesh) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{mesh.metrics_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    m = re.search(r"^meshfront_router_predicted_cached_tokens_total ([0-9.e+]+)$", text, re.M)
+        return r.read().decode()
+
+
+def predicted(mesh) -> float:
+    m = re.search(r"^meshfront_router_predicted_cached_tokens_total ([0-9.e+]+)$", router_metrics(mesh), re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def index_blocks(mesh) -> dict[str, float]:
+    return {w: float(n) for w, n in re.findall(r'^meshfront_router_kv_index_blocks\{worker="([^"]+)"\} ([0-9.e+]+)$',
+                                               router_metrics(mesh), re.M)}
+
+
+def indexed(mesh, client, *parts, tail: str):
+    """Sends one request and waits until the router's index holds its blocks (the worker's KV events arrived),
+    without sending anything else that could land the same prefix on a second worker."""
+    before = index_blocks(mesh)
+    response = ask(client, *parts, tail=tail)
+    worker = worker_of(response)
+    wait_until(lambda: index_blocks(mesh).get(worker, 0) >= before.get(worker, 0) + 8, 10,
+               "the request's blocks in the router's index")
+    return response
 
 
 def image_part(url=None, uuid=None) -> dict:
@@ -146,24 +165,15 @@ def test_image_tokens_count_in_usage(client):
 
 def test_the_same_image_goes_to_the_same_worker_with_cached_tokens(vision_mesh, client):
     url = data_url(CAT)
-    first = ask(client, image_part(url), tail="first")
-    wait_until(lambda: predicted_hit(vision_mesh, client, url), 10, "the first request's blocks in the index")
+    first = indexed(vision_mesh, client, image_part(url), tail="first")
     for tail in ("two", "three", "four"):
         again = ask(client, image_part(url), tail=tail)
         assert worker_of(again) == worker_of(first)
         assert again.usage.prompt_tokens_details.cached_tokens >= 64 + 64, again.usage
 
 
-def predicted_hit(mesh, client, url) -> bool:
-    before = predicted(mesh)
-    ask(client, image_part(url), tail="probe")
-    return predicted(mesh) - before >= 64
-
-
 def test_a_different_image_gets_no_predicted_hit(vision_mesh, client):
-    url = data_url(png(224, 224, seed=12))
-    ask(client, image_part(url), tail="seed")
-    wait_until(lambda: predicted_hit(vision_mesh, client, url), 10, "the image's blocks in the index")
+    indexed(vision_mesh, client, image_part(data_url(png(224, 224, seed=12))), tail="seed")
     before = predicted(vision_mesh)
     other = ask(client, image_part(data_url(png(224, 224, seed=13))), tail="seed")  # same size, same text
     assert predicted(vision_mesh) == before  # not one block: the first block already holds the image
@@ -171,9 +181,7 @@ def test_a_different_image_gets_no_predicted_hit(vision_mesh, client):
 
 
 def test_a_uuid_names_an_image_sent_before(vision_mesh, client):
-    url = data_url(png(224, 224, seed=21))
-    first = ask(client, image_part(url, uuid="photo-21"), tail="uuid")
-    wait_until(lambda: predicted_hit(vision_mesh, client, url), 10, "the image's blocks in the index")
+    first = indexed(vision_mesh, client, image_part(data_url(png(224, 224, seed=21)), uuid="photo-21"), tail="uuid")
     again = ask(client, image_part(uuid="photo-21"), tail="uuid")  # no URL: the image sent with that uuid
     assert again.usage.prompt_tokens == first.usage.prompt_tokens
     assert worker_of(again) == worker_of(first) and again.usage.prompt_tokens_details.cached_tokens >= 128

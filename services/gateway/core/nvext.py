@@ -11,7 +11,9 @@ Every field Dynamo defines is accepted with its type checked. What applies to a 
 - ``prefill_worker_id`` (header ``x-prefill-instance-id``) and ``decode_worker_id`` pin the workers of a
   disaggregated request (the router checks their roles: docs/architecture.md, "Disaggregated prefill and decode");
 - ``max_thinking_tokens`` travels to the worker as the request's thinking budget;
-- ``extra_fields``: ``worker_id`` and ``timing`` in the response's ``nvext``;
+- ``extra_fields``: ``worker_id`` and ``timing`` in the response's ``nvext``, and Meshfront's ``routing``:
+  the router's decision record (each candidate's overlap, load and score, the choice, the predicted and
+  the actual cached tokens; services/common/decision_record.py);
 - ``agent_hints.priority`` (or the deprecated ``latency_sensitivity``): seconds the request jumps
   ahead while it waits for a busy model (the router's queue);
 - ``session_control``: ``session_id`` is a sticky routing key; ``action: close`` ends the session
@@ -34,7 +36,7 @@ from services.common.errors import InvalidRequest
 from services.gateway.core.fields import INT32, UINT32, UINT64, Fields, check_float, check_int, token_ids
 
 ANNOTATIONS = ("request_id", "formatted_prompt", "token_ids")
-EXTRA_FIELDS = ("worker_id", "timing")
+EXTRA_FIELDS = ("worker_id", "timing", "routing")
 # nvext.stream_interval: Meshfront's own field (SGLang's server option of the same name, per request).
 MAX_STREAM_INTERVAL = 1024
 IGNORED_EXTRA_FIELDS = ("routed_experts",)

@@ -18,6 +18,8 @@ from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 from meshfront.router.v1 import router_pb2
 
+from services.common import tracing
+from services.common.decision_record import CandidateScore, DecisionRecord
 from services.common.errors import WorkerFailed
 from services.gateway.clients import PostprocessorClient, PreprocessorClient, RouterClient
 from services.gateway.core.delta import FINISH, Delta
@@ -38,6 +40,7 @@ class _RoutedChoice:
     gen: postprocessor_pb2.GenerateRequest
     report_first_token: bool
     legacy_first_token: bool  # the router predates FirstTokenReport: report with a ReleaseRequest
+    record: DecisionRecord | None = None  # asked for (nvext.extra_fields "routing"): actual cached tokens go here
 
 
 class Pipeline:
@@ -79,6 +82,8 @@ class Pipeline:
             gen.options.stream_interval = self.stream_interval
         req = gen.request
         req.request_id = request_id
+        if tracing.ENABLED:  # the postprocessor's and worker's spans join the served call's trace
+            req.traceparent = tracing.current_traceparent()
         if choice and req.sampling.HasField("seed"):
             req.sampling.seed = (req.sampling.seed + choice) % 2**64  # distinct but reproducible choices
         route = await self.router.route(router_pb2.RouteRequest(
@@ -86,14 +91,17 @@ class Pipeline:
             prompt_tokens=len(req.token_ids), worker_id=worker_id, session_id=hints.session_id,
             session_action=hints.session_action, session_timeout_s=hints.session_timeout_s,
             priority_jump_s=hints.priority_jump_s, prefill_worker_id=hints.prefill_worker_id,
-            decode_worker_id=hints.decode_worker_id))
+            decode_worker_id=hints.decode_worker_id, explain=hints.explain))
         gen.worker_address, gen.worker_id = route.address, route.worker_id
         # Disaggregated: the prefill leg's worker (empty for an aggregated request).
         gen.prefill_worker_address, gen.prefill_worker_id = route.prefill_address, route.prefill_worker_id
+        record = decision_record(route.decision) if route.HasField("decision") else None
         if trace is not None:
             trace.on_routed(index, route.worker_id, route.queue_depth, route.prefill_worker_id)
+            if record is not None:
+                trace.routing[index] = record
         return _RoutedChoice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token,
-                       not route.reads_first_token_reports)
+                             not route.reads_first_token_reports, record)
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
                   worker_id: str = "", hints: RouteHints = _NO_HINTS,
@@ -141,8 +149,11 @@ class Pipeline:
         async for responses in self.post.generate(c.gen):
             deltas = []
             for resp in responses:
-                if resp.prompt_tokens and c.report_first_token:
-                    self._report_first_token(c, resp)
+                if resp.prompt_tokens:  # the first output (of the request, or of its migrated continuation)
+                    if c.report_first_token:
+                        self._report_first_token(c, resp)
+                    if c.record is not None and c.record.actual_cached_tokens is None:
+                        c.record.actual_cached_tokens = resp.cached_tokens  # the routed worker's, not a later one's
                 deltas.append(self._delta(c.index, c.counts_prompt, c.prompt_len, resp))
             yield deltas
 
@@ -199,3 +210,12 @@ class Pipeline:
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+
+
+def decision_record(d: router_pb2.RoutingDecision) -> DecisionRecord:
+    """The router's RoutingDecision as the plain record (its actual cached tokens still unknown)."""
+    return DecisionRecord(d.policy, d.chosen_by, d.worker_id, tuple(
+        CandidateScore(c.worker_id, c.overlap_blocks, c.in_flight, c.booked_prompt_tokens,
+                       c.active_blocks if c.HasField("active_blocks") else None,
+                       c.score if c.HasField("score") else None, c.eligible) for c in d.candidates),
+        d.predicted_cached_tokens, d.prompt_tokens, d.prefill_worker_id)

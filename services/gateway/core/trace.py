@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from services.common.decision_record import DecisionRecord
+
 
 @dataclasses.dataclass(frozen=True)
 class RouteHints:
@@ -23,6 +25,7 @@ class RouteHints:
     # Disaggregated pins (nvext.prefill_worker_id / x-prefill-instance-id, nvext.decode_worker_id).
     prefill_worker_id: str = ""
     decode_worker_id: str = ""
+    explain: bool = False  # nvext.extra_fields "routing": the router returns its decision record
 
 
 @dataclasses.dataclass
@@ -39,6 +42,9 @@ class RequestTrace:
     workers: dict[int, str] = dataclasses.field(default_factory=dict)  # choice index -> worker id
     # Disaggregated choices: choice index -> the prefill leg's worker (workers[] is then the decode worker).
     prefill_workers: dict[int, str] = dataclasses.field(default_factory=dict)
+    # Choice index -> the router's decision record (nvext.extra_fields "routing" only); the pipeline fills in
+    # its actual cached tokens at the choice's first output.
+    routing: dict[int, DecisionRecord] = dataclasses.field(default_factory=dict)
     kv_transfer_ms: float | None = None  # disaggregated: prefill leg's end to the decode leg's first tokens
     routed: float | None = None  # the first choice routed
     queue_depth: int = 0

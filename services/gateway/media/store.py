@@ -36,6 +36,7 @@ from nats.js.errors import NotFoundError
 
 from services.common.discovery import close_nats, connect_retrying, retry_until_open
 from services.common.errors import NotFound
+from services.common.jetstream_replicas import create_replicated
 from services.gateway.responses_api.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -195,11 +196,14 @@ async def _open_bucket(js: nats.js.JetStreamContext) -> None:
     except NotFoundError:
         pass
     # The Object Store's stream, plus per-message TTLs.
-    config = api.StreamConfig(
-        name=STREAM, subjects=[f"$O.{BUCKET}.C.>", f"$O.{BUCKET}.M.>"], max_age=MAX_TTL_S + DOWNLOAD_GRACE_S,
-        discard=api.DiscardPolicy.NEW, allow_rollup_hdrs=True, allow_direct=True, allow_msg_ttl=True)
+    def config(replicas: int) -> api.StreamConfig:
+        return api.StreamConfig(
+            name=STREAM, subjects=[f"$O.{BUCKET}.C.>", f"$O.{BUCKET}.M.>"], max_age=MAX_TTL_S + DOWNLOAD_GRACE_S,
+            discard=api.DiscardPolicy.NEW, allow_rollup_hdrs=True, allow_direct=True, allow_msg_ttl=True,
+            num_replicas=replicas)
+
     with contextlib.suppress(Exception):  # another replica may create it at the same moment
-        await js.add_stream(config)
+        await create_replicated(lambda replicas: js.add_stream(config(replicas)))
     await js.stream_info(STREAM)
 
 

@@ -8,8 +8,8 @@ line and no data, before the first chunk::
 
 Clients that ask for them read the raw stream (the ``openai`` SDK's ``with_streaming_response``):
 an SSE event without data is not a chunk. A non-streamed body carries the same values under
-``nvext``. ``extra_fields`` put ``worker_id`` on each choice's first chunk and ``worker_id`` plus
-``timing`` on its last (the body: once, at the top level).
+``nvext``. ``extra_fields`` put ``worker_id`` on each choice's first chunk and ``worker_id``, ``timing`` and
+``routing`` on its last (the body: once, at the top level; ``routing`` is a list when there are several choices).
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ class ResponseExtensions:
             out["worker_id"] = self._worker(index)
         if "timing" in self.nvext.extra_fields and final:
             out["timing"] = self.trace.timing()
+        if final and index in self.trace.routing:
+            out["routing"] = self.trace.routing[index].as_dict()
         return out or None
 
     def body_nvext(self) -> dict[str, Any] | None:
@@ -70,6 +72,9 @@ class ResponseExtensions:
             out["worker_id"] = self._worker(0)
         if "timing" in self.nvext.extra_fields:
             out["timing"] = self.trace.timing()
+        if self.trace.routing:
+            records = [self.trace.routing[i].as_dict() for i in sorted(self.trace.routing)]
+            out["routing"] = records[0] if len(records) == 1 else records
         values: dict[str, list[Any]] = {}
         for name, value in self._annotations():
             values.setdefault(name, []).append(value)

@@ -74,7 +74,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                                 n_choices=len(prep) * req.n, want_logprobs=req.sampling.logprobs is not None,
                                 include_usage=req.include_usage, nvext=ext, **echo)
         hints = RouteHints(req.session_id, req.nvext.session_action, req.nvext.session_timeout_s,
-                           req.nvext.priority_jump_s, req.nvext.prefill_worker_id, req.nvext.decode_worker_id)
+                           req.nvext.priority_jump_s, req.nvext.prefill_worker_id, req.nvext.decode_worker_id,
+                           "routing" in req.nvext.extra_fields)
         stream = self._pipeline.run(prep, req.n, req.worker_id, hints, trace, options=postprocess_options(req, prep[0]))
         return Generation(req.model, req.stream, renderer, stream, extras=ext)
 

@@ -29,6 +29,7 @@ from nats.js.kv import KeyValue
 
 from services.common.discovery import close_nats, connect_retrying, retry_until_open
 from services.common.errors import MeshError
+from services.common.jetstream_replicas import create_replicated, through_failover
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class ResponseStore:
     async def put(self, response_id: str, record: dict[str, Any]) -> None:
         kv = await self._bucket()
         try:
-            await asyncio.wait_for(kv.create(response_id, encode(record), msg_ttl=self.ttl_s), self.wait_s)
+            await through_failover(lambda: kv.create(response_id, encode(record), msg_ttl=self.ttl_s), self.wait_s)
         except (TimeoutError, nats.errors.Error) as e:
             raise StoreUnavailable(f"could not store response {response_id} ({e or type(e).__name__}); "
                                    "send 'store': false to skip storing") from None
@@ -96,7 +97,7 @@ class ResponseStore:
             return None
         kv = await self._bucket()
         try:
-            entry = await asyncio.wait_for(kv.get(response_id), self.wait_s)
+            entry = await through_failover(lambda: kv.get(response_id), self.wait_s)
         except KeyNotFoundError:
             return None
         except (TimeoutError, nats.errors.Error) as e:
@@ -110,7 +111,7 @@ class ResponseStore:
         kv = await self._bucket()
         try:
             # The purge marker expires too, so deleted records leave nothing behind.
-            await asyncio.wait_for(kv.purge(response_id, msg_ttl=self.ttl_s), self.wait_s)
+            await through_failover(lambda: kv.purge(response_id, msg_ttl=self.ttl_s), self.wait_s)
         except (TimeoutError, nats.errors.Error) as e:
             raise StoreUnavailable(f"could not delete response {response_id} ({e or type(e).__name__})") from None
         return True
@@ -126,5 +127,6 @@ async def _open_bucket(nc: nats.NATS) -> KeyValue:
     except BucketNotFoundError:
         # history 1: a record is written once; per-message TTLs are on (nats-py sets allow_msg_ttl).
         with contextlib.suppress(Exception):  # another replica may create it at the same moment
-            return await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1))
+            return await create_replicated(lambda replicas: js.create_key_value(
+                KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))
         return await js.key_value(BUCKET)

@@ -31,6 +31,7 @@ from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from services.common.discovery import close_nats, connect_retrying, retry_until_open
+from services.common.jetstream_replicas import create_replicated
 from services.gateway.responses_api.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -159,5 +160,6 @@ async def _open_bucket(nc: nats.NATS) -> KeyValue:
     except BucketNotFoundError:
         # history 1: only the job's latest state matters; per-message TTLs are on (nats-py sets allow_msg_ttl).
         with contextlib.suppress(Exception):  # another replica may create it at the same moment
-            return await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=1))
+            return await create_replicated(lambda replicas: js.create_key_value(
+                KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))
         return await js.key_value(BUCKET)

@@ -6,6 +6,7 @@ Pure functions over plain values; ``service.py`` maps protos onto them.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,9 @@ class PreparedPrompt:
     token_ids: list[int]
     prompt_opens_reasoning: bool = False
     text: str = ""  # the rendered chat prompt (nvext annotation formatted_prompt)
+    # time.time_ns() when the chat template was rendered (0: no template): splits the trace's template
+    # and tokenize spans. One clock read per request.
+    rendered_ns: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +91,9 @@ def prepare_chat(artifacts: ModelArtifacts, chat: ChatInput, context_length: int
     """``context_length`` (0: unknown) and ``max_tokens`` refuse a prompt that surely cannot fit before it is
     encoded (refuse_surely_too_long); the exact check follows encoding (check_context)."""
     prompt = render_chat_prompt(artifacts, chat)
+    rendered_ns = time.time_ns()
     refuse_surely_too_long(artifacts, prompt, context_length, max_tokens, "messages")
-    return PreparedPrompt(encode(artifacts, prompt), prompt_opens_reasoning(prompt), prompt)
+    return PreparedPrompt(encode(artifacts, prompt), prompt_opens_reasoning(prompt), prompt, rendered_ns)
 
 
 def prepare_text(artifacts: ModelArtifacts, text: str, context_length: int = 0,

@@ -9,6 +9,9 @@ DEFAULT_MAX_ITEMS = 16
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_REDIRECTS = 3
 DEFAULT_UUID_CACHE_BYTES = 256 * 1024 * 1024
+# Every item's bytes travel in the one request message a worker receives, whose gRPC limit is 64 MiB
+# (services/common/grpc_server.py MAX_MESSAGE_BYTES): half of it for media leaves the prompt its room.
+MAX_REQUEST_MEDIA_BYTES = 32 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +28,8 @@ class MediaLimits:
     allow_private: bool = False
     # Bytes of media kept for parts that name only a uuid (least recently used dropped first; 0: none kept).
     uuid_cache_bytes: int = DEFAULT_UUID_CACHE_BYTES
+    # Most bytes of all of one request's media together (not a flag: bounded by the gRPC message size).
+    max_total_bytes: int = MAX_REQUEST_MEDIA_BYTES
 
     def errors(self) -> list[str]:
         out = []

@@ -121,6 +121,7 @@ class MediaResolver:
         out: list[Resolved] = []
         by_uuid: dict[str, Resolved] = {}
         decoded: dict[str, Resolved] = {}  # URL -> its item, so a URL repeated in the request decodes once
+        total = 0
         for part in parts:
             if not part.url and not part.data:  # a uuid-only reference
                 item = by_uuid.get(part.uuid) or self._uuids.get(part.uuid)
@@ -139,6 +140,10 @@ class MediaResolver:
                 by_uuid[part.uuid] = item
                 self._uuids.put(part.uuid, item)
             out.append(item)
+            total += len(item.content)
+            if total > self.limits.max_total_bytes:
+                raise InvalidRequest(f"the request's media come to more than {self.limits.max_total_bytes} bytes "
+                                     "together", param="messages")
         return out
 
     async def _load(self, part: MediaPart, fetches: dict[str, asyncio.Task[tuple[bytes, str]]]) -> Resolved:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.common.decision_record import CandidateScore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +34,7 @@ class RouteQuery:
     block_hashes: tuple[int, ...] = ()
     prompt_tokens: int = 0
     pinned_worker_id: str = ""
+    explain: bool = False  # the caller wants the decision's record: a scoring policy fills Decision.scores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,3 +43,5 @@ class Decision:
 
     worker_id: str
     overlap_blocks: int = 0
+    # Only when RouteQuery.explain asked and the policy scores candidates (kv): what it saw of each.
+    scores: tuple[CandidateScore, ...] = ()

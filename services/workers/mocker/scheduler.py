@@ -140,6 +140,8 @@ class Scheduler:
             if not self._allocate(seq):
                 break
             self.waiting.popleft()
+            if seq.stream is not None:
+                seq.stream.mark_scheduled()
             seq.state = SeqState.RUNNING
             self.running.append(seq)
             budget -= self._prefill(seq, budget, out)

@@ -33,7 +33,6 @@ from services.workers.engine_worker import EngineFlags, EngineFlagSpec, parse_en
 
 OWNED_ENGINE_FLAGS = {
     "--model-path": "--model-dir",
-    "--model": "--model-dir",  # SGLang's alias of --model-path
     "--served-model-name": "--model-name",
     "--kv-events-config": "nothing (Meshfront turns KV events on itself)",
     "--incremental-streaming-output": "nothing (the worker turns SGLang's stream into deltas itself)",

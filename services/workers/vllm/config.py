@@ -26,7 +26,7 @@ from services.workers.config import ConfigError
 from services.workers.engine_worker import EngineFlags, EngineFlagSpec, parse_engine_flags
 from services.workers.vllm.lora import split_lora_modules
 
-OWNED_ENGINE_FLAGS = {"--model": "--model-dir", "--served-model-name": "--model-name",
+OWNED_ENGINE_FLAGS = {"--served-model-name": "--model-name",
                       "--kv-events-config": "nothing (Meshfront turns KV events on itself)"}
 DESCRIPTION = ("vLLM's async engine behind the worker API. Flags not listed here are vLLM engine "
                "arguments, passed through unchanged (see `vllm serve --help`).")

@@ -62,7 +62,8 @@ async def mesh(nats_url):
     await registry.start()
     built.start()
     server = GrpcServer("router", "127.0.0.1", 0)
-    router_pb2_grpc.add_RouterServiceServicer_to_server(RouterServicer(built.service), server.server)
+    servicer = RouterServicer(built.service, built.parts["metrics"].route_duration)
+    router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server.server)
     await server.start()
     await wait_for(lambda: len(registry.workers_for("m")) == 4, 15, "the four cards")
     async with grpc.aio.insecure_channel(server.address) as ch:

@@ -8,6 +8,7 @@ from services.common.discovery import ModelCard, WorkerCard
 from services.common.errors import ModelNotFound, from_rpc_error
 from services.common.grpc_server import GrpcServer
 from services.router.core.policies import build_policy
+from services.router.metrics import RouterMetrics
 from services.router.server import RouterServicer
 from services.router.service import Router
 
@@ -20,15 +21,23 @@ WORKERS = [WorkerCard(f"w{i}", f"127.0.0.1:{9500 + i}", ModelCard("m", "/models/
 async def stub():
     router = Router(lambda model: [w for w in WORKERS if w.model.name == model], build_policy("least-loaded"))
     server = GrpcServer("router", "127.0.0.1", 0)
-    router_pb2_grpc.add_RouterServiceServicer_to_server(RouterServicer(router), server.server)
+    metrics = RouterMetrics()  # its own registry: each test counts from zero
+    router_pb2_grpc.add_RouterServiceServicer_to_server(RouterServicer(router, metrics.route_duration), server.server)
     await server.start()
     async with grpc.aio.insecure_channel(server.address) as ch:
-        yield router_pb2_grpc.RouterServiceStub(ch), router
+        yield router_pb2_grpc.RouterServiceStub(ch), router, metrics
     await server.stop()
 
 
+async def test_route_calls_are_timed(stub):
+    s, _, metrics = stub
+    for rid in ("a", "b", "c"):
+        await s.Route(router_pb2.RouteRequest(request_id=rid, model="m", prompt_tokens=10))
+    assert metrics.registry.get_sample_value("meshfront_router_route_duration_seconds_count") == 3
+
+
 async def test_route_books_and_release_frees(stub):
-    s, router = stub
+    s, router, _ = stub
     a = await s.Route(router_pb2.RouteRequest(request_id="a", model="m", prompt_tokens=10))
     b = await s.Route(router_pb2.RouteRequest(request_id="b", model="m", prompt_tokens=10))
     assert {a.worker_id, b.worker_id} == {"w0", "w1"}  # least-loaded spreads
@@ -38,14 +47,14 @@ async def test_route_books_and_release_frees(stub):
 
 
 async def test_pin_wins_in_any_mode(stub):
-    s, _ = stub
+    s, _, _ = stub
     for i in range(3):
         r = await s.Route(router_pb2.RouteRequest(request_id=f"p{i}", model="m", worker_id="w1"))
         assert r.worker_id == "w1"
 
 
 async def test_unknown_model_is_not_found_with_our_error_info(stub):
-    s, _ = stub
+    s, _, _ = stub
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await s.Route(router_pb2.RouteRequest(request_id="x", model="nope"))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND

@@ -53,3 +53,34 @@ def test_postprocessor_replicas_each_get_a_port_and_the_gateway_lists_them_all()
     for bad in (["--postprocessors", "0"], ["--inproc", "--postprocessors", "2"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+@pytest.mark.parametrize("free_ports", [False, True])
+def test_nats_cluster_runs_three_routed_nodes_and_every_process_lists_them_all(free_ports):
+    from services.launcher.plan import MeshPlan, WorkerSpec, specs
+    from services.launcher.run import STOP_ORDER, _placement
+
+    args = parse_args(["--nats-cluster", "3", "--embedding-workers", "0", "--image-workers", "0",
+                       "--video-workers", "0", *(["--free-ports"] if free_ports else [])])
+    workers = [WorkerSpec("/models/demo", "demo", "mocker")] * args.workers
+    plan = MeshPlan(workers=workers, nats_cluster=args.nats_cluster, **_placement(args))
+    by_name = {s.name: s for s in specs(plan)}
+    nodes = [by_name[n] for n in ("nats", "nats-1", "nats-2")]
+    assert len({n.ready_port for n in nodes}) == 3 and len(plan.nats_dirs) == 3
+    routes = {n.argv[n.argv.index("--cluster") + 1] for n in nodes}
+    for node in nodes:  # each node names itself, joins the one cluster and routes to the two others
+        argv = node.argv
+        assert argv[argv.index("-n") + 1] == node.name and argv[argv.index("--cluster_name") + 1] == "meshfront"
+        assert set(argv[argv.index("--routes") + 1].split(",")) == routes - {argv[argv.index("--cluster") + 1]}
+        assert "-js" in argv and argv[argv.index("-sd") + 1] == str(plan.run_dir / f"nats-{node.ready_port}")
+    urls = ",".join(f"nats://127.0.0.1:{n.ready_port}" for n in nodes)
+    for name in ("mocker-0", "router", "gateway-0", "preprocessor", "postprocessor"):
+        argv = by_name[name].argv
+        assert argv[argv.index("--nats-url") + 1] == urls, name
+    assert "nats-*" in STOP_ORDER[-1]  # stopped last, after every client
+    single = MeshPlan(workers=workers, **_placement(parse_args(["--embedding-workers", "0", "--image-workers", "0",
+                                                                "--video-workers", "0"])))
+    assert single.nats_url == "nats://127.0.0.1:4222"
+    assert "--cluster" not in next(s for s in specs(single) if s.name == "nats").argv
+    with pytest.raises(SystemExit):
+        parse_args(["--nats-cluster", "2"])  # two nodes have no majority once one dies

@@ -125,6 +125,11 @@ async def test_inline_limits_and_non_images_are_400s():
         await resolver.resolve([item(url=data_url(png(200, 200, seed=9)))])
     with pytest.raises(InvalidRequest, match=r"image_url.url': it is not an image"):
         await resolver.resolve([item(url=data_url(b"plain text, not pixels"))])
+    small = png(20, 20, seed=1)
+    together = MediaResolver(MediaLimits(max_total_bytes=len(small) * 2 - 1))
+    with pytest.raises(InvalidRequest, match=f"more than {len(small) * 2 - 1} bytes together"):
+        await together.resolve([item(url=data_url(small)), item(url=data_url(small) + "")])
+    await together.close()
     audio = await resolver.resolve([item(modality="audio", data=base64.b64encode(b"RIFF....").decode(), format="wav")])
     assert audio[0].content == b"RIFF...." and audio[0].info.mime_type == "audio/wav"
     await resolver.close()

@@ -115,3 +115,19 @@ def test_the_full_media_contract_reaches_the_engine_request():
         request_id="r", token_ids=[1] * 8, media=[item])))
     assert r.media == (MediaInput("image", content=b"\x89PNG", mime_type="image/png", content_hash=5, uuid="u1",
                                   token_offset=3, token_count=4, width=28, height=56),)
+
+
+def test_a_block_that_fills_while_decoding_keeps_its_image_salt():
+    from services.common.hashing import block_hashes, media_block_infos, sequence_hashes
+    from services.workers.mocker.sequence import Sequence, full_blocks
+
+    prompt = list(range(1000, 1030)) + [PAD] * 10  # 40 tokens; the image's run 30..39 spills into block 2
+    infos = media_block_infos([(30, 10, 99)], 16)
+    seq = Sequence("r", prompt, plan=None, prompt_blocks=full_blocks(prompt, 16, infos), mm_infos=infos)
+    seq.held = list(seq.prompt_blocks)
+    seq.output = list(range(5000, 5008))  # block 2 (positions 32..47) is full now
+    tail = seq.tail_block(16)
+    everything = prompt + seq.output
+    assert tail.tokens_hash == block_hashes(everything, 16, block_mm_infos=infos)[2]
+    assert tail.block_hash == sequence_hashes(block_hashes(everything, 16, block_mm_infos=infos))[2]
+    assert tail.tokens_hash != block_hashes(everything, 16)[2]

@@ -32,7 +32,7 @@ def test_one_worker_id_names_the_card_and_the_event_endpoints(demo_model_dir):
     assert parse_config(["--model-dir", str(demo_model_dir), "--no-register"], env={}).kv_events_endpoint == ""
 
 
-@pytest.mark.parametrize("flag", ["--model", "--served-model-name", "--kv-events-config"])
+@pytest.mark.parametrize("flag", ["--served-model-name", "--kv-events-config"])
 def test_flags_the_worker_owns_are_refused_with_the_replacement(demo_model_dir, flag):
     with pytest.raises(ConfigError, match=f"{flag} is set by the worker"):
         parse_config(["--model-dir", str(demo_model_dir), f"{flag}=x"], env={})
@@ -40,5 +40,5 @@ def test_flags_the_worker_owns_are_refused_with_the_replacement(demo_model_dir, 
 
 def test_every_problem_is_reported_together(tmp_path):
     with pytest.raises(ConfigError) as err:
-        parse_config(["--model-dir", str(tmp_path / "missing"), "--model", "x", "--port", "99999"], env={})
+        parse_config(["--model-dir", str(tmp_path / "missing"), "--served-model-name", "x", "--port", "99999"], env={})
     assert len(err.value.errors) == 3, err.value.errors

@@ -17,10 +17,17 @@ from services.router.core.policies.least_loaded import LeastLoaded
 from services.router.core.policies.random_choice import RandomChoice
 from services.router.core.policies.round_robin import RoundRobin
 
-__all__ = ["DEFAULT_MODE", "POLICY_NAMES", "KvSettings", "Policy", "build_policy"]
+__all__ = ["DEFAULT_MODE", "POLICY_NAMES", "KvSettings", "Policy", "build_policy", "policy_name"]
 
 POLICY_NAMES = ("round-robin", "random", "least-loaded", "direct", "kv")
 DEFAULT_MODE = "round-robin"
+_NAME_OF = {RoundRobin: "round-robin", RandomChoice: "random", LeastLoaded: "least-loaded", Direct: "direct",
+            KvAware: "kv"}
+
+
+def policy_name(policy: Policy) -> str:
+    """The --router-mode name of a policy built by ``build_policy`` (a decision record names it)."""
+    return _NAME_OF[type(policy)]
 
 
 @dataclasses.dataclass(frozen=True)

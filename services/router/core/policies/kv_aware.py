@@ -31,6 +31,7 @@ import random
 import zlib
 from collections.abc import Sequence
 
+from services.common.decision_record import CandidateScore
 from services.common.hashing import sequence_hashes
 from services.router.core.active import ActiveRequests
 from services.router.core.approximate import ApproximateCache
@@ -91,7 +92,17 @@ class KvAware:
         pick = self._pick(eligible, logits, query.request_id)
         expected = max(overlaps.get(pick.worker_id, 0), self.active.shared_prefix(pick.worker_id, seq))
         self._count(candidates, eligible, overlaps, expected)
-        return Decision(pick.worker_id, expected)
+        scores = self._scores(candidates, eligible, logits, overlaps, seq) if query.explain else ()
+        return Decision(pick.worker_id, expected, scores)
+
+    def _scores(self, candidates: Sequence[Candidate], eligible: Sequence[Candidate], logits: Sequence[float],
+                overlaps: dict[str, int], seq: Sequence[int]) -> tuple[CandidateScore, ...]:
+        """What ``choose`` saw of each candidate (asked for by RouteQuery.explain only)."""
+        logit = {c.worker_id: x for c, x in zip(eligible, logits, strict=True)}
+        return tuple(CandidateScore(c.worker_id, max(overlaps.get(c.worker_id, 0),
+                                                     self.active.shared_prefix(c.worker_id, seq)),
+                                    c.in_flight, c.booked_prompt_tokens, self.active_blocks(c.worker_id),
+                                    logit.get(c.worker_id), c.worker_id in logit) for c in candidates)
 
     def overlaps(self, local_hashes: Sequence[int]) -> dict[str, int]:
         """Per worker, the prompt's leading blocks it caches or its running requests hold (as ``choose`` counts

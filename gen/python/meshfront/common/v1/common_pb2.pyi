@@ -127,7 +127,7 @@ class TopLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class PreprocessedRequest(_message.Message):
-    __slots__ = ("request_id", "model", "token_ids", "sampling", "stop", "output", "eos_token_ids", "media", "annotations", "disaggregation", "lora")
+    __slots__ = ("request_id", "model", "token_ids", "sampling", "stop", "output", "eos_token_ids", "media", "annotations", "disaggregation", "traceparent", "lora")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class PreprocessedRequest(_message.Message):
     MEDIA_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     DISAGGREGATION_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
@@ -149,8 +150,9 @@ class PreprocessedRequest(_message.Message):
     media: _containers.RepeatedCompositeFieldContainer[MediaItem]
     annotations: _containers.RepeatedScalarFieldContainer[str]
     disaggregation: DisaggregationParams
+    traceparent: str
     lora: LoraAdapter
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., media: _Optional[_Iterable[_Union[MediaItem, _Mapping]]] = ..., annotations: _Optional[_Iterable[str]] = ..., disaggregation: _Optional[_Union[DisaggregationParams, _Mapping]] = ..., lora: _Optional[_Union[LoraAdapter, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., media: _Optional[_Iterable[_Union[MediaItem, _Mapping]]] = ..., annotations: _Optional[_Iterable[str]] = ..., disaggregation: _Optional[_Union[DisaggregationParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., lora: _Optional[_Union[LoraAdapter, _Mapping]] = ...) -> None: ...
 
 class LoraAdapter(_message.Message):
     __slots__ = ("name", "path")
@@ -215,7 +217,7 @@ class ToolChoice(_message.Message):
     def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function_name: _Optional[str] = ...) -> None: ...
 
 class PostprocessOptions(_message.Message):
-    __slots__ = ("model_dir", "tool_call_parser", "reasoning_parser", "prompt_opens_reasoning", "tools_json", "tool_choice", "thinking_disabled", "single_tool_call", "stream_interval")
+    __slots__ = ("model_dir", "tool_call_parser", "reasoning_parser", "prompt_opens_reasoning", "tools_json", "tool_choice", "thinking_disabled", "single_tool_call", "stream_interval", "model_files")
     MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +227,7 @@ class PostprocessOptions(_message.Message):
     THINKING_DISABLED_FIELD_NUMBER: _ClassVar[int]
     SINGLE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FILES_FIELD_NUMBER: _ClassVar[int]
     model_dir: str
     tool_call_parser: str
     reasoning_parser: str
@@ -234,4 +237,5 @@ class PostprocessOptions(_message.Message):
     thinking_disabled: bool
     single_tool_call: bool
     stream_interval: int
-    def __init__(self, model_dir: _Optional[str] = ..., tool_call_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., thinking_disabled: _Optional[bool] = ..., single_tool_call: _Optional[bool] = ..., stream_interval: _Optional[int] = ...) -> None: ...
+    model_files: str
+    def __init__(self, model_dir: _Optional[str] = ..., tool_call_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., thinking_disabled: _Optional[bool] = ..., single_tool_call: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., model_files: _Optional[str] = ...) -> None: ...

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouteRequest(_message.Message):
-    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "first_tokens", "session_id", "session_action", "session_timeout_s", "priority_jump_s", "prefill_worker_id", "decode_worker_id")
+    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "first_tokens", "session_id", "session_action", "session_timeout_s", "priority_jump_s", "prefill_worker_id", "decode_worker_id", "explain")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class RouteRequest(_message.Message):
     PRIORITY_JUMP_S_FIELD_NUMBER: _ClassVar[int]
     PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DECODE_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -36,10 +37,11 @@ class RouteRequest(_message.Message):
     priority_jump_s: float
     prefill_worker_id: str
     decode_worker_id: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ..., prefill_worker_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ...) -> None: ...
+    explain: bool
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ..., prefill_worker_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., explain: _Optional[bool] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token", "reads_first_token_reports", "queue_depth", "prefill_worker_id", "prefill_address", "prefill_overlap_blocks", "disaggregation_reason")
+    __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token", "reads_first_token_reports", "queue_depth", "prefill_worker_id", "prefill_address", "prefill_overlap_blocks", "disaggregation_reason", "decision")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +52,7 @@ class RouteResponse(_message.Message):
     PREFILL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DISAGGREGATION_REASON_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     overlap_blocks: int
@@ -60,7 +63,44 @@ class RouteResponse(_message.Message):
     prefill_address: str
     prefill_overlap_blocks: int
     disaggregation_reason: str
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., report_first_token: _Optional[bool] = ..., reads_first_token_reports: _Optional[bool] = ..., queue_depth: _Optional[int] = ..., prefill_worker_id: _Optional[str] = ..., prefill_address: _Optional[str] = ..., prefill_overlap_blocks: _Optional[int] = ..., disaggregation_reason: _Optional[str] = ...) -> None: ...
+    decision: RoutingDecision
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., report_first_token: _Optional[bool] = ..., reads_first_token_reports: _Optional[bool] = ..., queue_depth: _Optional[int] = ..., prefill_worker_id: _Optional[str] = ..., prefill_address: _Optional[str] = ..., prefill_overlap_blocks: _Optional[int] = ..., disaggregation_reason: _Optional[str] = ..., decision: _Optional[_Union[RoutingDecision, _Mapping]] = ...) -> None: ...
+
+class RoutingDecision(_message.Message):
+    __slots__ = ("policy", "chosen_by", "worker_id", "prefill_worker_id", "candidates", "predicted_cached_tokens", "prompt_tokens")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    CHOSEN_BY_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    chosen_by: str
+    worker_id: str
+    prefill_worker_id: str
+    candidates: _containers.RepeatedCompositeFieldContainer[CandidateScore]
+    predicted_cached_tokens: int
+    prompt_tokens: int
+    def __init__(self, policy: _Optional[str] = ..., chosen_by: _Optional[str] = ..., worker_id: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[CandidateScore, _Mapping]]] = ..., predicted_cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class CandidateScore(_message.Message):
+    __slots__ = ("worker_id", "overlap_blocks", "in_flight", "booked_prompt_tokens", "active_blocks", "score", "eligible")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    BOOKED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    ELIGIBLE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    overlap_blocks: int
+    in_flight: int
+    booked_prompt_tokens: int
+    active_blocks: int
+    score: float
+    eligible: bool
+    def __init__(self, worker_id: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., in_flight: _Optional[int] = ..., booked_prompt_tokens: _Optional[int] = ..., active_blocks: _Optional[int] = ..., score: _Optional[float] = ..., eligible: _Optional[bool] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("request_id", "first_token", "cached_tokens", "prompt_tokens")

@@ -1,0 +1,80 @@
+"""Buckets get three replicas on a clustered JetStream and one on a lone server; discovery's TTL follows."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nats.js.errors import APIError, ServerError
+
+from services.common.discovery import CLUSTER_TTL_S, DEFAULT_TTL_S, discovery_ttl_s
+from services.common.jetstream_replicas import NOT_CLUSTERED, create_replicated, nats_servers
+
+pytestmark = pytest.mark.unit
+
+
+def _creator(refuse: APIError | None):
+    asked: list[int] = []
+
+    async def create(replicas: int) -> int:
+        asked.append(replicas)
+        if refuse is not None and replicas > 1:
+            raise refuse
+        return replicas
+
+    return create, asked
+
+
+def test_three_replicas_on_a_cluster_one_where_the_server_refuses_replicas():
+    create, asked = _creator(None)
+    assert asyncio.run(create_replicated(create)) == 3 and asked == [3]
+    create, asked = _creator(ServerError(code=500, err_code=NOT_CLUSTERED,
+                                         description="replicas > 1 not supported in non-clustered mode"))
+    assert asyncio.run(create_replicated(create)) == 1 and asked == [3, 1]
+
+
+def test_other_errors_are_not_taken_for_a_lone_server():
+    create, asked = _creator(ServerError(code=503, err_code=10023, description="insufficient resources"))
+    with pytest.raises(APIError):
+        asyncio.run(create_replicated(create))
+    assert asked == [3]  # a cluster short of nodes is not given a single copy behind the operator's back
+
+
+def test_every_node_url_and_the_ttl_that_follows():
+    assert nats_servers("nats://a:4222, nats://b:4222,nats://c:4222") == ["nats://a:4222", "nats://b:4222",
+                                                                        "nats://c:4222"]
+    assert discovery_ttl_s("nats://a:4222") == DEFAULT_TTL_S
+    assert discovery_ttl_s("nats://a:4222,nats://b:4222,nats://c:4222") == CLUSTER_TTL_S
+
+
+def test_a_leaderless_stream_is_waited_for_and_other_errors_are_not():
+    from nats.js.errors import NoStreamResponseError
+
+    from services.common.jetstream_replicas import through_failover
+
+    tries: list[int] = []
+
+    async def elected_on_third_try() -> str:
+        tries.append(1)
+        if len(tries) < 3:
+            raise NoStreamResponseError
+        return "stored"
+
+    assert asyncio.run(through_failover(elected_on_third_try, 1.0)) == "stored" and len(tries) == 3
+    with pytest.raises(NoStreamResponseError):  # past the failover budget the error reaches the caller
+        asyncio.run(through_failover(_never, 1.0, failover_s=0.6))
+
+    async def refused() -> None:
+        tries.append(1)
+        raise ServerError(code=400, err_code=10071, description="wrong last sequence")
+
+    tries.clear()
+    with pytest.raises(APIError):
+        asyncio.run(through_failover(refused, 1.0))
+    assert len(tries) == 1
+
+
+async def _never() -> None:
+    from nats.js.errors import NoStreamResponseError
+
+    raise NoStreamResponseError
