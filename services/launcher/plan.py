@@ -13,6 +13,7 @@ import random
 import socket
 import sys
 import urllib.parse
+from collections.abc import Sequence
 
 from services.launcher import envoy_config
 from services.launcher.engine_env import ENGINES
@@ -47,6 +48,18 @@ def worker_argv(kind: str, *args: str) -> list[str]:
     """A worker's command line; an engine worker runs from its engine environment's python."""
     python = str(ENGINES[kind].python) if kind in ENGINES else sys.executable
     return [python, "-m", WORKER_MODULES[kind], *args]
+
+
+def preprocessor_engine(args: Sequence[str]) -> str | None:
+    """The engine environment the preprocessor runs from: the one its ``--chat-processor`` names (an engine's
+    renderer imports the engine); None for ours."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == "--chat-processor" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--chat-processor="):
+            value = arg.split("=", 1)[1]
+    return value if value in ENGINES else None
 
 
 @dataclasses.dataclass
@@ -274,14 +287,19 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
         out.append(ProcessSpec(f"{w.kind}-{i}", worker_argv(w.kind, "--port", str(port), "--model-dir", w.model_dir,
                                                             "--model-name", w.model_name, *common, *w.extra,
                                                             *plan.process_flags(f"{w.kind}-{i}")), port, env))
+    renderer_engine = preprocessor_engine(plan.service_args.get("preprocessor", ()))
+    if plan.inproc and renderer_engine is not None:
+        raise ValueError(f"--chat-processor {renderer_engine} for the preprocessor needs it as its own process "
+                         "(the all-in-one's preprocessor renders with ours)")
     if plan.inproc:
         gateway_module = "services.allinone"
         stage = ["--router-mode", plan.router_mode, *allinone_stage_args(plan)]
     else:
         out += [
-            ProcessSpec("preprocessor", _py("services.preprocessor", "--port", str(plan.preprocessor_port), *common,
-                                            *plan.service_args.get("preprocessor", ()),
-                                            *plan.process_flags("preprocessor")), plan.preprocessor_port, env),
+            ProcessSpec("preprocessor", [str(ENGINES[renderer_engine].python) if renderer_engine else sys.executable,
+                                         "-m", "services.preprocessor", "--port", str(plan.preprocessor_port),
+                                         *common, *plan.service_args.get("preprocessor", ()),
+                                         *plan.process_flags("preprocessor")], plan.preprocessor_port, env),
             *(ProcessSpec(name, _py("services.router", "--port", str(port), "--router-mode", plan.router_mode,
                                     *common, *plan.service_args.get("router", ()), *plan.process_flags(name)),
                           port, env)

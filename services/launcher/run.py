@@ -29,7 +29,16 @@ from services.launcher import trace_viewer
 from services.launcher.demo_lora import check_demo_lora, demo_lora_flags
 from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
-from services.launcher.plan import ROOT, WORKER_MODULES, MeshPlan, ProcessSpec, WorkerSpec, free_port, specs
+from services.launcher.plan import (
+    ROOT,
+    WORKER_MODULES,
+    MeshPlan,
+    ProcessSpec,
+    WorkerSpec,
+    free_port,
+    preprocessor_engine,
+    specs,
+)
 from services.launcher.supervise import RestartPolicy, Spec, Supervisor
 from services.models.minilm import EmbeddingModelMissing
 from services.preprocessor.core.template_check import read_chat_template
@@ -180,11 +189,13 @@ def _check_roles(args: argparse.Namespace) -> None:
 
 
 def _prepare_environments(args: argparse.Namespace) -> None:
-    """The engine's environment for engine workers, and the trace viewer's for --trace (built alike).
+    """The environments the processes run from: an engine's for engine workers and for a preprocessor rendering
+    with that engine's renderer, the trace viewer's for --trace (built alike).
 
     Raises:
         EngineEnvError: a step of building one failed."""
-    for kind in [args.worker_kind] * (args.worker_kind in ENGINES) + ["phoenix"] * args.trace:
+    engines = [e for e in (args.worker_kind, preprocessor_engine(args.preprocessor_flag)) if e in ENGINES]
+    for kind in dict.fromkeys(engines + ["phoenix"] * args.trace):
         ensure_engine_env(kind, say=lambda line: print(line, flush=True))
 
 

@@ -13,12 +13,16 @@ from services.common.discovery import ModelCard, WorkerRegistry
 from services.common.model_files import ModelFilesResolver
 from services.common.warmup import warm_each_new_model
 from services.preprocessor.config import PreprocessorConfig
+from services.preprocessor.core.renderers import load_chat_renderer
 from services.preprocessor.media.resolve import MediaResolver
 from services.preprocessor.service import Preprocessor
 
 
 def build(cfg: PreprocessorConfig, registry: WorkerRegistry) -> Built[Preprocessor]:
-    """The preprocessor over ``registry``'s model cards (subscribed to it; the caller starts it after building)."""
+    """The preprocessor over ``registry``'s model cards (subscribed to it; the caller starts it after building).
+
+    Raises ``ChatRendererUnavailable`` when ``--chat-processor`` names an engine that is not installed.
+    """
     def model_card(name: str) -> ModelCard | None:
         """The model's card, accepting the media every one of its workers declares."""
         cards = registry.workers_for(name)
@@ -35,7 +39,8 @@ def build(cfg: PreprocessorConfig, registry: WorkerRegistry) -> Built[Preprocess
                                 default_template_kwargs=cfg.default_chat_template_kwargs,
                                 hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none,
                                 chat_template=cfg.chat_template, media=MediaResolver(cfg.media),
-                                model_files=model_files)
+                                model_files=model_files,
+                                chat_renderer=load_chat_renderer(cfg.chat_processor))  # vllm: seconds to import
     # A newly served model's tokenizer and template load now, not on its first request.
     return Built(preprocessor, closers=[warm_each_new_model(registry, preprocessor.warm), preprocessor.media.close,
                                         model_files.close])

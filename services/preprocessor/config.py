@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors
+from services.preprocessor.core.renderers import CHAT_PROCESSORS, DEFAULT_CHAT_PROCESSOR
 from services.preprocessor.core.template_check import read_chat_template
 from services.preprocessor.media.limits import MediaLimits
 from services.preprocessor.service import DEFAULT_OFFLOAD_THRESHOLD
@@ -35,11 +36,16 @@ class PreprocessorConfig:
     tls_ca: str = ""
     # Bounds on fetching and decoding chat media (--media-*).
     media: MediaLimits = MediaLimits()
+    # Who renders and tokenizes chats: ours, or an engine's own renderer (services/preprocessor/core/renderers).
+    chat_processor: str = DEFAULT_CHAT_PROCESSOR
 
     def validate(self) -> None:
         errors = common_errors(self.port, self.drain_grace_s) + self.media.errors()
         if self.offload_threshold < 0:
             errors.append("--offload-threshold must be >= 0")
+        if self.chat_processor not in CHAT_PROCESSORS:
+            errors.append(f"--chat-processor {self.chat_processor!r} is not one of {', '.join(CHAT_PROCESSORS)} "
+                          "(the preprocessor's)")
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -48,7 +54,21 @@ def parse_config(argv: Sequence[str] | None, env: Mapping[str, str] | None = Non
     p = FlagParser("preprocessor", "Chat templates, tokenization and KV block hashes.", env)
     add_common_flags(p, port=DEFAULT_PORT)
     add_flags(p)
-    return from_args(p.parse(argv))
+    add_chat_processor_flag(p)
+    args = p.parse(argv)
+    cfg = dataclasses.replace(from_args(args), chat_processor=args.chat_processor)
+    cfg.validate()
+    return cfg
+
+
+def add_chat_processor_flag(p: Flags) -> None:
+    """The preprocessor process's --chat-processor. Not in ``add_flags``: the all-in-one process's flag of
+    that name is the postprocessor's, and its preprocessor renders with ours (an engine's renderer needs
+    the engine's environment, where the preprocessor runs as its own process)."""
+    p.add("--chat-processor", default=DEFAULT_CHAT_PROCESSOR,
+          help=f"who renders and tokenizes chat prompts: {' | '.join(CHAT_PROCESSORS)} (vllm: vLLM's own "
+               "renderer; the preprocessor must run from vLLM's environment, as meshfront run starts it; "
+               "see docs/parsers.md)")
 
 
 def add_flags(p: Flags) -> None:

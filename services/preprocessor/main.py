@@ -9,6 +9,7 @@ from services.common.assembly import Built
 from services.common.grpc_server import GrpcServer
 from services.preprocessor.assembly import build
 from services.preprocessor.config import parse_config
+from services.preprocessor.core.renderers import ChatRendererUnavailable
 from services.preprocessor.metrics import preprocessor_metrics
 from services.preprocessor.server import add_to_server
 from services.preprocessor.service import Preprocessor
@@ -21,7 +22,7 @@ def _serve(preprocessor: Built[Preprocessor], server: GrpcServer) -> None:
 # parse_config also reads and compiles --chat-template: a template that does not compile is a bad value.
 SPEC = service_main.ServiceSpec(name="preprocessor", parse=parse_config,
                                 build=lambda cfg, registry, _tls: build(cfg, registry), serve=_serve,
-                                metrics=preprocessor_metrics)
+                                metrics=preprocessor_metrics, unavailable=(ChatRendererUnavailable,))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

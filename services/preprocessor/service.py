@@ -28,6 +28,7 @@ from services.preprocessor.core import embeddings as embed_inputs
 from services.preprocessor.core import messages as msgs
 from services.preprocessor.core import prompt as core
 from services.preprocessor.core.artifacts import ArtifactCache, ArtifactError, ModelArtifacts
+from services.preprocessor.core.renderers import ChatRenderer, OursChatRenderer
 from services.preprocessor.media import placement
 from services.preprocessor.media.limits import MediaLimits
 from services.preprocessor.media.resolve import MediaResolver, Resolved
@@ -73,13 +74,14 @@ class Preprocessor:
         models: model name -> card (from the worker registry), or None when no worker serves it.
         cache: loaded model artifacts, shared if several preprocessors run in one process.
         offload_threshold: prompt size above which work moves to a thread.
+        chat_renderer: who renders and tokenizes chats (--chat-processor; default: ours).
     """
 
     def __init__(self, models: ModelLookup, cache: ArtifactCache | None = None,
                  offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD, *,
                  default_template_kwargs: dict[str, Any] | None = None, hide_tools_for_choice_none: bool = True,
                  chat_template: str = "", media: MediaResolver | None = None,
-                 model_files: ModelFilesResolver | None = None):
+                 model_files: ModelFilesResolver | None = None, chat_renderer: ChatRenderer | None = None):
         self._models = models
         # Cards' model files from NATS (services/common/model_files.py); None: read each card's model_dir.
         self._files = model_files
@@ -93,6 +95,9 @@ class Preprocessor:
         # Fetches and decodes each request's media once (--media-* bounds).
         self.media = media or MediaResolver(MediaLimits())
         self._vision_specs: dict[str, placement.VisionSpec] = {}
+        self._chat_renderer = chat_renderer or OursChatRenderer()
+        # Model directory -> its artifacts, once they and the chat renderer are loaded for it.
+        self._ready: dict[str, ModelArtifacts] = {}
 
     async def preprocess(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse:
         if not tracing.ENABLED:
@@ -137,7 +142,8 @@ class Preprocessor:
                                   hide_tools_for_choice_none=self._hide_tools_for_none,
                                   template_override=self._chat_template,
                                   media_markers=spec.markers() if spec else {})
-            prepared = await self._run(chat.size(), core.prepare_chat, artifacts, chat, context_length, max_tokens)
+            prepared = await self._run(chat.size(), self._chat_renderer.prepare_chat, artifacts, chat, context_length,
+                                       max_tokens)
             param = "messages"
         elif kind == "text":
             prepared = await self._run(len(req.text), core.prepare_text, artifacts, req.text, context_length,
@@ -235,11 +241,11 @@ class Preprocessor:
         model_dir = card.model_dir
         if self._files is not None:
             model_dir = self._files.peek(card.model_dir, card.model_files) or await self._fetch_files(card)
-        cached = self._cache.peek(model_dir)
-        if cached is not None:
-            return cached
+        ready = self._ready.get(model_dir)
+        if ready is not None:
+            return ready
         try:
-            return await asyncio.to_thread(self._cache.get, model_dir)
+            return await asyncio.to_thread(self._load, model_dir)
         except (ArtifactError, OSError) as e:
             log.error("cannot load model %s from %s: %s", card.name, model_dir, e)
             raise Internal(f"The model `{card.name}` cannot be loaded by the preprocessor.") from e
@@ -251,6 +257,14 @@ class Preprocessor:
         except ModelFilesUnavailable as e:
             log.error("model %s: %s", card.name, e)  # NATS or the worker's upload: both come back by themselves
             raise StageUnavailable(f"The files of model `{card.name}` are not available yet.") from None
+
+    def _load(self, model_dir: str) -> ModelArtifacts:
+        """The directory's artifacts, and the chat renderer ready for it (an engine's reads the model too:
+        seconds for vLLM's), before a request uses them."""
+        artifacts = self._cache.get(model_dir)
+        self._chat_renderer.warm(artifacts)
+        self._ready[model_dir] = artifacts
+        return artifacts
 
     async def _run(self, size: int, fn, *args):
         if size > self._offload_threshold:

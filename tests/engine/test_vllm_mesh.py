@@ -183,6 +183,27 @@ def test_prompt_over_the_context_window_is_a_400(client):
     assert "context" in str(err.value)
 
 
+def test_a_thinking_budget_closes_the_block_the_prompt_opened(client, tiny_lm_dir):
+    """nvext.max_thinking_tokens reaches vLLM's sampler as thinking_token_budget: with the prompt ending inside
+    <think> (its newline counts), the budget's last token is </think>, which the random model never writes."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_lm_dir)
+    prompt = list(tok.apply_chat_template([{"role": "user", "content": "Think first."}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False)) + tok.encode("<think>\n")
+    budget = 4
+
+    def tokens(nvext: dict) -> list[str]:
+        done = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, logprobs=0,
+                                         extra_body={"ignore_eos": True, "nvext": nvext})
+        assert done.usage.completion_tokens == 12
+        return done.choices[0].logprobs.tokens
+
+    free, capped = tokens({}), tokens({"max_thinking_tokens": budget})
+    assert "</think>" not in free
+    assert capped.index("</think>") == budget - 1 and capped[:budget - 1] == free[:budget - 1], capped
+
+
 def test_client_disconnect_leaves_vllm_nothing_running(engine_mesh):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Talk for a long time."}],
             "max_tokens": 2000, "ignore_eos": True}

@@ -7,8 +7,9 @@ are the mesh's one chat path. Every field is read or refused: unknown ones are a
 ``thinking`` maps onto the chat template's ``enable_thinking`` switch, which the reasoning parser
 follows: ``enabled`` (or ``adaptive``) turns it on, ``disabled`` off; absent leaves the model's
 default (the parser still splits any reasoning the model emits into ``thinking`` blocks).
-``budget_tokens`` is checked as Anthropic checks it (>= 1024 and below ``max_tokens``) but no
-engine here can cap thinking alone, so it bounds nothing beyond ``max_tokens``. ``output_config``
+``budget_tokens`` is checked as Anthropic checks it (>= 1024 and below ``max_tokens``) and travels
+to the worker as the thinking budget (``max_thinking_tokens``), which the worker enforces or refuses
+with a 400 (services/workers/thinking_budget.py). ``output_config``
 is structured output (``format``) and ``effort``; ``cache_control`` markers are accepted (the
 workers' prefix cache reuses shared prefixes without them).
 """
@@ -48,16 +49,16 @@ def _metadata(f: Fields) -> None:
     m.reject_unknown()
 
 
-def _thinking(f: Fields, max_tokens: int | None) -> dict[str, Any]:
-    """The chat_template_kwargs ``thinking`` implies ({} when absent)."""
+def _thinking(f: Fields, max_tokens: int | None) -> tuple[dict[str, Any], int | None]:
+    """The chat_template_kwargs ``thinking`` implies ({} when absent), and its budget."""
     raw = f.obj("thinking")
     if raw is None:
-        return {}
+        return {}, None
     t = Fields(raw, "thinking.")
     kind = t.str("type", required=True, allowed=("enabled", "disabled", "adaptive"))
     if kind == "disabled":
         t.reject_unknown()
-        return {"enable_thinking": False}
+        return {"enable_thinking": False}, None
     display = t.str("display")
     if display not in (None, "summarized"):
         raise InvalidRequest("'thinking.display' 'omitted' is not supported: thinking is always returned",
@@ -73,8 +74,10 @@ def _thinking(f: Fields, max_tokens: int | None) -> dict[str, Any]:
         if max_tokens is not None and budget >= max_tokens:
             raise InvalidRequest(f"'thinking.budget_tokens' ({budget}) must be less than 'max_tokens' ({max_tokens})",
                                  param="thinking.budget_tokens")
+    else:
+        budget = None
     t.reject_unknown()
-    return {"enable_thinking": True}
+    return {"enable_thinking": True}, budget
 
 
 def _output_config(f: Fields) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -131,7 +134,8 @@ def _chat(f: Fields, headers: dict[str, str], *, counting: bool) -> ChatRequest:
     # Top-level automatic caching, like a block's marker: the workers' prefix cache already applies.
     content.check_cache_control(f.obj("cache_control"), "cache_control")
     response_format, kwargs = _output_config(f)
-    kwargs.update(_thinking(f, sampling.max_tokens))
+    thinking_kwargs, sampling.max_thinking_tokens = _thinking(f, sampling.max_tokens)
+    kwargs.update(thinking_kwargs)
     f.reject_unknown()
     return ChatRequest(model=model, stream=stream, include_usage=True, n=1, sampling=sampling,
                        worker_id=headers.get("x-worker-instance-id", ""), messages=messages, tools=tools,

@@ -32,8 +32,8 @@ from services.workers.engine import (
     FinishReason,
     RequestRejected,
     TokenStream,
-    refuse_thinking_budget,
 )
+from services.workers.thinking_budget import ThinkingBudget, ThinkingMarkers, check
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,10 @@ class HfEngine:
     """Implements ``services.workers.engine.Engine`` over a transformers model directory."""
 
     def __init__(self, model_dir: str, *, context_length: int, eos_token_ids: Sequence[int] = (),
-                 threads: int = 0):
+                 threads: int = 0, thinking: ThinkingMarkers | None = None):
         self.model_dir = model_dir
+        # The thinking block's markers, from the worker's reasoning parser (services/workers/thinking_budget.py).
+        self.thinking = thinking or ThinkingMarkers(why_not="the worker registers no reasoning parser")
         self.context_length = context_length
         self.eos_token_ids = tuple(eos_token_ids)
         self.threads = threads
@@ -116,7 +118,7 @@ class HfEngine:
     def _max_tokens(self, prompt: list[int], request: EngineRequest) -> int:
         if request.guided is not None:
             raise RequestRejected(f"the hf worker has no guided decoding ({request.guided.kind()} was asked for)")
-        refuse_thinking_budget(request, "hf")
+        check(request, "hf", self.thinking)
         if not prompt:
             raise RequestRejected("the prompt is empty")
         room = self.context_length - len(prompt)
@@ -148,6 +150,9 @@ class HfEngine:
         params = request.sampling
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         eos = () if request.ignore_eos else (request.eos_token_ids or self.eos_token_ids)
+        budget = None
+        if request.max_thinking_tokens is not None:
+            budget = ThinkingBudget(self.thinking, request.max_thinking_tokens, prompt)
         history = None
         if params.frequency_penalty or params.presence_penalty or params.repetition_penalty:
             history = TokenHistory(model.config.vocab_size, prompt)
@@ -161,8 +166,11 @@ class HfEngine:
                 out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache})
                 cache = out.get(self._cache_kwarg)
                 banned = eos if produced < request.min_tokens else ()
+                forced = budget.forced() if budget is not None else None
                 token, logprob = pick_token(out.logits[0, -1], params, generator=generator, banned=banned,
-                                            history=history, top_logprobs=request.logprobs)
+                                            history=history, top_logprobs=request.logprobs, forced=forced)
+                if budget is not None:
+                    budget.observe(token)
                 if history is not None:
                     history.add(token)
                 finish = FinishReason.NONE

@@ -7,13 +7,15 @@ from collections.abc import Sequence
 from services.workers import entry
 from services.workers.hf.config import HfConfig, parse_config
 from services.workers.hf.engine import HfEngine
-from services.workers.model_dir import read_model_info
+from services.workers.model_dir import load_tokenizer, read_model_info
+from services.workers.thinking_budget import thinking_markers
 
 
 def build_engine(cfg: HfConfig) -> HfEngine:
     info = read_model_info(cfg.worker.model_dir)
+    thinking = thinking_markers(cfg.worker.reasoning_parser, load_tokenizer(cfg.worker.model_dir))
     return HfEngine(cfg.worker.model_dir, context_length=cfg.worker.context_length,
-                    eos_token_ids=info.eos_token_ids, threads=cfg.threads)
+                    eos_token_ids=info.eos_token_ids, threads=cfg.threads, thinking=thinking)
 
 
 def prepare(cfg: HfConfig) -> HfConfig:

@@ -63,9 +63,13 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, *, generator: torch.Generator | None = None,
                banned: Sequence[int] = (), history: TokenHistory | None = None,
-               top_logprobs: int | None = None) -> tuple[int, TokenLogprob | None]:
-    """Chooses the next token from ``logits``; ``banned`` ids (EOS before min_tokens) are never chosen."""
+               top_logprobs: int | None = None, forced: int | None = None) -> tuple[int, TokenLogprob | None]:
+    """Chooses the next token from ``logits``; ``banned`` ids (EOS before min_tokens) are never chosen, and
+    ``forced`` (a spent thinking budget's closing marker) is chosen whatever the logits say. Logprobs stay
+    the model's own."""
     raw = logits.float()
+    if forced is not None:
+        return forced, (logprob_of(raw, forced, top_logprobs) if top_logprobs is not None else None)
     x = raw
     if history is not None:
         x = apply_penalties(x, params, history)

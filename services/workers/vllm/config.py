@@ -43,6 +43,7 @@ class VllmConfig(EngineFlags):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+        from services.workers.vllm import thinking_budget
         from services.workers.vllm.kv_events import events_config
         from services.workers.vllm.transfer import role_errors
 
@@ -55,6 +56,7 @@ class VllmConfig(EngineFlags):
             raise ConfigError(errors)
         if self.kv_events_endpoint:
             engine_args.kv_events_config = events_config(self.kv_events_endpoint, self.kv_replay_endpoint)
+        thinking_budget.configure(engine_args, self.args.reasoning_parser, self.args.model_dir)
         return engine_args
 
 

@@ -35,7 +35,7 @@ from services.workers.engine import (
     KvTransferFailed,
     RequestRejected,
 )
-from services.workers.vllm import lora, sampling, transfer
+from services.workers.vllm import lora, sampling, thinking_budget, transfer
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class VllmEngine:
         self.load = SchedulerLoad()
         self._llm: AsyncLLM | None = None
         self._defaults: dict[str, Any] = {}
+        self._thinking_budgets = False  # whether vLLM enforces max_thinking_tokens (thinking_budget.py)
         self.in_flight = 0
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -89,6 +90,7 @@ class VllmEngine:
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self.engine_args,
                                       stat_loggers=[self.load.stat_logger_factory()])
         self._defaults = llm.model_config.get_diff_sampling_param()
+        self._thinking_budgets = thinking_budget.enforces(llm.vllm_config)
         self._llm = llm
 
     async def close(self) -> None:
@@ -138,7 +140,8 @@ class VllmEngine:
     # -- generation ----------------------------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
-        params = sampling_params(request, max_model_len=self.max_model_len, defaults=self._defaults)
+        params = sampling_params(request, max_model_len=self.max_model_len, defaults=self._defaults,
+                                 thinking_budgets=self._thinking_budgets)
         prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
         eos = request.eos_token_ids
         top = request.logprobs
@@ -175,9 +178,11 @@ class VllmEngine:
             self.in_flight -= 1
 
 
-def sampling_params(request: EngineRequest, *, max_model_len: int, defaults: dict[str, Any]) -> SamplingParams:
+def sampling_params(request: EngineRequest, *, max_model_len: int, defaults: dict[str, Any],
+                    thinking_budgets: bool = False) -> SamplingParams:
     """vLLM's own SamplingParams for ``request``; what vLLM's validation refuses is the client's fault."""
-    kwargs = sampling.sampling_kwargs(request, max_model_len=max_model_len, defaults=defaults)
+    kwargs = sampling.sampling_kwargs(request, max_model_len=max_model_len, defaults=defaults,
+                                      thinking_budgets=thinking_budgets)
     structured = kwargs.pop("structured_outputs", None)
     try:
         if structured is not None:

@@ -12,6 +12,8 @@ mapped or refused here; nothing is dropped:
 - ``logprobs`` is the number of alternatives per token, vLLM's ``logprobs`` (0: the sampled
   token's only);
 - guided decoding becomes ``StructuredOutputsParams`` keyword arguments;
+- a thinking budget becomes ``thinking_token_budget`` where the engine enforces it
+  (``services/workers/vllm/thinking_budget.py``), and is refused with a 400 naming it elsewhere;
 - a leg of a disaggregated request carries its KV connector parameters in ``extra_args``
   (``services/workers/vllm/transfer.py``); a prefill leg makes one token.
 """
@@ -27,8 +29,8 @@ from services.workers.engine import (
     GuidedDecoding,
     RequestRejected,
     TokenLogprob,
-    refuse_thinking_budget,
 )
+from services.workers.thinking_budget import ThinkingMarkers, check
 from services.workers.vllm import transfer
 
 # The knobs get_diff_sampling_param may default (max_tokens is sized per request below).
@@ -36,9 +38,15 @@ _DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "
                 "repetition_penalty")
 
 
-def sampling_kwargs(request: EngineRequest, *, max_model_len: int,
-                    defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """``vllm.SamplingParams(**result)`` for ``request``; the structured outputs are a nested dict."""
+# Why a started vLLM engine without a reasoning config cannot enforce a thinking budget.
+_NO_REASONING_CONFIG = ThinkingMarkers(why_not="the model's reasoning parser names no end-of-thinking marker "
+                                               "that is one token (--reasoning-parser)")
+
+
+def sampling_kwargs(request: EngineRequest, *, max_model_len: int, defaults: Mapping[str, Any],
+                    thinking_budgets: bool = False) -> dict[str, Any]:
+    """``vllm.SamplingParams(**result)`` for ``request``; the structured outputs are a nested dict.
+    ``thinking_budgets``: the engine enforces ``thinking_token_budget`` (thinking_budget.enforces)."""
     prompt_len = len(request.token_ids)
     if prompt_len == 0:
         raise RequestRejected("the prompt is empty")
@@ -47,7 +55,7 @@ def sampling_kwargs(request: EngineRequest, *, max_model_len: int,
         raise RequestRejected(f"the prompt has {prompt_len} tokens; the context window is {max_model_len}")
     if request.max_tokens is not None and request.max_tokens <= 0:
         raise RequestRejected("max_tokens must be at least 1")
-    refuse_thinking_budget(request, "vLLM")
+    thinking_budget = request.max_thinking_tokens if thinking_budgets else check(request, "vLLM", _NO_REASONING_CONFIG)
     default_max = defaults.get("max_tokens")
     max_tokens = request.max_tokens if request.max_tokens is not None else default_max or room
     min_tokens = request.min_tokens
@@ -71,6 +79,8 @@ def sampling_kwargs(request: EngineRequest, *, max_model_len: int,
         detokenize=False,
         skip_special_tokens=False,  # nothing is rendered; the postprocessor decides what is shown
     )
+    if thinking_budget is not None:
+        kwargs["thinking_token_budget"] = thinking_budget
     if request.guided is not None:
         kwargs["structured_outputs"] = structured_outputs_kwargs(request.guided)
     extra = transfer.extra_args(request.kv_transfer_params)

@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 @pytest.fixture(scope="module")
 async def hf_worker():
     model_dir = default_test_model_dir(with_weights=True)
-    cfg = parse_config(["--model-dir", str(model_dir), "--port", "0", "--no-register"], env={})
+    cfg = parse_config(["--model-dir", str(model_dir), "--port", "0", "--no-register", "--reasoning-parser", "qwen3"],
+                       env={})
     engine = build_engine(cfg)
     await engine.start()
     server = build_server(cfg.worker, engine)
@@ -85,14 +86,23 @@ async def test_cancelling_a_call_frees_the_model_for_the_next(hf_worker):
     assert len(tokens) == 3
 
 
-async def test_a_thinking_budget_it_cannot_enforce_is_invalid_argument_naming_the_field(hf_worker):
-    from services.common.errors import InvalidRequest, from_rpc_error
+async def test_a_thinking_budget_closes_the_block_the_prompt_opened_once_spent(hf_worker):
+    """The template opened <think> (Qwen3 with thinking on): after the budget's tokens, counting the prompt's
+    newline inside the block, the next one is </think>; the answer goes on after it. A random model never
+    writes </think> by itself in 12 greedy tokens (the request without a budget shows it)."""
+    from services.workers.model_dir import load_tokenizer
 
-    stub, _ = hf_worker
-    req = request([1, 2, 3], max_tokens=4)
-    req.request.stop.max_thinking_tokens = 16
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await asyncio.wait_for(generate(stub, req), 30)
-    err = from_rpc_error(e.value)
-    assert isinstance(err, InvalidRequest) and err.param == "nvext.max_thinking_tokens"
-    assert "thinking budget" in err.message
+    stub, engine = hf_worker
+    tokenizer = load_tokenizer(engine.model_dir)
+    prompt = tokenizer.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n",
+                              add_special_tokens=False).ids
+    end = tokenizer.token_to_id("</think>")
+    free, _ = await asyncio.wait_for(generate(stub, request(prompt, max_tokens=12)), 30)
+    assert end not in free
+    for budget in (5, 1):
+        req = request(prompt, max_tokens=12)
+        req.request.stop.max_thinking_tokens = budget
+        tokens, messages = await asyncio.wait_for(generate(stub, req), 30)
+        assert tokens.index(end) == budget - 1, tokens  # the prompt's "\n" after <think> is the first
+        assert tokens[:budget - 1] == free[:budget - 1] and len(tokens) == 12
+        assert messages[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH

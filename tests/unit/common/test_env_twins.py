@@ -32,6 +32,23 @@ def test_an_unknown_parser_name_in_the_env_twin_fails_the_worker_as_the_flag_doe
     assert "hermes3" in err
 
 
+@pytest.mark.parametrize("kind", ["hf", "vllm", "sglang"])
+@pytest.mark.parametrize("flag", ["--tool-call-parser", "--reasoning-parser"])
+def test_every_engine_worker_checks_its_parser_env_twins_against_the_registry(kind, flag, demo_model_dir, capsys):
+    """The engine workers parse their flags apart from the mocker (engine flags pass through): the same check."""
+    import importlib
+
+    config = importlib.import_module(f"services.workers.{kind}.config")
+    env_name = f"MESHFRONT_{kind.upper()}_" + flag.lstrip("-").replace("-", "_").upper()
+    err = one_line_exit_2(lambda: config.parse_config(["--model-dir", str(demo_model_dir)], {env_name: "hermes3"}),
+                          capsys)
+    assert f"{env_name}='hermes3'" in err and "invalid choice" in err
+    name = "qwen3_coder" if flag == "--tool-call-parser" else "nemotron"
+    cfg = config.parse_config(["--model-dir", str(demo_model_dir)], {env_name: name})
+    field = flag.lstrip("-").replace("-", "_")
+    assert getattr(cfg.args if kind != "hf" else cfg.worker, field) == name
+
+
 def test_a_known_parser_name_in_the_env_twin_reaches_the_card(demo_model_dir):
     cfg = mocker_config.parse_config(["--model-dir", str(demo_model_dir)],
                                      {"MESHFRONT_MOCKER_TOOL_CALL_PARSER": "hermes"})

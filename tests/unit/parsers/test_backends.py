@@ -1,7 +1,8 @@
 """Chat-processor backends as the main environment sees them: ours works, the engines stay unimported.
 
-The engines' adapters themselves are tested by the oracle job (tests/oracle, ``make test-oracle``),
-which needs them installed; here vLLM and SGLang are absent (the main lock file has neither).
+The engines' adapters themselves are tested against our parsers in the engines' environments
+(tests/engine_env/*/test_*_parser_oracle.py, part of ``make test``); here vLLM and SGLang are absent (the main
+lock file has neither).
 """
 
 from __future__ import annotations

@@ -62,6 +62,23 @@ FORMATS = {
                      lambda s: f'<think>{s}</think><tool_call>{{"name": "f", "arguments": {{"d": "{s}"}}}}'
                                '</tool_call>'),
     "deepseek_r1": (ParserConfig(reasoning_parser="deepseek_r1"), lambda s: f"{s}</think>{s}"),
+    # The other current forms and reasoning formats (issue 20), each of its own shape.
+    "deepseek_v31": (ParserConfig("deepseek_v31", has_tools=True),
+                     lambda s: ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"data": "'
+                                f'{s}"}}<｜tool▁call▁end｜><｜tool▁calls▁end｜>')),
+    "mistral_list": (ParserConfig("mistral", "mistral", has_tools=True),
+                     lambda s: f'[THINK]{s}[/THINK][TOOL_CALLS][{{"name": "f", "arguments": {{"data": "{s}"}}}}]'),
+    "llama4_pythonic": (ParserConfig("llama4_pythonic", has_tools=True),
+                        lambda s: f'<|python_start|>[f(data="{s}")]<|python_end|>'),
+    "gpt_oss_reasoning": (ParserConfig(reasoning_parser="gpt_oss"),
+                          lambda s: f"<|channel|>analysis<|message|>{s}<|end|><|start|>assistant<|channel|>final"
+                                    f"<|message|>{s}"),
+    "kimi_k2_reasoning": (ParserConfig("kimi_k2", "kimi_k2", has_tools=True),
+                          lambda s: (f"{s}<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
+                                     f'<|tool_call_argument_begin|>{{"data": "{s}"}}<|tool_call_end|>'
+                                     "<|tool_calls_section_end|>")),
+    "kimi": (ParserConfig(reasoning_parser="kimi"), lambda s: f"◁think▷{s}◁/think▷{s}"),
+    "nemotron": (ParserConfig(reasoning_parser="nemotron"), lambda s: f"{s}</think>{s}"),
 }
 
 

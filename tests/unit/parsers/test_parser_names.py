@@ -48,3 +48,14 @@ def test_a_worker_accepts_the_current_families_by_flag_and_by_env_twin(flag, nam
     env = {f"MESHFRONT_MOCKER_{field.upper()}": name}
     by_env = mocker_config.parse_config(["--model-dir", str(demo_model_dir)], env)
     assert getattr(by_flag.worker, field) == getattr(by_env.worker, field) == name
+
+
+def test_the_workers_thinking_markers_are_the_reasoning_parsers_own():
+    """A thinking budget is enforced by forcing the closing marker the postprocessor's parser ends reasoning at;
+    every parser whose block is one opening and one closing tag is listed, and only those."""
+    from services.common.parser_names import THINKING_BLOCKS
+    from services.postprocessor.core.parsers.reasoning import REASONING_PARSERS
+
+    tagged = {name: (cls.open_tag, cls.close_tag) for name, cls in REASONING_PARSERS.items()
+              if not cls.open_tags and not cls.close_tags}
+    assert tagged == THINKING_BLOCKS

@@ -1,7 +1,7 @@
 """Engines that cannot cap thinking refuse a thinking budget with a 400 naming it, instead of dropping it (issue 22).
 
-The mocker honours the budget (test_mocker_thinking_budget.py); the hf worker's refusal is checked through its
-gRPC server (tests/service/workers/test_hf_server.py).
+The mocker honours the budget (test_mocker_thinking_budget.py); the hf and vLLM workers enforce it where their
+reasoning parser ends thinking at one token and refuse it elsewhere (test_thinking_budget.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def request(**kw) -> EngineRequest:
 
 
 @pytest.mark.parametrize("build", [
-    lambda r: vllm_sampling.sampling_kwargs(r, max_model_len=100, defaults={}),
+    lambda r: vllm_sampling.sampling_kwargs(r, max_model_len=100, defaults={}),  # an engine without a reasoning config
     lambda r: sglang_sampling.request_kwargs(r, "rid", sglang_sampling.EngineLimits(max_model_len=100)),
 ], ids=["vllm", "sglang"])
 def test_a_thinking_budget_is_refused_naming_the_field_and_its_absence_is_fine(build):

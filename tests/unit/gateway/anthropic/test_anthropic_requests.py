@@ -97,15 +97,18 @@ def test_tool_choice_mapping(choice, expected, parallel):
     assert prep.request.sampling.HasField("guided_decoding") is forced
 
 
-@pytest.mark.parametrize("thinking, kwargs", [
-    ({"type": "enabled", "budget_tokens": 1024}, {"enable_thinking": True}),
-    ({"type": "adaptive"}, {"enable_thinking": True}),
-    ({"type": "disabled"}, {"enable_thinking": False}),
+@pytest.mark.parametrize("thinking, kwargs, budget", [
+    ({"type": "enabled", "budget_tokens": 1024}, {"enable_thinking": True}, 1024),
+    ({"type": "adaptive"}, {"enable_thinking": True}, None),
+    ({"type": "disabled"}, {"enable_thinking": False}, None),
 ])
-def test_thinking_maps_to_the_template_switch(thinking, kwargs):
+def test_thinking_maps_to_the_template_switch_and_its_budget_reaches_the_worker(thinking, kwargs, budget):
     req = parse_messages(body(max_tokens=2048, thinking=thinking))
     assert req.chat_template_kwargs == kwargs
-    assert orjson.loads(chat_to_preprocess(req, "rid").chat_template_kwargs_json) == kwargs
+    prep = chat_to_preprocess(req, "rid")
+    assert orjson.loads(prep.chat_template_kwargs_json) == kwargs
+    stop = prep.request.stop
+    assert (stop.max_thinking_tokens if stop.HasField("max_thinking_tokens") else None) == budget
 
 
 def test_output_config_and_top_level_cache_control():

@@ -2,9 +2,10 @@
 
 ``ours`` (the default) is the pure-Python parser layer of this package. ``vllm`` and ``sglang`` put
 those engines' own parsers behind the same ``OutputParser`` interface, for deployments that want
-exactly an engine's behaviour and for differential tests (tests/oracle). They are optional extras
-(``pip install 'meshfront[vllm]'``): their modules are imported only by ``load_chat_processor`` when
-selected, so nothing of theirs is imported otherwise (an import costs 6-10 s and pulls torch).
+exactly an engine's behaviour and for differential tests (tests/engine_env/*/test_*_parser_oracle.py).
+They are optional extras (``pip install 'meshfront[vllm]'``): their modules are imported only by
+``load_chat_processor`` when selected, so nothing of theirs is imported otherwise (an import costs 6-10 s
+and pulls torch).
 """
 
 from __future__ import annotations

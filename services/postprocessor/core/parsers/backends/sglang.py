@@ -27,9 +27,11 @@ log = logging.getLogger(__name__)
 TOOL_PARSER_NAMES = {
     "qwen": "qwen25", "qwen25": "qwen25", "qwen3": "qwen25", "llama3_json": "llama3", "llama": "llama3",
     "deepseek_v3": "deepseekv3", "deepseek_r1": "deepseekv3", "deepseek_v31": "deepseekv31",
-    "deepseek_v3_1": "deepseekv31", "harmony": "gpt-oss", "gpt_oss": "gpt-oss",
+    "deepseek_v3_1": "deepseekv31", "harmony": "gpt-oss", "gpt_oss": "gpt-oss", "deepseek_v32": "deepseekv32",
+    "minimax_m2": "minimax-m2",
 }
-REASONING_PARSER_NAMES = {"basic": "qwen3", "deepseek_r1": "deepseek-r1", "gpt_oss": "gpt-oss", "harmony": "gpt-oss"}
+REASONING_PARSER_NAMES = {"basic": "qwen3", "deepseek_r1": "deepseek-r1", "gpt_oss": "gpt-oss", "harmony": "gpt-oss",
+                          "nemotron": "nemotron_3"}
 
 
 class SglangOutputParser:

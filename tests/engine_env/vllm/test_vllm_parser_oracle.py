@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.oracle.conftest import require_engine
-from tests.oracle.streams import Comparable, case_params, through_engine, token_stream
+from services.postprocessor.core.parsers.backends import load_chat_processor
+from tests.engine_env.parser_oracle import Comparable, case_params, through_engine, token_stream
 from tests.unit.parsers.cases import Case, fold, load_cases, run
 
-require_engine("vllm")
-
-from services.postprocessor.core.parsers.backends import load_chat_processor  # noqa: E402
-
-pytestmark = pytest.mark.oracle
-
 # Formats both sides implement (our name -> vLLM's is in backends/vllm.py). Harmony is left out:
-# vLLM's needs the openai-harmony encoding files, which it downloads.
-TOOL_FORMATS = {"", "hermes", "llama3_json", "mistral", "pythonic", "deepseek_v3"}
-REASONING_FORMATS = {"", "qwen3", "deepseek_r1", "mistral"}  # vLLM has no ◁think▷ (kimi) parser
+# vLLM's needs the openai-harmony encoding files, which it downloads on first use (no network in tests).
+TOOL_FORMATS = {"", "hermes", "llama3_json", "mistral", "pythonic", "deepseek_v3", "deepseek_v3_1", "deepseek_r1",
+                "deepseek_v32", "qwen3_coder", "kimi_k2", "glm45", "glm47", "minimax_m2"}
+# vLLM has no ◁think▷ (kimi) parser.
+REASONING_FORMATS = {"", "qwen3", "deepseek_r1", "mistral", "kimi_k2", "minimax", "nemotron", "granite"}
 
 # Where vLLM (0.32, streamed one token at a time) legitimately differs from ours, with why. "vLLM
 # streaming" marks a case where vLLM's own non-streaming parse differs from its streaming one too.
@@ -33,6 +29,11 @@ _DROPS_MALFORMED = "malformed call: vLLM's streaming drops the text; ours shows 
 _TEXT_AFTER_CALL = "text after a call: vLLM drops it (streaming) or keeps the whole output as content; ours streams it"
 _MISTRAL_LIST = ("vLLM's mistral parser with a Hugging Face tokenizer assumes the v11 form name[ARGS]{...}; "
                  "the pre-v11 JSON list needs its mistral_common tokenizer")
+_PARTIAL_NAME = "a truncated call header: vLLM emits a call with the partial name; ours shows it"
+_UNCLOSED = ("a call cut off (or a value without its end tag): vLLM streams the arguments as far as they came, "
+             "not valid JSON; ours closes them (docs/parsers.md)")
+_RAW_TYPES = ("schema-typed raw values: vLLM makes 'null' null for a string parameter and keeps 'None' and Python "
+              "literals as strings; ours keeps a string's text exactly and reads None and literals (docs/parsers.md)")
 _QWEN3_NO_THINK = ("vLLM's qwen3 parser treats output as reasoning unless </think> or enable_thinking=false says "
                    "otherwise (Qwen3 templates open <think>); ours only when the output or the prompt opened it")
 EXPECTED_DIFFERENCES: dict[str, str] = {
@@ -71,6 +72,31 @@ EXPECTED_DIFFERENCES: dict[str, str] = {
     "qwen3-no-think": _QWEN3_NO_THINK,
     "qwen3-leading-space-no-think": _QWEN3_NO_THINK,
     "qwen3-think-later-is-content": _QWEN3_NO_THINK,
+    # The families added in issue 20.
+    "deepseek-v32-truncated-invoke-is-text": _PARTIAL_NAME,
+    "deepseek-v32-truncated-string-value-is-closed": _UNCLOSED,
+    "glm45-truncated-value-is-closed": _UNCLOSED,
+    "glm45-truncated-name-is-text": _DROPS_MALFORMED,
+    "glm45-missing-value-end": _UNCLOSED,
+    "kimi-k2-text-before-and-after": _TEXT_AFTER_CALL,
+    "kimi-k2-singular-section-and-bare-name": ("vLLM does not parse a call in K2's singular "
+                                               "<|tool_call_section_begin|> section or without the functions. prefix"),
+    "kimi-k2-truncated-header-is-text": _PARTIAL_NAME,
+    "kimi-k2-empty-section-is-text": "an empty tool-call section: vLLM drops it and the text after it; ours shows both",
+    "minimax-m2-two-calls-one-section": "whitespace around a MiniMax value: vLLM keeps it, ours drops it as layout",
+    "minimax-m2-truncated-invoke-is-text": _DROPS_MALFORMED,
+    "minimax-m2-truncated-value-is-closed": _UNCLOSED,
+    "minimax-m2-invoke-without-name-is-text": _DROPS_MALFORMED,
+    "minimax-m2-missing-section-end-text-after-is-content": _TEXT_AFTER_CALL,
+    "qwen3-coder-every-type": _RAW_TYPES,
+    "qwen3-coder-missing-parameter-end": _UNCLOSED,
+    "qwen3-coder-truncated-in-value-is-closed": _UNCLOSED,
+    "qwen3-coder-truncated-header-is-text": _PARTIAL_NAME,
+    "qwen3-coder-empty-name-is-text": _DROPS_MALFORMED,
+    "qwen3-coder-json-inside-tool-call-is-text": _DROPS_MALFORMED,
+    "granite-heres-variant": "the \"Here's my thought process:\" header: vLLM leaves its colon in the reasoning",
+    "granite-truncated-thought": ("vLLM holds back a trailing partial 'Here is my resp' header and never flushes it; "
+                                  "ours flushes it as reasoning"),
 }
 
 CASES = [c for c in load_cases()
@@ -91,7 +117,7 @@ def tokenizer(oracle_model_dir):
 
 @pytest.mark.parametrize("case", case_params(CASES, EXPECTED_DIFFERENCES))
 def test_vllm_agrees_with_ours(case: Case, vllm_processor, tokenizer, oracle_model_dir):
-    ours = Comparable.of(run(case.config, [case.text]))
+    ours = Comparable.of(run(case.config, [case.text], case.tools_json))
     theirs = Comparable.of(through_engine(vllm_processor, tokenizer, oracle_model_dir, case))
     assert theirs == ours, f"vLLM {theirs} != ours {ours}"
 

@@ -1,9 +1,13 @@
-"""What the oracle tests share: a tokenizer with every format's markers, and token streams of the cases.
+"""What the parser oracle tests share (tests/engine_env/{vllm,sglang}/test_*_parser_oracle.py): the engines'
+parsers as oracles for ours, fed the golden cases (tests/golden/parsers) as token streams.
 
-The engines' parsers decide on marker token ids (``<think>``, ``[TOOL_CALLS]``, …), so each case is
-fed as the ids a real model of that format would generate, with the text each id adds. The oracle
-model directory is the demo model's Qwen tokenizer plus the other formats' markers as special tokens
-(Qwen already has ``<think>`` and ``<tool_call>``), so one directory serves every format.
+The engines' parsers decide on marker token ids (``<think>``, ``[TOOL_CALLS]``,
+``<|tool_calls_section_begin|>``, …) and some refuse to start when their markers are not single tokens
+of the vocabulary, so each case is fed as the ids a real model of that format would generate, with the
+text each id adds. The oracle model directory is the demo model's Qwen tokenizer plus every other
+format's markers as special tokens (Qwen already has ``<think>`` and ``<tool_call>``), as each family's
+own tokenizer has them, so one directory serves every format. It is built once per session in a
+temporary directory (about a second).
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ MARKERS = [
     "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
     "<｜tool▁sep｜>",  # deepseek
     "◁think▷", "◁/think▷",  # kimi
-]
+    "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_section_begin|>",
+    "<|tool_call_section_end|>", "<|tool_call_begin|>", "<|tool_call_end|>", "<|tool_call_argument_begin|>",  # kimi k2
+    "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",  # glm 4.5 / 4.7
+    "<minimax:tool_call>", "</minimax:tool_call>",  # minimax m2
+]  # DeepSeek V3.2's DSML tags stay text: vLLM's DSML parser decodes ids without special tokens, so would lose them
 
 
 def build_oracle_model(demo_model_dir: Path, out: Path) -> Path:
@@ -63,18 +71,15 @@ def token_stream(tokenizer, text: str) -> list[tuple[str, list[int]]]:
 
 
 def tools_json(case: Case) -> str:
-    """The tools a request offering the case's calls would carry (open parameter schemas)."""
+    """The case's own tools (schema-typed formats), else the tools a request offering the case's calls would
+    carry (open parameter schemas)."""
+    if case.tools_json:
+        return case.tools_json
     names = {name for name, _ in case.expect.get("calls", [])}
     names |= {case.config.named_function} - {""}
     names |= {"get_weather"}  # every request offers at least one tool
     return orjson.dumps([{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
                          for n in sorted(names)]).decode()
-
-
-def tool_choice_json(case: Case) -> str:
-    if case.config.tool_choice == "named":
-        return orjson.dumps({"type": "function", "function": {"name": case.config.named_function}}).decode()
-    return orjson.dumps(case.config.tool_choice).decode()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,8 +109,7 @@ class Comparable:
 def through_engine(processor, tokenizer, model_dir: Path, case: Case) -> Result:
     """One case through an engine's parsers, fed token by token with each step's ids, as the postprocessor does."""
     prompt = "<|im_start|>assistant\n" + ("<think>\n" if case.config.prompt_opens_reasoning else "")
-    context = ParseContext(str(model_dir), tools_json(case), tool_choice_json(case),
-                           tokenizer.encode(prompt, add_special_tokens=False))
+    context = ParseContext(str(model_dir), tools_json(case), tokenizer.encode(prompt, add_special_tokens=False))
     counter = itertools.count()
     parser = processor.output_parser(case.config, context, new_id=lambda: f"call_{next(counter)}")
     if parser is None:

@@ -11,25 +11,29 @@ from __future__ import annotations
 
 import pytest
 
-from tests.oracle.conftest import require_engine
-from tests.oracle.streams import Comparable, case_params, through_engine
+from services.postprocessor.core.parsers.backends import load_chat_processor
+from tests.engine_env.parser_oracle import Comparable, case_params, through_engine
 from tests.unit.parsers.cases import Case, load_cases, run
 
-require_engine("sglang")
-
-from services.postprocessor.core.parsers.backends import load_chat_processor  # noqa: E402
-
-pytestmark = pytest.mark.oracle
-
-# Formats both sides implement (our name -> SGLang's is in backends/sglang.py); harmony left out.
-TOOL_FORMATS = {"", "hermes", "llama3_json", "mistral", "pythonic", "deepseek_v3"}
-REASONING_FORMATS = {"", "qwen3", "deepseek_r1", "mistral", "kimi"}
+# Formats both sides implement (our name -> SGLang's is in backends/sglang.py); harmony left out (as for
+# vLLM: its encoding files are downloaded on first use).
+TOOL_FORMATS = {"", "hermes", "llama3_json", "mistral", "pythonic", "deepseek_v3", "deepseek_v3_1", "deepseek_r1",
+                "deepseek_v32", "qwen3_coder", "kimi_k2", "glm45", "glm47", "minimax_m2"}
+# SGLang has no parser for Granite 3's "Here is my thought process:" headers (its granite_thinking_parser
+# reads Granite 4.2's <think> tags).
+REASONING_FORMATS = {"", "qwen3", "deepseek_r1", "mistral", "kimi", "kimi_k2", "minimax", "nemotron"}
 
 # Where SGLang (0.5.23, streamed one token's text at a time) legitimately differs from ours, with why.
 _DROPS_MALFORMED = "malformed or truncated call: SGLang's streaming drops the text; ours shows it as content"
 _HOLDS_TAIL = "SGLang holds back text that may start a marker and never flushes it at the end of the stream"
 _MISTRAL = "SGLang's mistral detector streams only one call of a [TOOL_CALLS] list and misses other forms"
 _PYTHONIC = "SGLang's pythonic streaming loses calls whose arguments hold lists, dicts or delimiters in strings"
+_UNCLOSED = ("a call cut off (or a value without its end tag): SGLang streams the arguments as far as they came, "
+             "not valid JSON, or drops the call; ours closes them (docs/parsers.md)")
+_RAW_TYPES = ("schema-typed raw values: SGLang makes 'null' null for a string parameter, keeps 'None' as a string and "
+              "reads 'yes' as false for a boolean; ours keeps a string's text exactly (docs/parsers.md)")
+_NOT_FIRST = ("a prompt that did not open the block: SGLang's parser needs an opening <think> (its server forces "
+              "reasoning from the rendered prompt); ours starts in reasoning, as this format's template opens it")
 EXPECTED_DIFFERENCES: dict[str, str] = {
     "deepseek-truncated-header": _DROPS_MALFORMED,
     "hermes-string-arguments": ("arguments given as a JSON string: SGLang forwards the string, ours the object it "
@@ -55,6 +59,33 @@ EXPECTED_DIFFERENCES: dict[str, str] = {
     "pythonic-string-with-delimiters": _PYTHONIC,
     "pythonic-not-a-literal": "a non-literal argument: SGLang drops the output, ours keeps it as a string",
     "pythonic-plain-text": _HOLDS_TAIL,
+    # The families added in issue 20.
+    "deepseek-v32-text-before": "SGLang strips whitespace around a string=\"true\" DSML value; ours keeps it exactly",
+    "deepseek-v32-no-string-attribute-uses-schema": ("SGLang drops a DSML call whose parameters have no "
+                                                     "string attribute"),
+    "deepseek-v32-truncated-invoke-is-text": _DROPS_MALFORMED,
+    "deepseek-v32-truncated-string-value-is-closed": _UNCLOSED,
+    "glm45-truncated-value-is-closed": _UNCLOSED,
+    "glm45-truncated-name-is-text": _DROPS_MALFORMED,
+    "kimi-k2-singular-section-and-bare-name": ("SGLang parses the call in K2's singular <|tool_call_section_begin|> "
+                                               "section but shows the section markers as content"),
+    "kimi-k2-truncated-header-is-text": _DROPS_MALFORMED,
+    "kimi-k2-empty-section-is-text": "an empty tool-call section: SGLang drops its markers; ours shows them",
+    "kimi-k2-thinking-ends-at-tool-section": _NOT_FIRST,
+    "kimi-k2-reasoning-first": _NOT_FIRST,
+    "nemotron-reasoning-first": _NOT_FIRST,
+    "minimax-m2-two-calls-one-section": "SGLang's minimax-m2 streaming emits only the first call of a section",
+    "minimax-m2-every-type": _RAW_TYPES,
+    "minimax-m2-truncated-invoke-is-text": _DROPS_MALFORMED,
+    "minimax-m2-truncated-value-is-closed": _UNCLOSED,
+    "minimax-m2-invoke-without-name-is-text": _DROPS_MALFORMED,
+    "minimax-m2-missing-section-end-text-after-is-content": "text after a section without its end: SGLang drops it",
+    "qwen3-coder-every-type": _RAW_TYPES,
+    "qwen3-coder-unconvertible-values-stay-strings": _RAW_TYPES,
+    "qwen3-coder-truncated-in-value-is-closed": _UNCLOSED,
+    "qwen3-coder-truncated-header-is-text": _DROPS_MALFORMED,
+    "qwen3-coder-empty-name-is-text": _DROPS_MALFORMED,
+    "qwen3-coder-json-inside-tool-call-is-text": _DROPS_MALFORMED,
     "qwen3-think-later-is-content": ("SGLang's qwen3 takes a <think> block anywhere as reasoning; ours only at the "
                                      "start"),
 }
@@ -78,7 +109,7 @@ def tokenizer(oracle_model_dir):
 
 @pytest.mark.parametrize("case", case_params(CASES, EXPECTED_DIFFERENCES))
 def test_sglang_agrees_with_ours(case: Case, sglang_processor, tokenizer, oracle_model_dir):
-    ours = Comparable.of(run(case.config, [case.text]))
+    ours = Comparable.of(run(case.config, [case.text], case.tools_json))
     theirs = Comparable.of(through_engine(sglang_processor, tokenizer, oracle_model_dir, case))
     assert theirs == ours, f"SGLang {theirs} != ours {ours}"
 
