@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import nats
@@ -84,6 +84,16 @@ class MediaLimits:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraAdapter:
+    """A LoRA adapter a worker holds: requests name it as their ``model`` (docs/lora.md)."""
+
+    name: str
+    # Its PEFT directory, as the worker loaded it; a worker that loads adapters at runtime loads a
+    # request's adapter from here when it does not hold it yet.
+    path: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelCard:
     """What a worker serves and what the mesh needs to serve it."""
 
@@ -103,6 +113,8 @@ class ModelCard:
     # The digest of the model's tokenizer/template/config files in the NATS Object Store
     # (services/common/model_files.py), so that no stage but the worker needs model_dir; empty: none published.
     model_files: str = ""
+    # LoRA adapters of this base model the worker holds now (cards change as adapters load and unload).
+    lora_adapters: tuple[LoraAdapter, ...] = ()
 
     def serves(self, endpoint: str) -> bool:
         return endpoint in self.endpoints
@@ -137,6 +149,10 @@ class WorkerCard:
     max_num_batched_tokens: int = 0
     # PREFILL, DECODE or BOTH; cards written before roles existed lack the field and read as BOTH.
     role: str = BOTH
+    # Distinct LoRA adapters one engine step may run (vLLM's --max-loras); 0: LoRA is off on this worker.
+    max_loras: int = 0
+    # The worker loads an adapter it does not hold when a request or /v1/load_lora_adapter asks.
+    lora_runtime_loading: bool = False
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))
@@ -149,6 +165,7 @@ class WorkerCard:
         m["input_modalities"] = tuple(m.get("input_modalities", ()))
         if m.get("media") is not None:
             m["media"] = MediaLimits.from_dict(m["media"])
+        m["lora_adapters"] = tuple(LoraAdapter(**a) for a in m.get("lora_adapters", ()))
         if d.get("role", BOTH) not in ROLES:
             raise ValueError(f"unknown worker role {d['role']!r}")
         return cls(model=ModelCard(**m), **d)
@@ -254,17 +271,30 @@ class Registrar:
         self._task: asyncio.Task | None = None
         self._nc: nats.NATS | None = None
         self.registered = asyncio.Event()
+        # Set by ``update``: the next heartbeat goes out now rather than after the period.
+        self._changed = asyncio.Event()
+        self._published = 0  # cards put so far, so that ``update`` can wait for its own
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="registrar")
 
+    async def update(self, card: WorkerCard, timeout_s: float = 2.0) -> None:
+        """Replaces the card (its LoRA adapters changed) and waits, bounded, until the new one is in the
+        bucket: a caller that loaded an adapter answers once routers can see it."""
+        self.card = card
+        target = self._published + 1
+        self._changed.set()
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._published < target and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+
     async def _run(self) -> None:
         self._nc = await connect_retrying(self.nats_url, f"worker-{self.card.worker_id}")
         js = self._nc.jetstream()
-        payload = self.card.to_json()
         subject = f"$KV.{BUCKET}.{self.card.worker_id}"
         ready = False
         while True:
+            self._changed.clear()
             try:
                 if not ready:
                     await open_bucket(self._nc, self.ttl_s)
@@ -273,7 +303,8 @@ class Registrar:
                         self._before_first_put = None
                     ready = True
                 # Each put replaces the previous value (history 1) and restarts its TTL.
-                await js.publish(subject, payload, msg_ttl=self.ttl_s)
+                await js.publish(subject, self.card.to_json(), msg_ttl=self.ttl_s)
+                self._published += 1
                 self.registered.set()
             except asyncio.CancelledError:
                 raise
@@ -281,7 +312,9 @@ class Registrar:
                 stop_if_cancelled()
                 log.warning("registration heartbeat failed: %s", e)
                 ready = False
-            await asyncio.sleep(self.ttl_s / 3 if ready else min(RETRY_S, self.ttl_s / 3))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(),
+                                       self.ttl_s / 3 if ready else min(RETRY_S, self.ttl_s / 3))
 
     async def close(self) -> None:
         if self._task:
@@ -294,6 +327,14 @@ class Registrar:
                 kv = await asyncio.wait_for(open_bucket(self._nc, self.ttl_s), 1.0)
                 await asyncio.wait_for(kv.purge(self.card.worker_id), 1.0)
         await close_nats(self._nc)
+
+
+def adapter_of(name: str, cards: Sequence[WorkerCard]) -> LoraAdapter | None:
+    """The LoRA adapter named ``name`` on the first of ``cards`` (those serving ``name``); None when ``name``
+    is their base model."""
+    if not cards or cards[0].model.name == name:
+        return None
+    return next((a for a in cards[0].model.lora_adapters if a.name == name), None)
 
 
 Listener = Callable[[str, WorkerCard | None], None]
@@ -334,6 +375,11 @@ class WorkerRegistry:
     def workers_for(self, model: str) -> list[WorkerCard]:
         return self._by_model.get(model, [])
 
+    def adapter(self, name: str) -> LoraAdapter | None:
+        """The LoRA adapter served as ``name`` (None: a base model's name, or unknown)."""
+        return adapter_of(name, self._by_model.get(name, ()))
+
+
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"registry-{self.name}")
 
@@ -350,6 +396,17 @@ class WorkerRegistry:
         by_model: dict[str, list[WorkerCard]] = {}
         for c in self.workers.values():
             by_model.setdefault(c.model.name, []).append(c)
+        # A LoRA adapter is served by the workers holding it, under its own name, as vLLM serves one: the
+        # requests, the model list and the router look it up like a model. A base model's name wins over
+        # an adapter that took the same name (a misconfiguration, logged).
+        for c in self.workers.values():
+            for adapter in c.model.lora_adapters:
+                holders = by_model.setdefault(adapter.name, [])
+                if holders and holders[0].model.name == adapter.name:
+                    log.error("worker %s names a LoRA adapter %r like a base model; ignoring the adapter",
+                              c.worker_id, adapter.name)
+                    continue
+                holders.append(c)
         self._by_model = by_model
         for worker_id, card in changes:
             for listener in self._listeners:

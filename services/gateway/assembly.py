@@ -39,6 +39,8 @@ from services.gateway.embeddings.server import EmbeddingsServicer
 from services.gateway.embeddings.worker_client import GrpcEmbedWorker
 from services.gateway.images.server import ImagesServicer
 from services.gateway.kserve import server as kserve
+from services.gateway.lora_api import LoraAdmin
+from services.gateway.lora_workers import GrpcLoraWorkers
 from services.gateway.media.multipart import parse_form
 from services.gateway.media.pipeline import MediaPipeline
 from services.gateway.media.server import MediaFilesServicer
@@ -79,6 +81,8 @@ class Gateway:
     stage_wait_s: float = DEFAULT_WAIT_S
     # The base of media URLs (--public-url); empty: the request's scheme and host.
     public_url: str = ""
+    # /v1/load_lora_adapter and /v1/unload_lora_adapter across the workers (None: both answer 404).
+    lora_workers: GrpcLoraWorkers | None = None
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -87,7 +91,9 @@ class Gateway:
         self._server: GrpcServer | None = None
         self.servicer = GatewayServicer(self.pipeline, self.registry.models, lambda: self.draining,
                                         warming=lambda: self.warmup.warming if not self.warmup.ready.is_set() else [],
-                                        unavailable=lambda: self.stages.unavailable)
+                                        unavailable=lambda: self.stages.unavailable,
+                                        lora=LoraAdmin(self.registry.models, self.lora_workers)
+                                        if self.lora_workers is not None else None)
         self.kserve = kserve.KServeServicer(self.pipeline, self.registry.models, lambda: self.draining,
                                             media=self.media)
         self.responses = ResponsesServicer(self.pipeline, self.registry.models, self.response_store)
@@ -168,6 +174,7 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry)
     embed_workers = GrpcEmbedWorker(tls)
     media_workers = GrpcMediaWorker(tls)
+    lora_workers = GrpcLoraWorkers(tls)
     media_store = MediaStore(cfg.nats_url, cfg.media_url_ttl_s)
     media = MediaPipeline(route, media_workers)
     job_store = JobStore(cfg.nats_url)
@@ -175,9 +182,11 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
                       metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers),
                       media=media, media_store=media_store, video_jobs=jobs,
-                      stage_probes=probes, stage_wait_s=cfg.stage_wait_s, public_url=cfg.public_url)
+                      stage_probes=probes, stage_wait_s=cfg.stage_wait_s, public_url=cfg.public_url,
+                      lora_workers=lora_workers)
     # The video jobs close first: each running one hands its lease back through the stores still open.
     return Built(gateway, background=[store.run, media_store.run, job_store.run, jobs.sweep, metrics.run,
                                       gateway.warmup.run, gateway.watch_stages],
                  closers=[jobs.close, gateway.warmup.close, route.close, store.close, media_store.close,
-                          job_store.close, metrics.close, embed_workers.close, media_workers.close, *closers])
+                          job_store.close, metrics.close, embed_workers.close, media_workers.close, lora_workers.close,
+                          *closers])

@@ -6,11 +6,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from services.common.discovery import IMAGES, VIDEOS, WorkerCard
+from services.common.discovery import IMAGES, VIDEOS, WorkerCard, adapter_of
 
 
 def _model_entry(name: str, cards: list[WorkerCard], created: int) -> dict[str, Any]:
     entry: dict[str, Any] = {"id": name, "object": "model", "created": created, "owned_by": "meshfront"}
+    if adapter_of(name, cards) is not None:
+        # A LoRA adapter names its base model as vLLM's list does (parent), and as its root: the base is
+        # what it was trained from (its directory stays on the workers' cards, not in a response).
+        entry["parent"] = entry["root"] = cards[0].model.name
     context = max(c.model.context_length for c in cards)
     if context:
         entry["context_window"] = context

@@ -26,6 +26,7 @@ import urllib.request
 
 from services.gateway.frontend_metrics import check_prefix
 from services.launcher import trace_viewer, vision_demo
+from services.launcher.demo_lora import check_demo_lora, demo_lora_flags
 from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
 from services.launcher.plan import (
@@ -69,6 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     try:
         _check_shape(args)
         _check_files(args)
+        if args.demo_lora:
+            check_demo_lora(args.worker_kind, bool(args.model_dir or args.model))
     except ValueError as e:
         p.error(str(e))
     return args
@@ -116,6 +119,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(HF_HOME, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE) and served under that name")
     p.add_argument("--revision", default="", help="the --model revision (branch, tag or commit)")
     p.add_argument("--model-name", default="", help=f"served model name (default: --model, else {DEMO_MODEL_NAME})")
+    p.add_argument("--demo-lora", action="store_true",
+                   help="also serve meshfront/demo-qwen-lora, a random LoRA adapter of the demo model (docs/lora.md)")
     p.add_argument("--chat-template", default="", metavar="FILE",
                    help="Jinja chat template used instead of the model directory's (given to every "
                         "preprocessor, the all-in-one shape's too); checked before anything starts")
@@ -281,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             extra = (*extra, "--script", os.path.abspath(args.mocker_script))
     if not (args.model_dir or args.model):  # the demo model's template speaks Hermes tool calls and Qwen3 thinking
         extra = (*extra, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+    if args.demo_lora:
+        extra = (*extra, *demo_lora_flags(args.worker_kind))
     ports = _placement(args)
     try:
         embedding_workers = _embedding_workers(args)

@@ -20,7 +20,7 @@ from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 
 from services.common import tracing
-from services.common.discovery import ModelCard
+from services.common.discovery import LoraAdapter, ModelCard
 from services.common.errors import Internal, InvalidRequest, ModelNotFound, StageUnavailable
 from services.common.hashing import block_hashes, media_block_infos
 from services.common.model_files import ModelFilesResolver, ModelFilesUnavailable
@@ -45,6 +45,13 @@ def thinking_disabled(kwargs_json: str) -> bool:
                                          or kwargs.get("thinking_mode") == "chat")
 
 ModelLookup = Callable[[str], ModelCard | None]
+
+
+def lora_adapter(card: ModelCard, name: str) -> LoraAdapter | None:
+    """The adapter a request names when ``name`` is not ``card``'s base model but one of its LoRA adapters."""
+    if name == card.name:
+        return None
+    return next((a for a in card.lora_adapters if a.name == name), None)
 
 
 def check_media(card: ModelCard, media) -> None:
@@ -154,10 +161,17 @@ class Preprocessor:
         core.check_context(len(prepared.token_ids), context_length, max_tokens, param)
         infos = media_block_infos([(p.offset, p.count, r.content_hash) for p, r in zip(placed, resolved, strict=True)
                                    if p.count], card.block_size) if placed else None
-        hashes = await self._run(len(prepared.token_ids), functools.partial(block_hashes, block_mm_infos=infos),
+        # A LoRA adapter is served under its own name by workers of its base model (whose card this is):
+        # its KV blocks are not the base's, so its hashes are salted with its name (as the engine's are).
+        adapter = lora_adapter(card, name)
+        lora_name = adapter.name if adapter is not None else None
+        hashes = await self._run(len(prepared.token_ids), functools.partial(block_hashes, block_mm_infos=infos,
+                                                                            lora_name=lora_name),
                                  prepared.token_ids, card.block_size)
         response = self._response(req, card, artifacts, prepared, hashes)
         self._fill_media(response.request.media, resolved, placed)
+        if adapter is not None:
+            response.request.lora.name, response.request.lora.path = adapter.name, adapter.path
         if kind == "messages_json" and card.reasoning_parser:
             response.postprocess.thinking_disabled = thinking_disabled(chat.chat_template_kwargs_json)
         if req.return_formatted_prompt:

@@ -56,7 +56,8 @@ class RouterMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None, ingest: KvEventIngest | None = None,
                  policy_stats: dict[str, int] | None = None, queued: Callable[[], dict[str, int]] | None = None,
-                 sessions: Callable[[], int] | None = None, disagg_decisions: dict[str, int] | None = None):
+                 sessions: Callable[[], int] | None = None, disagg_decisions: dict[str, int] | None = None,
+                 lora_decisions: dict[tuple[str, str], int] | None = None):
         self.registry = registry or CollectorRegistry()
         self.totals = PredictionTotals()
         self._open: dict[str, int] = {}  # request id -> predicted cached tokens
@@ -80,7 +81,7 @@ class RouterMetrics:
                                         registry=r)
         self.lag = Histogram(f"{_PREFIX}_kv_event_lag_seconds", "Publish-to-receive delay of KV event messages",
                              buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1, 5), registry=r)
-        r.register(_LiveCollector(ingest, self, policy_stats, queued, sessions, disagg_decisions))
+        r.register(_LiveCollector(ingest, self, policy_stats, queued, sessions, disagg_decisions, lora_decisions))
 
     def on_lifecycle(self, event: LifecycleEvent, remote: bool = False) -> None:
         """Counts our own decisions; keeps every replica's predictions, so that whichever replica
@@ -126,8 +127,10 @@ class _LiveCollector:
 
     def __init__(self, ingest: KvEventIngest | None, metrics: RouterMetrics, policy_stats: dict[str, int] | None,
                  queued: Callable[[], dict[str, int]] | None = None, sessions: Callable[[], int] | None = None,
-                 disagg_decisions: dict[str, int] | None = None):
+                 disagg_decisions: dict[str, int] | None = None,
+                 lora_decisions: dict[tuple[str, str], int] | None = None):
         self._ingest = ingest
+        self._lora_decisions = lora_decisions
         self._disagg_decisions = disagg_decisions
         self._metrics = metrics
         self._policy_stats = policy_stats
@@ -156,6 +159,12 @@ class _LiveCollector:
         for reason, n in (self._disagg_decisions or {}).items():
             decisions.add_metric([reason], n)
         yield decisions
+        lora = CounterMetricFamily(f"{_PREFIX}_lora_requests", "Requests for a LoRA adapter this replica routed, by "
+                                   "adapter and placement: held (a worker holding it) or runtime_load (a worker "
+                                   "that loads it for this request; lora.py)", labels=["adapter", "placement"])
+        for (adapter, placement), n in (self._lora_decisions or {}).items():
+            lora.add_metric([adapter, placement], n)
+        yield lora
         for name, value in (self._policy_stats or {}).items():
             yield CounterMetricFamily(f"{_PREFIX}_kv_{name}", f"kv policy {name} (see policies/kv_aware.py)",
                                       value=value)

@@ -28,6 +28,7 @@ from services.router.core.sessions import SessionAffinity
 from services.router.core.types import Candidate, Decision, RouteQuery
 from services.router.core.wait_queue import WaitQueue
 from services.router.disagg import Disagg, Shape, check_pins, is_prefill_leg, prefill_leg_id
+from services.router.lora import AdapterRouting
 from services.router.route_trace import route_attributes
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,9 @@ class Router:
         self.disagg = Disagg(disagg or DisaggSettings(), self.policy, self.busy)
         # The policy hears every booking change first (kv keeps per-request load beside the bookings);
         # then the metrics and the replica sync, which the assembly appends. See core/lifecycle.py.
-        self.listeners: list[LifecycleListener] = [self.policy]
+        # LoRA adapters: the workers' adapter limit and runtime loading (lora.py); it counts bookings too.
+        self.lora = AdapterRouting(workers_for)
+        self.listeners: list[LifecycleListener] = [self.policy, self.lora]
         self.sessions = SessionAffinity()
         # Requests waiting for a busy model (0: none wait; every worker busy fails at once with 503).
         self.queue_timeout_s = queue_timeout_s
@@ -63,12 +66,16 @@ class Router:
             self.bookings.drop_worker(worker_id)
             self.sessions.drop_worker(worker_id)
             self.policy.drop_worker(worker_id)
+            self.lora.drop_worker(worker_id)
         self._drain_queue()  # a new worker is free capacity; a gone one may fail its waiters
 
     def _candidates(self, model: str) -> list[Candidate]:
         cards = self._workers_for(model)
         if not cards:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        return self._as_candidates(cards)
+
+    def _as_candidates(self, cards: Sequence[WorkerCard]) -> list[Candidate]:
         return [Candidate(c.worker_id, c.address, self.bookings.in_flight(c.worker_id),
                           self.bookings.prompt_tokens(c.worker_id), c.role, c.model.block_size,
                           c.total_kv_blocks, c.max_num_batched_tokens) for c in cards]
@@ -131,7 +138,12 @@ class Router:
         serving = [c for c in every if c.role != PREFILL]  # those that decode: decode and both workers
         if not serving:
             raise NoWorkers(f"No worker that decodes serves `{req.model}`: only prefill workers do.")
-        candidates = self._admissible(serving, req)
+        base = self.lora.base_of(req.model)
+        if base is None:
+            candidates = self._admissible(serving, req)
+        else:  # a LoRA adapter: its holders within their adapter limit, or a worker that loads it now
+            candidates = self.lora.admissible(req.model, base, serving, lambda cs: self._admissible(cs, req),
+                                              lambda name: self._as_candidates(self._workers_for(name)))
         decode_pin = req.decode_worker_id or req.worker_id
         query = RouteQuery(req.request_id, req.model, tuple(req.block_hashes), req.prompt_tokens, decode_pin,
                            req.explain)

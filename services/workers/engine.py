@@ -23,6 +23,8 @@ import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Protocol
 
+from services.workers.lora import HeldAdapter
+
 
 class FinishReason(enum.IntEnum):
     """Why a sequence ended; the values equal meshfront.common.v1.FinishReason's."""
@@ -152,6 +154,8 @@ class EngineRequest:
     # Disaggregated prefill and decode, shaped like vLLM's kv_transfer_params: {"do_remote_decode": true} on a
     # prefill leg, the prefill worker's returned parameters on a decode leg; None: an ordinary request.
     kv_transfer_params: Mapping[str, Any] | None = None
+    # The LoRA adapter to run with (services/workers/lora.py: name, path and the engine's id); None: the base.
+    lora: HeldAdapter | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -41,6 +41,9 @@ class BlocksStored:
     # Per block, the content hashes of the media whose tokens it holds (hashing.block_hashes' block_mm_infos);
     # None: text only.
     block_mm_infos: Sequence[Sequence[int] | None] | None = None
+    # The LoRA adapter the blocks were computed under (None: the base model): it salts our hashes as the
+    # preprocessor salts a request's (services/common/hashing.py).
+    lora_name: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,7 +95,8 @@ class BlockHashTranslator:
             parent = found
         run: list[StoredBlock] = []
         run_parent = parent
-        locals_ = block_hashes(event.token_ids, self.block_size, block_mm_infos=event.block_mm_infos)
+        locals_ = block_hashes(event.token_ids, self.block_size, block_mm_infos=event.block_mm_infos,
+                               lora_name=event.lora_name)
         for engine_hash, local in zip(event.engine_hashes, locals_, strict=True):
             ours = chain_hash(parent, local)
             if engine_hash in self._ours:  # announced again (a prefix-cache hit): nothing new

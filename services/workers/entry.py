@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from services.common import model_files, tracing
-from services.common.discovery import Registrar, WorkerCard
+from services.common.discovery import LoraAdapter, Registrar, WorkerCard
 from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.kv_events import KvEventListener
 from services.common.metrics import serve_metrics
@@ -40,6 +40,7 @@ from services.common.service_main import bad_value
 from services.workers.config import WorkerConfig
 from services.workers.engine import Engine
 from services.workers.kv_events import KvEventPublisher, LoadReader
+from services.workers.lora import WorkerAdapters
 from services.workers.metrics import worker_metrics
 from services.workers.server import EngineDied, EngineStartFailed, build_server, worker_card
 
@@ -81,17 +82,22 @@ class Serving:
     load: LoadReader | None = None  # the engine's ``read_load``, published with its KV events
     # Returns when the engine can serve no more (a real engine's death watch).
     failed: Callable[[], Awaitable[BaseException]] | None = None
+    # The LoRA adapters held (services/workers/lora.py); each change goes out on the card at once.
+    adapters: WorkerAdapters | None = None
 
 
 def engine_serving(worker: WorkerConfig, engine: Engine, *, load: LoadReader | None = None,
                    total_kv_blocks: int = 0, max_num_batched_tokens: int = 0,
                    failed: Callable[[], Awaitable[BaseException]] | None = None,
-                   closers: Sequence[Callable[[], Awaitable[None]]] = ()) -> Serving:
-    """``Serving`` for a started ``Engine`` behind WorkerService (every kind but embed)."""
-    server = build_server(worker, engine)
+                   closers: Sequence[Callable[[], Awaitable[None]]] = (),
+                   adapters: WorkerAdapters | None = None) -> Serving:
+    """``Serving`` for a started ``Engine`` behind WorkerService (every kind but embed); ``adapters``:
+    its LoRA adapters, already loaded (``WorkerAdapters.start``), for a kind that serves LoRA."""
+    server = build_server(worker, engine, adapters)
     card = worker_card(worker, worker.advertised_address(server.port), total_kv_blocks=total_kv_blocks,
-                       max_num_batched_tokens=max_num_batched_tokens)
-    return Serving(worker, server, card, closers=[*closers, engine.close], load=load, failed=failed)
+                       max_num_batched_tokens=max_num_batched_tokens, adapters=adapters)
+    return Serving(worker, server, card, closers=[*closers, engine.close], load=load, failed=failed,
+                   adapters=adapters)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +150,16 @@ async def serve(kind: WorkerKind[Any, P], prepared: P) -> None:
             await publisher.close()
 
 
+def _card_updater(registrar: Registrar) -> Callable[[tuple[LoraAdapter, ...]], Awaitable[None]]:
+    """Republishes the card with the adapters now held (a load or unload returns once it is out)."""
+
+    async def update(adapters: tuple[LoraAdapter, ...]) -> None:
+        card = registrar.card
+        await registrar.update(dataclasses.replace(card, model=dataclasses.replace(card.model,
+                                                                                 lora_adapters=adapters)))
+    return update
+
+
 def _model_files_publisher(card: WorkerCard) -> Callable[[Any], Awaitable[None]] | None:
     """Publishes the model's tokenizer/template/config files before the card that names them goes out."""
     if not card.model.model_files:
@@ -166,6 +182,8 @@ async def _serve_registered(serving: Serving) -> None:
     registrar: Registrar | None = None
     if worker.register:
         registrar = Registrar(worker.nats_url, serving.card, before_first_put=_model_files_publisher(serving.card))
+        if serving.adapters is not None:
+            serving.adapters.on_change = _card_updater(registrar)
         server.on_drain(registrar.close)  # routers stop picking this worker while its streams finish
         # The card goes out after a NATS round trip, by which time serve_until_signal has started
         # the (already bound) server.

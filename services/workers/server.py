@@ -10,13 +10,14 @@ import grpc
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 
 from services.common import tls as mesh_tls
-from services.common.discovery import ModelCard, WorkerCard
+from services.common.discovery import LoraAdapter, ModelCard, WorkerCard
 from services.common.errors import relay
 from services.common.grpc_server import GrpcServer
 from services.common.model_files import model_files_digest
 from services.common.mux_session import MuxSession, MuxSessions
 from services.workers.config import WorkerConfig
 from services.workers.engine import Engine
+from services.workers.lora import WorkerAdapters
 from services.workers.service import WorkerService
 
 
@@ -36,16 +37,30 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
                              "worker.GenerateStream")
         await self.sessions.serve(session, request_iterator)
 
+    async def LoadLoraAdapter(self, request: worker_pb2.LoadLoraAdapterRequest,
+                              context: grpc.aio.ServicerContext) -> worker_pb2.LoadLoraAdapterResponse:
+        adapter = LoraAdapter(request.adapter.name, request.adapter.path)
+        loaded = await self._service.adapters.load(adapter)
+        return worker_pb2.LoadLoraAdapterResponse(loaded=loaded)
+
+    async def UnloadLoraAdapter(self, request: worker_pb2.UnloadLoraAdapterRequest,
+                                context: grpc.aio.ServicerContext) -> worker_pb2.UnloadLoraAdapterResponse:
+        await self._service.adapters.unload(request.name)
+        return worker_pb2.UnloadLoraAdapterResponse()
+
 
 def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
-                max_num_batched_tokens: int = 0) -> WorkerCard:
+                max_num_batched_tokens: int = 0, adapters: WorkerAdapters | None = None) -> WorkerCard:
     model = ModelCard(name=cfg.model_name, model_dir=cfg.model_dir, context_length=cfg.context_length,
                       block_size=cfg.block_size, tool_call_parser=cfg.tool_call_parser,
                       reasoning_parser=cfg.reasoning_parser, input_modalities=cfg.input_modalities,
+                      lora_adapters=adapters.adapters if adapters is not None else (),
                       model_files=model_files_digest(cfg.model_dir))
+    lora = adapters.settings if adapters is not None else None
     return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind,
                       total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,
-                      role=cfg.role)
+                      role=cfg.role, max_loras=lora.max_loras if lora is not None else 0,
+                      lora_runtime_loading=lora.runtime_loading if lora is not None else False)
 
 
 def worker_grpc_server(cfg: WorkerConfig) -> GrpcServer:
@@ -54,10 +69,10 @@ def worker_grpc_server(cfg: WorkerConfig) -> GrpcServer:
                       tls=mesh_tls.from_config(cfg))
 
 
-def build_server(cfg: WorkerConfig, engine: Engine) -> GrpcServer:
-    """A bound (not yet started) server exposing ``engine`` as WorkerService."""
+def build_server(cfg: WorkerConfig, engine: Engine, adapters: WorkerAdapters | None = None) -> GrpcServer:
+    """A bound (not yet started) server exposing ``engine`` as WorkerService (with its LoRA adapters)."""
     server = worker_grpc_server(cfg)
-    servicer = WorkerServicer(WorkerService(engine, cfg.input_modalities))
+    servicer = WorkerServicer(WorkerService(engine, cfg.input_modalities, adapters))
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server.server)
     server.on_drain(servicer.sessions.drain)  # multiplexed streams end when their running sequences have
     return server

@@ -10,6 +10,7 @@ in-process caller); that aborts the sequence and frees its KV blocks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -18,9 +19,11 @@ from meshfront.common.v1 import common_pb2
 from meshfront.worker.v1 import worker_pb2
 
 from services.common import tracing
+from services.common.discovery import LoraAdapter
 from services.common.errors import InvalidRequest
 from services.workers import convert
 from services.workers.engine import Engine, EngineBusy, EngineError, EngineOutput, FinishReason, RequestRejected
+from services.workers.lora import LoraSettings, WorkerAdapters
 from services.workers.metrics import worker_metrics
 
 log = logging.getLogger(__name__)
@@ -29,9 +32,12 @@ log = logging.getLogger(__name__)
 class WorkerService:
     """Serves one engine. Engine errors leave as ``MeshError``s; anything else is a bug and propagates."""
 
-    def __init__(self, engine: Engine, input_modalities: tuple[str, ...] = ()):
+    def __init__(self, engine: Engine, input_modalities: tuple[str, ...] = (),
+                 adapters: WorkerAdapters | None = None):
         self.engine = engine
         self.input_modalities = input_modalities
+        # LoRA off unless the kind passes its adapters: requests naming one are then a 404.
+        self.adapters = adapters or WorkerAdapters(LoraSettings(), None)
 
     async def generate(self, request: worker_pb2.GenerateRequest) -> AsyncGenerator[worker_pb2.GenerateResponse, None]:
         for item in request.request.media:
@@ -39,7 +45,12 @@ class WorkerService:
             # reached this worker directly still gets a clear refusal rather than a text-only answer.
             if item.modality not in self.input_modalities:
                 raise InvalidRequest(f"this worker does not accept {item.modality} input", param="messages")
-        outputs = self.engine.generate(convert.request_from_proto(request))
+        engine_request = convert.request_from_proto(request)
+        lora = request.request.lora if request.request.HasField("lora") else None
+        if lora is not None:  # held, or loaded now (runtime loading), or a 404 naming the adapter
+            held = await self.adapters.resolve(LoraAdapter(lora.name, lora.path))
+            engine_request = dataclasses.replace(engine_request, lora=held)
+        outputs = self.engine.generate(engine_request)
         sent, finished, outcome = 0, False, "aborted"
         # Traced: the request's arrival and first output; its spans are recorded once it ends (request_spans).
         received_ns = time.time_ns() if tracing.ENABLED else 0

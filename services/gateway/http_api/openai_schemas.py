@@ -187,8 +187,17 @@ COMPLETION = obj({
     required=("id", "object", "created", "model", "choices"))
 
 MODEL = obj({"id": string(), "object": string(enum=("model",)), "created": integer(), "owned_by": string(),
-             "context_window": integer("The model's context length, when its workers report one")},
+             "context_window": integer("The model's context length, when its workers report one"),
+             "parent": string("A LoRA adapter's base model (absent for a base model)"),
+             "root": string("A LoRA adapter's base model, as `parent` (absent for a base model)")},
             required=("id", "object", "created", "owned_by"))
+LOAD_LORA_REQUEST = obj({
+    "lora_name": string("The adapter's name: requests use it as their `model`"),
+    "lora_path": string("Its PEFT directory (adapter_config.json, adapter_model.safetensors), as the workers see it"),
+    "base_model_name": string("The base model, when several served models have LoRA on"),
+}, required=("lora_name", "lora_path"))
+UNLOAD_LORA_REQUEST = obj({"lora_name": string("The adapter to unload from every worker holding it")},
+                          required=("lora_name",))
 MODEL_LIST = obj({"object": string(enum=("list",)), "data": array(ref("Model"))}, required=("object", "data"))
 HEALTH = obj({"status": string(enum=("healthy", "unhealthy", "warming", "unavailable")),
               "models": map_of(integer(), "Live workers per model"),
@@ -258,5 +267,6 @@ SCHEMAS: dict[str, Schema] = {
     "CompletionRequest": COMPLETION_REQUEST, "Completion": COMPLETION, "Model": MODEL, "ModelList": MODEL_LIST,
     "Health": HEALTH, "Live": LIVE, "EmbeddingRequest": EMBEDDING_REQUEST, "EmbeddingList": EMBEDDING_LIST,
     "ResponseInputItem": RESPONSE_INPUT_ITEM, "ResponseRequest": RESPONSE_REQUEST, "Response": RESPONSE,
-    "ResponseDeleted": RESPONSE_DELETED,
+    "ResponseDeleted": RESPONSE_DELETED, "LoadLoraAdapterRequest": LOAD_LORA_REQUEST,
+    "UnloadLoraAdapterRequest": UNLOAD_LORA_REQUEST,
 }

@@ -16,6 +16,7 @@ JSON = "application/json"
 SSE = "text/event-stream"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 HTML = "text/html; charset=utf-8"
+PLAIN = "text/plain; charset=utf-8"
 # What a media URL serves (the worker's encodings).
 MULTIPART = "multipart/form-data"
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "video/mp4", "video/x-motion-jpeg")
@@ -118,6 +119,14 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              ok=(Body(ref("ModelList")),)),
     Endpoint("get", "/v1/models/{model_id}", "retrieveModel", "One model", OPENAI, ok=(Body(ref("Model")),),
              errors=(404,), path_params=(("model_id", "The model id; may contain '/', escaped or not"),)),
+    Endpoint("post", "/v1/load_lora_adapter", "loadLoraAdapter", "Load a LoRA adapter on every worker of its base "
+             "model that loads adapters at runtime (vLLM's API)", OPENAI,
+             ok=(Body(string("Success: LoRA adapter '...' added successfully."), PLAIN),),
+             request=ref("LoadLoraAdapterRequest"), errors=(400, 404, 503), description="docs/lora.md"),
+    Endpoint("post", "/v1/unload_lora_adapter", "unloadLoraAdapter", "Unload a LoRA adapter from every worker "
+             "holding it (vLLM's API)", OPENAI,
+             ok=(Body(string("Success: LoRA adapter '...' removed successfully."), PLAIN),),
+             request=ref("UnloadLoraAdapterRequest"), errors=(400, 404, 503), description="docs/lora.md"),
     Endpoint("get", "/health", "health",
              "Ready: 200 when a model has a live worker and every stage is reachable, else 503", SERVICE,
              ok=(Body(ref("Health")),), errors=(503,), error_schema="Health"),

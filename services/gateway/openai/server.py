@@ -17,7 +17,7 @@ import orjson
 from google.api import httpbody_pb2
 from meshfront.gateway.v1 import gateway_pb2_grpc
 
-from services.common.errors import NotFound
+from services.common.errors import MeshError, NotFound
 from services.gateway import models_api
 from services.gateway.anthropic import models as anthropic_models
 from services.gateway.core.errors import error_body
@@ -25,7 +25,17 @@ from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.request import GenerationRequest
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
 from services.gateway.core.trace import RequestTrace, RouteHints
-from services.gateway.front_door import JSON, Generation, Models, check_model, generation_rpc, headers, http_trailers
+from services.gateway.front_door import (
+    JSON,
+    Generation,
+    Models,
+    abort_http,
+    check_model,
+    generation_rpc,
+    headers,
+    http_trailers,
+)
+from services.gateway.lora_api import LoraAdmin
 from services.gateway.openai.extensions import ResponseExtensions
 from services.gateway.openai.render import renderer_for
 from services.gateway.openai.request import parse_chat, parse_completion
@@ -34,8 +44,9 @@ from services.gateway.openai.request import parse_chat, parse_completion
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self, pipeline: Pipeline, models: Models,
                  draining: Callable[[], bool] = lambda: False, warming: Callable[[], list[str]] = lambda: [],
-                 unavailable: Callable[[], list[str]] = lambda: []):
+                 unavailable: Callable[[], list[str]] = lambda: [], lora: LoraAdmin | None = None):
         self._pipeline = pipeline
+        self._lora = lora  # /v1/load_lora_adapter and /v1/unload_lora_adapter (None: 404 for both)
         self._models = models
         self._draining = draining
         self._warming = warming  # models of the first discovery view still warming up (not ready yet)
@@ -100,6 +111,23 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 return 404, orjson.loads(error_body(err))
             return 200, entry
         return await self._json(context, build)
+
+    async def LoadLoraAdapter(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
+        return await self._lora_change(request, context, load=True)
+
+    async def UnloadLoraAdapter(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
+        return await self._lora_change(request, context, load=False)
+
+    async def _lora_change(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext, *,
+                           load: bool) -> httpbody_pb2.HttpBody:
+        """vLLM's answer: a text/plain line; errors in OpenAI's envelope (services/gateway/lora_api.py)."""
+        try:
+            if self._lora is None:
+                raise NotFound("LoRA adapters cannot be loaded through this gateway.")
+            text = await (self._lora.load(request.data) if load else self._lora.unload(request.data))
+        except MeshError as e:
+            await abort_http(context, e)
+        return httpbody_pb2.HttpBody(content_type="text/plain; charset=utf-8", data=text.encode())
 
     async def Health(self, request, context):
         async def build():

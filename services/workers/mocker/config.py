@@ -13,6 +13,7 @@ from pathlib import Path
 
 from services.common.flags import FlagParser
 from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
+from services.workers.lora import LoraSettings, parse_lora_modules
 from services.workers.media.config import DEFAULT_JOBS, JobLimits, add_job_flags, job_limits_from_args
 from services.workers.mocker.media_config import MediaSimConfig, add_media_flags, media_config_from_args
 from services.workers.mocker.timing import TimingModel
@@ -111,6 +112,7 @@ class MockerConfig:
     # ``--media image|video``: the media simulator instead of the text engine (media_config.py).
     media: MediaSimConfig | None = None
     jobs: JobLimits = DEFAULT_JOBS
+    lora: LoraSettings = LoraSettings()
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> MockerConfig:
@@ -141,6 +143,13 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
           help="a prefill worker frees blocks held for a decode worker that has not pulled them by then (0: never)")
     for flag, field, why in TIMING_FLAGS:
         p.add(flag, default=getattr(_TIMING, field), type=float, help=f"{why}, in ms before --speedup-ratio")
+    p.add("--enable-lora", default=False, type=bool, help="serve LoRA adapters of the model (as vLLM's flag)")
+    p.add("--lora-modules", default="",
+          help="adapters loaded at start, comma-separated name=path (PEFT directories); needs --enable-lora")
+    p.add("--max-loras", default=1, type=int, help="distinct adapters one engine step may run (vLLM's default 1)")
+    p.add("--lora-runtime-loading", default=False, type=bool,
+          help="load adapters at runtime: /v1/load_lora_adapter, and a request for one held elsewhere "
+               "(vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
     add_media_flags(p)
     add_job_flags(p)
     args = p.parse(argv)
@@ -166,9 +175,16 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         **{field: getattr(args, field) for _, field, _ in TIMING_FLAGS},
     )
     errors: list[str] = []
+    modules, module_errors = parse_lora_modules([m for m in args.lora_modules.split(",") if m.strip()])
+    errors += module_errors
+    lora = LoraSettings(args.max_loras if args.enable_lora else 0, args.lora_runtime_loading, modules)
+    if not args.enable_lora and (modules or args.lora_runtime_loading):
+        errors.append("--lora-modules and --lora-runtime-loading need --enable-lora")
+    if args.enable_lora and args.max_loras <= 0:
+        errors.append("--max-loras must be positive")
     media = media_config_from_args(args, args.speedup_ratio, errors)
     jobs = job_limits_from_args(args)
     errors += worker.validate(text_model=media is None) + engine.validate() + jobs.validate()
     if errors:
         raise ConfigError(errors)
-    return MockerConfig(worker=worker, engine=engine, media=media, jobs=jobs)
+    return MockerConfig(worker=worker, engine=engine, media=media, jobs=jobs, lora=lora)

@@ -190,8 +190,9 @@ class MockerEngine:
                                  guided_json_schema=_json_schema_only(request),
                                  max_thinking_tokens=request.max_thinking_tokens)
         mm_infos = media_block_infos(spans, cfg.block_size) or None
-        seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size, mm_infos),
-                  stream=TokenStream(logprobs=request.logprobs is not None), mm_infos=mm_infos)
+        lora_name = request.lora.adapter.name if request.lora is not None else None
+        seq = Seq(request.request_id, prompt, plan, full_blocks(prompt, cfg.block_size, mm_infos, lora_name),
+                  stream=TokenStream(logprobs=request.logprobs is not None), mm_infos=mm_infos, lora_name=lora_name)
         seq.top_logprobs = request.logprobs
         seq.hold_on_finish = hold
         return seq

@@ -6,16 +6,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.common import tls as mesh_tls
+from services.common.errors import InvalidRequest
 from services.common.kv_events import KvEventListener
 from services.workers import entry
+from services.workers.lora import WorkerAdapters
 from services.workers.media.server import media_serving
 from services.workers.mocker.config import MockerConfig, parse_config
 from services.workers.mocker.engine import MockerEngine
+from services.workers.mocker.lora import SimulatedLora
 from services.workers.mocker.media_engine import SimulatedMediaEngine
 from services.workers.mocker.outputs import OutputPolicy
 from services.workers.mocker.transfer import KvPuller
 from services.workers.mocker.transfer_grpc import GrpcKvPuller, add_kv_transfer
 from services.workers.model_dir import load_tokenizer, read_model_info
+from services.workers.server import EngineStartFailed
 
 
 def build_engine(cfg: MockerConfig, listener: KvEventListener | None = None,
@@ -37,9 +41,16 @@ async def build(cfg: MockerConfig, events: entry.KvEvents) -> entry.Serving:
     puller = GrpcKvPuller(mesh_tls.from_config(cfg.worker))
     engine = build_engine(cfg, listener=events.listener(cfg.worker), puller=puller)
     await engine.start()
+    adapters = WorkerAdapters(cfg.lora, SimulatedLora()) if cfg.lora.enabled else None
+    if adapters is not None:
+        try:
+            await adapters.start()  # --lora-modules: a bad directory stops the worker before it registers
+        except InvalidRequest as e:
+            raise EngineStartFailed(e.message) from e
     serving = entry.engine_serving(cfg.worker, engine, load=engine.read_load,
                                    total_kv_blocks=cfg.engine.num_gpu_blocks,
-                                   max_num_batched_tokens=cfg.engine.max_num_batched_tokens, closers=[puller.close])
+                                   max_num_batched_tokens=cfg.engine.max_num_batched_tokens, closers=[puller.close],
+                                   adapters=adapters)
     engine.holds.identify(serving.card.worker_id, serving.card.address)
     add_kv_transfer(serving.server.server, engine.holds)
     return serving

@@ -34,10 +34,12 @@ def chain_hash(parent: int | None, tokens_hash: int) -> int:
     return sequence_hashes((parent, tokens_hash))[1]
 
 
-def full_blocks(token_ids: Seq[int], block_size: int, mm_infos: BlockMmInfos | None = None) -> list[StoredBlock]:
+def full_blocks(token_ids: Seq[int], block_size: int, mm_infos: BlockMmInfos | None = None,
+                lora_name: str | None = None) -> list[StoredBlock]:
     """The full blocks of ``token_ids`` with their sequence and local hashes; ``mm_infos`` salts the blocks
-    holding media with its content hashes, as the preprocessor's hashes for the router are."""
-    local = block_hashes(token_ids, block_size, block_mm_infos=mm_infos)
+    holding media with its content hashes, and ``lora_name`` every block with a LoRA adapter's name, as the
+    preprocessor's hashes for the router are (one adapter's blocks are never another's or the base's)."""
+    local = block_hashes(token_ids, block_size, block_mm_infos=mm_infos, lora_name=lora_name)
     return [StoredBlock(s, t) for s, t in zip(sequence_hashes(local), local, strict=True)]
 
 
@@ -72,6 +74,8 @@ class Sequence:
     # prompt tokens whose KV they brought (computed at admission, once; a preempted sequence recomputes).
     pinned: list[int] = dataclasses.field(default_factory=list)
     transferred_tokens: int = 0
+    # The LoRA adapter the sequence runs with (None: the base model): it salts every block hash.
+    lora_name: str | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -89,7 +93,7 @@ class Sequence:
         """Full blocks of every token so far (prompt plus output, after a preemption)."""
         if not self.output:
             return self.prompt_blocks
-        return full_blocks(self.prompt + self.output, block_size, self.mm_infos)
+        return full_blocks(self.prompt + self.output, block_size, self.mm_infos, self.lora_name)
 
     def tail_block(self, block_size: int) -> StoredBlock:
         """The block made of the last ``block_size`` tokens, which just filled up."""
@@ -98,6 +102,6 @@ class Sequence:
         tokens = self.prompt[start:] + self.output[max(0, start - n_prompt):]
         index = start // block_size  # the prompt's last block may fill up while decoding, with media in it
         mm = self.mm_infos[index] if self.mm_infos and index < len(self.mm_infos) else None
-        local = block_hashes(tokens, block_size, block_mm_infos=[mm])[0]
+        local = block_hashes(tokens, block_size, block_mm_infos=[mm], lora_name=self.lora_name)[0]
         parent = self.held[-1].block_hash if self.held else None
         return StoredBlock(chain_hash(parent, local), local)

@@ -17,11 +17,14 @@ context window and block size on the worker's card are the ones the engine ends 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.common.discovery import LoraAdapter
 from services.workers.config import ConfigError
 from services.workers.engine_worker import EngineFlags, EngineFlagSpec, parse_engine_flags
+from services.workers.vllm.lora import split_lora_modules
 
 OWNED_ENGINE_FLAGS = {"--served-model-name": "--model-name",
                       "--kv-events-config": "nothing (Meshfront turns KV events on itself)"}
@@ -29,7 +32,11 @@ DESCRIPTION = ("vLLM's async engine behind the worker API. Flags not listed here
                "arguments, passed through unchanged (see `vllm serve --help`).")
 
 
+@dataclasses.dataclass(frozen=True)
 class VllmConfig(EngineFlags):
+    # --lora-modules, a `vllm serve` flag rather than an engine argument (services/workers/vllm/lora.py).
+    lora_modules: tuple[LoraAdapter, ...] = ()
+
     def engine_args(self) -> Any:
         """vLLM's ``AsyncEngineArgs`` (imports vllm, a few seconds); raises ConfigError for flags that parse but
         cannot work with this worker."""
@@ -59,5 +66,6 @@ FLAGS = EngineFlagSpec(kind="vllm", description=DESCRIPTION, owned=OWNED_ENGINE_
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str] | None = None) -> VllmConfig:
     """Splits and checks the flags without importing vllm; raises ConfigError listing every problem."""
+    modules, argv = split_lora_modules(argv)
     flags = parse_engine_flags(FLAGS, argv, env)
-    return VllmConfig(**vars(flags))
+    return VllmConfig(**vars(flags), lora_modules=modules)

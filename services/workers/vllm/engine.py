@@ -35,7 +35,7 @@ from services.workers.engine import (
     KvTransferFailed,
     RequestRejected,
 )
-from services.workers.vllm import media, sampling, thinking_budget, transfer
+from services.workers.vllm import lora, media, sampling, thinking_budget, transfer
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,8 @@ class VllmEngine:
         self.in_flight += 1
         first = True
         try:
-            async with contextlib.aclosing(self.llm.generate(prompt, params, request.request_id)) as stream:
+            async with contextlib.aclosing(self.llm.generate(prompt, params, request.request_id,
+                                                             lora_request=lora.lora_request(request.lora))) as stream:
                 while True:
                     with vllm_errors():
                         out = await anext(stream, None)

@@ -20,6 +20,7 @@ from typing import Any
 from services.workers import entry
 from services.workers.engine_worker import EngineStartFailed, descendants, engine_kv_events, root_message
 from services.workers.vllm.config import VllmConfig, parse_config
+from services.workers.vllm.lora import lora_settings, start_adapters
 
 log = logging.getLogger("services.workers.vllm")
 
@@ -35,6 +36,7 @@ async def build(prepared: tuple[VllmConfig, Any], events: entry.KvEvents) -> ent
             await engine.start()
     except Exception as e:
         raise EngineStartFailed(root_message(e)) from e
+    adapters = await start_adapters(lora_settings(engine_args, cfg.lora_modules), engine)
     worker = dataclasses.replace(cfg.worker(context_length=engine.max_model_len, block_size=engine.block_size),
                                  input_modalities=engine.input_modalities)
     log.info("vLLM engine ready: context %d, block size %d, %d KV blocks", engine.max_model_len,
@@ -42,7 +44,7 @@ async def build(prepared: tuple[VllmConfig, Any], events: entry.KvEvents) -> ent
     closers = engine_kv_events(cfg, engine.block_size, batch_decoder(), events.listener(worker))
     return entry.engine_serving(worker, engine, load=engine.read_load, total_kv_blocks=engine.num_kv_blocks,
                                 max_num_batched_tokens=engine.max_num_batched_tokens, failed=engine.failed,
-                                closers=closers)
+                                closers=closers, adapters=adapters)
 
 
 @contextlib.contextmanager
@@ -80,7 +82,9 @@ def prepare(cfg: VllmConfig) -> tuple[VllmConfig, Any]:
     if cfg.args.host in ("127.0.0.1", "localhost"):
         # vLLM's internal sockets bind this address; the default is the machine's outward one.
         os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-    return cfg, cfg.engine_args()
+    engine_args = cfg.engine_args()
+    lora_settings(engine_args, cfg.lora_modules)  # --lora-modules without --enable-lora: refused before loading
+    return cfg, engine_args
 
 
 # parse_config checks the flags without importing vllm (fail fast, with every problem listed).

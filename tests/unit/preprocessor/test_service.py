@@ -127,3 +127,19 @@ async def test_unloadable_model_dir(tmp_path):
     with pytest.raises(Internal, match="cannot be loaded"):
         await pre.preprocess(chat_request())
     await pre.warm(ModelCard(name="demo", model_dir=str(tmp_path)))  # logs, does not raise
+
+
+async def test_a_lora_adapter_request_names_its_adapter_and_salts_its_hashes(demo_model_dir, cache):
+    from services.common.discovery import LoraAdapter
+
+    card = ModelCard(name="demo", model_dir=str(demo_model_dir), lora_adapters=(LoraAdapter("ada", "/a/ada"),))
+    pre = Preprocessor({"demo": card, "ada": card}.get, cache)  # discovery serves the adapter by its holders
+    base = await pre.preprocess(chat_request())
+    req = chat_request()
+    req.request.model = "ada"
+    lora = await pre.preprocess(req)
+    assert list(lora.request.token_ids) == list(base.request.token_ids)  # the base model's tokenizer and template
+    assert (lora.request.lora.name, lora.request.lora.path) == ("ada", "/a/ada")
+    assert not base.request.HasField("lora")
+    assert list(lora.block_hashes) == block_hashes(list(lora.request.token_ids), 16, lora_name="ada")
+    assert set(lora.block_hashes).isdisjoint(base.block_hashes) and base.block_hashes

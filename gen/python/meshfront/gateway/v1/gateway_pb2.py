@@ -26,7 +26,7 @@ from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.api import httpbody_pb2 as google_dot_api_dot_httpbody__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"meshfront/gateway/v1/gateway.proto\x12\x14meshfront.gateway.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x19google/api/httpbody.proto\"\x13\n\x11ListModelsRequest\"#\n\x0fGetModelRequest\x12\x10\n\x08model_id\x18\x01 \x01(\t\"\x0f\n\rHealthRequest\"\r\n\x0bLiveRequest2\xbd\x04\n\x0eGatewayService\x12`\n\x0f\x43hatCompletions\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x14/v1/chat/completions:\x01*0\x01\x12W\n\x0b\x43ompletions\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\"\x1a\x82\xd3\xe4\x93\x02\x14\"\x0f/v1/completions:\x01*0\x01\x12_\n\nListModels\x12\'.meshfront.gateway.v1.ListModelsRequest\x1a\x14.google.api.HttpBody\"\x12\x82\xd3\xe4\x93\x02\x0c\x12\n/v1/models\x12i\n\x08GetModel\x12%.meshfront.gateway.v1.GetModelRequest\x1a\x14.google.api.HttpBody\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/v1/models/{model_id=**}\x12T\n\x06Health\x12#.meshfront.gateway.v1.HealthRequest\x1a\x14.google.api.HttpBody\"\x0f\x82\xd3\xe4\x93\x02\t\x12\x07/health\x12N\n\x04Live\x12!.meshfront.gateway.v1.LiveRequest\x1a\x14.google.api.HttpBody\"\r\x82\xd3\xe4\x93\x02\x07\x12\x05/liveb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"meshfront/gateway/v1/gateway.proto\x12\x14meshfront.gateway.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x19google/api/httpbody.proto\"\x13\n\x11ListModelsRequest\"#\n\x0fGetModelRequest\x12\x10\n\x08model_id\x18\x01 \x01(\t\"\x0f\n\rHealthRequest\"\r\n\x0bLiveRequest2\x83\x06\n\x0eGatewayService\x12`\n\x0f\x43hatCompletions\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x14/v1/chat/completions:\x01*0\x01\x12W\n\x0b\x43ompletions\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\"\x1a\x82\xd3\xe4\x93\x02\x14\"\x0f/v1/completions:\x01*0\x01\x12_\n\nListModels\x12\'.meshfront.gateway.v1.ListModelsRequest\x1a\x14.google.api.HttpBody\"\x12\x82\xd3\xe4\x93\x02\x0c\x12\n/v1/models\x12i\n\x08GetModel\x12%.meshfront.gateway.v1.GetModelRequest\x1a\x14.google.api.HttpBody\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/v1/models/{model_id=**}\x12_\n\x0fLoadLoraAdapter\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\" \x82\xd3\xe4\x93\x02\x1a\"\x15/v1/load_lora_adapter:\x01*\x12\x63\n\x11UnloadLoraAdapter\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\"\"\x82\xd3\xe4\x93\x02\x1c\"\x17/v1/unload_lora_adapter:\x01*\x12T\n\x06Health\x12#.meshfront.gateway.v1.HealthRequest\x1a\x14.google.api.HttpBody\"\x0f\x82\xd3\xe4\x93\x02\t\x12\x07/health\x12N\n\x04Live\x12!.meshfront.gateway.v1.LiveRequest\x1a\x14.google.api.HttpBody\"\r\x82\xd3\xe4\x93\x02\x07\x12\x05/liveb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,6 +41,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GATEWAYSERVICE'].methods_by_name['ListModels']._serialized_options = b'\202\323\344\223\002\014\022\n/v1/models'
   _globals['_GATEWAYSERVICE'].methods_by_name['GetModel']._loaded_options = None
   _globals['_GATEWAYSERVICE'].methods_by_name['GetModel']._serialized_options = b'\202\323\344\223\002\032\022\030/v1/models/{model_id=**}'
+  _globals['_GATEWAYSERVICE'].methods_by_name['LoadLoraAdapter']._loaded_options = None
+  _globals['_GATEWAYSERVICE'].methods_by_name['LoadLoraAdapter']._serialized_options = b'\202\323\344\223\002\032\"\025/v1/load_lora_adapter:\001*'
+  _globals['_GATEWAYSERVICE'].methods_by_name['UnloadLoraAdapter']._loaded_options = None
+  _globals['_GATEWAYSERVICE'].methods_by_name['UnloadLoraAdapter']._serialized_options = b'\202\323\344\223\002\034\"\027/v1/unload_lora_adapter:\001*'
   _globals['_GATEWAYSERVICE'].methods_by_name['Health']._loaded_options = None
   _globals['_GATEWAYSERVICE'].methods_by_name['Health']._serialized_options = b'\202\323\344\223\002\t\022\007/health'
   _globals['_GATEWAYSERVICE'].methods_by_name['Live']._loaded_options = None
@@ -54,5 +58,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LIVEREQUEST']._serialized_start=192
   _globals['_LIVEREQUEST']._serialized_end=205
   _globals['_GATEWAYSERVICE']._serialized_start=208
-  _globals['_GATEWAYSERVICE']._serialized_end=781
+  _globals['_GATEWAYSERVICE']._serialized_end=979
 # @@protoc_insertion_point(module_scope)

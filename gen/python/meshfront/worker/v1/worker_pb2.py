@@ -26,33 +26,41 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from meshfront.common.v1 import common_pb2 as meshfront_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n meshfront/worker/v1/worker.proto\x12\x13meshfront.worker.v1\x1a\x17google/rpc/status.proto\x1a meshfront/common/v1/common.proto\"L\n\x0fGenerateRequest\x12\x39\n\x07request\x18\x01 \x01(\x0b\x32(.meshfront.common.v1.PreprocessedRequest\"\xde\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x33\n\x08logprobs\x18\x02 \x03(\x0b\x32!.meshfront.common.v1.TokenLogprob\x12\x38\n\rfinish_reason\x18\x03 \x01(\x0e\x32!.meshfront.common.v1.FinishReason\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x1a\n\x12kv_transfer_params\x18\x06 \x01(\x0c\"\x99\x01\n\x15GenerateStreamRequest\x12\x39\n\x05start\x18\x01 \x01(\x0b\x32(.meshfront.worker.v1.GenerateStreamStartH\x00\x12;\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32).meshfront.worker.v1.GenerateStreamCancelH\x00\x42\x08\n\x06\x61\x63tion\"X\n\x13GenerateStreamStart\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x35\n\x07request\x18\x02 \x01(\x0b\x32$.meshfront.worker.v1.GenerateRequest\"\"\n\x14GenerateStreamCancel\x12\n\n\x02id\x18\x01 \x01(\x04\"R\n\x16GenerateStreamResponse\x12\x38\n\x06\x63hunks\x18\x01 \x03(\x0b\x32(.meshfront.worker.v1.GenerateStreamChunk\"}\n\x13GenerateStreamChunk\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x37\n\x08response\x18\x02 \x01(\x0b\x32%.meshfront.worker.v1.GenerateResponse\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\"\x8a\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12/\n\x06inputs\x18\x03 \x03(\x0b\x32\x1f.meshfront.worker.v1.EmbedInput\x12\x17\n\ndimensions\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\r\n\x0b_dimensions\"\x1f\n\nEmbedInput\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"N\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x03(\x0c\x12\x12\n\ndimensions\x18\x02 \x01(\r\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r2\xa9\x02\n\rWorkerService\x12Y\n\x08Generate\x12$.meshfront.worker.v1.GenerateRequest\x1a%.meshfront.worker.v1.GenerateResponse0\x01\x12m\n\x0eGenerateStream\x12*.meshfront.worker.v1.GenerateStreamRequest\x1a+.meshfront.worker.v1.GenerateStreamResponse(\x01\x30\x01\x12N\n\x05\x45mbed\x12!.meshfront.worker.v1.EmbedRequest\x1a\".meshfront.worker.v1.EmbedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n meshfront/worker/v1/worker.proto\x12\x13meshfront.worker.v1\x1a\x17google/rpc/status.proto\x1a meshfront/common/v1/common.proto\"K\n\x16LoadLoraAdapterRequest\x12\x31\n\x07\x61\x64\x61pter\x18\x01 \x01(\x0b\x32 .meshfront.common.v1.LoraAdapter\")\n\x17LoadLoraAdapterResponse\x12\x0e\n\x06loaded\x18\x01 \x01(\x08\"(\n\x18UnloadLoraAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1b\n\x19UnloadLoraAdapterResponse\"L\n\x0fGenerateRequest\x12\x39\n\x07request\x18\x01 \x01(\x0b\x32(.meshfront.common.v1.PreprocessedRequest\"\xde\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x33\n\x08logprobs\x18\x02 \x03(\x0b\x32!.meshfront.common.v1.TokenLogprob\x12\x38\n\rfinish_reason\x18\x03 \x01(\x0e\x32!.meshfront.common.v1.FinishReason\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x1a\n\x12kv_transfer_params\x18\x06 \x01(\x0c\"\x99\x01\n\x15GenerateStreamRequest\x12\x39\n\x05start\x18\x01 \x01(\x0b\x32(.meshfront.worker.v1.GenerateStreamStartH\x00\x12;\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32).meshfront.worker.v1.GenerateStreamCancelH\x00\x42\x08\n\x06\x61\x63tion\"X\n\x13GenerateStreamStart\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x35\n\x07request\x18\x02 \x01(\x0b\x32$.meshfront.worker.v1.GenerateRequest\"\"\n\x14GenerateStreamCancel\x12\n\n\x02id\x18\x01 \x01(\x04\"R\n\x16GenerateStreamResponse\x12\x38\n\x06\x63hunks\x18\x01 \x03(\x0b\x32(.meshfront.worker.v1.GenerateStreamChunk\"}\n\x13GenerateStreamChunk\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x37\n\x08response\x18\x02 \x01(\x0b\x32%.meshfront.worker.v1.GenerateResponse\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\"\x8a\x01\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12/\n\x06inputs\x18\x03 \x03(\x0b\x32\x1f.meshfront.worker.v1.EmbedInput\x12\x17\n\ndimensions\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\r\n\x0b_dimensions\"\x1f\n\nEmbedInput\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"N\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x03(\x0c\x12\x12\n\ndimensions\x18\x02 \x01(\r\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r2\x8b\x04\n\rWorkerService\x12Y\n\x08Generate\x12$.meshfront.worker.v1.GenerateRequest\x1a%.meshfront.worker.v1.GenerateResponse0\x01\x12m\n\x0eGenerateStream\x12*.meshfront.worker.v1.GenerateStreamRequest\x1a+.meshfront.worker.v1.GenerateStreamResponse(\x01\x30\x01\x12N\n\x05\x45mbed\x12!.meshfront.worker.v1.EmbedRequest\x1a\".meshfront.worker.v1.EmbedResponse\x12l\n\x0fLoadLoraAdapter\x12+.meshfront.worker.v1.LoadLoraAdapterRequest\x1a,.meshfront.worker.v1.LoadLoraAdapterResponse\x12r\n\x11UnloadLoraAdapter\x12-.meshfront.worker.v1.UnloadLoraAdapterRequest\x1a..meshfront.worker.v1.UnloadLoraAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'meshfront.worker.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GENERATEREQUEST']._serialized_start=116
-  _globals['_GENERATEREQUEST']._serialized_end=192
-  _globals['_GENERATERESPONSE']._serialized_start=195
-  _globals['_GENERATERESPONSE']._serialized_end=417
-  _globals['_GENERATESTREAMREQUEST']._serialized_start=420
-  _globals['_GENERATESTREAMREQUEST']._serialized_end=573
-  _globals['_GENERATESTREAMSTART']._serialized_start=575
-  _globals['_GENERATESTREAMSTART']._serialized_end=663
-  _globals['_GENERATESTREAMCANCEL']._serialized_start=665
-  _globals['_GENERATESTREAMCANCEL']._serialized_end=699
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=701
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=783
-  _globals['_GENERATESTREAMCHUNK']._serialized_start=785
-  _globals['_GENERATESTREAMCHUNK']._serialized_end=910
-  _globals['_EMBEDREQUEST']._serialized_start=913
-  _globals['_EMBEDREQUEST']._serialized_end=1051
-  _globals['_EMBEDINPUT']._serialized_start=1053
-  _globals['_EMBEDINPUT']._serialized_end=1084
-  _globals['_EMBEDRESPONSE']._serialized_start=1086
-  _globals['_EMBEDRESPONSE']._serialized_end=1164
-  _globals['_WORKERSERVICE']._serialized_start=1167
-  _globals['_WORKERSERVICE']._serialized_end=1464
+  _globals['_LOADLORAADAPTERREQUEST']._serialized_start=116
+  _globals['_LOADLORAADAPTERREQUEST']._serialized_end=191
+  _globals['_LOADLORAADAPTERRESPONSE']._serialized_start=193
+  _globals['_LOADLORAADAPTERRESPONSE']._serialized_end=234
+  _globals['_UNLOADLORAADAPTERREQUEST']._serialized_start=236
+  _globals['_UNLOADLORAADAPTERREQUEST']._serialized_end=276
+  _globals['_UNLOADLORAADAPTERRESPONSE']._serialized_start=278
+  _globals['_UNLOADLORAADAPTERRESPONSE']._serialized_end=305
+  _globals['_GENERATEREQUEST']._serialized_start=307
+  _globals['_GENERATEREQUEST']._serialized_end=383
+  _globals['_GENERATERESPONSE']._serialized_start=386
+  _globals['_GENERATERESPONSE']._serialized_end=608
+  _globals['_GENERATESTREAMREQUEST']._serialized_start=611
+  _globals['_GENERATESTREAMREQUEST']._serialized_end=764
+  _globals['_GENERATESTREAMSTART']._serialized_start=766
+  _globals['_GENERATESTREAMSTART']._serialized_end=854
+  _globals['_GENERATESTREAMCANCEL']._serialized_start=856
+  _globals['_GENERATESTREAMCANCEL']._serialized_end=890
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=892
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=974
+  _globals['_GENERATESTREAMCHUNK']._serialized_start=976
+  _globals['_GENERATESTREAMCHUNK']._serialized_end=1101
+  _globals['_EMBEDREQUEST']._serialized_start=1104
+  _globals['_EMBEDREQUEST']._serialized_end=1242
+  _globals['_EMBEDINPUT']._serialized_start=1244
+  _globals['_EMBEDINPUT']._serialized_end=1275
+  _globals['_EMBEDRESPONSE']._serialized_start=1277
+  _globals['_EMBEDRESPONSE']._serialized_end=1355
+  _globals['_WORKERSERVICE']._serialized_start=1358
+  _globals['_WORKERSERVICE']._serialized_end=1881
 # @@protoc_insertion_point(module_scope)

@@ -51,6 +51,16 @@ class WorkerServiceStub:
                 request_serializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.LoadLoraAdapter = channel.unary_unary(
+                '/meshfront.worker.v1.WorkerService/LoadLoraAdapter',
+                request_serializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.LoadLoraAdapterRequest.SerializeToString,
+                response_deserializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.LoadLoraAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadLoraAdapter = channel.unary_unary(
+                '/meshfront.worker.v1.WorkerService/UnloadLoraAdapter',
+                request_serializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.UnloadLoraAdapterRequest.SerializeToString,
+                response_deserializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.UnloadLoraAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -86,6 +96,22 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLoraAdapter(self, request, context):
+        """Loads a LoRA adapter of the worker's base model (vLLM's /v1/load_lora_adapter); the worker's card
+        lists it once loaded. FAILED_PRECONDITION when the worker does not load adapters at runtime,
+        INVALID_ARGUMENT when the engine refuses the adapter (a missing directory, a rank over the limit).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoraAdapter(self, request, context):
+        """Unloads one (vLLM's /v1/unload_lora_adapter); NOT_FOUND when the worker does not hold it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -103,6 +129,16 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedRequest.FromString,
                     response_serializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedResponse.SerializeToString,
+            ),
+            'LoadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoraAdapter,
+                    request_deserializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.LoadLoraAdapterRequest.FromString,
+                    response_serializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.LoadLoraAdapterResponse.SerializeToString,
+            ),
+            'UnloadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoraAdapter,
+                    request_deserializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.UnloadLoraAdapterRequest.FromString,
+                    response_serializer=meshfront_dot_worker_dot_v1_dot_worker__pb2.UnloadLoraAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -188,6 +224,60 @@ class WorkerService:
             '/meshfront.worker.v1.WorkerService/Embed',
             meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedRequest.SerializeToString,
             meshfront_dot_worker_dot_v1_dot_worker__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshfront.worker.v1.WorkerService/LoadLoraAdapter',
+            meshfront_dot_worker_dot_v1_dot_worker__pb2.LoadLoraAdapterRequest.SerializeToString,
+            meshfront_dot_worker_dot_v1_dot_worker__pb2.LoadLoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshfront.worker.v1.WorkerService/UnloadLoraAdapter',
+            meshfront_dot_worker_dot_v1_dot_worker__pb2.UnloadLoraAdapterRequest.SerializeToString,
+            meshfront_dot_worker_dot_v1_dot_worker__pb2.UnloadLoraAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,
