@@ -38,6 +38,8 @@ class BlocksStored:
     token_ids: Sequence[int]
     # Tokens per block in this event (a partial block reports fewer).
     block_size: int
+    # The salts below are keyword-only: two optional fields side by side are too easy to swap by position.
+    _: dataclasses.KW_ONLY
     # Per block, the content hashes of the media whose tokens it holds (hashing.block_hashes' block_mm_infos);
     # None: text only.
     block_mm_infos: Sequence[Sequence[int] | None] | None = None

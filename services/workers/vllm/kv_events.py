@@ -39,7 +39,7 @@ def batch_decoder():
                     log.warning("not indexing %d stored block(s): %s", len(event.block_hashes), e)
                     continue  # the blocks after them go unindexed too: their parent is unknown
                 out.append(BlocksStored(event.block_hashes, event.parent_block_hash, event.token_ids,
-                                       event.block_size, mm_infos, event.lora_name))
+                                        event.block_size, block_mm_infos=mm_infos, lora_name=event.lora_name))
             elif isinstance(event, BlockRemoved):
                 out.append(BlocksRemoved(event.block_hashes))
             else:

@@ -115,5 +115,5 @@ def test_adapter_blocks_are_salted_in_the_mocker_and_in_vllm_event_translation()
             pass
 
     listener = Listener()
-    BlockHashTranslator(listener, 16).apply(BlocksStored(["e1", "e2", "e3", "e4"], None, tokens, 16, "ada"))
+    BlockHashTranslator(listener, 16).apply(BlocksStored(["e1", "e2", "e3", "e4"], None, tokens, 16, lora_name="ada"))
     assert listener.hashes == [b.block_hash for b in salted]  # what the preprocessor computes for "ada"
