@@ -22,7 +22,8 @@ CLUSTER_REPLICAS = 3
 NOT_CLUSTERED = 10074  # JSStreamReplicasNotSupportedErr: "replicas > 1 not supported in non-clustered mode"
 # A replicated stream whose leader died answers nothing until the two others elect one, 4-9 s later.
 FAILOVER_S = 12.0
-_LEADERLESS = (NoStreamResponseError, NoRespondersError, ServiceUnavailableError)
+# A write that timed out is one too: it reached the old leader as it died (nats-py's TimeoutError is this one).
+_LEADERLESS = (NoStreamResponseError, NoRespondersError, ServiceUnavailableError, TimeoutError)
 _RETRY_S = 0.25
 
 

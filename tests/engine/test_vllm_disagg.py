@@ -50,7 +50,9 @@ def disagg_mesh(tmp_path_factory, vllm_python, tiny_lm_dir, envoy_bin, nats_bin)
         raise
     yield mesh
     try:
-        stop_cleanly(mesh)
+        # A loaded machine can see vLLM's engine core go before its output handler at shutdown, which
+        # logs that with a traceback (the requests above were all answered by then).
+        stop_cleanly(mesh, expected_tracebacks=("output_handler",))
     finally:
         for name in (PREFILL, DECODE):  # vLLM's engine core outlives a parent that died first
             with contextlib.suppress(ProcessLookupError):

@@ -57,7 +57,9 @@ def vision_mesh(tmp_path_factory, vllm_python, vision_model_dir, envoy_bin, nats
         raise
     yield mesh
     try:
-        stop_cleanly(mesh)
+        # A loaded machine can see vLLM's engine core go before its output handler at shutdown, which
+        # logs that with a traceback (the requests above were all answered by then).
+        stop_cleanly(mesh, expected_tracebacks=("output_handler",))
     finally:
         for name in WORKERS:  # vLLM's engine core can outlive its worker
             with contextlib.suppress(ProcessLookupError):

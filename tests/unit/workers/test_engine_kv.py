@@ -108,7 +108,7 @@ def test_a_block_holding_an_image_is_salted_with_its_content_hash_like_the_promp
     t = BlockHashTranslator(rec, BS)
     spans = [(5, 6, 0xFEED)]  # an image's placeholder tokens at positions 5..10: blocks 1 and 2
     infos = media_block_infos(spans, BS)
-    t.apply(BlocksStored(["e0", "e1", "e2", "e3"], None, TOKENS[:4 * BS], BS, infos))
+    t.apply(BlocksStored(["e0", "e1", "e2", "e3"], None, TOKENS[:4 * BS], BS, block_mm_infos=infos))
     expected = sequence_hashes(block_hashes(TOKENS[:4 * BS], BS, block_mm_infos=infos))
     assert rec.calls == [("stored", expected, None)]
     assert expected[0] == ours(TOKENS[:BS])[0] and expected[1:] != ours(TOKENS[:4 * BS])[1:]
