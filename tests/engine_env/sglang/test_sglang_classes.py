@@ -353,7 +353,7 @@ def test_without_registration_there_are_no_kv_events(model_dir):
     assert server_args.kv_events_config is None
 
 
-@pytest.mark.parametrize("argv", [["--model-path", "/m"], ["--model=/m"], ["--served-model-name", "x"],
+@pytest.mark.parametrize("argv", [["--model-path", "/m"], ["--served-model-name", "x"],
                                   ["--kv-events-config", "{}"], ["--incremental-streaming-output"]])
 def test_owned_flags_are_refused_naming_the_replacement(model_dir, argv):
     with pytest.raises(ConfigError) as error:
