@@ -27,6 +27,16 @@ class ModelNotResolved(ValueError):
     """The id cannot be turned into a directory; the message says why, on one line."""
 
 
+def model_flag_errors(model: str, model_dir: str, revision: str) -> list[str]:
+    """What is wrong with --model / --model-dir / --revision together (a worker's flags and `meshfront run`'s)."""
+    errors = []
+    if model and model_dir:
+        errors.append("--model and --model-dir both name the model: give one")
+    if revision and not model:
+        errors.append("--revision needs --model (a Hugging Face id)")
+    return errors
+
+
 def is_hub_id(name: str) -> bool:
     return bool(_HUB_ID.match(name)) and ".." not in name
 

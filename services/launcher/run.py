@@ -204,13 +204,13 @@ def _prepare_environments(args: argparse.Namespace) -> None:
 def _model_dir(args: argparse.Namespace) -> str:
     """--model-dir, or the Hugging Face snapshot --model names (resolved once here, not by every worker);
     empty for the demo model."""
-    if args.model and args.model_dir:
-        raise ValueError("--model and --model-dir both name the model: give one")
-    if args.revision and not args.model:
-        raise ValueError("--revision needs --model (a Hugging Face id)")
+    from services.common.hub import model_flag_errors, resolve_model
+
+    errors = model_flag_errors(args.model, args.model_dir, args.revision)
+    if errors:
+        raise ValueError("; ".join(errors))
     if not args.model:
         return str(args.model_dir)
-    from services.common.hub import resolve_model
 
     print(f"resolving {args.model} through the Hugging Face cache ...", flush=True)
     return resolve_model(args.model, args.revision)

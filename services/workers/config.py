@@ -10,7 +10,7 @@ from pathlib import Path
 
 from services.common.discovery import BOTH, DECODE, PREFILL
 from services.common.flags import FlagParser, add_common_flags, common_errors
-from services.common.hub import is_hub_id, resolve_model
+from services.common.hub import is_hub_id, model_flag_errors, resolve_model
 from services.common.parser_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 from services.workers.model_dir import read_model_info
 
@@ -145,10 +145,9 @@ def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_leng
 
 def _model_dir(args: argparse.Namespace) -> str:
     """--model-dir, or the directory --model names (a Hugging Face snapshot, downloaded when not cached)."""
-    if args.model and args.model_dir:
-        raise ConfigError(["--model and --model-dir both name the model: give one"])
-    if args.revision and not args.model:
-        raise ConfigError(["--revision needs --model (a Hugging Face id)"])
+    errors = model_flag_errors(args.model, args.model_dir, args.revision)
+    if errors:
+        raise ConfigError(errors)
     if not args.model:
         return str(args.model_dir)
     if Path(args.model).is_dir():  # vllm serve's --model takes a directory too
