@@ -66,9 +66,9 @@ def add_chat_processor_flag(p: Flags) -> None:
     that name is the postprocessor's, and its preprocessor renders with ours (an engine's renderer needs
     the engine's environment, where the preprocessor runs as its own process)."""
     p.add("--chat-processor", default=DEFAULT_CHAT_PROCESSOR,
-          help=f"who renders and tokenizes chat prompts: {' | '.join(CHAT_PROCESSORS)} (vllm: vLLM's own "
-               "renderer; the preprocessor must run from vLLM's environment, as meshfront run starts it; "
-               "see docs/parsers.md)")
+          help=f"who renders and tokenizes chat prompts: {' | '.join(CHAT_PROCESSORS)} (vllm / sglang: the "
+               "engine's own renderer; the preprocessor must run from the engine's environment, as meshfront "
+               "run starts it; see docs/parsers.md)")
 
 
 def add_flags(p: Flags) -> None:

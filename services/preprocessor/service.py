@@ -139,6 +139,8 @@ class Preprocessor:
             choice_none = req.tool_choice.mode == common_pb2.TOOL_CHOICE_MODE_NONE
             chat = core.ChatInput(req.messages_json, req.tools_json, choice_none,
                                   self._template_kwargs_json(req.chat_template_kwargs_json),
+                                  tool_choice_name=(req.tool_choice.function_name if req.tool_choice.mode
+                                                    == common_pb2.TOOL_CHOICE_MODE_NAMED else ""),
                                   hide_tools_for_choice_none=self._hide_tools_for_none,
                                   template_override=self._chat_template,
                                   media_markers=spec.markers() if spec else {})

@@ -50,6 +50,8 @@ class ChatInput:
     template_override: str = ""
     # Placeholder text per modality for templates that render no media parts (media/placement.py).
     media_markers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The function a named tool_choice forces, else empty (SGLang's renderer shows the template only that tool).
+    tool_choice_name: str = ""
 
     def size(self) -> int:
         return len(self.messages_json) + len(self.tools_json)

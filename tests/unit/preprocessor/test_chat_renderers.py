@@ -1,7 +1,8 @@
 """The preprocessor's --chat-processor as the main environment sees it: ours by default and unchanged,
 the engines' renderers unimported and refused with the reason where they are not installed.
 
-vLLM's renderer itself is tested in its environment (tests/engine_env/vllm/test_vllm_chat_renderer.py).
+The engines' renderers themselves are tested in their environments (tests/engine_env/vllm/test_vllm_chat_renderer.py,
+tests/engine_env/sglang/test_sglang_chat_renderer.py).
 """
 
 from __future__ import annotations
@@ -34,42 +35,45 @@ MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
 
 
-def test_the_preprocessor_offers_ours_and_vllm():
-    assert CHAT_PROCESSORS == ("ours", "vllm")
+def test_the_preprocessor_offers_ours_vllm_and_sglang():
+    assert CHAT_PROCESSORS == ("ours", "vllm", "sglang")
 
 
 def test_the_flag_and_its_env_twin():
     assert parse_config([], env={}).chat_processor == "ours"
     assert parse_config(["--chat-processor", "vllm"], env={}).chat_processor == "vllm"
+    assert parse_config(["--chat-processor", "sglang"], env={}).chat_processor == "sglang"
     assert parse_config([], env={"MESHFRONT_PREPROCESSOR_CHAT_PROCESSOR": "vllm"}).chat_processor == "vllm"
     assert parse_config(["--chat-processor", "ours"],
                         env={"MESHFRONT_PREPROCESSOR_CHAT_PROCESSOR": "vllm"}).chat_processor == "ours"
 
 
-@pytest.mark.parametrize("name", ["tgi", "sglang"])
+@pytest.mark.parametrize("name", ["tgi", "trtllm"])
 def test_a_name_the_preprocessor_cannot_render_with_is_refused(name):
-    """sglang is the postprocessor's only (its renderer is not wired); the preprocessor says so at start."""
-    with pytest.raises(ValueError, match=f"--chat-processor '{name}' is not one of ours, vllm"):
+    with pytest.raises(ValueError, match=f"--chat-processor '{name}' is not one of ours, vllm, sglang"):
         parse_config(["--chat-processor", name], env={})
-    with pytest.raises(ValueError, match=f"--chat-processor '{name}' is not one of ours, vllm"):
+    with pytest.raises(ValueError, match=f"--chat-processor '{name}' is not one of ours, vllm, sglang"):
         parse_config([], env={"MESHFRONT_PREPROCESSOR_CHAT_PROCESSOR": name})
     with pytest.raises(ValueError, match=f"unknown chat processor '{name}'"):
         load_chat_renderer(name)
 
 
-def test_a_missing_engine_is_a_clear_startup_error():
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.fail("vllm is installed in the main environment; this test expects it absent")
-    with pytest.raises(ChatRendererUnavailable, match=r"--chat-processor vllm needs vllm.*engine's environment"):
-        load_chat_renderer("vllm")
-    assert "vllm" not in sys.modules
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_missing_engine_is_a_clear_startup_error(engine):
+    if importlib.util.find_spec(engine) is not None:
+        pytest.fail(f"{engine} is installed in the main environment; this test expects it absent")
+    with pytest.raises(ChatRendererUnavailable,
+                       match=rf"--chat-processor {engine} needs {engine}.*engine's environment"):
+        load_chat_renderer(engine)
+    assert engine not in sys.modules
 
 
-def test_the_preprocessor_exits_with_the_reason_when_the_engine_is_missing():
-    proc = subprocess.run([sys.executable, "-m", "services.preprocessor", "--chat-processor", "vllm", "--port", "0"],
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_preprocessor_exits_with_the_reason_when_the_engine_is_missing(engine):
+    proc = subprocess.run([sys.executable, "-m", "services.preprocessor", "--chat-processor", engine, "--port", "0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert "--chat-processor vllm needs vllm" in proc.stderr
+    assert f"--chat-processor {engine} needs {engine}" in proc.stderr
 
 
 async def test_ours_is_the_default_and_renders_as_before(demo_model_dir, artifacts):
@@ -87,16 +91,18 @@ async def test_ours_is_the_default_and_renders_as_before(demo_model_dir, artifac
         assert list(resp.request.token_ids) == expected.token_ids
 
 
-def test_the_launcher_starts_a_vllm_rendering_preprocessor_from_vllms_environment(tmp_path, demo_model_dir):
-    assert preprocessor_engine(["--chat-processor", "vllm"]) == "vllm"
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_launcher_starts_an_engine_rendering_preprocessor_from_the_engines_environment(tmp_path, demo_model_dir,
+                                                                                            engine):
+    assert preprocessor_engine(["--chat-processor", engine]) == engine
     assert preprocessor_engine(["--offload-threshold", "9", "--chat-processor=vllm"]) == "vllm"
     assert preprocessor_engine(["--chat-processor", "ours"]) is None and preprocessor_engine([]) is None
     workers = [WorkerSpec(str(demo_model_dir), "m", "mocker", ())]
     plan = ephemeral_plan(workers, run_dir=tmp_path)
-    plan.service_args = {"preprocessor": ("--chat-processor", "vllm")}
+    plan.service_args = {"preprocessor": ("--chat-processor", engine)}
     argv = next(s.argv for s in specs(plan) if s.name == "preprocessor")
-    assert argv[:3] == [str(engine_env.ENGINES["vllm"].python), "-m", "services.preprocessor"]
-    assert argv[argv.index("--chat-processor") + 1] == "vllm"
+    assert argv[:3] == [str(engine_env.ENGINES[engine].python), "-m", "services.preprocessor"]
+    assert argv[argv.index("--chat-processor") + 1] == engine
     plain = ephemeral_plan(workers, run_dir=tmp_path)
     assert next(s.argv for s in specs(plain) if s.name == "preprocessor")[0] == sys.executable
 

@@ -2,10 +2,11 @@
 
 ``ours`` (the default) is this package's path: transformers' Jinja rendering (templates.py) and the
 Rust ``tokenizers`` encoder (prompt.py). ``vllm`` renders and tokenizes with vLLM's own renderer, the
-one ``vllm serve``'s chat endpoint uses, so a prompt's ids are exactly the engine's (a model whose
-vLLM renderer is not plain Jinja, a tokenizer vLLM loads differently). The engine is an optional
-extra: its module is imported only by ``load_chat_renderer`` when selected, at startup, and the
-preprocessor then runs from the engine's environment (the launcher starts it with that python).
+one ``vllm serve``'s chat endpoint uses, and ``sglang`` with SGLang's own chat handler, so a prompt's
+ids are exactly the engine's (a model whose engine renderer is not plain Jinja, a tokenizer the engine
+loads differently). The engines are optional extras: an engine's module is imported only by
+``load_chat_renderer`` when selected, at startup, and the preprocessor then runs from the engine's
+environment (the launcher starts it with that python).
 The postprocessor's flag of the same name selects whose output parsers run
 (services/postprocessor/core/parsers/backends/).
 """
@@ -22,9 +23,9 @@ from services.preprocessor.core.artifacts import ModelArtifacts
 DEFAULT_CHAT_PROCESSOR = "ours"
 
 # name -> (the distribution's top-level module, the adapter module, the extra that installs it).
-# SGLang's renderer is not wired yet: the postprocessor accepts sglang, the preprocessor does not.
 _ENGINE_RENDERERS = {
     "vllm": ("vllm", "services.preprocessor.core.renderers.vllm", "vllm"),
+    "sglang": ("sglang", "services.preprocessor.core.renderers.sglang", "sglang"),
 }
 CHAT_PROCESSORS = (DEFAULT_CHAT_PROCESSOR, *_ENGINE_RENDERERS)
 
