@@ -183,6 +183,22 @@ def test_a_request_sglang_refuses_is_a_400_without_python_names(preprocessor, bo
     assert "Param" not in str(refused.value) and "ChatCompletion" not in str(refused.value)
 
 
+@pytest.mark.parametrize(("template", "words"), [
+    ("{{ raise_exception('only user turns, please') }}", "chat template error: only user turns, please"),
+    ("{{ messages[0].nothing.deeper }}", "the model's chat template cannot render these messages"),
+])
+def test_a_template_failure_is_a_400_in_our_words(model_dir, template, words):
+    """The template author's raise_exception reaches the client; Jinja's own text ('dict object' has no
+    attribute ...) does not."""
+    card = ModelCard(name=NAME, model_dir=model_dir, context_length=4096)
+    failing = Preprocessor(lambda name: card if name == NAME else None, chat_renderer=load_chat_renderer("sglang"),
+                           chat_template=template)
+    with pytest.raises(InvalidRequest) as refused:
+        preprocess(failing, CASES["plain"])
+    assert refused.value.param == "messages" and str(refused.value).startswith(words)
+    assert "object" not in str(refused.value)
+
+
 def test_the_flag_runs_from_this_environment():
     import sglang
 

@@ -56,6 +56,7 @@ if importlib.util.find_spec("torchvision") is None:
                   "torchvision.transforms.v2"):
         sys.modules.setdefault(_name, _MockModule(_name))
 
+import jinja2
 import pydantic
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -68,7 +69,7 @@ from services.common.errors import InvalidRequest
 from services.preprocessor.core import messages as msgs
 from services.preprocessor.core import prompt as core
 from services.preprocessor.core.artifacts import ArtifactError, ModelArtifacts
-from services.preprocessor.core.templates import prompt_opens_reasoning
+from services.preprocessor.core.templates import CANNOT_RENDER, prompt_opens_reasoning
 
 log = logging.getLogger(__name__)
 # The model name SGLang's request needs; its conversion reads it only for LoRA (the gateway resolved the model).
@@ -140,7 +141,7 @@ class SglangChatRenderer:
                 adapted, _ = serving.chat._convert_to_internal_request(request)
             except ValueError as e:  # SGLang's 400s: template errors, kwargs and shapes it refuses
                 log.info("SGLang's chat handler refused a request's messages: %r", e)
-                raise InvalidRequest(f"the chat cannot be rendered: {e}", param="messages") from e
+                raise _refusal(e) from e
             tokenizer = serving.tokenizer_manager.tokenizer
             if adapted.input_ids is not None:
                 ids = list(adapted.input_ids)
@@ -174,6 +175,17 @@ class SglangChatRenderer:
                 f.write(source)
             path = self._template_files[source] = f.name
         return path
+
+
+def _refusal(e: ValueError) -> InvalidRequest:
+    """SGLang's reason, as ours words a template's failure: it wraps the template's exceptions in a
+    ValueError, whose text for an undefined name or a type error names Python types ('dict object')."""
+    cause = e.__cause__
+    if type(cause) is jinja2.TemplateError:  # raise_exception(): the template author's words, for the client
+        return InvalidRequest(f"chat template error: {cause}", param="messages")
+    if isinstance(cause, (jinja2.TemplateError, TypeError)):
+        return InvalidRequest(CANNOT_RENDER, param="messages")
+    return InvalidRequest(f"the chat cannot be rendered: {e}", param="messages")
 
 
 def _chat_request(chat: core.ChatInput) -> ChatCompletionRequest:
