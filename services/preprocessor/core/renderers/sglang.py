@@ -24,7 +24,8 @@ SGLang's resolution of its arguments needs a device, and ``cpu`` is given: no mo
 
 The deployment's ``--default-chat-template-kwargs`` are already merged under the request's own
 (service.py), as SGLang's flag of that name merges them; ``--chat-template`` is handed to SGLang as a
-template file (its ``--chat-template``). SGLang always hides the tools for tool_choice none; a deployment
+template file (its ``--chat-template``), whose handler is built on the first request that uses it
+(``warm`` knows only the model directory). SGLang always hides the tools for tool_choice none; a deployment
 that shows them (``--no-exclude-tools-when-tool-choice-none``) gets them by not sending ``none``, which
 only the template sees here (tool-call grammars are the workers'). Not covered: SGLang's
 ``--tool-call-parser`` / ``--reasoning-parser`` are not set (the parsers are the postprocessor's), which
