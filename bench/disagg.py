@@ -5,7 +5,10 @@ Shapes (each a fresh mesh, one measured closed-loop level, then torn down):
 
 - ``agg``: N mockers (role both) behind the split mesh, kv router;
 - ``disagg``: 1 prefill + N-1 decode mockers (``--disaggregation-mode``), kv router: every request runs as two
-  legs (conditional disaggregation off, as Dynamo's default is);
+  legs (conditional disaggregation off, as Dynamo's default is), one after the other (vLLM's NIXL pull: the
+  transfer starts once the prefill is done);
+- ``disagg-overlap``: the same with ``--kv-transfer-overlap``: both legs at once (the paired order), the transfer
+  streamed layer by layer during the prefill, as SGLang's Mooncake transfer is (services/workers/mocker/transfer.py);
 - ``dynamo-agg`` / ``dynamo-disagg``: Dynamo's frontend (kv router) and N of its own mockers, the second with
   one in ``--disaggregation-mode prefill`` and the rest ``decode`` (bench/dynamo_peer.py).
 
@@ -41,7 +44,8 @@ from bench.stats import percentile, summarize
 from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
 
-SHAPES = ("agg", "disagg", "dynamo-agg", "dynamo-disagg")
+SHAPES = ("agg", "disagg", "disagg-overlap", "dynamo-agg", "dynamo-disagg")
+DISAGGREGATED = ("disagg", "disagg-overlap")  # Meshfront's disaggregated shapes
 CONTEXT = 32768
 # Both mockers model the same KV transfer: Meshfront's defaults (an 8B model's 128 KiB per token over a 25 GB/s
 # NIC, services/workers/mocker/transfer.py) given to Dynamo's mocker, and the same 16-token blocks.
@@ -110,9 +114,8 @@ def start(cfg: DisaggBenchConfig, shape: str, model_dir: str, log_dir: Path) -> 
         modes = disaggregation_modes(cfg.workers, shape == "dynamo-disagg")
         return dynamo_peer.start(log_dir, model_dir, cfg.model_name, cfg.workers, cfg.speedup, "kv",
                                  disaggregation_modes=modes, mocker_flags=DYNAMO_MOCKER_FLAGS)
-    workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", mocker_args(cfg, mode))
-               for mode in disaggregation_modes(cfg.workers, shape == "disagg")]
-    plan = ephemeral_plan(workers, router_mode="kv", run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level)
+    plan = ephemeral_plan(worker_specs(cfg, shape, model_dir), router_mode="kv", run_dir=ROOT / ".run" / "bench",
+                          log_level=cfg.log_level)
     mesh = Mesh(plan, log_dir)
     try:
         mesh.start(timeout=120)
@@ -120,6 +123,13 @@ def start(cfg: DisaggBenchConfig, shape: str, model_dir: str, log_dir: Path) -> 
         mesh.stop()
         raise
     return mesh
+
+
+def worker_specs(cfg: DisaggBenchConfig, shape: str, model_dir: str) -> list[WorkerSpec]:
+    """Our mockers in a Meshfront shape, in ``disaggregation_modes`` order."""
+    overlap = ("--kv-transfer-overlap",) if shape == "disagg-overlap" else ()
+    return [WorkerSpec(model_dir, cfg.model_name, "mocker", (*mocker_args(cfg, mode), *overlap))
+            for mode in disaggregation_modes(cfg.workers, shape in DISAGGREGATED)]
 
 
 def mocker_args(cfg: DisaggBenchConfig, mode: str) -> tuple[str, ...]:
@@ -219,7 +229,7 @@ def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> S
     try:
         pids = {name: p.pid for name, p in mesh.procs.items()}
         # Meshfront's decode (or whole-request) workers: the plan names them mocker-0.. in WorkerSpec order.
-        modes = disaggregation_modes(cfg.workers, shape == "disagg")
+        modes = disaggregation_modes(cfg.workers, shape in DISAGGREGATED)
         decode_ports = [] if shape.startswith("dynamo") else [
             mesh.plan.metrics_ports[f"mocker-{i}"] for i, mode in enumerate(modes) if mode != "prefill"]
         result = run_async(measure(mesh.url, pids, cfg, shape, seed, emit, decode_ports))
