@@ -39,6 +39,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import cpu
 from bench.loadgen import LoadResult, LoadSpec, open_connections, run_load
 from bench.mesh import Printer, run_async
+from bench.profile import Profiler
+from bench.profile import report as profile_report
 from bench.prompts import WORDS, PromptFactory
 from bench.stats import percentile, summarize
 from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan
@@ -58,6 +60,7 @@ DYNAMO_PREFILL_MS = {"--prefill-ms-const": 16.50142, "--prefill-ms-per-token": 1
 TIMING_MODEL = ("both sides on Dynamo 1.6.1's mocker timing: prefill step 16.50142 + 1.518344e-2 n + 4.209989e-7 n^2 "
                 "ms for n uncached tokens, decode step 5.74 + 54.01 u - 25.74 u^2 ms at KV use u, / speed-up")
 FRONTEND_EXCLUDES = ("workers", "nats")
+PROFILED = ("gateway", "preprocessor", "router", "postprocessor", "mocker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +81,8 @@ class DisaggBenchConfig:
     model_name: str = "meshfront/demo-qwen"
     seed: int | None = None
     log_level: str = "WARNING"
+    # py-spy on Meshfront's processes during each measured load (bench/profile.py): where the CPU per request goes.
+    profile_dir: str = ""
 
 
 class MixedPrompts(PromptFactory):
@@ -195,7 +200,7 @@ def cache_counters(ports: list[int]) -> tuple[float, float]:
 
 
 async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape: str, seed: int,
-                  emit: Printer, decode_ports: list[int]) -> ShapeResult:
+                  emit: Printer, decode_ports: list[int], profiler: Profiler | None = None) -> ShapeResult:
     warm = LoadSpec(url=url, model=cfg.model_name, concurrency=min(4, cfg.warmup), requests=cfg.warmup,
                     max_tokens=cfg.max_tokens, duration_s=cfg.level_timeout_s)
     warmed = summarize(await run_load(warm, MixedPrompts(cfg, seed ^ 0xA11)))
@@ -205,8 +210,12 @@ async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape:
     conns = await open_connections(url, cfg.concurrency)
     counted = cache_counters(decode_ports)
     before = cpu.sample(pids)
+    if profiler is not None:
+        profiler.start(shape)
     load = await run_load(spec, MixedPrompts(cfg, seed), conns)  # the same prompts for every shape
     usage = cpu.usage_between(before, cpu.sample(pids))
+    if profiler is not None:
+        emit(profile_report(shape, profiler.stop()))
     prompt, cached = (after - was for after, was in zip(cache_counters(decode_ports), counted, strict=True))
     for c in conns:
         c.close()
@@ -232,7 +241,10 @@ def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> S
         modes = disaggregation_modes(cfg.workers, shape in DISAGGREGATED)
         decode_ports = [] if shape.startswith("dynamo") else [
             mesh.plan.metrics_ports[f"mocker-{i}"] for i, mode in enumerate(modes) if mode != "prefill"]
-        result = run_async(measure(mesh.url, pids, cfg, shape, seed, emit, decode_ports))
+        profiler = None
+        if cfg.profile_dir and not shape.startswith("dynamo"):
+            profiler = Profiler(Path(cfg.profile_dir), pids, PROFILED)
+        result = run_async(measure(mesh.url, pids, cfg, shape, seed, emit, decode_ports, profiler))
         emit(f"[{shape}] {line(result)}")
         return result
     except BaseException:
