@@ -8,7 +8,6 @@ calls finish within a grace period, then exit).
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
@@ -143,11 +142,6 @@ class GrpcServer:
     async def serve_until_signal(self) -> None:
         """Starts, waits for SIGTERM or SIGINT, then drains and stops."""
         await self.start()
-        # What startup loaded (modules, the tokenizer, the config: ~72k objects) lives as long as the process:
-        # out of the collector's reach, so that a full collection, which traversed all of it (45 ms of CPU on
-        # the bench machine), no longer pauses every stream the process carries (bench/RESULTS.md, "Disaggregated
-        # prefill and decode against Dynamo 1.6.1").
-        gc.freeze()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
