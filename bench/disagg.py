@@ -5,7 +5,10 @@ Shapes (each a fresh mesh, one measured closed-loop level, then torn down):
 
 - ``agg``: N mockers (role both) behind the split mesh, kv router;
 - ``disagg``: 1 prefill + N-1 decode mockers (``--disaggregation-mode``), kv router: every request runs as two
-  legs (conditional disaggregation off, as Dynamo's default is);
+  legs (conditional disaggregation off, as Dynamo's default is), one after the other (vLLM's NIXL pull: the
+  transfer starts once the prefill is done);
+- ``disagg-overlap``: the same with ``--kv-transfer-overlap``: both legs at once (the paired order), the transfer
+  streamed layer by layer during the prefill, as SGLang's Mooncake transfer is (services/workers/mocker/transfer.py);
 - ``dynamo-agg`` / ``dynamo-disagg``: Dynamo's frontend (kv router) and N of its own mockers, the second with
   one in ``--disaggregation-mode prefill`` and the rest ``decode`` (bench/dynamo_peer.py).
 
@@ -36,12 +39,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import cpu
 from bench.loadgen import LoadResult, LoadSpec, open_connections, run_load
 from bench.mesh import Printer, run_async
+from bench.profile import Profiler
+from bench.profile import report as profile_report
 from bench.prompts import WORDS, PromptFactory
 from bench.stats import percentile, summarize
 from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
 
-SHAPES = ("agg", "disagg", "dynamo-agg", "dynamo-disagg")
+SHAPES = ("agg", "disagg", "disagg-overlap", "dynamo-agg", "dynamo-disagg")
+DISAGGREGATED = ("disagg", "disagg-overlap")  # Meshfront's disaggregated shapes
 CONTEXT = 32768
 # Both mockers model the same KV transfer: Meshfront's defaults (an 8B model's 128 KiB per token over a 25 GB/s
 # NIC, services/workers/mocker/transfer.py) given to Dynamo's mocker, and the same 16-token blocks.
@@ -54,6 +60,7 @@ DYNAMO_PREFILL_MS = {"--prefill-ms-const": 16.50142, "--prefill-ms-per-token": 1
 TIMING_MODEL = ("both sides on Dynamo 1.6.1's mocker timing: prefill step 16.50142 + 1.518344e-2 n + 4.209989e-7 n^2 "
                 "ms for n uncached tokens, decode step 5.74 + 54.01 u - 25.74 u^2 ms at KV use u, / speed-up")
 FRONTEND_EXCLUDES = ("workers", "nats")
+PROFILED = ("gateway", "preprocessor", "router", "postprocessor", "mocker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +81,8 @@ class DisaggBenchConfig:
     model_name: str = "meshfront/demo-qwen"
     seed: int | None = None
     log_level: str = "WARNING"
+    # py-spy on Meshfront's processes during each measured load (bench/profile.py): where the CPU per request goes.
+    profile_dir: str = ""
 
 
 class MixedPrompts(PromptFactory):
@@ -110,9 +119,8 @@ def start(cfg: DisaggBenchConfig, shape: str, model_dir: str, log_dir: Path) -> 
         modes = disaggregation_modes(cfg.workers, shape == "dynamo-disagg")
         return dynamo_peer.start(log_dir, model_dir, cfg.model_name, cfg.workers, cfg.speedup, "kv",
                                  disaggregation_modes=modes, mocker_flags=DYNAMO_MOCKER_FLAGS)
-    workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", mocker_args(cfg, mode))
-               for mode in disaggregation_modes(cfg.workers, shape == "disagg")]
-    plan = ephemeral_plan(workers, router_mode="kv", run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level)
+    plan = ephemeral_plan(worker_specs(cfg, shape, model_dir), router_mode="kv", run_dir=ROOT / ".run" / "bench",
+                          log_level=cfg.log_level)
     mesh = Mesh(plan, log_dir)
     try:
         mesh.start(timeout=120)
@@ -120,6 +128,13 @@ def start(cfg: DisaggBenchConfig, shape: str, model_dir: str, log_dir: Path) -> 
         mesh.stop()
         raise
     return mesh
+
+
+def worker_specs(cfg: DisaggBenchConfig, shape: str, model_dir: str) -> list[WorkerSpec]:
+    """Our mockers in a Meshfront shape, in ``disaggregation_modes`` order."""
+    overlap = ("--kv-transfer-overlap",) if shape == "disagg-overlap" else ()
+    return [WorkerSpec(model_dir, cfg.model_name, "mocker", (*mocker_args(cfg, mode), *overlap))
+            for mode in disaggregation_modes(cfg.workers, shape in DISAGGREGATED)]
 
 
 def mocker_args(cfg: DisaggBenchConfig, mode: str) -> tuple[str, ...]:
@@ -185,7 +200,7 @@ def cache_counters(ports: list[int]) -> tuple[float, float]:
 
 
 async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape: str, seed: int,
-                  emit: Printer, decode_ports: list[int]) -> ShapeResult:
+                  emit: Printer, decode_ports: list[int], profiler: Profiler | None = None) -> ShapeResult:
     warm = LoadSpec(url=url, model=cfg.model_name, concurrency=min(4, cfg.warmup), requests=cfg.warmup,
                     max_tokens=cfg.max_tokens, duration_s=cfg.level_timeout_s)
     warmed = summarize(await run_load(warm, MixedPrompts(cfg, seed ^ 0xA11)))
@@ -195,8 +210,12 @@ async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape:
     conns = await open_connections(url, cfg.concurrency)
     counted = cache_counters(decode_ports)
     before = cpu.sample(pids)
+    if profiler is not None:
+        profiler.start(shape)
     load = await run_load(spec, MixedPrompts(cfg, seed), conns)  # the same prompts for every shape
     usage = cpu.usage_between(before, cpu.sample(pids))
+    if profiler is not None:
+        emit(profile_report(shape, profiler.stop()))
     prompt, cached = (after - was for after, was in zip(cache_counters(decode_ports), counted, strict=True))
     for c in conns:
         c.close()
@@ -219,10 +238,13 @@ def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> S
     try:
         pids = {name: p.pid for name, p in mesh.procs.items()}
         # Meshfront's decode (or whole-request) workers: the plan names them mocker-0.. in WorkerSpec order.
-        modes = disaggregation_modes(cfg.workers, shape == "disagg")
+        modes = disaggregation_modes(cfg.workers, shape in DISAGGREGATED)
         decode_ports = [] if shape.startswith("dynamo") else [
             mesh.plan.metrics_ports[f"mocker-{i}"] for i, mode in enumerate(modes) if mode != "prefill"]
-        result = run_async(measure(mesh.url, pids, cfg, shape, seed, emit, decode_ports))
+        profiler = None
+        if cfg.profile_dir and not shape.startswith("dynamo"):
+            profiler = Profiler(Path(cfg.profile_dir), pids, PROFILED)
+        result = run_async(measure(mesh.url, pids, cfg, shape, seed, emit, decode_ports, profiler))
         emit(f"[{shape}] {line(result)}")
         return result
     except BaseException:

@@ -59,6 +59,9 @@ class MockerEngineConfig:
     kv_block_bytes: int = DEFAULT_BLOCK_BYTES
     kv_transfer_bandwidth_gbs: float = DEFAULT_BANDWIDTH_GBS
     kv_hold_timeout_s: float = DEFAULT_HOLD_TIMEOUT_S
+    # The transfer overlaps the prefill (the paired order, layer-wise streaming, as SGLang and Mooncake move KV;
+    # transfer.py), or starts after it (as vLLM's NIXL connector pulls it; the default).
+    kv_transfer_overlap: bool = False
     # The step-time polynomials' coefficients in ms (timing.py; --prefill-ms-* and --decode-ms-*).
     prefill_ms_const: float = _TIMING.prefill_ms_const
     prefill_ms_per_token: float = _TIMING.prefill_ms_per_token
@@ -141,6 +144,10 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
           help="GB/s between a prefill and a decode worker (a transfer takes blocks x block bytes / this)")
     p.add("--kv-hold-timeout-s", default=DEFAULT_HOLD_TIMEOUT_S, type=float,
           help="a prefill worker frees blocks held for a decode worker that has not pulled them by then (0: never)")
+    p.add("--kv-transfer-overlap", default=False, type=bool,
+          help="a prefill worker announces its hold before computing (the paired order), so that the decode "
+               "worker's transfer streams each layer's KV as it is computed, as SGLang's and Mooncake's do; "
+               "off: the transfer starts after the prefill, as vLLM's NIXL pull does")
     for flag, field, why in TIMING_FLAGS:
         p.add(flag, default=getattr(_TIMING, field), type=float, help=f"{why}, in ms before --speedup-ratio")
     p.add("--enable-lora", default=False, type=bool, help="serve LoRA adapters of the model (as vLLM's flag)")
@@ -172,6 +179,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         kv_block_bytes=args.kv_block_bytes,
         kv_transfer_bandwidth_gbs=args.kv_transfer_bandwidth_gbs,
         kv_hold_timeout_s=args.kv_hold_timeout_s,
+        kv_transfer_overlap=args.kv_transfer_overlap,
         **{field: getattr(args, field) for _, field, _ in TIMING_FLAGS},
     )
     errors: list[str] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Sequence
@@ -26,6 +27,7 @@ from services.workers.engine import (
     EngineError,
     EngineOutput,
     EngineRequest,
+    FinishReason,
     KvTransferFailed,
     MediaInput,
     RequestRejected,
@@ -39,6 +41,8 @@ from services.workers.mocker.sequence import Sequence as Seq
 from services.workers.mocker.sequence import full_blocks
 from services.workers.mocker.timing import Clock, MonotonicClock
 from services.workers.mocker.transfer import (
+    REMOTE_HANDLE,
+    ComputedKv,
     KvHolds,
     KvPuller,
     RemotePrefill,
@@ -77,11 +81,11 @@ class MockerEngine:
         self.timing = config.timing()
         # Disaggregation: blocks held for decode workers (a prefill leg's), and how a decode leg takes them.
         self.transfer = TransferSettings(config.kv_block_bytes, config.kv_transfer_bandwidth_gbs,
-                                         config.kv_hold_timeout_s, config.speedup_ratio)
-        self.holds = KvHolds(self.cache, self.transfer)
+                                         config.kv_hold_timeout_s, config.speedup_ratio, config.kv_transfer_overlap)
+        self._clock = clock or MonotonicClock()
+        self.holds = KvHolds(self.cache, self.transfer, now=self._clock.now)
         self._puller = puller
         self.steps = 0
-        self._clock = clock or MonotonicClock()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -109,29 +113,52 @@ class MockerEngine:
             raise EngineBusy(f"the worker's queue is full ({waiting} waiting)")
         seq = self._new_sequence(request)
         source = remote_prefill(request.kv_transfer_params)
+        if source is not None:
+            seq.first_token_with_kv = source.pipelined
         pulled = await self._pull(source, seq) if source is not None else None
         await self.start()
         if pulled is not None:
             self._store_pulled(seq, *pulled)  # no await from here to add: a cancel cannot strand the pin
         self.scheduler.add(seq)
         self._wake.set()
+        announced = None
+        if seq.hold_on_finish and self.transfer.overlap:
+            # The paired order: the caller opens the decode leg now, whose pull waits here for the prefill.
+            announced = self.holds.reserve(seq.request_id, len(seq.prompt))
+            seq.reserved_handle = announced[REMOTE_HANDLE]
         stream = seq.stream
         assert stream is not None
         handed_over = False  # the output naming the held blocks reached the consumer
         try:
+            if announced is not None:
+                yield EngineOutput([], kv_transfer_params=announced)
             async for output in stream:
+                if seq.reserved_handle and output.finish_reason is not FinishReason.NONE:
+                    # The paired order: the token goes out now, but the leg lasts until its decode leg took the
+                    # KV (as SGLang's prefill server's does), so that a caller who ends it (the answer needed no
+                    # decode leg, the client left) frees the blocks by cancelling the call.
+                    yield dataclasses.replace(output, finish_reason=FinishReason.NONE, kv_transfer_params=None)
+                    await self.holds.until_ended(seq.transfer_handle)
+                    output = EngineOutput([], output.finish_reason, kv_transfer_params=output.kv_transfer_params)
                 handed_over = output.kv_transfer_params is not None
                 yield output
         finally:
             stream.close()
-            if not seq.finished:
-                self.scheduler.abort(seq)
-            elif seq.transfer_handle:
-                if not handed_over:
-                    self.holds.release(seq.transfer_handle)  # nobody learnt the handle: nobody will pull it
-            elif seq.hold_on_finish:
-                # It finished in the step still being simulated; its blocks would be held when that ends.
-                self.scheduler.release_finished(seq)
+            self._end_request(seq, handed_over)
+
+    def _end_request(self, seq: Seq, handed_over: bool) -> None:
+        """Frees what the consumer's leaving leaves behind; ``handed_over``: the output naming a hold reached it."""
+        if not seq.finished:
+            self.scheduler.abort(seq)
+        elif seq.transfer_handle:
+            if not handed_over:
+                self.holds.release(seq.transfer_handle)  # nobody learnt the handle: nobody will pull it
+        elif seq.hold_on_finish:
+            # It finished in the step still being simulated; its blocks would be held when that ends.
+            self.scheduler.release_finished(seq)
+        if seq.reserved_handle:
+            # Still announced, or held and not pulled: nobody will pull it (a waiting pull learns so).
+            self.holds.release(seq.reserved_handle)
 
     async def _pull(self, source: RemotePrefill, seq: Seq) -> tuple[list[StoredBlock], int]:
         """Takes the prefill worker's blocks (freeing them there) and waits out their transfer time; returns
@@ -146,7 +173,8 @@ class MockerEngine:
         except KvTransferFailed:
             transfers.labels("refused").inc()
             raise
-        await self._clock.sleep(self.transfer.seconds(len(pulled.block_hashes)))
+        # Only what the link could not move while the prefill computed (all of it without overlap).
+        await self._clock.sleep(self.transfer.exposed_seconds(len(pulled.block_hashes), pulled))
         transfers.labels("received").inc()
         # Every block matched: the whole held prompt came, its unfilled tail block too.
         complete = len(blocks) == len(pulled.block_hashes)
@@ -249,16 +277,26 @@ class MockerEngine:
             delay = self.timing.step_seconds(outcome)
             if delay > 0:
                 now = self._clock.now()
-                next_at = max(next_at, now) + delay
+                started = max(next_at, now)
+                next_at = started + delay
+                self._time_held_prefill(outcome, started, delay)
                 await self._clock.sleep(next_at - now)
                 self._deliver(outcome)
             else:
+                self._time_held_prefill(outcome, self._clock.now(), 0.0)
                 self._deliver(outcome)
                 if outcome.idle and not outcome.emitted:
                     await asyncio.sleep(_STALL_BACKOFF_S)
                 elif time.perf_counter() - slice_start > _INSTANT_SLICE_S:
                     await asyncio.sleep(0)
                     slice_start = time.perf_counter()
+
+    @staticmethod
+    def _time_held_prefill(outcome: StepOutcome, started: float, duration: float) -> None:
+        """When each held prefill leg's KV was computed (a cached prefix: when the step began), for the decode
+        worker's pipelined transfer. One entry per step and sequence, not per token."""
+        for seq, tokens, cached in outcome.held_prefill:
+            seq.kv_computed.append(ComputedKv(started, 0.0 if cached else duration, tokens))
 
     def _deliver(self, outcome: StepOutcome) -> None:
         vocab = self.outputs.vocab
@@ -280,7 +318,8 @@ class MockerEngine:
         """A finished prefill leg: its blocks stay for the decode worker, named in its last output."""
         blocks, partial = seq.held, seq.holds_partial
         seq.held, seq.holds_partial = [], False
-        params = self.holds.hold(seq.request_id, blocks, partial, len(seq.prompt))
+        params = self.holds.hold(seq.request_id, blocks, partial, len(seq.prompt), seq.kv_computed,
+                                 seq.reserved_handle)
         seq.transfer_handle = params["remote_handle"]
         if stream is None or stream.closed:  # the caller left during the step: nobody will pull them
             self.holds.release(seq.transfer_handle)

@@ -56,6 +56,9 @@ class StepOutcome:
     decode_tokens: int = 0
     # KV blocks held when the step began: what the decode attention reads.
     active_blocks: int = 0
+    # Prompt tokens of held prefill legs (``hold_on_finish``) whose KV the step computed, and whether it
+    # found them cached instead: the engine times them for a pipelined transfer.
+    held_prefill: list[tuple[Sequence, int, bool]] = dataclasses.field(default_factory=list)
 
     @property
     def idle(self) -> bool:
@@ -137,7 +140,7 @@ class Scheduler:
             if (not self.limits.enable_chunked_prefill and out.prefill_tokens
                     and self._uncached_tokens(seq) > budget):
                 break
-            if not self._allocate(seq):
+            if not self._allocate(seq, out):
                 break
             self.waiting.popleft()
             if seq.stream is not None:
@@ -154,7 +157,7 @@ class Scheduler:
         cached = self._cached_tokens(seq.blocks_for_admission(self.block_size))
         return seq.total_tokens - min(cached, seq.total_tokens - 1)
 
-    def _allocate(self, seq: Sequence) -> bool:
+    def _allocate(self, seq: Sequence, out: StepOutcome) -> bool:
         """Takes the blocks for every token so far; sets how much prefill is left."""
         bs = self.block_size
         blocks = seq.blocks_for_admission(bs)
@@ -174,6 +177,8 @@ class Scheduler:
             # Even a fully cached prompt computes its last token: its logits give the first output.
             seq.num_computed = min(max(cached, seq.transferred_tokens), seq.total_tokens - 1)
         seq.transferred_tokens = 0
+        if seq.hold_on_finish and seq.num_computed:
+            out.held_prefill.append((seq, seq.num_computed, True))
         if seq.cached_tokens is None:
             seq.cached_tokens = cached
         return True
@@ -184,9 +189,17 @@ class Scheduler:
         chunk = min(remaining, budget) if self.limits.enable_chunked_prefill else remaining
         seq.num_computed += chunk
         out.prefill_tokens += chunk
+        if chunk and seq.hold_on_finish:
+            out.held_prefill.append((seq, chunk, False))
         if not remaining:
             out.decode_tokens += 1  # a transferred prompt: this token costs a decode step, not a prefill
         if not seq.prefilling and self._reserve_slot(seq):
+            if seq.first_token_with_kv and not seq.output:
+                # A pipelined decode leg: the first token came with the KV (the prefill worker's), so it is
+                # out with this step, which computes the second.
+                self._emit(seq, out)
+                if seq.finished or not self._reserve_slot(seq):
+                    return chunk
             self._emit(seq, out)
         return chunk
 
@@ -227,6 +240,7 @@ class Scheduler:
         self._release_blocks(seq)
         seq.num_computed = 0
         seq.prefill_target = 0
+        seq.kv_computed = []
         seq.state = SeqState.WAITING
         self.waiting.appendleft(seq)
         self.preemptions += 1

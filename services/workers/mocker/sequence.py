@@ -10,6 +10,7 @@ from typing import Protocol
 from services.common.hashing import BlockMmInfos, block_hashes, sequence_hashes
 from services.common.kv_events import StoredBlock
 from services.workers.engine import FinishReason, TokenStream
+from services.workers.mocker.transfer import ComputedKv
 
 
 class OutputPlan(Protocol):
@@ -70,10 +71,16 @@ class Sequence:
     # Disaggregation (transfer.py). A prefill leg keeps its blocks when it finishes, for a decode worker to pull.
     hold_on_finish: bool = False
     transfer_handle: str = ""  # set when it finished and its blocks are held
+    reserved_handle: str = ""  # the hold announced before the prefill ran (the paired order)
+    # The steps that computed its prompt's KV, for a pipelined transfer (transfer.ComputedKv, timed by the
+    # engine); a preempted sequence starts over.
+    kv_computed: list[ComputedKv] = dataclasses.field(default_factory=list)
     # A decode leg: blocks pulled from a prefill worker, referenced on its behalf until it is admitted, and the
     # prompt tokens whose KV they brought (computed at admission, once; a preempted sequence recomputes).
     pinned: list[int] = dataclasses.field(default_factory=list)
     transferred_tokens: int = 0
+    # A pipelined decode leg: its prompt is the prefill leg's, whose first token came with the KV.
+    first_token_with_kv: bool = False
     # The LoRA adapter the sequence runs with (None: the base model): it salts every block hash.
     lora_name: str | None = None
 

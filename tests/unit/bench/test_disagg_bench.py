@@ -31,6 +31,14 @@ def test_the_same_worker_count_aggregated_and_disaggregated():
         disagg.disaggregation_modes(1, True)
 
 
+def test_the_overlap_shape_is_the_disaggregated_one_with_the_pipelined_transfer():
+    cfg = disagg.DisaggBenchConfig(workers=3)
+    seq, overlap = disagg.worker_specs(cfg, "disagg", "/m"), disagg.worker_specs(cfg, "disagg-overlap", "/m")
+    assert [s.extra[s.extra.index("--disaggregation-mode") + 1] for s in overlap] == ["prefill", "decode", "decode"]
+    assert all("--kv-transfer-overlap" in s.extra for s in overlap)
+    assert [(*s.extra, "--kv-transfer-overlap") for s in seq] == [s.extra for s in overlap]
+
+
 def test_dynamos_mockers_run_in_its_disaggregation_mode(tmp_path):
     procs = dict(dynamo_peer.commands(pathlib.Path("/venv/bin/python"), "/m", "org/demo", 3, 1.0, "kv", 4000, 4222,
                                       tmp_path, ["prefill", "decode", "decode"]))

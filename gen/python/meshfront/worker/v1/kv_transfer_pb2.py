@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%meshfront/worker/v1/kv_transfer.proto\x12\x13meshfront.worker.v1\"2\n\rPullKvRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06handle\x18\x02 \x01(\t\":\n\x0ePullKvResponse\x12\x12\n\nnum_tokens\x18\x01 \x01(\r\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\".\n\x10ReleaseKvRequest\x12\x1a\n\x12kv_transfer_params\x18\x01 \x01(\x0c\"%\n\x11ReleaseKvResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x32\xc2\x01\n\x11KvTransferService\x12Q\n\x06PullKv\x12\".meshfront.worker.v1.PullKvRequest\x1a#.meshfront.worker.v1.PullKvResponse\x12Z\n\tReleaseKv\x12%.meshfront.worker.v1.ReleaseKvRequest\x1a&.meshfront.worker.v1.ReleaseKvResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%meshfront/worker/v1/kv_transfer.proto\x12\x13meshfront.worker.v1\"2\n\rPullKvRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06handle\x18\x02 \x01(\t\"\x7f\n\x0ePullKvResponse\x12\x12\n\nnum_tokens\x18\x01 \x01(\r\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12\x10\n\x08waited_s\x18\x03 \x01(\x01\x12\x31\n\x08\x63omputed\x18\x04 \x03(\x0b\x32\x1f.meshfront.worker.v1.ComputedKv\"A\n\nComputedKv\x12\x0f\n\x07start_s\x18\x01 \x01(\x01\x12\x12\n\nduration_s\x18\x02 \x01(\x01\x12\x0e\n\x06tokens\x18\x03 \x01(\r\".\n\x10ReleaseKvRequest\x12\x1a\n\x12kv_transfer_params\x18\x01 \x01(\x0c\"%\n\x11ReleaseKvResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x32\xc2\x01\n\x11KvTransferService\x12Q\n\x06PullKv\x12\".meshfront.worker.v1.PullKvRequest\x1a#.meshfront.worker.v1.PullKvResponse\x12Z\n\tReleaseKv\x12%.meshfront.worker.v1.ReleaseKvRequest\x1a&.meshfront.worker.v1.ReleaseKvResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,11 +34,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLKVREQUEST']._serialized_start=62
   _globals['_PULLKVREQUEST']._serialized_end=112
   _globals['_PULLKVRESPONSE']._serialized_start=114
-  _globals['_PULLKVRESPONSE']._serialized_end=172
-  _globals['_RELEASEKVREQUEST']._serialized_start=174
-  _globals['_RELEASEKVREQUEST']._serialized_end=220
-  _globals['_RELEASEKVRESPONSE']._serialized_start=222
-  _globals['_RELEASEKVRESPONSE']._serialized_end=259
-  _globals['_KVTRANSFERSERVICE']._serialized_start=262
-  _globals['_KVTRANSFERSERVICE']._serialized_end=456
+  _globals['_PULLKVRESPONSE']._serialized_end=241
+  _globals['_COMPUTEDKV']._serialized_start=243
+  _globals['_COMPUTEDKV']._serialized_end=308
+  _globals['_RELEASEKVREQUEST']._serialized_start=310
+  _globals['_RELEASEKVREQUEST']._serialized_end=356
+  _globals['_RELEASEKVRESPONSE']._serialized_start=358
+  _globals['_RELEASEKVRESPONSE']._serialized_end=395
+  _globals['_KVTRANSFERSERVICE']._serialized_start=398
+  _globals['_KVTRANSFERSERVICE']._serialized_end=592
 # @@protoc_insertion_point(module_scope)

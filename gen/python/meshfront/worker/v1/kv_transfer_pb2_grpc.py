@@ -69,6 +69,7 @@ class KvTransferServiceServicer:
 
     def PullKv(self, request, context):
         """Takes the held blocks: their description comes back and the hold ends.
+        A hold announced before its prefill finished is answered once it has.
         NOT_FOUND when the handle is unknown here (expired, pulled or released
         already) or the request names another worker.
         """
