@@ -137,6 +137,12 @@ class Migrator:
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
 
+    async def close(self) -> None:
+        """Drops the reports still on their way (the process is stopping: the releases free those bookings)."""
+        for task in list(self._reports):
+            task.cancel()
+        await asyncio.gather(*self._reports, return_exceptions=True)
+
     async def _report(self, request_id: str) -> None:
         assert self._router is not None
         try:

@@ -218,6 +218,7 @@ class Postprocessor:
         """Closes the worker channels this object opened (none when ``workers`` was given)."""
         if self._idle is not None:
             await self._idle.close()
+        await self.migrator.close()
         if self._owned_client is not None:
             await self._owned_client.close()
         if self._owned_releaser is not None:
