@@ -12,8 +12,12 @@ first token, so on a boundary the decode engine needs one block more than was se
 2. the decode worker runs the decode leg (prompt + that token) with them;
 3. the decode worker runs the whole request aggregated (prefix caching is off, so it computes it all);
 
-and checks that the legs' tokens and log probabilities equal the aggregated run's. Prints one PASS/FAIL line
-per length and exits non-zero on any failure. The workers are stopped at the end, whatever happens.
+and checks that the legs' tokens and log probabilities equal the aggregated run's. Then the release of a held
+prefill (docs/engines.md, "Disaggregation"): a prefill leg whose decode leg never comes holds its blocks on the
+prefill engine (its ``vllm:kv_cache_usage_perc`` goes up); ``KvTransferService.ReleaseKv`` on the **decode**
+worker with its params (what the postprocessor sends when the client hangs up) must bring that usage back down
+within RELEASE_WITHIN_S, well inside NixlConnector's 30 s lease. Prints one PASS/FAIL line per check and exits
+non-zero on any failure. The workers are stopped at the end, whatever happens.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,11 +35,13 @@ import time
 
 import grpc
 from meshfront.common.v1 import common_pb2
-from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
+from meshfront.worker.v1 import kv_transfer_pb2, kv_transfer_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 NIXL = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
 BLOCK = 16  # vLLM's GPU block size
 TOKENS = 24
+RELEASE_WITHIN_S = 5.0  # NixlConnector's lease (kv_lease_duration) is 30 s: a release must beat it by far
+USAGE = re.compile(r"^vllm:kv_cache_usage_perc(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
 
 
 def free_port() -> int:
@@ -43,10 +50,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_worker(model_dir: str, mode: str, port: int) -> subprocess.Popen:
+def start_worker(model_dir: str, mode: str, port: int, metrics_port: int) -> subprocess.Popen:
     env = {**os.environ, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()), "VLLM_HOST_IP": "127.0.0.1"}
     argv = [sys.executable, "-m", "services.workers.vllm", "--model-dir", model_dir, "--no-register", "--host",
-            "127.0.0.1", "--port", str(port), "--disaggregation-mode", mode, "--kv-transfer-config", NIXL,
+            "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port), "--disaggregation-mode", mode,
+            "--kv-transfer-config", NIXL,
             "--gpu-memory-utilization", "0.3", "--max-model-len", "4096", "--no-enable-prefix-caching",
             "--enforce-eager"]
     return subprocess.Popen(argv, env=env, start_new_session=True)
@@ -96,6 +104,34 @@ def check(prefill_port: int, decode_port: int, length: int) -> bool:
     return ok
 
 
+def kv_usage(metrics_port: int) -> float:
+    """The engine's KV cache usage (0..1) from its Prometheus page (the worker serves vLLM's metrics too)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        return sum(float(v) for v in USAGE.findall(r.read().decode()))
+
+
+def check_release(prefill_port: int, decode_port: int, prefill_metrics: int) -> bool:
+    """A prefill leg whose decode leg never comes, then the release through the decode worker."""
+    before = kv_usage(prefill_metrics)
+    ids = [100 + (i * 104729) % 30000 for i in range(64 * BLOCK)]
+    _, _, params = generate(prefill_port, ids, 1, common_pb2.DISAGGREGATION_ROLE_PREFILL)
+    held = kv_usage(prefill_metrics)
+    stub = kv_transfer_pb2_grpc.KvTransferServiceStub(grpc.insecure_channel(f"127.0.0.1:{decode_port}"))
+    start = time.monotonic()
+    answer = stub.ReleaseKv(kv_transfer_pb2.ReleaseKvRequest(kv_transfer_params=params), timeout=10)
+    after = kv_usage(prefill_metrics)
+    while after > before + 1e-3 and time.monotonic() - start < RELEASE_WITHIN_S:
+        time.sleep(0.05)
+        after = kv_usage(prefill_metrics)
+    took = time.monotonic() - start
+    ok = answer.released and held > before and after <= before + 1e-3
+    print(f"{'PASS' if ok else 'FAIL'} release through the decode worker: prefill KV usage {before:.4f} -> held "
+          f"{held:.4f} -> {after:.4f} {took:.2f} s after ReleaseKv (released={answer.released})", flush=True)
+    return ok
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", default="")
@@ -107,12 +143,14 @@ def main() -> int:
 
         model_dir = str(default_test_model_dir(with_weights=True))
     ports = {"prefill": free_port(), "decode": free_port()}
-    procs = {mode: start_worker(model_dir, mode, port) for mode, port in ports.items()}
+    metrics = {mode: free_port() for mode in ports}
+    procs = {mode: start_worker(model_dir, mode, port, metrics[mode]) for mode, port in ports.items()}
     try:
         deadline = time.monotonic() + args.timeout_s
         for mode, port in ports.items():
             wait_ready(port, procs[mode], deadline)
         results = [check(ports["prefill"], ports["decode"], length) for length in (20 * BLOCK, 20 * BLOCK + 5)]
+        results.append(check_release(ports["prefill"], ports["decode"], metrics["prefill"]))
         return 0 if all(results) else 1
     finally:
         for proc in procs.values():

@@ -135,6 +135,12 @@ class ModelCard:
 # roles existed) runs whole requests, and may be given a decode leg.
 PREFILL, DECODE, BOTH = "prefill", "decode", "both"
 ROLES = (PREFILL, DECODE, BOTH)
+# Who serves KvTransferService.ReleaseKv for a prefill worker's held blocks (the postprocessor sends it the prefill
+# leg's kv_transfer_params): the prefill worker itself (the mocker's holds), or the decode worker of the pair
+# (vLLM 0.32 frees a prefill's held blocks only through the decode side's notify_kv_transfer_request_rejected:
+# docs/engines.md, "Disaggregation").
+KV_RELEASE_BY_PREFILL, KV_RELEASE_BY_DECODE = "prefill", "decode"
+KV_RELEASE_BY = (KV_RELEASE_BY_PREFILL, KV_RELEASE_BY_DECODE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +159,9 @@ class WorkerCard:
     max_loras: int = 0
     # The worker loads an adapter it does not hold when a request or /v1/load_lora_adapter asks.
     lora_runtime_loading: bool = False
+    # Which worker of a disaggregated pair frees the KV blocks this one holds as a prefill worker for a decode
+    # leg that will not come (KV_RELEASE_BY_*): the engine's choice, fixed at registration.
+    kv_release_by: str = KV_RELEASE_BY_PREFILL
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))
@@ -168,6 +177,8 @@ class WorkerCard:
         m["lora_adapters"] = tuple(LoraAdapter(**a) for a in m.get("lora_adapters", ()))
         if d.get("role", BOTH) not in ROLES:
             raise ValueError(f"unknown worker role {d['role']!r}")
+        if d.get("kv_release_by", KV_RELEASE_BY_PREFILL) not in KV_RELEASE_BY:
+            raise ValueError(f"unknown kv_release_by {d['kv_release_by']!r}")
         return cls(model=ModelCard(**m), **d)
 
 

@@ -35,7 +35,7 @@ def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.Mesh
         router = grpc_router
         closers.append(grpc_router.close)
     workers = MuxWorkerClient(tls)
-    releaser = GrpcKvReleaser(tls)
+    releaser = GrpcKvReleaser(tls, registry.workers_for)  # the prefill worker's card says who releases
     model_files = ModelFilesResolver(cfg.nats_url)  # the tokenizer comes from NATS: no model volume needed
     postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit),
                                   idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor,

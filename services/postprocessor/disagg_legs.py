@@ -45,9 +45,10 @@ from services.postprocessor.migration import WorkerRoute, continuation
 
 
 class KvReleaser(Protocol):
-    """Frees blocks a prefill worker holds for a transfer (kv_release.GrpcKvReleaser); never raises."""
+    """Frees blocks the route's prefill worker holds for a transfer, through whichever worker of the pair serves
+    the release (kv_release.GrpcKvReleaser); never raises."""
 
-    def release(self, address: str, kv_transfer_params: bytes) -> None: ...
+    def release(self, route: WorkerRoute, model: str, kv_transfer_params: bytes) -> None: ...
 
 
 def prefill_leg(request: common_pb2.PreprocessedRequest, route: WorkerRoute) -> common_pb2.PreprocessedRequest:
@@ -151,7 +152,7 @@ class DisaggLegs:
             if decode_call is not None:
                 decode_call.cancel()  # a no-op once the leg ended
             if params and not decoding:
-                self._releaser.release(route.prefill_address, params)
+                self._releaser.release(route, request.model, params)
 
     @staticmethod
     async def _first(call: LegCall) -> list[worker_pb2.GenerateResponse]:

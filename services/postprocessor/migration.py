@@ -16,6 +16,7 @@ worker fails is refused migration and fails cleanly (503 / an in-band error), ne
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -43,12 +44,16 @@ class WorkerRoute:
     # Disaggregated (docs/architecture.md, "Disaggregated prefill and decode"): the prefill leg's worker.
     prefill_worker_id: str = ""
     prefill_address: str = ""
+    # The router asked to hear of this attempt's first token (a split route always does: it frees its prefill leg).
+    report_first_token: bool = False
 
 
 class RouterClient(Protocol):
     """The part of the router the postprocessor needs (a gRPC stub wrapper or the in-process Router)."""
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse: ...
+
+    async def release_batch(self, req: router_pb2.ReleaseBatchRequest) -> object: ...
 
 
 def continuation(original: common_pb2.PreprocessedRequest, generated: Sequence[int]) -> common_pb2.PreprocessedRequest:
@@ -83,6 +88,7 @@ class Migrator:
         self._router = router
         self.limit = limit
         self.migrations = 0
+        self._reports: set[asyncio.Task] = set()  # first-token reports on their way (held: not collected)
 
     @property
     def enabled(self) -> bool:
@@ -118,4 +124,30 @@ class Migrator:
         self.migrations += 1
         log.info("request %s migrates from %s to %s after %d tokens (%s)", request.request_id, failed[-1] or "?",
                  route.worker_id, generated, error.message)
-        return WorkerRoute(route.worker_id, route.address, route.prefill_worker_id, route.prefill_address)
+        return WorkerRoute(route.worker_id, route.address, route.prefill_worker_id, route.prefill_address,
+                           route.report_first_token)
+
+    def report_first_token(self, request_id: str) -> None:
+        """Tells the router that a migrated attempt has its first token, in the background (the token is not
+        held for it). The gateway reports a request's first token once, for its first attempt; the router
+        booked the new attempt again (a split one with a new prefill leg), which only this report ends
+        before the request's release. A lost report leaves that booking until the release, as before."""
+        assert self._router is not None  # only a migration, which needs the router, asks
+        task = asyncio.create_task(self._report(request_id), name=f"first-token-{request_id}")
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def close(self) -> None:
+        """Drops the reports still on their way (the process is stopping: the releases free those bookings)."""
+        for task in list(self._reports):
+            task.cancel()
+        await asyncio.gather(*self._reports, return_exceptions=True)
+
+    async def _report(self, request_id: str) -> None:
+        assert self._router is not None
+        try:
+            await self._router.release_batch(router_pb2.ReleaseBatchRequest(
+                first_tokens=[router_pb2.FirstTokenReport(request_id=request_id)]))
+        except MeshError as e:
+            log.warning("request %s: the migrated attempt's first token was not reported: %s", request_id,
+                        e.message)

@@ -1,4 +1,5 @@
-"""The router as the postprocessor sees it over gRPC: only ``Route``, for migrations."""
+"""The router as the postprocessor sees it over gRPC: ``Route`` for migrations, and ``ReleaseBatch`` for a
+migrated attempt's first-token report (migration.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ class GrpcRouterClient:
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         metadata = request_id_metadata(req.request_id)
         return await self._stage.call(lambda: self._stub.Route(req, timeout=_ROUTE_TIMEOUT_S, metadata=metadata))
+
+    async def release_batch(self, req: router_pb2.ReleaseBatchRequest) -> router_pb2.ReleaseBatchResponse:
+        return await self._stage.call(lambda: self._stub.ReleaseBatch(req, timeout=_ROUTE_TIMEOUT_S))
 
     async def close(self) -> None:
         await self._stage.channel.close()

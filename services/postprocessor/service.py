@@ -218,6 +218,7 @@ class Postprocessor:
         """Closes the worker channels this object opened (none when ``workers`` was given)."""
         if self._idle is not None:
             await self._idle.close()
+        await self.migrator.close()
         if self._owned_client is not None:
             await self._owned_client.close()
         if self._owned_releaser is not None:
@@ -249,6 +250,8 @@ class Postprocessor:
         if req.HasField("resume"):
             request = _resume(req, builder)
         moved_to = ""  # after a migration: the new worker, told to the caller with the next response
+        answered = False  # a response went out: the caller has reported the request's first token
+        report_first_token = False  # this (migrated) attempt's first token is for the router to hear of here
         metrics = postprocessor_metrics()
         metrics.in_flight.inc()
         outcome = "cancelled"  # unless it finishes or fails: the caller went away
@@ -268,6 +271,10 @@ class Postprocessor:
                     async for response in attempt:
                         if moved_to:
                             response.worker_id, moved_to = moved_to, ""
+                        if report_first_token:
+                            self.migrator.report_first_token(request.request_id)
+                            report_first_token = False
+                        answered = True
                         yield response
                     outcome = "finished"
                     return
@@ -277,6 +284,8 @@ class Postprocessor:
                     outcome = "failed"
                     route = await self.migrator.next_route(req.request, failed, e, len(decoder.generated_ids))
                     moved_to = route.worker_id
+                    # Before any response, the caller's own first-token report will be this attempt's.
+                    report_first_token = answered and route.report_first_token
                     metrics.migrations.inc()
                     outcome = "cancelled"
                     request = continuation(req.request, decoder.generated_ids)

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from services.common import model_files, tracing
-from services.common.discovery import LoraAdapter, Registrar, WorkerCard
+from services.common.discovery import KV_RELEASE_BY_PREFILL, LoraAdapter, Registrar, WorkerCard
 from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.kv_events import KvEventListener
 from services.common.metrics import serve_metrics
@@ -90,12 +90,15 @@ def engine_serving(worker: WorkerConfig, engine: Engine, *, load: LoadReader | N
                    total_kv_blocks: int = 0, max_num_batched_tokens: int = 0,
                    failed: Callable[[], Awaitable[BaseException]] | None = None,
                    closers: Sequence[Callable[[], Awaitable[None]]] = (),
-                   adapters: WorkerAdapters | None = None) -> Serving:
+                   adapters: WorkerAdapters | None = None,
+                   kv_release_by: str = KV_RELEASE_BY_PREFILL) -> Serving:
     """``Serving`` for a started ``Engine`` behind WorkerService (every kind but embed); ``adapters``:
-    its LoRA adapters, already loaded (``WorkerAdapters.start``), for a kind that serves LoRA."""
+    its LoRA adapters, already loaded (``WorkerAdapters.start``), for a kind that serves LoRA;
+    ``kv_release_by``: the card's ``kv_release_by`` (services/common/discovery.py)."""
     server = build_server(worker, engine, adapters)
     card = worker_card(worker, worker.advertised_address(server.port), total_kv_blocks=total_kv_blocks,
-                       max_num_batched_tokens=max_num_batched_tokens, adapters=adapters)
+                       max_num_batched_tokens=max_num_batched_tokens, adapters=adapters,
+                       kv_release_by=kv_release_by)
     return Serving(worker, server, card, closers=[*closers, engine.close], load=load, failed=failed,
                    adapters=adapters)
 

@@ -10,7 +10,7 @@ import grpc
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 
 from services.common import tls as mesh_tls
-from services.common.discovery import LoraAdapter, ModelCard, WorkerCard
+from services.common.discovery import KV_RELEASE_BY_PREFILL, LoraAdapter, ModelCard, WorkerCard
 from services.common.errors import relay
 from services.common.grpc_server import GrpcServer
 from services.common.model_files import model_files_digest
@@ -50,7 +50,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
 
 def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
-                max_num_batched_tokens: int = 0, adapters: WorkerAdapters | None = None) -> WorkerCard:
+                max_num_batched_tokens: int = 0, adapters: WorkerAdapters | None = None,
+                kv_release_by: str = KV_RELEASE_BY_PREFILL) -> WorkerCard:
     model = ModelCard(name=cfg.model_name, model_dir=cfg.model_dir, context_length=cfg.context_length,
                       block_size=cfg.block_size, tool_call_parser=cfg.tool_call_parser,
                       reasoning_parser=cfg.reasoning_parser, input_modalities=cfg.input_modalities,
@@ -60,7 +61,8 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
     return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind,
                       total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,
                       role=cfg.role, max_loras=lora.max_loras if lora is not None else 0,
-                      lora_runtime_loading=lora.runtime_loading if lora is not None else False)
+                      lora_runtime_loading=lora.runtime_loading if lora is not None else False,
+                      kv_release_by=kv_release_by)
 
 
 def worker_grpc_server(cfg: WorkerConfig) -> GrpcServer:

@@ -10,6 +10,7 @@ one worker twice for an aggregated one).
 
 from __future__ import annotations
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -99,6 +100,43 @@ def test_a_wrong_role_or_unknown_pin_is_a_400_naming_the_field(client, nvext, he
         client.chat.completions.create(model=DEMO, messages=long_prompt(3), max_tokens=2, extra_headers=headers,
                                        extra_body={"nvext": nvext})
     assert e.value.body["param"] == param and says in e.value.body["message"]
+
+
+def test_anthropic_messages_and_responses_honour_both_pin_headers(roles_mesh, client):
+    """The same pins on every front end (services/gateway/core/pins.py): x-prefill-instance-id pins the prefill
+    leg, x-worker-instance-id the decode worker, through the official SDKs' own header option."""
+    pins = {"x-prefill-instance-id": "pf-b", "x-worker-instance-id": "dc-b"}
+    claude = anthropic.Anthropic(base_url=roles_mesh.url, api_key="unused", max_retries=0, timeout=30)
+    try:
+        prefill, decode = routed(roles_mesh, "pf-b"), routed(roles_mesh, "dc-b")
+        msg = claude.messages.create(model=DEMO, max_tokens=4, messages=long_prompt(11), extra_headers=pins)
+        assert msg.usage.output_tokens == 4
+        assert (routed(roles_mesh, "pf-b"), routed(roles_mesh, "dc-b")) == (prefill + 1, decode + 1)
+    finally:
+        claude.close()
+    prefill, decode = routed(roles_mesh, "pf-b"), routed(roles_mesh, "dc-b")
+    r = client.responses.create(model=DEMO, input=long_prompt(12)[0]["content"], max_output_tokens=4,
+                                extra_headers=pins)
+    assert r.usage.output_tokens == 4  # "incomplete": max_output_tokens ended it
+    assert (routed(roles_mesh, "pf-b"), routed(roles_mesh, "dc-b")) == (prefill + 1, decode + 1)
+
+
+@pytest.mark.parametrize(("headers", "names"), [
+    ({"x-prefill-instance-id": "dc-a"}, "nvext.prefill_worker_id' (or the x-prefill-instance-id header)"),
+    ({"x-prefill-instance-id": "987654321"}, "nvext.prefill_worker_id' (or the x-prefill-instance-id header)"),
+    ({"x-worker-instance-id": "pf-a"}, "nvext.backend_instance_id' (or the x-worker-instance-id header)"),
+])
+def test_a_wrong_role_or_unknown_pin_header_is_a_400_on_messages_and_responses(roles_mesh, client, headers, names):
+    claude = anthropic.Anthropic(base_url=roles_mesh.url, api_key="unused", max_retries=0, timeout=30)
+    try:
+        with pytest.raises(anthropic.BadRequestError) as a:
+            claude.messages.create(model=DEMO, max_tokens=2, messages=long_prompt(13), extra_headers=headers)
+    finally:
+        claude.close()
+    assert a.value.body["type"] == "error" and names in a.value.body["error"]["message"]
+    with pytest.raises(openai.BadRequestError) as o:
+        client.responses.create(model=DEMO, input="Hi", max_output_tokens=2, extra_headers=headers)
+    assert names in o.value.body["message"] and o.value.body["param"] == names.split("'")[0]
 
 
 def test_a_short_prompt_stays_on_its_decode_worker_and_a_long_one_is_split(roles_mesh, client):

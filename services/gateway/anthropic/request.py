@@ -22,6 +22,7 @@ from services.common.errors import InvalidRequest
 from services.gateway.anthropic import content
 from services.gateway.core import tools as tools_checks
 from services.gateway.core.fields import INT32, UINT32, Fields
+from services.gateway.core.pins import read_pins
 from services.gateway.core.request import ChatRequest, Sampling, load_json
 
 MAX_STOP_SEQUENCES = 32  # the preprocessor's limit on stop strings
@@ -138,7 +139,7 @@ def _chat(f: Fields, headers: dict[str, str], *, counting: bool) -> ChatRequest:
     kwargs.update(thinking_kwargs)
     f.reject_unknown()
     return ChatRequest(model=model, stream=stream, include_usage=True, n=1, sampling=sampling,
-                       worker_id=headers.get("x-worker-instance-id", ""), messages=messages, tools=tools,
+                       pins=read_pins(headers), messages=messages, tools=tools,
                        tool_choice=tool_choice, chat_template_kwargs=kwargs, parallel_tool_calls=parallel,
                        response_format=response_format)
 

@@ -63,7 +63,8 @@ class AnthropicServicer(anthropic_pb2_grpc.AnthropicServiceServicer):
         check_model(self._models(), req.model)
         renderer = MessageRenderer(message_id=f"msg_{rid}", model=req.model)
         prep = chat_to_preprocess(req, rid)
-        stream = self._pipeline.run([prep], 1, req.worker_id, options=postprocess_options(req, prep))
+        stream = self._pipeline.run([prep], 1, req.worker_id, req.route_hints(),
+                                    options=postprocess_options(req, prep))
         return Generation(req.model, req.stream, renderer, stream)
 
     CreateMessage = generation_rpc(_start_message, "messages", ANTHROPIC)

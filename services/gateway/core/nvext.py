@@ -10,6 +10,7 @@ Every field Dynamo defines is accepted with its type checked. What applies to a 
 - ``backend_instance_id`` pins the worker, and with it ``token_data`` is the prompt (no template);
 - ``prefill_worker_id`` (header ``x-prefill-instance-id``) and ``decode_worker_id`` pin the workers of a
   disaggregated request (the router checks their roles: docs/architecture.md, "Disaggregated prefill and decode");
+  every front end reads the pins and their headers with core/pins.py;
 - ``max_thinking_tokens`` travels to the worker as the request's thinking budget;
 - ``extra_fields``: ``worker_id`` and ``timing`` in the response's ``nvext``, and Meshfront's ``routing``:
   the router's decision record (each candidate's overlap, load and score, the choice, the predicted and
@@ -33,7 +34,8 @@ import urllib.parse
 from typing import Any
 
 from services.common.errors import InvalidRequest
-from services.gateway.core.fields import INT32, UINT32, UINT64, Fields, check_float, check_int, token_ids
+from services.gateway.core.fields import INT32, UINT32, UINT64, Fields, check_float, token_ids
+from services.gateway.core.pins import Pins, read_pins
 
 ANNOTATIONS = ("request_id", "formatted_prompt", "token_ids")
 EXTRA_FIELDS = ("worker_id", "timing", "routing")
@@ -45,12 +47,9 @@ SESSION_ACTIONS = ("open", "close")
 MAX_ANNOTATIONS = 32
 MAX_ANNOTATION_CHARS = 256
 DEFAULT_SESSION_TIMEOUT_S = 300
-# Worker ids are uint64s (Dynamo's form) or short names; anything longer is not an id.
-MAX_PIN_CHARS = 128
 # Dynamo's data-parallel ranks and the headers that set them (accepted, not honoured).
 _DISAGG_RANKS = ("dp_rank", "prefill_dp_rank")
 DISAGG_HEADERS = ("x-dp-rank", "x-prefill-dp-rank")
-PREFILL_PIN_HEADER = "x-prefill-instance-id"
 
 
 @dataclasses.dataclass
@@ -59,9 +58,7 @@ class NvExt:
 
     greedy: bool = False
     annotations: tuple[str, ...] = ()  # every requested name, forwarded to the worker
-    worker_id: str = ""  # backend_instance_id
-    prefill_worker_id: str = ""  # prefill_worker_id, or the x-prefill-instance-id header
-    decode_worker_id: str = ""
+    pins: Pins = Pins()  # backend_instance_id, prefill_worker_id, decode_worker_id, and their headers (pins.py)
     token_data: list[int] | None = None
     max_thinking_tokens: int | None = None
     extra_fields: tuple[str, ...] = ()  # the honoured ones
@@ -74,27 +71,6 @@ class NvExt:
 
     def wants(self, annotation: str) -> bool:
         return annotation in self.annotations
-
-
-def _check_pin_text(pin: str, param: str) -> str:
-    """A worker id is a short printable string: one with control characters (only a JSON string can
-    carry them) or too long to be an id is refused here, so no error or log line ever echoes it raw."""
-    if len(pin) > MAX_PIN_CHARS or not pin.isprintable():
-        raise InvalidRequest(f"'{param}' must be a worker id: at most {MAX_PIN_CHARS} printable characters",
-                             param=param)
-    return pin
-
-
-def worker_pin(ext: Fields, key: str) -> str:
-    """A worker id, as a string or (Dynamo's form) a non-negative integer; "" when absent."""
-    v = ext.raw(key)
-    if v is None:
-        return ""
-    if isinstance(v, str):
-        return _check_pin_text(v, f"nvext.{key}")
-    if isinstance(v, int) and not isinstance(v, bool):
-        return str(check_int(v, f"nvext.{key}", UINT64))
-    raise InvalidRequest(f"'nvext.{key}' must be a string or a non-negative integer", param=f"nvext.{key}")
 
 
 def _strings(ext: Fields, key: str) -> list[str]:
@@ -153,11 +129,10 @@ def parse_nvext(raw: dict[str, Any] | None, headers: dict[str, str]) -> NvExt:
     # Named in a response header: percent-encoded, so any string the client chose is a valid header value.
     out.ignored += [f"nvext.annotations[{urllib.parse.quote(a, safe=':_-.')}]"
                     for a in out.annotations if a not in ANNOTATIONS]
-    # Headers win over the body, as in Dynamo.
-    out.worker_id = headers.get("x-worker-instance-id") or worker_pin(ext, "backend_instance_id")
+    out.pins = read_pins(headers, ext)
     data = ext.list("token_data")
     if data is not None:
-        if not out.worker_id:
+        if not out.pins.worker_id:
             raise InvalidRequest("'nvext.token_data' needs 'nvext.backend_instance_id' (the worker it was "
                                  "tokenized for)", param="nvext.token_data")
         out.token_data = token_ids(data, "nvext.token_data")
@@ -171,9 +146,6 @@ def parse_nvext(raw: dict[str, Any] | None, headers: dict[str, str]) -> NvExt:
                                  param="nvext.extra_fields")
     out.extra_fields = tuple(n for n in dict.fromkeys(extra) if n in EXTRA_FIELDS)
     out.ignored += [f"nvext.extra_fields[{n}]" for n in dict.fromkeys(extra) if n in IGNORED_EXTRA_FIELDS]
-    body_pin, header_pin = worker_pin(ext, "prefill_worker_id"), headers.get(PREFILL_PIN_HEADER)
-    out.prefill_worker_id = _check_pin_text(header_pin, "nvext.prefill_worker_id") if header_pin else body_pin
-    out.decode_worker_id = worker_pin(ext, "decode_worker_id")
     for key in _DISAGG_RANKS:
         if ext.int(key, UINT32) is not None:
             out.ignored.append(f"nvext.{key}")

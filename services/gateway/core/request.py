@@ -16,6 +16,8 @@ import orjson
 from services.common.errors import InvalidRequest
 from services.gateway.core.media import Media
 from services.gateway.core.nvext import NvExt
+from services.gateway.core.pins import Pins
+from services.gateway.core.trace import RouteHints
 
 
 @dataclasses.dataclass
@@ -48,12 +50,23 @@ class GenerationRequest:
     include_usage: bool
     n: int
     sampling: Sampling
-    worker_id: str = ""
+    pins: Pins = Pins()  # core/pins.py: the same for every front end
     # vLLM-style structured outputs as GuidedDecoding fields (structured.py); None: unconstrained.
     structured: dict[str, Any] | None = None
     nvext: NvExt = dataclasses.field(default_factory=NvExt)
     # Sticky routing key: nvext.session_control.session_id, else prompt_cache_key.
     session_id: str = ""
+
+    @property
+    def worker_id(self) -> str:
+        """The pinned (aggregated, or decode) worker; "" lets the router choose."""
+        return self.pins.worker_id
+
+    def route_hints(self) -> RouteHints:
+        """What the router is asked besides the prompt: the pins and ``nvext``'s session and priority."""
+        ext = self.nvext
+        return RouteHints(self.session_id, ext.session_action, ext.session_timeout_s, ext.priority_jump_s,
+                          self.pins.prefill_worker_id, self.pins.decode_worker_id, "routing" in ext.extra_fields)
 
 
 @dataclasses.dataclass

@@ -104,7 +104,8 @@ class KServeServicer:
         renderer = InferResponseBuilder(request.model_name, request.id, parsed.outputs, decoupled=not unary,
                                         empty_final=parsed.empty_final and not unary)
         streaming = not unary and parsed.stream is not False  # ModelStreamInfer streams unless told not to
-        stream = self._pipeline.run(prep, req.n, req.worker_id, options=postprocess_options(req, prep[0]))
+        stream = self._pipeline.run(prep, req.n, req.worker_id, req.route_hints(),
+                                    options=postprocess_options(req, prep[0]))
         return Generation(req.model, streaming, renderer, stream)
 
     async def ModelInfer(self, request, context):

@@ -120,7 +120,7 @@ def _common(f: Fields, headers: dict[str, str], *, max_tokens_key: str) -> Gener
     if n > 1 and s.temperature == 0.0:
         raise InvalidRequest("'n' > 1 needs a temperature above 0 (greedy choices would all be the same)", param="n")
     return GenerationRequest(model=model, stream=stream, include_usage=include_usage, n=n, sampling=s,
-                             worker_id=nvext.worker_id, structured=parse_structured_outputs(f), nvext=nvext,
+                             pins=nvext.pins, structured=parse_structured_outputs(f), nvext=nvext,
                              session_id=nvext.session_id)
 
 

@@ -24,7 +24,7 @@ from services.gateway.core.errors import error_body
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.request import GenerationRequest
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
-from services.gateway.core.trace import RequestTrace, RouteHints
+from services.gateway.core.trace import RequestTrace
 from services.gateway.front_door import (
     JSON,
     Generation,
@@ -73,10 +73,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         renderer = renderer_for(chat=chat, request_id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}", model=req.model,
                                 n_choices=len(prep) * req.n, want_logprobs=req.sampling.logprobs is not None,
                                 include_usage=req.include_usage, nvext=ext, **echo)
-        hints = RouteHints(req.session_id, req.nvext.session_action, req.nvext.session_timeout_s,
-                           req.nvext.priority_jump_s, req.nvext.prefill_worker_id, req.nvext.decode_worker_id,
-                           "routing" in req.nvext.extra_fields)
-        stream = self._pipeline.run(prep, req.n, req.worker_id, hints, trace, options=postprocess_options(req, prep[0]))
+        stream = self._pipeline.run(prep, req.n, req.worker_id, req.route_hints(), trace,
+                                    options=postprocess_options(req, prep[0]))
         return Generation(req.model, req.stream, renderer, stream, extras=ext)
 
     ChatCompletions = generation_rpc(functools.partial(_start, chat=True), "chat")

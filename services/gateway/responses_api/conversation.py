@@ -109,7 +109,7 @@ def to_chat(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> ChatRe
     kwargs = {"reasoning_effort": req.reasoning_effort} if req.reasoning_effort else {}
     sampling = Sampling(temperature=req.temperature, top_p=req.top_p, max_tokens=req.max_output_tokens)
     return ChatRequest(model=req.model, stream=req.stream, include_usage=True, n=1, sampling=sampling,
-                       worker_id=req.worker_id, messages=to_messages(conversation, req.instructions),
+                       pins=req.pins, messages=to_messages(conversation, req.instructions),
                        tools=[_chat_tool(t) for t in req.tools] or None,
                        tool_choice=_chat_tool_choice(req.tool_choice) if req.tools else None,
                        chat_template_kwargs=kwargs, parallel_tool_calls=req.parallel_tool_calls,

@@ -15,6 +15,7 @@ from typing import Any
 
 from services.common.errors import InvalidRequest
 from services.gateway.core.fields import UINT32, Fields
+from services.gateway.core.pins import Pins, read_pins
 from services.gateway.core.request import load_json
 from services.gateway.core.tools import check_schema
 
@@ -55,7 +56,7 @@ class ResponsesRequest:
     metadata: dict[str, str] = dataclasses.field(default_factory=dict)
     # The bookkeeping fields as sent, echoed in the response object.
     bookkeeping: dict[str, Any] = dataclasses.field(default_factory=dict)
-    worker_id: str = ""
+    pins: Pins = Pins()  # the x-worker-instance-id and x-prefill-instance-id headers (no nvext here)
 
 
 def _text_part(f: Fields, where: str) -> dict[str, Any]:
@@ -321,5 +322,5 @@ def parse_responses(raw: bytes, headers: dict[str, str] | None = None) -> Respon
         raise InvalidRequest(f"'include' {include!r} is not supported: no encrypted reasoning, logprobs or "
                              "built-in tool outputs here", param="include")
     f.reject_unknown()
-    req.worker_id = (headers or {}).get("x-worker-instance-id", "")
+    req.pins = read_pins(headers or {})
     return req

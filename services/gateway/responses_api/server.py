@@ -59,7 +59,8 @@ class ResponsesServicer(responses_pb2_grpc.ResponsesServiceServicer):
                 await self._store.put(builder.id, {"response": builder.response(), "input": conversation})
 
         renderer = ResponsesRenderer(ResponseObjectBuilder(f"resp_{rid}", echo_fields(req)), store)
-        stream = self._pipeline.run([prep], 1, req.worker_id, options=postprocess_options(chat, prep))
+        stream = self._pipeline.run([prep], 1, chat.worker_id, chat.route_hints(),
+                                    options=postprocess_options(chat, prep))
         return Generation(req.model, req.stream, renderer, stream, on_complete=renderer.complete)
 
     CreateResponse = generation_rpc(_start_response, "responses")

@@ -133,6 +133,11 @@ class VllmEngine:
                 "waiting": 0 if idle else self.load.waiting, "running": 0 if idle else self.load.running,
                 "total_blocks": total}
 
+    async def release_kv(self, kv_transfer_params: dict[str, Any]) -> None:
+        """Frees the blocks a prefill engine holds for these parameters (a prefill leg's, returned to this decode
+        engine's caller): vLLM's decode-side rejection of a transfer (transfer.py, "release")."""
+        await self.llm.notify_kv_transfer_request_rejected(transfer.release_request_id(), kv_transfer_params)
+
     async def failed(self) -> BaseException:
         """Returns the engine's fatal error once its core process has died."""
         while True:

@@ -17,10 +17,12 @@ import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from services.common.discovery import KV_RELEASE_BY_DECODE
 from services.workers import entry
 from services.workers.engine_worker import EngineStartFailed, descendants, engine_kv_events, root_message
 from services.workers.vllm.config import VllmConfig, parse_config
 from services.workers.vllm.lora import lora_settings, start_adapters
+from services.workers.vllm.release_grpc import add_kv_release
 
 log = logging.getLogger("services.workers.vllm")
 
@@ -42,9 +44,11 @@ async def build(prepared: tuple[VllmConfig, Any], events: entry.KvEvents) -> ent
     log.info("vLLM engine ready: context %d, block size %d, %d KV blocks", engine.max_model_len,
              engine.block_size, engine.num_kv_blocks)
     closers = engine_kv_events(cfg, engine.block_size, batch_decoder(), events.listener(worker))
-    return entry.engine_serving(worker, engine, load=engine.read_load, total_kv_blocks=engine.num_kv_blocks,
-                                max_num_batched_tokens=engine.max_num_batched_tokens, failed=engine.failed,
-                                closers=closers, adapters=adapters)
+    serving = entry.engine_serving(worker, engine, load=engine.read_load, total_kv_blocks=engine.num_kv_blocks,
+                                   max_num_batched_tokens=engine.max_num_batched_tokens, failed=engine.failed,
+                                   closers=closers, adapters=adapters, kv_release_by=KV_RELEASE_BY_DECODE)
+    add_kv_release(serving.server.server, engine.release_kv)  # a decode worker frees its prefill peer's blocks
+    return serving
 
 
 @contextlib.contextmanager

@@ -19,20 +19,34 @@ wire), so whatever connector the operator configured speaks its own protocol:
   into the dict). A decode leg that vLLM ends with finish reason ``error`` failed to load its blocks
   (``kv_load_failure_policy`` ``fail``, vLLM's default), which the worker reports as ``KvTransferFailed``: the
   caller runs the prefill again instead of blaming this worker.
+- **release** (``KvTransferService.ReleaseKv`` on the **decode** worker, with the prefill leg's parameters): a
+  client that left between the legs. vLLM 0.32 frees a prefill engine's held blocks only from the decode side:
+  ``AsyncLLM.notify_kv_transfer_request_rejected(request_id, kv_transfer_params)`` submits a pre-aborted request
+  whose connector tells the prefill engine the parameters name to free them (NixlConnector: a notification,
+  no blocks read). So a vLLM worker's card says ``kv_release_by`` decode (services/common/discovery.py), and
+  its ``ReleaseKv`` (release_grpc.py) calls that with ``release_params``; parameters that name no remote
+  prefill (a content-addressed connector's ``{}``) hold nothing to free.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from services.common.discovery import DECODE, PREFILL
+from services.common.errors import InvalidRequest
 from services.workers.transfer_legs import Leg, leg
 
-__all__ = ["EXTRA_ARGS_KEY", "Leg", "extra_args", "leg", "returned_params", "role_errors"]
+__all__ = ["EXTRA_ARGS_KEY", "Leg", "extra_args", "leg", "release_params", "release_request_id", "returned_params",
+           "role_errors"]
 
 # SamplingParams.extra_args key vLLM's Request reads the connector parameters from (vllm/v1/request.py).
 EXTRA_ARGS_KEY = "kv_transfer_params"
+# What a prefill leg's returned parameters carry when the decode engine must read (or release) remote blocks.
+REMOTE_PREFILL_KEY = "do_remote_prefill"
 
 
 def extra_args(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -63,3 +77,20 @@ def role_errors(disaggregation_mode: str, kv_transfer_config: Any) -> list[str]:
         return [f"--disaggregation-mode decode needs a kv_role that consumes KV (kv_consumer or kv_both), "
                 f"not {kv_transfer_config.kv_role}"]
     return []
+
+
+def release_params(raw: bytes) -> dict[str, Any] | None:
+    """A ``ReleaseKvRequest``'s parameters as ``notify_kv_transfer_request_rejected`` takes them; None when they
+    name no remote prefill (nothing is held for them). Not a JSON object: the caller's mistake."""
+    try:
+        params = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        params = None
+    if not isinstance(params, dict):
+        raise InvalidRequest("kv_transfer_params must be a JSON object", param="kv_transfer_params")
+    return params if params.get(REMOTE_PREFILL_KEY) else None
+
+
+def release_request_id() -> str:
+    """The pre-aborted request's id on the decode engine: its own, never a live request's."""
+    return f"meshfront-release-{uuid.uuid4().hex}"

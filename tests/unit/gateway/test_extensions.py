@@ -164,10 +164,10 @@ def test_data_parallel_and_engine_only_fields_are_listed_as_ignored():
 
 def test_disaggregated_pins_are_honoured_the_header_over_the_body():
     req = parse_chat(chat(nvext={"prefill_worker_id": "p", "decode_worker_id": 3}))
-    assert (req.nvext.prefill_worker_id, req.nvext.decode_worker_id, req.nvext.ignored) == ("p", "3", [])
+    assert (req.pins.prefill_worker_id, req.pins.decode_worker_id, req.nvext.ignored) == ("p", "3", [])
     req = parse_chat(chat(nvext={"prefill_worker_id": "p"}), {"x-prefill-instance-id": "h"})
-    assert req.nvext.prefill_worker_id == "h"
-    assert parse_chat(chat(), {"x-prefill-instance-id": "h"}).nvext.prefill_worker_id == "h"
+    assert req.pins.prefill_worker_id == "h"
+    assert parse_chat(chat(), {"x-prefill-instance-id": "h"}).pins.prefill_worker_id == "h"
 
 
 @pytest.mark.parametrize(("nvext", "headers", "param"), [

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import orjson
 import pytest
 
+from services.common.errors import InvalidRequest
 from services.workers.engine import EngineRequest
 from services.workers.vllm import sampling, transfer
 
@@ -84,3 +86,27 @@ class FakeKvTransferConfig:
 def test_a_role_needs_a_connector_that_can_play_it(mode, config, error):
     errors = transfer.role_errors(mode, config)
     assert errors == [] if error is None else (len(errors) == 1 and error in errors[0]), errors
+
+
+# -- the release: a vLLM decode worker frees its prefill peer's held blocks -----------------------------------
+
+def test_a_release_passes_a_prefill_legs_params_as_given():
+    raw = orjson.dumps(NIXL_RETURNED)
+    assert transfer.release_params(raw) == NIXL_RETURNED
+
+
+@pytest.mark.parametrize("raw", [b"", b"{}", b'{"do_remote_prefill": false}', b'{"remote_engine_id": "e-1"}'])
+def test_params_that_name_no_remote_prefill_hold_nothing_to_release(raw):
+    assert transfer.release_params(raw) is None
+
+
+@pytest.mark.parametrize("raw", [b"[1]", b"not json", b'"x"'])
+def test_params_that_are_no_json_object_are_the_callers_mistake(raw):
+    with pytest.raises(InvalidRequest) as e:
+        transfer.release_params(raw)
+    assert e.value.param == "kv_transfer_params"
+
+
+def test_each_release_is_its_own_request_on_the_decode_engine():
+    first, second = transfer.release_request_id(), transfer.release_request_id()
+    assert first != second and first.startswith("meshfront-release-")

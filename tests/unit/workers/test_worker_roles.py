@@ -6,7 +6,15 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from services.common.discovery import BOTH, DECODE, PREFILL, ModelCard, WorkerCard
+from services.common.discovery import (
+    BOTH,
+    DECODE,
+    KV_RELEASE_BY_DECODE,
+    KV_RELEASE_BY_PREFILL,
+    PREFILL,
+    ModelCard,
+    WorkerCard,
+)
 from services.workers.mocker.config import parse_config as parse_mocker
 from services.workers.server import worker_card
 from services.workers.vllm.config import parse_config as parse_vllm
@@ -48,3 +56,17 @@ def test_a_card_from_before_roles_reads_as_both_and_an_unknown_role_is_refused()
     assert WorkerCard.from_json(orjson.dumps(old)).role == BOTH
     with pytest.raises(ValueError, match="role"):
         WorkerCard.from_json(orjson.dumps({**old, "role": "encode"}))
+
+
+def test_who_releases_a_prefill_hold_is_on_the_card_the_prefill_worker_by_default(demo_model_dir):
+    """The mocker's prefill worker frees its own holds; vLLM's are freed through the decode worker, which the
+    vLLM worker's card says once, at registration (services/workers/vllm/main.py)."""
+    cfg = parse_mocker(["--model-dir", str(demo_model_dir), "--disaggregation-mode", "prefill"], env={})
+    assert worker_card(cfg.worker, "h:1").kv_release_by == KV_RELEASE_BY_PREFILL
+    card = worker_card(cfg.worker, "h:1", kv_release_by=KV_RELEASE_BY_DECODE)
+    assert WorkerCard.from_json(card.to_json()).kv_release_by == KV_RELEASE_BY_DECODE
+    old = orjson.loads(card.to_json())
+    del old["kv_release_by"]  # a card from before the field
+    assert WorkerCard.from_json(orjson.dumps(old)).kv_release_by == KV_RELEASE_BY_PREFILL
+    with pytest.raises(ValueError, match="kv_release_by"):
+        WorkerCard.from_json(orjson.dumps({**old, "kv_release_by": "router"}))

@@ -196,4 +196,4 @@ def test_text_format_text_is_unconstrained():
 
 
 def test_worker_pin_header_is_carried():
-    assert parse_responses(body(), {"x-worker-instance-id": "w1"}).worker_id == "w1"
+    assert parse_responses(body(), {"x-worker-instance-id": "w1"}).pins.worker_id == "w1"
