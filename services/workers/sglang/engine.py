@@ -31,6 +31,7 @@ from sglang.srt.entrypoints.engine import Engine
 
 from services.workers.engine import EngineError, EngineOutput, EngineRequest, FinishReason, RequestRejected
 from services.workers.sglang import media, sampling, transfer
+from services.workers.sglang.kv_events import media_pads
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class SglangEngine:
         self.bootstrap_host = ""
         self._bootstrap_port = 0
         self.in_flight = 0
+        # The pad values SGLang gives the images sent, for the KV events' translation (kv_media.py).
+        self.media_pads = media_pads()
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -169,6 +172,7 @@ class SglangEngine:
                        bootstrap: transfer.Bootstrap | None = None) -> dict[str, Any]:
         kwargs = sampling.request_kwargs(request, rid, self.limits)
         kwargs.update(media.media_kwargs(request.media))
+        self.media_pads.register(request)
         if bootstrap is not None:
             kwargs.update(bootstrap.request_kwargs())
         return kwargs
