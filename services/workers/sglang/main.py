@@ -34,7 +34,7 @@ async def build(prepared: tuple[SglangConfig, Any], events: entry.KvEvents) -> e
     from services.workers.sglang.kv_events import batch_decoder
 
     cfg, server_args = prepared
-    engine = SglangEngine(server_args)
+    engine = SglangEngine(server_args, reasoning_parser=cfg.args.reasoning_parser)
     try:
         with _exit_on_a_signal_while_loading():
             await engine.start()
