@@ -73,8 +73,6 @@ class MediaPads:
             self._images.move_to_end(content_hash)
             return
         pads = tuple(int(v) for v in self._pad_values(content_hash))
-        if min(pads) < self.min_pad_value:
-            raise ValueError(f"a pad value below {self.min_pad_value} would be read as a token id")
         if known is not None:
             self._forget(content_hash)
         self._images[content_hash] = (pads, placeholder)

@@ -30,6 +30,7 @@ from services.preprocessor.media.resolve import content_hash
 from services.workers.engine import EngineRequest, MediaInput
 from services.workers.engine_kv import BlockHashTranslator, BlocksStored
 from services.workers.sglang import media, sampling
+from services.workers.sglang.engine import SglangEngine
 from services.workers.sglang.kv_events import batch_decoder, media_pads
 from services.workers.sglang.kv_media import DEFAULT_CAPACITY
 
@@ -67,10 +68,12 @@ class Request:
         self.unsalted_hashes = sequence_hashes(block_hashes(self.token_ids, PAGE))
         self.engine_request = EngineRequest("r", self.token_ids, media=self.media)
 
-    def sglang_padded_ids(self) -> array:
+    def sglang_padded_ids(self, kwargs=None) -> array:
         """The ids SGLang's radix cache keys this prompt by: the request's ``mm_hashes`` applied as its tokenizer
-        manager applies them, then Qwen2-VL's padding (``pad_mm_tokens``) over each placeholder run."""
-        kwargs = {**sampling.request_kwargs(self.engine_request, "rid-0", LIMITS), **media.media_kwargs(self.media)}
+        manager applies them, then Qwen2-VL's padding (``pad_mm_tokens``) over each placeholder run.
+        ``kwargs``: what the adapter sends (by default, its pure mapping's)."""
+        if kwargs is None:
+            kwargs = {**sampling.request_kwargs(self.engine_request, "rid-0", LIMITS), **media.media_kwargs(self.media)}
         obj = GenerateReqInput(**kwargs)
         obj.normalize_batch_and_arguments()
         items = []
@@ -99,21 +102,24 @@ class Router:
 
 
 class Worker:
-    """SGLang's radix cache on one side, the worker's event path on the other."""
+    """SGLang's radix cache on one side; on the other, the worker's engine adapter (no engine started) and its
+    event path, as main.py wires them."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.cache = RadixCache.create_simulated(page_size=PAGE, enable_kv_cache_events=True)
         self.cache.take_events()  # the cleared cache its reset() reports
-        self.pads = media_pads(capacity)
+        self.engine = SglangEngine(server_args=None, reasoning_parser="")
+        self.engine._limits = LIMITS  # what start() reads from a started engine
+        self.engine.media_pads = self.pads = media_pads(capacity)
         self.router = Router()
         self.translator = BlockHashTranslator(self.router, PAGE)
-        self.decode = batch_decoder(self.pads)
+        self.decode = batch_decoder(self.engine.media_pads)
 
     def serve(self, request: Request) -> list:
-        """The worker registers the request's images as it sends it; SGLang caches the padded prompt and
+        """The adapter builds the request (registering its images); SGLang caches the padded prompt and
         publishes its events; the worker translates them. Returns the decoded events."""
-        self.pads.register(request.engine_request)
-        self.cache.insert(InsertParams(key=RadixKey(request.sglang_padded_ids())))
+        kwargs = self.engine.request_kwargs(request.engine_request, "rid-0")
+        self.cache.insert(InsertParams(key=RadixKey(request.sglang_padded_ids(kwargs))))
         payload = msgspec.msgpack.Encoder().encode(KVEventBatch(ts=time.time(), events=self.cache.take_events()))
         events = self.decode(payload)
         for event in events:
