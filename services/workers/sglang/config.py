@@ -18,6 +18,11 @@ flags of the same name: ours serve gRPC and go on the worker card; SGLang's HTTP
 started, and our ``--log-level`` is passed on as SGLang's. The context window and page size on
 the worker's card are the ones the engine ends up using.
 
+With a ``--reasoning-parser`` whose thinking block has markers, the worker turns on SGLang's
+``--enable-custom-logit-processor``: its thinking-budget processor enforces ``max_thinking_tokens``
+(services/workers/sglang/thinking_budget.py). Not with ``--enable-watermark``, which SGLang refuses
+beside it: that worker refuses budgets.
+
 ``--disaggregation-mode`` is the worker's flag (the card's role) and is passed on as SGLang's own
 (``agg`` is SGLang's ``null``); a prefill worker's ``--host`` is passed on too, since SGLang binds its
 KV bootstrap server there (services/workers/sglang/transfer.py).
@@ -28,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from services.common.parser_names import THINKING_BLOCKS
 from services.workers.config import ConfigError
 from services.workers.engine_worker import EngineFlags, EngineFlagSpec, parse_engine_flags
 
@@ -67,6 +73,11 @@ class SglangConfig(EngineFlags):
             # One publisher per DP rank, and SGLang offsets only tcp:// endpoints per rank.
             raise ConfigError([("--dp-size/--attn-dp-size above 1 needs --no-register: the worker subscribes "
                                 "to one KV event publisher")])
+        if self.args.reasoning_parser in THINKING_BLOCKS and not server_args.enable_watermark:
+            # A thinking budget runs as SGLang's logit processor. SGLang keeps custom processors off because
+            # its HTTP API would run a client's pickled code; that server never starts here, and only the
+            # worker builds requests. Set on the parsed record (SGLang resolves it later, at engine start).
+            server_args.enable_custom_logit_processor = True
         return server_args
 
 

@@ -30,20 +30,23 @@ from typing import Any
 from sglang.srt.entrypoints.engine import Engine
 
 from services.workers.engine import EngineError, EngineOutput, EngineRequest, FinishReason, RequestRejected
-from services.workers.sglang import media, sampling, transfer
+from services.workers.sglang import media, sampling, thinking_budget, transfer
+from services.workers.sglang.kv_events import media_pads
 
 log = logging.getLogger(__name__)
 
 # The resolved ServerArgs fields the worker reads after start (a test pins them to SGLang's fields).
 RESOLVED_FIELDS = ("page_size", "dcp_size", "enable_deterministic_inference", "skip_tokenizer_init",
-                   "chunked_prefill_size", "max_prefill_tokens", "disaggregation_bootstrap_port")
+                   "chunked_prefill_size", "max_prefill_tokens", "disaggregation_bootstrap_port",
+                   "enable_custom_logit_processor", "model_path")
 
 
 class SglangEngine:
     """``sglang.Engine`` in this process, its scheduler and detokenizer in child processes."""
 
-    def __init__(self, server_args: Any):
+    def __init__(self, server_args: Any, *, reasoning_parser: str):
         self.server_args = server_args
+        self.reasoning_parser = reasoning_parser  # the worker's --reasoning-parser: the thinking budget's markers
         self._engine: Engine | None = None
         self._limits: sampling.EngineLimits | None = None
         self._death: asyncio.Future[BaseException] | None = None
@@ -56,6 +59,8 @@ class SglangEngine:
         self.bootstrap_host = ""
         self._bootstrap_port = 0
         self.in_flight = 0
+        # The pad values SGLang gives the images sent, for the KV events' translation (kv_media.py).
+        self.media_pads = media_pads()
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -85,11 +90,15 @@ class SglangEngine:
         chunk = resolved["chunked_prefill_size"]
         self._batched_tokens = chunk if chunk is not None and chunk > 0 else resolved["max_prefill_tokens"]
         self._bootstrap_port = resolved["disaggregation_bootstrap_port"]
+        thinking, thinking_processor = thinking_budget.enforcement(
+            self.reasoning_parser, resolved["model_path"], resolved["enable_custom_logit_processor"])
         self._limits = sampling.EngineLimits(
             max_model_len=tm.context_len - tm.num_reserved_tokens,
             defaults=tm.model_config.get_default_sampling_params(),
             seeded=resolved["enable_deterministic_inference"],
             has_tokenizer=not resolved["skip_tokenizer_init"],
+            thinking=thinking,
+            thinking_processor=thinking_processor,
         )
 
     async def close(self) -> None:
@@ -169,6 +178,7 @@ class SglangEngine:
                        bootstrap: transfer.Bootstrap | None = None) -> dict[str, Any]:
         kwargs = sampling.request_kwargs(request, rid, self.limits)
         kwargs.update(media.media_kwargs(request.media))
+        self.media_pads.register(request)
         if bootstrap is not None:
             kwargs.update(bootstrap.request_kwargs())
         return kwargs

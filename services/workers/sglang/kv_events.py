@@ -3,7 +3,10 @@ that turns them on.
 
 SGLang's radix cache reports one ``BlockStored`` per page, chained by ``parent_block_hash`` and
 merged into runs before publishing; its hashes are its own (the ``default`` format: no Dynamo
-namespacing), which the translator maps to Meshfront's.
+namespacing), which the translator maps to Meshfront's. A page of an image reports the image's pad values
+(derived from the content hash the worker sent as ``mm_hashes``) where the prompt had placeholder ids:
+``MediaPads`` (kv_media.py) turns them back into the placeholder ids and the block's media salt, so the
+translator computes the hashes the preprocessor computed for the prompt.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from sglang.srt.disaggregation.kv_events import (
     KVEventsConfig,
     StorageMedium,
 )
+from sglang.srt.managers.schedule_batch import MM_PAD_SHIFT_VALUE, Modality, MultimodalDataItem
 
 from services.workers.engine_kv import BlocksRemoved, BlocksStored, CacheCleared, EngineKvEvent
+from services.workers.sglang.kv_media import DEFAULT_CAPACITY, MediaPads
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +37,20 @@ def events_config(endpoint: str, replay_endpoint: str) -> str:
     return config.model_dump_json()
 
 
-def batch_decoder():
+def pad_values(content_hash: int) -> tuple[int, ...]:
+    """The pad values SGLang gives an item whose ``mm_hashes`` entry is ``content_hash`` (what its tokenizer
+    manager does with the entry: ``MultimodalDataItem.set_hash``)."""
+    item = MultimodalDataItem(modality=Modality.IMAGE)
+    item.set_hash(content_hash)
+    return item.padding_values()
+
+
+def media_pads(capacity: int = DEFAULT_CAPACITY) -> MediaPads:
+    """The worker's table of the pad values it gave SGLang (filled by the engine, read by ``batch_decoder``)."""
+    return MediaPads(pad_values, MM_PAD_SHIFT_VALUE, capacity)
+
+
+def batch_decoder(pads: MediaPads):
     """A function from one published payload to the events the translator applies."""
     decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
 
@@ -52,8 +70,9 @@ def batch_decoder():
             elif event.medium not in (None, StorageMedium.GPU):
                 continue  # a copy in host memory or storage (HiCache): not what a prefill reuses
             elif isinstance(event, BlockStored):
-                out.append(BlocksStored(event.block_hashes, event.parent_block_hash, event.token_ids,
-                                        event.block_size))
+                stored = _stored(event, pads)
+                if stored is not None:
+                    out.append(stored)
             elif isinstance(event, BlockRemoved):
                 out.append(BlocksRemoved(event.block_hashes))
             else:
@@ -61,3 +80,18 @@ def batch_decoder():
         return out
 
     return decode
+
+
+def _stored(event: BlockStored, pads: MediaPads) -> BlocksStored | None:
+    """The event as the translator's, its image pages mapped back to placeholder ids and media salts."""
+    if not pads.holds_media(event.token_ids):
+        return BlocksStored(event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size)
+    restored = pads.restore(event.token_ids, event.block_size)
+    if restored.unknown_pad is not None:
+        skipped = len(event.block_hashes) - restored.blocks
+        log.warning("not indexing %d stored block(s): they hold an image the worker did not name (pad value %d: "
+                    "SGLang hashed it itself)", skipped, restored.unknown_pad)
+        if restored.blocks == 0:
+            return None
+    return BlocksStored(event.block_hashes[:restored.blocks], event.parent_block_hash, restored.token_ids,
+                        event.block_size, block_mm_infos=restored.block_mm_infos)

@@ -34,7 +34,7 @@ async def build(prepared: tuple[SglangConfig, Any], events: entry.KvEvents) -> e
     from services.workers.sglang.kv_events import batch_decoder
 
     cfg, server_args = prepared
-    engine = SglangEngine(server_args)
+    engine = SglangEngine(server_args, reasoning_parser=cfg.args.reasoning_parser)
     try:
         with _exit_on_a_signal_while_loading():
             await engine.start()
@@ -51,7 +51,8 @@ async def build(prepared: tuple[SglangConfig, Any], events: entry.KvEvents) -> e
     if worker.register and engine.block_size < SMALL_PAGE:
         log.warning("SGLang's page size is %d: KV routing hashes every %d token(s) of a prompt; "
                     "--page-size %d is cheaper for the mesh", engine.block_size, engine.block_size, SMALL_PAGE)
-    closers = engine_kv_events(cfg, engine.block_size, batch_decoder(), events.listener(worker))
+    closers = engine_kv_events(cfg, engine.block_size, batch_decoder(engine.media_pads),
+                               events.listener(worker))
     return entry.engine_serving(worker, engine, load=engine.read_load, total_kv_blocks=engine.num_kv_blocks,
                                 max_num_batched_tokens=engine.max_num_batched_tokens, failed=engine.failed,
                                 closers=closers)

@@ -18,7 +18,10 @@ nothing is dropped:
 - ``logprobs`` is request-level in SGLang (``return_logprob``/``top_logprobs_num``), not a
   sampling parameter;
 - guided decoding becomes ``json_schema`` / ``regex`` / ``ebnf`` (a choice is a regex alternation,
-  json_object the permissive ``{"type": "object"}`` schema SGLang's own server uses).
+  json_object the permissive ``{"type": "object"}`` schema SGLang's own server uses);
+- a thinking budget names SGLang's thinking-budget logit processor (``custom_logit_processor``) with
+  ``custom_params={"thinking_budget": N}`` where the engine has one for the model (thinking_budget.py),
+  and is refused with a 400 saying why elsewhere.
 
 Outputs: SGLang streams *cumulative* ``output_ids`` (and logprob lists) in its default mode; the
 engine keeps how many it has sent and ``new_tokens`` cuts off the rest. The ids are untrimmed:
@@ -39,8 +42,8 @@ from services.workers.engine import (
     GuidedDecoding,
     RequestRejected,
     TokenLogprob,
-    refuse_thinking_budget,
 )
+from services.workers.thinking_budget import ThinkingMarkers, check, thinking_markers
 
 # The knobs ModelConfig.get_default_sampling_params may default (SGLang's own list).
 DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -58,6 +61,14 @@ class EngineLimits:
     seeded: bool = False
     # False under --skip-tokenizer-init: SGLang then has no grammar backend and no EOS for min tokens.
     has_tokenizer: bool = True
+    # The model's thinking markers, or why a budget cannot be enforced (by default: no reasoning parser), and
+    # SGLang's thinking-budget processor serialised for this model (thinking_budget.py): "" exactly when not.
+    thinking: ThinkingMarkers = thinking_markers("", None)
+    thinking_processor: str = ""
+
+    def __post_init__(self) -> None:
+        if self.thinking.enforceable != bool(self.thinking_processor):
+            raise ValueError("a thinking budget is enforceable exactly when there is a processor to enforce it")
 
 
 def request_kwargs(request: EngineRequest, rid: str, limits: EngineLimits) -> dict[str, Any]:
@@ -74,6 +85,8 @@ def request_kwargs(request: EngineRequest, rid: str, limits: EngineLimits) -> di
         "rid": rid,
         "stream": True,
     }
+    if request.max_thinking_tokens is not None:  # sampling_params has checked that it is enforceable
+        kwargs["custom_logit_processor"] = limits.thinking_processor
     if request.logprobs is not None:
         if request.logprobs < 0:
             raise RequestRejected("logprobs must be at least 0")
@@ -86,7 +99,7 @@ def sampling_params(request: EngineRequest, room: int, limits: EngineLimits) -> 
     """The ``sampling_params`` dict: ``sglang.srt.sampling.sampling_params.SamplingParams(**result)``."""
     if request.max_tokens is not None and request.max_tokens <= 0:
         raise RequestRejected("max_tokens must be at least 1")
-    refuse_thinking_budget(request, "SGLang")
+    thinking_budget = check(request, "SGLang", limits.thinking)
     if request.ignore_eos and request.stop_token_ids:
         raise RequestRejected("SGLang's ignore_eos also ignores stop_token_ids: use one or the other")
     if not limits.has_tokenizer:
@@ -115,6 +128,8 @@ def sampling_params(request: EngineRequest, room: int, limits: EngineLimits) -> 
     )
     if request.guided is not None:
         params.update(guided_params(request.guided))
+    if thinking_budget is not None:
+        params["custom_params"] = {"thinking_budget": thinking_budget}
     return params
 
 

@@ -42,7 +42,7 @@ from services.workers.engine_kv_zmq import ZmqKvSubscriber
 from services.workers.sglang import engine as sglang_engine
 from services.workers.sglang import sampling, transfer
 from services.workers.sglang.config import OWNED_ENGINE_FLAGS, parse_config
-from services.workers.sglang.kv_events import batch_decoder, events_config
+from services.workers.sglang.kv_events import batch_decoder, events_config, media_pads
 
 VOCAB = 151_936
 
@@ -253,7 +253,7 @@ def expected_hashes(tokens) -> list[int]:
 
 def test_sglangs_recorded_events_decode_and_translate_to_meshfront_hashes():
     payload = msgspec.msgpack.Encoder().encode(KVEventBatch(ts=time.time(), events=recorded_events()))
-    events = batch_decoder()(payload)
+    events = batch_decoder(media_pads())(payload)
     assert isinstance(events[0], BlocksStored) and events[0].block_size == PAGE  # SGLang merged the run
     listener = Recording()
     translator = BlockHashTranslator(listener, PAGE)
@@ -267,7 +267,7 @@ def test_a_bigram_batch_sglangs_class_cannot_read_is_a_cleared_cache():
     recorder = KVCacheEventRecorder(enabled=True, page_size=PAGE)
     recorder.record_store(radix_node(radix_root(), range(400, 405), bigram=True))  # EAGLE's token pairs
     payload = msgspec.msgpack.Encoder().encode(KVEventBatch(ts=time.time(), events=recorder.take()))
-    assert batch_decoder()(payload) == [CacheCleared()]
+    assert batch_decoder(media_pads())(payload) == [CacheCleared()]
 
 
 def shut(publisher: ZmqEventPublisher) -> None:
@@ -300,7 +300,7 @@ async def test_sglangs_publisher_to_meshfront_hashes_over_zmq_with_a_replayed_fi
         recorder.record_store(prefix)
         publisher.publish(KVEventBatch(ts=time.time(), events=recorder.take()))  # seq 0: nobody listens yet
         await asyncio.sleep(0.3)
-        subscriber = ZmqKvSubscriber(endpoint, replay, batch_decoder(), translator.apply)
+        subscriber = ZmqKvSubscriber(endpoint, replay, batch_decoder(media_pads()), translator.apply)
         subscriber.start()
         await asyncio.sleep(0.3)  # the subscription reaches the PUB socket
         recorder.record_store(radix_node(prefix, SUFFIX))

@@ -99,7 +99,7 @@ class FakeEngine:
 
 
 async def started(script) -> tuple[SglangEngine, FakeEngine]:
-    engine = SglangEngine(server_args=None)
+    engine = SglangEngine(server_args=None, reasoning_parser="")
     fake = FakeEngine(script)
     # What start() reads from a real engine.
     engine._engine = fake

@@ -22,6 +22,7 @@ from services.workers.engine import (
 )
 from services.workers.sglang import sampling
 from services.workers.sglang.sampling import EngineLimits, NewTokens
+from services.workers.thinking_budget import ThinkingMarkers
 
 pytestmark = pytest.mark.unit
 
@@ -268,3 +269,31 @@ def test_a_logprob_for_another_token_is_an_error_not_a_wrong_answer():
     out = {"output_ids": [5], "meta_info": {"output_token_logprobs": [lp(6, -1.5)]}}
     with pytest.raises(ValueError, match="token 6"):
         sampling.token_logprobs(sampling.new_tokens(out, 0, 0), 0)
+
+
+# -- thinking budget (SGLang's processor itself: tests/engine_env/sglang/test_sglang_thinking_budget.py) ----------
+
+THINKING = ThinkingMarkers(151667, 151668, "<think>", "</think>")
+
+
+def test_a_thinking_budget_names_the_engines_processor_and_goes_in_custom_params():
+    limits = EngineLimits(max_model_len=100, thinking=THINKING, thinking_processor='{"callable": "00"}')
+    for budget in (0, 32):
+        kwargs = sampling.request_kwargs(req(max_thinking_tokens=budget), "r1-0", limits)
+        assert kwargs["custom_logit_processor"] == '{"callable": "00"}'
+        assert kwargs["sampling_params"]["custom_params"] == {"thinking_budget": budget}
+    without = sampling.request_kwargs(req(), "r1-0", limits)
+    assert "custom_logit_processor" not in without and "custom_params" not in without["sampling_params"]
+
+
+def test_without_a_processor_a_budget_is_refused_saying_why():
+    limits = EngineLimits(max_model_len=100, thinking=ThinkingMarkers(why_not="no markers here"))
+    with pytest.raises(RequestRejected, match="no markers here") as e:
+        sampling.request_kwargs(req(max_thinking_tokens=8), "r1-0", limits)
+    assert e.value.param == "nvext.max_thinking_tokens"
+
+
+@pytest.mark.parametrize(("thinking", "processor"), [(THINKING, ""), (ThinkingMarkers(why_not="none"), "{}")])
+def test_markers_and_processor_must_agree(thinking, processor):
+    with pytest.raises(ValueError, match="exactly when"):
+        EngineLimits(max_model_len=100, thinking=thinking, thinking_processor=processor)
