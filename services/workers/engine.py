@@ -49,14 +49,6 @@ class RequestRejected(EngineError):
         self.param = param
 
 
-def refuse_thinking_budget(request: EngineRequest, engine: str) -> None:
-    """For engines that cannot cap thinking: a budget is a 400 naming it, never silently unbounded thinking."""
-    if request.max_thinking_tokens is not None:
-        raise RequestRejected(f"the {engine} worker cannot enforce a thinking budget ('nvext.max_thinking_tokens' "
-                              "or 'thinking.budget_tokens'); send the request without one",
-                              param="nvext.max_thinking_tokens")
-
-
 class EngineBusy(EngineError):
     """The engine's queue is full (becomes OVERLOADED: 503 with Retry-After at the edge)."""
 

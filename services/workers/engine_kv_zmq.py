@@ -54,6 +54,7 @@ class ZmqKvSubscriber:
         self.batches = 0
         self.replayed = 0
         self.resets = 0
+        self.undecodable = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-kv-events")
@@ -69,7 +70,17 @@ class ZmqKvSubscriber:
             self._apply(seq, payload)
 
     def _apply(self, seq: int, payload: bytes) -> None:
-        for event in self._decode(payload):
+        try:
+            events = self._decode(payload)
+        except Exception:
+            # A batch the decoder cannot read (an engine upgrade's new field, a value out of range) is
+            # a lost batch, not the end of the subscription: ending it would leave the router's view of
+            # this worker frozen for good. The index may now hold blocks the engine evicted, so it is
+            # reported cleared, as for a gap the replay could not fill.
+            log.exception("could not decode KV event batch %d: reporting the cache cleared", seq)
+            events = (CacheCleared(),)
+            self.undecodable += 1
+        for event in events:
             self._sink(event)
         self._next_seq = seq + 1
         self.batches += 1

@@ -92,3 +92,26 @@ async def test_a_gap_the_replay_buffer_no_longer_holds_reports_the_cache_cleared
     finally:
         await sub.close()
         pub.close()
+
+
+async def test_a_batch_the_decoder_cannot_read_clears_the_cache_and_the_next_batches_still_apply(tmp_path):
+    pub = Publisher(tmp_path)
+    seen = []
+
+    def strict_decode(payload: bytes):
+        if payload == b"bad":
+            raise OverflowError("int too big to convert")
+        return decode(payload)
+
+    sub = ZmqKvSubscriber(pub.endpoint, pub.replay_endpoint, strict_decode, seen.append)
+    sub.start()
+    await asyncio.sleep(0.3)
+    try:
+        await pub.publish(0, b"a")
+        await pub.publish(1, b"bad")
+        await pub.publish(2, b"c")
+        await wait_for(lambda: len(seen) == 3, 5, "three batches")
+        assert names(seen) == ["a", "cleared", "c"] and sub.undecodable == 1 and sub.batches == 3
+    finally:
+        await sub.close()
+        pub.close()
