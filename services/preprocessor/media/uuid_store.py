@@ -38,7 +38,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from services.common.discovery import close_nats, connect_retrying
-from services.common.jetstream_replicas import create_replicated, through_failover
+from services.common.jetstream_replicas import create_replicated, publish_through_failover, through_failover
 from services.preprocessor.media import decode
 from services.preprocessor.media.resolve import Resolved, content_hash
 
@@ -113,11 +113,11 @@ class SharedUuids:
             nuid = secrets.token_hex(11)
             pieces = [item.content[i:i + CHUNK] for i in range(0, len(item.content), CHUNK)]
             for piece in pieces:
-                await through_failover(functools.partial(js.publish, _chunk_subject(nuid), piece), _TRY_S)
+                await publish_through_failover(js, STREAM, _chunk_subject(nuid), piece, timeout_s=_TRY_S)
             meta = {"modality": item.modality, "content_hash": item.content_hash, "size": len(item.content),
                     "chunks": len(pieces), "nuid": nuid, "info": dataclasses.asdict(item.info)}
-            await through_failover(lambda: js.publish(_meta_subject(uuid), json.dumps(meta).encode(),
-                                                      headers={api.Header.ROLLUP: "sub"}), _TRY_S)
+            await publish_through_failover(js, STREAM, _meta_subject(uuid), json.dumps(meta).encode(), timeout_s=_TRY_S,
+                                           headers={api.Header.ROLLUP: "sub"})
         except (TimeoutError, nats.errors.Error, OSError) as e:
             log.warning("media uuid %r not shared with the other preprocessors (%s)", uuid, e or type(e).__name__)
             return
