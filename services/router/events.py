@@ -24,8 +24,9 @@ from collections.abc import Callable
 import orjson
 from nats.aio.client import Client as NatsClient
 
-from services.common.discovery import WorkerCard, close_nats, connect_retrying, stop_if_cancelled
+from services.common.discovery import WorkerCard
 from services.common.kv_events import EVENTS_PREFIX, dump_subject
+from services.common.nats_connection import close_nats, connect_retrying, stop_if_cancelled
 from services.router.core.kv_ingest import KvEventIngest, Verdict
 from services.router.core.lifecycle import LifecycleEvent
 

@@ -35,9 +35,9 @@ import nats.errors
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from services.common.discovery import close_nats, connect_retrying, retry_until_open
 from services.common.errors import NotFound
 from services.common.jetstream_replicas import create_replicated, publish_through_failover, through_failover
+from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
 from services.gateway.responses_api.store import StoreUnavailable
 
 log = logging.getLogger(__name__)

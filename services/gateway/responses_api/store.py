@@ -27,9 +27,9 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.common.discovery import close_nats, connect_retrying, retry_until_open
 from services.common.errors import MeshError
 from services.common.jetstream_replicas import create_replicated, publish_through_failover, through_failover
+from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
 
 log = logging.getLogger(__name__)
 

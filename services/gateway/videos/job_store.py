@@ -30,13 +30,13 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.common.discovery import close_nats, connect_retrying, retry_until_open
 from services.common.jetstream_replicas import (
     WRONG_LAST,
     create_replicated,
     publish_through_failover,
     through_failover,
 )
+from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
 from services.gateway.responses_api.store import StoreUnavailable
 
 log = logging.getLogger(__name__)

@@ -37,8 +37,8 @@ import nats.errors
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from services.common.discovery import close_nats, connect_retrying
 from services.common.jetstream_replicas import create_replicated, publish_through_failover, through_failover
+from services.common.nats_connection import close_nats, connect_retrying
 from services.preprocessor.media import decode
 from services.preprocessor.media.resolve import Resolved, content_hash
 
