@@ -38,7 +38,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from services.common.jetstream_replicas import create_replicated, publish_through_failover, through_failover
-from services.common.nats_connection import close_nats, connect_retrying
+from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
 from services.preprocessor.media import decode
 from services.preprocessor.media.resolve import Resolved, content_hash
 
@@ -60,30 +60,37 @@ def _chunk_subject(nuid: str) -> str:
 
 
 class SharedUuids:
-    """The replicas' common uuid -> media map (``get``/``put``); connects to NATS on first use."""
+    """The replicas' common uuid -> media map (``get``/``put``).
 
-    def __init__(self, nats_url: str, ttl_s: float, max_bytes: int, *, connect_s: float = 5.0):
+    NATS is reached on the first use, by a background task that keeps trying; a request waits for it at most
+    ``connect_s`` (then its uuid is a miss, or its item is not shared), so NATS being away costs each request
+    that second at most, never a failure or a pile of connection attempts.
+    """
+
+    def __init__(self, nats_url: str, ttl_s: float, max_bytes: int, *, connect_s: float = 1.0):
         self.nats_url = nats_url
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self.connect_s = connect_s
         self._nc: nats.NATS | None = None
-        self._js: nats.js.JetStreamContext | None = None
-        self._lock = asyncio.Lock()
+        self._opening: asyncio.Task[nats.js.JetStreamContext] | None = None
         self._written: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()
 
     async def _stream(self) -> nats.js.JetStreamContext:
-        if self._js is not None:
-            return self._js
-        async with self._lock:
-            if self._js is None:
-                if self._nc is None:
-                    self._nc = await asyncio.wait_for(connect_retrying(self.nats_url, "preprocessor-uuids"),
-                                                      self.connect_s)
-                js = self._nc.jetstream(timeout=_TRY_S)
-                await self._open(js)
-                self._js = js
-            return self._js
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._connect())
+        if self._opening.done():
+            return self._opening.result()
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._opening), self.connect_s)
+        except TimeoutError:
+            raise TimeoutError(f"NATS at {self.nats_url} not reached in {self.connect_s:g} s") from None
+
+    async def _connect(self) -> nats.js.JetStreamContext:
+        self._nc = await connect_retrying(self.nats_url, "preprocessor-uuids")
+        js = self._nc.jetstream(timeout=_TRY_S)
+        await retry_until_open(lambda: self._open(js), "media uuid stream")
+        return js
 
     async def _open(self, js: nats.js.JetStreamContext) -> None:
         try:
@@ -150,5 +157,7 @@ class SharedUuids:
         return Resolved(meta["modality"], content, meta["content_hash"], decode.Decoded(**meta["info"]))
 
     async def close(self) -> None:
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
         await close_nats(self._nc)
-        self._nc = self._js = None
+        self._nc, self._opening = None, None
