@@ -139,19 +139,20 @@ class SharedUuids:
             js = await self._stream()
             msg = await through_failover(lambda: js.get_last_msg(STREAM, _meta_subject(uuid), direct=True), _TRY_S)
             meta = json.loads(msg.data or b"{}")
-            content = b""
+            parts: list[bytes] = []
             seq = 1
             for _ in range(meta["chunks"]):
                 chunk = await through_failover(functools.partial(
                     js.get_msg, STREAM, seq=seq, subject=_chunk_subject(meta["nuid"]), next=True, direct=True), _TRY_S)
                 assert chunk.seq is not None
                 seq = chunk.seq + 1
-                content += chunk.data or b""
+                parts.append(chunk.data or b"")
         except NotFoundError:
             return None
         except (TimeoutError, nats.errors.Error, OSError) as e:
             log.warning("media uuid %r: the shared store cannot be read (%s)", uuid, e or type(e).__name__)
             return None
+        content = b"".join(parts)
         if len(content) != meta["size"] or content_hash(content) != meta["content_hash"]:
             return None  # its first chunks were dropped for room before its description
         return Resolved(meta["modality"], content, meta["content_hash"], decode.Decoded(**meta["info"]))
