@@ -1,6 +1,6 @@
 """``python -m bench scale``: each stateless stage at 1, 2 and 4 replicas, each replica a small host.
 
-Per row a fresh mesh is laid out on a private network (bench/scale_hosts.py, tests/deploy/netns.py):
+Per row a fresh mesh is laid out on a private network (bench/scale_hosts.py, bench/netns.py):
 the replicas of the stage under test each get a network namespace of their own and a cgroup with a
 CPU quota (the host's size); everything else (NATS, mocker workers at a high speed-up, Envoy, one
 process of every other stage) shares one unthrottled namespace, ``rest``, where the load generator
@@ -157,7 +157,7 @@ def sigterm_as_exit() -> Iterator[None]:
 
 
 def run(cfg: ScaleConfig, emit: Printer) -> list[ScaleRow]:
-    from tests.deploy import netns
+    from bench import netns
 
     netns.probe()  # raises NetnsUnavailable naming what was refused
     from services.models.build import build_demo_model
@@ -179,7 +179,7 @@ def run(cfg: ScaleConfig, emit: Printer) -> list[ScaleRow]:
 
 
 def run_row(cfg: ScaleConfig, case: str, stage: str, replicas: int, model_dir: str, emit: Printer) -> ScaleRow:
-    from tests.deploy import netns
+    from bench import netns
 
     log_dir = ROOT / ".run" / "bench" / f"scale-{case}-x{replicas}-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Small hosts on one machine for ``python -m bench scale``: a network namespace and a CPU quota each.
 
-A replica of the stage under test runs in its own network namespace (tests/deploy/netns.py's ``Lab``:
+A replica of the stage under test runs in its own network namespace (bench/netns.py's ``Lab``:
 one address per host on a private bridge) and in its own CPU cgroup whose quota stands for the
 host's cores. Both cgroup layouts are handled: v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` under
 the ``cpu`` controller's mount) and v2 (``cpu.max``). Each group's ``cpu.stat`` gives the throttling

@@ -24,7 +24,7 @@ async def cancel_within(tasks: Iterable[asyncio.Task], timeout: float = CLOSE_WA
     """Cancels ``tasks`` and waits for them at most ``timeout`` s; returns those still running.
 
     Bounded because a task that swallowed its cancel (nats-py does, in places: see
-    ``discovery.stop_if_cancelled``) must not hold a process past its stop.
+    ``nats_connection.stop_if_cancelled``) must not hold a process past its stop.
     """
     tasks = list(tasks)
     for task in tasks:

@@ -16,12 +16,10 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import nats
 import orjson
-from nats.aio.client import Client as NatsClient
-from nats.errors import NoServersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError
@@ -30,9 +28,9 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from services.common.assembly import cancel_within
 from services.common.jetstream_replicas import create_replicated, nats_servers
 from services.common.liveness import Change, LiveWorkers
+from services.common.nats_connection import close_nats, connect_retrying, stop_if_cancelled
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 BUCKET = "meshfront_workers"
 DEFAULT_TTL_S = 6.0
@@ -182,57 +180,6 @@ class WorkerCard:
         return cls(model=ModelCard(**m), **d)
 
 
-async def connect(url: str, name: str) -> nats.NATS:
-    """Connects with unlimited reconnects so a NATS outage never kills a service."""
-
-    async def on_error(e: Exception) -> None:
-        log.warning("nats: %s", e)
-
-    return await nats.connect(nats_servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                              connect_timeout=2, allow_reconnect=True, error_cb=on_error)
-
-
-def stop_if_cancelled() -> None:
-    """For the ``except Exception`` of a loop that retries NATS until it works.
-
-    nats-py swallows a cancel in places (a flush, a JetStream publish) or turns it into one of its
-    own errors, so such a loop could outlive the cancel that was meant to end it and keep a stopping
-    service alive until SIGKILL. The task still counts the cancel (``Task.cancelling``): honour it.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
-async def connect_retrying(url: str, name: str, stop: asyncio.Event | None = None) -> nats.NATS:
-    """Keeps trying until NATS answers; services may start before it."""
-    delay = 0.2
-    while True:
-        try:
-            return await connect(url, name)
-        except (NoServersError, OSError, asyncio.TimeoutError) as e:
-            if stop is not None and stop.is_set():
-                raise
-            stop_if_cancelled()
-            log.info("waiting for NATS at %s (%s)", url, e)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-
-async def retry_until_open(open_it: Callable[[], Awaitable[T]], what: str) -> T:
-    """Calls ``open_it`` until it succeeds: a JetStream bucket opened while NATS (re)starts. Meanwhile the
-    requests that need it get a 503; a cancel (the service stopping) ends the wait."""
-    delay = 0.2
-    while True:
-        try:
-            return await open_it()
-        except Exception as e:  # noqa: BLE001 - NATS restarting: retry
-            stop_if_cancelled()
-            log.warning("%s not ready (%s); retrying", what, e)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-
 async def open_bucket(nc: nats.NATS, ttl_s: float = DEFAULT_TTL_S):
     js = nc.jetstream()
     try:
@@ -242,30 +189,6 @@ async def open_bucket(nc: nats.NATS, ttl_s: float = DEFAULT_TTL_S):
             return await create_replicated(lambda replicas: js.create_key_value(
                 KeyValueConfig(bucket=BUCKET, history=1, limit_marker_ttl=ttl_s, replicas=replicas)))
         return await js.key_value(BUCKET)
-
-
-async def close_nats(nc: NatsClient | None, *, flush: bool = False) -> None:
-    """Closes a NATS connection at shutdown, bounded, whatever state NATS is in.
-
-    NATS may be going down at the same moment, so nothing here may fail or hang the shutdown: a failing
-    close is nothing to report; its transport can cancel the close waiter it hands us (that
-    CancelledError is not a cancel of this task, and it once ended workers with a traceback); and a
-    close that hits a reconnect swallows cancellation, so ``asyncio.wait_for`` (which waits for the
-    cancelled close to finish) could hang a stopping service for good. The close runs as its own task
-    that is waited for at most two seconds and then abandoned (cancelled, not awaited).
-    """
-    if nc is None:
-        return
-    if flush and nc.is_connected:
-        with contextlib.suppress(Exception):
-            await nc.flush(timeout=1)
-    closing = asyncio.ensure_future(nc.close())
-    done, _ = await asyncio.wait({closing}, timeout=2.0)
-    if not done:
-        closing.cancel()
-        log.debug("closing NATS did not finish in 2 s; left behind")
-    elif not closing.cancelled() and closing.exception() is not None:
-        log.debug("closing NATS: %r", closing.exception())
 
 
 class Registrar:

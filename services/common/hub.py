@@ -4,20 +4,15 @@ Through ``huggingface_hub.snapshot_download``, so its cache (``HF_HOME`` / ``HF_
 (``HF_HUB_OFFLINE=1``: the cache only, no request), its token (``HF_TOKEN``) and its endpoint (``HF_ENDPOINT``: a
 mirror or a private hub) mean what they mean for ``vllm serve``. The endpoint is read when a model is resolved,
 not when huggingface_hub is imported, so a caller that sets it late still reaches it.
+
+huggingface_hub itself is imported only when a model is resolved: every worker and ``meshfront run`` import
+this module for its flag checks, and most of them (``--model-dir``, the mocker) never name a hub model.
 """
 
 from __future__ import annotations
 
 import os
 import re
-
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import (
-    GatedRepoError,
-    LocalEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
 
 # What a hub id looks like: "name" or "org/name" (no path: a directory is --model-dir).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -46,6 +41,14 @@ def resolve_model(model: str, revision: str = "", *, cache_dir: str | None = Non
     downloaded into the Hugging Face cache unless it is there already."""
     if not is_hub_id(model):
         raise ModelNotResolved(f"--model {model!r} is not a Hugging Face id (org/name); a directory is --model-dir")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
     try:
         return str(snapshot_download(model, revision=revision or None, cache_dir=cache_dir,
                                      endpoint=os.environ.get("HF_ENDPOINT") or None))

@@ -5,15 +5,21 @@ through ``create_replicated``: on a clustered JetStream (``meshfront run --nats-
 gets three replicas, so one node's loss keeps its data and its writes (a quorum of two remains); a lone
 server refuses replicas (JetStream error 10074) and gets one. Asking the server beats counting the URLs a
 client was given: a client may name one node of a cluster and learn the others from it.
+
+A replicated stream whose leader dies answers nothing until the others elect one, so every store's reads
+and writes go through ``through_failover`` (writes through ``publish_through_failover``, which also keeps a
+retried write from being stored twice): a request in those seconds waits, it does not get a 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from nats.errors import NoRespondersError
+from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
 T = TypeVar("T")
@@ -25,6 +31,8 @@ FAILOVER_S = 12.0
 # A write that timed out is one too: it reached the old leader as it died (nats-py's TimeoutError is this one).
 _LEADERLESS = (NoStreamResponseError, NoRespondersError, ServiceUnavailableError, TimeoutError)
 _RETRY_S = 0.25
+# JetStream's "wrong last sequence" codes: a compare-and-set publish lost (or, on a retry, was already stored).
+WRONG_LAST = (10071, 10164)
 
 
 async def create_replicated(create: Callable[[int], Awaitable[T]]) -> T:
@@ -49,6 +57,38 @@ async def through_failover(op: Callable[[], Awaitable[T]], timeout_s: float, fai
             if loop.time() + _RETRY_S >= deadline:
                 raise
             await asyncio.sleep(_RETRY_S)
+
+
+async def publish_through_failover(js: JetStreamContext, stream: str, subject: str, payload: bytes, *,
+                                   timeout_s: float, headers: dict[str, str] | None = None,
+                                   msg_ttl: float | None = None, failover_s: float = FAILOVER_S) -> api.PubAck:
+    """``js.publish`` to ``stream`` waited through a leader election (``through_failover``), stored once.
+
+    A try that timed out may still have been stored by the leader as it died, so every try carries the same
+    ``Nats-Msg-Id``: a plain publish tried again is dropped as a duplicate (JetStream acks the stored one). A
+    compare-and-set (``Nats-Expected-Last-Subject-Sequence``) is checked before duplicates are, so its retry
+    fails with "wrong last sequence"; when the subject's last message is this write's own, that is its ack,
+    not a lost race.
+    """
+    msg_id = secrets.token_hex(12)
+    tries = 0
+
+    async def attempt() -> api.PubAck:
+        nonlocal tries
+        tries += 1
+        try:
+            # A copy each try: publish adds its TTL header to the dict it is given.
+            return await js.publish(subject, payload, headers={**(headers or {}), api.Header.MSG_ID: msg_id},
+                                    msg_ttl=msg_ttl)
+        except APIError as e:
+            if tries == 1 or e.err_code not in WRONG_LAST:
+                raise
+            last = await js.get_last_msg(stream, subject)
+            if (last.headers or {}).get(api.Header.MSG_ID) != msg_id or last.seq is None:
+                raise
+            return api.PubAck(stream=stream, seq=last.seq)
+
+    return await through_failover(attempt, timeout_s, failover_s)
 
 
 def nats_servers(url: str) -> list[str]:

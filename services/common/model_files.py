@@ -33,8 +33,8 @@ import nats
 from nats.js.api import ObjectStoreConfig
 from nats.js.errors import BucketNotFoundError, ObjectNotFoundError
 
-from services.common.discovery import close_nats, connect_retrying
 from services.common.jetstream_replicas import create_replicated
+from services.common.nats_connection import close_nats, connect_retrying
 
 log = logging.getLogger(__name__)
 

@@ -82,6 +82,10 @@ class MeshPlan:
     # PEM certificate and key: Envoy's listener speaks TLS (HTTP and gRPC) instead of cleartext.
     tls_cert: str = ""
     tls_key: str = ""
+    # Preprocessor replicas: the gateway spreads calls over all of them. Replicas after the first listen on
+    # extra_preprocessor_ports (default: the ports right after preprocessor_port).
+    preprocessors: int = 1
+    extra_preprocessor_ports: list[int] = dataclasses.field(default_factory=list)
     # Router replicas: the gateway and the postprocessor spread calls over all of them. Replicas
     # after the first listen on extra_router_ports (default: the ports right after router_port).
     routers: int = 1
@@ -121,9 +125,18 @@ class MeshPlan:
         """Names of the Meshfront processes ``specs`` starts (not NATS or Envoy)."""
         names = [f"{w.kind}-{i}" for i, w in enumerate(self.workers)]
         if not self.inproc:
-            names += ["preprocessor", *_replica_names("router", self.routers),
+            names += [*_replica_names("preprocessor", self.preprocessors), *_replica_names("router", self.routers),
                       *_replica_names("postprocessor", self.postprocessors)]
         return names + [f"gateway-{i}" for i in range(len(self.gateway_ports))]
+
+    @property
+    def preprocessor_ports(self) -> list[int]:
+        return _replica_ports(self.preprocessor_port, self.extra_preprocessor_ports, self.preprocessors)
+
+    @property
+    def preprocessor_target(self) -> str:
+        """One address, or every replica as an ``ipv4:`` list (round-robin in the gateway)."""
+        return _target(self.preprocessor_ports)
 
     @property
     def router_ports(self) -> list[int]:
@@ -205,6 +218,7 @@ def free_port() -> int:
 
 def ephemeral_plan(workers: list[WorkerSpec], gateways: int = 1, **kw) -> MeshPlan:
     """A plan on free ports, for tests and benchmarks that must not clash with a running mesh."""
+    kw.setdefault("extra_preprocessor_ports", [free_port() for _ in range(kw.get("preprocessors", 1) - 1)])
     kw.setdefault("extra_router_ports", [free_port() for _ in range(kw.get("routers", 1) - 1)])
     kw.setdefault("extra_postprocessor_ports", [free_port() for _ in range(kw.get("postprocessors", 1) - 1)])
     kw.setdefault("extra_nats_ports", [free_port() for _ in range(kw.get("nats_cluster", 1) - 1)])
@@ -296,10 +310,11 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
         stage = ["--router-mode", plan.router_mode, *allinone_stage_args(plan)]
     else:
         out += [
-            ProcessSpec("preprocessor", [str(ENGINES[renderer_engine].python) if renderer_engine else sys.executable,
-                                         "-m", "services.preprocessor", "--port", str(plan.preprocessor_port),
-                                         *common, *plan.service_args.get("preprocessor", ()),
-                                         *plan.process_flags("preprocessor")], plan.preprocessor_port, env),
+            *(ProcessSpec(name, [str(ENGINES[renderer_engine].python) if renderer_engine else sys.executable,
+                                 "-m", "services.preprocessor", "--port", str(port), *common,
+                                 *plan.service_args.get("preprocessor", ()), *plan.process_flags(name)], port, env)
+              for name, port in zip(_replica_names("preprocessor", plan.preprocessors), plan.preprocessor_ports,
+                                    strict=True)),
             *(ProcessSpec(name, _py("services.router", "--port", str(port), "--router-mode", plan.router_mode,
                                     *common, *plan.service_args.get("router", ()), *plan.process_flags(name)),
                           port, env)
@@ -311,7 +326,7 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
                                     strict=True)),
         ]
         gateway_module = "services.gateway"
-        stage = ["--preprocessor", f"127.0.0.1:{plan.preprocessor_port}", "--router",
+        stage = ["--preprocessor", plan.preprocessor_target, "--router",
                  plan.router_target, "--postprocessor", plan.postprocessor_target,
                  *plan.service_args.get("gateway", ())]
     for i, port in enumerate(plan.gateway_ports):

@@ -60,7 +60,8 @@ VLLM_CPU_ARGS = "--gpu-memory-utilization 0.1"
 READY_TIMEOUT_S = {"mocker": 120.0, "hf": 120.0, "vllm": 600.0}
 # Stopped group after group: the edge first (no new requests; gateways drain their streams while the
 # stages and workers still serve them), then the stages, the workers (they deregister from NATS), NATS.
-STOP_ORDER = (("envoy", "gateway-*"), ("preprocessor", "router", "router-*", "postprocessor", "postprocessor-*"),
+STOP_ORDER = (("envoy", "gateway-*"),
+              ("preprocessor", "preprocessor-*", "router", "router-*", "postprocessor", "postprocessor-*"),
               tuple(f"{kind}-*" for kind in WORKER_MODULES), ("nats", "nats-*"))
 
 
@@ -93,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-args", default=None,
                    help=f"flags passed to every engine worker, as one string (vllm default: {VLLM_CPU_ARGS!r})")
     p.add_argument("--gateways", type=int, default=1, help="gateway replicas behind Envoy")
+    p.add_argument("--preprocessors", type=int, default=1,
+                   help="preprocessor replicas (ports 9200, 9201, ...); each gateway spreads its calls over them")
     p.add_argument("--postprocessors", type=int, default=1,
                    help="postprocessor replicas (ports 9400, 9401, ...); each gateway keeps one multiplexed stream to "
                         "each and sends a request to the least busy")
@@ -159,6 +162,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_shape(args: argparse.Namespace) -> None:
     """Counts, limits and flag combinations (ValueError naming the flag); forwards --metrics-prefix."""
+    if args.preprocessors < 1 or (args.inproc and args.preprocessors != 1):
+        raise ValueError("--preprocessors must be at least 1, and the all-in-one shape (--inproc) has none of its "
+                         "own")
     if args.postprocessors < 1 or (args.inproc and args.postprocessors != 1):
         raise ValueError("--postprocessors must be at least 1, and the all-in-one shape (--inproc) has none of its "
                          "own")
@@ -301,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
                     service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES},
-                    postprocessors=args.postprocessors, nats_cluster=args.nats_cluster, **ports)
+                    preprocessors=args.preprocessors, postprocessors=args.postprocessors,
+                    nats_cluster=args.nats_cluster, **ports)
     # A fresh JetStream store per launch; a restarted NATS keeps it (-sd), so discovery survives it.
     for store in plan.nats_dirs:
         shutil.rmtree(store, ignore_errors=True)
@@ -370,6 +377,7 @@ def _placement(args: argparse.Namespace) -> dict:
     if args.free_ports:
         ports = {"gateway_ports": [free_port() for _ in range(args.gateways)],
                  "worker_ports": [free_port() for _ in range(workers)],
+                 "extra_preprocessor_ports": [free_port() for _ in range(args.preprocessors - 1)],
                  "extra_postprocessor_ports": [free_port() for _ in range(args.postprocessors - 1)],
                  "extra_nats_ports": [free_port() for _ in range(args.nats_cluster - 1)],
                  "nats_route_ports": [free_port() for _ in range(args.nats_cluster)],

@@ -15,6 +15,7 @@ from services.common.warmup import warm_each_new_model
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.core.renderers import load_chat_renderer
 from services.preprocessor.media.resolve import MediaResolver
+from services.preprocessor.media.uuid_store import SharedUuids
 from services.preprocessor.service import Preprocessor
 
 
@@ -35,10 +36,12 @@ def build(cfg: PreprocessorConfig, registry: WorkerRegistry) -> Built[Preprocess
         return dataclasses.replace(card, input_modalities=tuple(m for m in card.input_modalities if m in common))
 
     model_files = ModelFilesResolver(cfg.nats_url)  # tokenizer and template from NATS: no model volume needed
+    shared_uuids = (SharedUuids(cfg.nats_url, cfg.media.uuid_ttl_s, cfg.media.uuid_store_bytes)
+                    if cfg.media.uuid_store_bytes else None)
     preprocessor = Preprocessor(model_card, offload_threshold=cfg.offload_threshold,
                                 default_template_kwargs=cfg.default_chat_template_kwargs,
                                 hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none,
-                                chat_template=cfg.chat_template, media=MediaResolver(cfg.media),
+                                chat_template=cfg.chat_template, media=MediaResolver(cfg.media, shared=shared_uuids),
                                 model_files=model_files,
                                 chat_renderer=load_chat_renderer(cfg.chat_processor))  # vllm: seconds to import
     # A newly served model's tokenizer and template load now, not on its first request.

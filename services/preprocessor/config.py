@@ -96,6 +96,11 @@ def add_flags(p: Flags) -> None:
                "address (default: refused with a 400)")
     p.add("--media-uuid-cache-bytes", default=d.uuid_cache_bytes, type=int,
           help="bytes of recent media kept for parts that name only a uuid (0: none)")
+    p.add("--media-uuid-store-bytes", default=d.uuid_store_bytes, type=int,
+          help="bytes of media sent with a uuid kept in NATS for every preprocessor replica, oldest dropped "
+               "first (0: not shared); set by the replica that creates the stream")
+    p.add("--media-uuid-ttl-s", default=d.uuid_ttl_s, type=float,
+          help="seconds media sent with a uuid stays in the shared NATS store")
 
 
 def from_args(args: argparse.Namespace) -> PreprocessorConfig:
@@ -112,7 +117,9 @@ def from_args(args: argparse.Namespace) -> PreprocessorConfig:
                                                timeout_s=args.media_fetch_timeout_s,
                                                max_redirects=args.media_max_redirects,
                                                allow_private=args.media_allow_private_urls,
-                                               uuid_cache_bytes=args.media_uuid_cache_bytes))
+                                               uuid_cache_bytes=args.media_uuid_cache_bytes,
+                                               uuid_store_bytes=args.media_uuid_store_bytes,
+                                               uuid_ttl_s=args.media_uuid_ttl_s))
     cfg.validate()
     return cfg
 

@@ -24,8 +24,9 @@ from collections.abc import Callable
 import orjson
 from nats.aio.client import Client as NatsClient
 
-from services.common.discovery import WorkerCard, close_nats, connect_retrying, stop_if_cancelled
+from services.common.discovery import WorkerCard
 from services.common.kv_events import EVENTS_PREFIX, dump_subject
+from services.common.nats_connection import close_nats, connect_retrying, flush_in_order, stop_if_cancelled
 from services.router.core.kv_ingest import KvEventIngest, Verdict
 from services.router.core.lifecycle import LifecycleEvent
 
@@ -54,7 +55,7 @@ class KvEventSubscriber:
     async def start(self) -> None:
         self._nc = nc = await connect_retrying(self.nats_url, "router-kv-events")
         await nc.subscribe(f"{EVENTS_PREFIX}.>", cb=self._on_message)
-        await nc.flush()
+        await flush_in_order(nc)
         self.ready.set()
         for worker_id in self._waiting_for_nats:
             self._fetch_dump(worker_id)
@@ -147,7 +148,7 @@ class ReplicaSync:
     async def start(self) -> None:
         self._nc = nc = await connect_retrying(self.nats_url, self.router_id)
         await nc.subscribe(LIFECYCLE_SUBJECT, cb=self._on_message)
-        await nc.flush()  # the subscription is live before we publish or report ready
+        await flush_in_order(nc)  # the subscription is live before we publish or report ready
 
     def on_lifecycle(self, event: LifecycleEvent, remote: bool = False) -> None:
         if self._nc is None or remote:

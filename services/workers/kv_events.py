@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 import orjson
 from nats.aio.client import Client as NatsClient
 
-from services.common.discovery import close_nats, connect_retrying
 from services.common.kv_events import (
     DUMP_PREFIX,
     EVENTS_PREFIX,
@@ -40,6 +39,7 @@ from services.common.kv_events import (
     stored_event,
     subject_token,
 )
+from services.common.nats_connection import close_nats, connect_retrying
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ import time
 
 import pytest
 
+from bench import netns
 from services.launcher.envoy_config import render
 from services.launcher.plan import VENV_BIN
 from tests.conftest import IN_CI, MOCKER_SCRIPT
-from tests.deploy import netns
 
 pytestmark = pytest.mark.deploy
 

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from services.common.discovery import BUCKET, ModelCard, Registrar, WorkerCard, WorkerRegistry, connect, open_bucket
+from services.common.discovery import BUCKET, ModelCard, Registrar, WorkerCard, WorkerRegistry, open_bucket
+from services.common.nats_connection import connect
 from services.launcher.plan import free_port
 from services.launcher.processes import wait_port
 from tests.conftest import wait_for

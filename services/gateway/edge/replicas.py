@@ -22,7 +22,7 @@ import orjson
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
-from services.common.discovery import close_nats, connect_retrying
+from services.common.nats_connection import close_nats, connect_retrying
 from services.gateway.edge.exposition import Snapshot, render, snapshot
 
 log = logging.getLogger(__name__)

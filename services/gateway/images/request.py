@@ -10,6 +10,9 @@ compatibility (the mesh runs no moderation). Dynamo's extensions: ``nvext`` (``n
 ``num_inference_steps``, ``guidance_scale``, ``seed``) and the top-level ``input_reference`` (a
 base64 image or a ``data:`` URL) for image-to-image.
 
+The prompt, the inline image, the size and the checks against the model's limits that the Videos API makes
+too are services/gateway/media/request_fields.py's.
+
 Generations come as JSON; edits as multipart/form-data (``image`` or repeated ``image[]``, ``mask``),
 whose text fields are read here as the JSON ones are (numbers and booleans from their text). Checks
 against the model's limits (``MediaLimits``) are ``resolve``'s.
@@ -17,11 +20,8 @@ against the model's limits (``MediaLimits``) are ``resolve``'s.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import dataclasses
 import io
-import re
 import secrets
 from typing import Any
 
@@ -33,6 +33,7 @@ from services.common.discovery import MediaLimits
 from services.common.errors import InvalidRequest
 from services.gateway.core.fields import UINT32, UINT64, Fields, as_int
 from services.gateway.core.request import load_json
+from services.gateway.media import request_fields
 from services.gateway.media.multipart import Form, parse_form
 
 RESPONSE_FORMATS = ("b64_json", "url")
@@ -42,13 +43,10 @@ BACKGROUNDS = ("auto", "transparent", "opaque")
 MODERATIONS = ("auto", "low")
 MAX_N = 10
 MAX_PARTIAL_IMAGES = 3
-MAX_PROMPT_CHARS = 32_000
 # Input images as Pillow names them, from their bytes (never from a filename or content type).
 INPUT_FORMATS = {"PNG", "JPEG", "WEBP"}
 # Seeds the gateway draws: within every engine's generator range.
 DRAWN_SEED_BITS = 31
-_SIZE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,5})$")
-_DATA_URL = re.compile(r"^data:image/[a-z.+-]+;base64,", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,12 +73,7 @@ class ImageRequest:
 
 
 def _size(v: str | None) -> tuple[int, int] | None:
-    if v is None or v == "auto":
-        return None
-    m = _SIZE.match(v)
-    if not m:
-        raise InvalidRequest(f"'size' must be 'WIDTHxHEIGHT' (e.g. '1024x768') or 'auto'; got {v!r}", param="size")
-    return int(m.group(1)), int(m.group(2))
+    return None if v is None or v == "auto" else request_fields.parse_size(v)
 
 
 def _image(data: bytes, param: str) -> tuple[int, int]:
@@ -96,26 +89,9 @@ def _image(data: bytes, param: str) -> tuple[int, int]:
         raise InvalidRequest(f"'{param}' is not a readable PNG, JPEG or WebP image", param=param) from None
 
 
-def _reference(v: Any) -> bytes:
-    """Dynamo's ``input_reference``: a base64 image, or a ``data:image/...;base64,`` URL."""
-    if not isinstance(v, str) or not v:
-        raise InvalidRequest("'input_reference' must be a non-empty string: a base64 image or a data: URL",
-                             param="input_reference")
-    if v.startswith(("http://", "https://")):
-        raise InvalidRequest("'input_reference' must carry the image itself (base64 or a data: URL); the gateway "
-                             "does not fetch URLs", param="input_reference")
-    text = _DATA_URL.sub("", v, count=1)
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRequest("'input_reference' is not valid base64", param="input_reference") from None
-
-
 def _read(f: Fields, *, edit: bool) -> dict[str, Any]:
     """The fields both endpoints share, read from ``f``."""
-    prompt = f.required_str("prompt")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise InvalidRequest(f"'prompt' is longer than {MAX_PROMPT_CHARS} characters", param="prompt")
+    prompt = request_fields.prompt(f)
     out: dict[str, Any] = {
         "model": f.required_str("model"), "prompt": prompt, "edit": edit,
         "n": f.int("n", UINT32, lo=1, hi=MAX_N) or 1,
@@ -163,7 +139,7 @@ def parse_generation(raw: bytes) -> ImageRequest:
     fields = _read(f, edit=False)
     reference = f.raw("input_reference")
     if reference is not None:
-        fields["input_image"] = _reference(reference)
+        fields["input_image"] = request_fields.inline_image(reference, "input_reference")
         fields["input_size"] = _image(fields["input_image"], "input_reference")
     f.reject_unknown()
     return ImageRequest(**fields)
@@ -241,22 +217,12 @@ def resolve(req: ImageRequest, limits: MediaLimits, request_id: str) -> media_pb
     """The worker's request, once ``req`` is checked against the model's limits (each miss a 400 naming
     the parameter); draws the seed when the client gave none."""
     width, height = req.size or _auto_size(req, limits)
-    m = limits.size_multiple
-    if not (m <= width <= limits.max_width and m <= height <= limits.max_height) or width % m or height % m:
-        raise InvalidRequest(f"'size' {width}x{height} is not one this model makes: width {m}-{limits.max_width} "
-                             f"and height {m}-{limits.max_height}, each a multiple of {m}", param="size")
+    request_fields.check_size(width, height, limits)
     if req.n > limits.max_n:
         raise InvalidRequest(f"'n' must be at most {limits.max_n} for this model; got {req.n}", param="n")
-    steps = req.steps or limits.default_steps
-    if steps > limits.max_steps:
-        raise InvalidRequest(f"'nvext.num_inference_steps' must be at most {limits.max_steps} for this model; "
-                             f"got {steps}", param="nvext.num_inference_steps")
-    if req.output_format not in limits.output_formats:
-        raise InvalidRequest(f"'output_format' must be one of {', '.join(limits.output_formats)} for this model; "
-                             f"got {req.output_format!r}", param="output_format")
-    if req.input_image and not limits.takes_image:
-        param = "image" if req.edit else "input_reference"
-        raise InvalidRequest("this model does not take an input image", param=param)
+    steps = request_fields.check_steps(req.steps or limits.default_steps, limits)
+    request_fields.check_output_format(req.output_format, limits)
+    request_fields.check_input_image(req.input_image, limits, "image" if req.edit else "input_reference")
     seed = req.seed if req.seed is not None else secrets.randbits(DRAWN_SEED_BITS)
     if seed + req.n - 1 > UINT64.hi:  # output i uses seed + i
         raise InvalidRequest(f"'nvext.seed' + n - 1 must fit 64 bits; got seed {seed}", param="nvext.seed")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -34,9 +35,9 @@ import nats.errors
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from services.common.discovery import close_nats, connect_retrying, retry_until_open
 from services.common.errors import NotFound
-from services.common.jetstream_replicas import create_replicated
+from services.common.jetstream_replicas import create_replicated, publish_through_failover, through_failover
+from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
 from services.gateway.responses_api.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,8 @@ class MediaStore:
             async for data in chunks:
                 for piece in _pieces(data):
                     digest.update(piece)
-                    await js.publish(subject, piece, msg_ttl=ttl + DOWNLOAD_GRACE_S)
+                    await publish_through_failover(js, STREAM, subject, piece, timeout_s=self.wait_s,
+                                                   msg_ttl=ttl + DOWNLOAD_GRACE_S)
                     size += len(piece)
                     count += 1
             expires_at = time.time() + ttl
@@ -117,8 +119,9 @@ class MediaStore:
                 mtime=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 digest="SHA-256=" + base64.urlsafe_b64encode(digest.digest()).decode(),
                 headers={CONTENT_TYPE: [content_type], EXPIRES: [f"{expires_at:.3f}"]})
-            await js.publish(_meta_subject(media_id), json.dumps(info.as_dict()).encode(),
-                             headers={api.Header.ROLLUP: "sub"}, msg_ttl=ttl + DOWNLOAD_GRACE_S)
+            await publish_through_failover(js, STREAM, _meta_subject(media_id), json.dumps(info.as_dict()).encode(),
+                                           timeout_s=self.wait_s, headers={api.Header.ROLLUP: "sub"},
+                                           msg_ttl=ttl + DOWNLOAD_GRACE_S)
         except BaseException as e:
             with contextlib.suppress(Exception):  # what was published of it is garbage now
                 await js.purge_stream(STREAM, subject=subject)
@@ -130,7 +133,7 @@ class MediaStore:
     async def _info(self, media_id: str) -> api.ObjectInfo:
         js = await self._stream()
         try:
-            msg = await js.get_last_msg(STREAM, _meta_subject(media_id))
+            msg = await through_failover(lambda: js.get_last_msg(STREAM, _meta_subject(media_id)), self.wait_s)
         except NotFoundError:
             raise _gone() from None
         except (TimeoutError, nats.errors.Error) as e:
@@ -153,7 +156,8 @@ class MediaStore:
         subject, seq = _chunk_subject(info.nuid), 1
         for _ in range(info.chunks or 0):
             try:
-                msg = await js.get_msg(STREAM, seq=seq, subject=subject, next=True, direct=True)
+                msg = await through_failover(functools.partial(js.get_msg, STREAM, seq=seq, subject=subject, next=True,
+                                                               direct=True), self.wait_s)
             except NotFoundError:
                 # Deleted while it was being read (an expiry leaves DOWNLOAD_GRACE_S for that).
                 raise _gone() from None
@@ -174,9 +178,10 @@ class MediaStore:
         js = await self._stream()
         info.deleted, info.size, info.chunks, info.digest = True, 0, 0, ""
         try:
-            await js.publish(_meta_subject(media_id), json.dumps(info.as_dict()).encode(),
-                             headers={api.Header.ROLLUP: "sub"}, msg_ttl=self.ttl_s)
-            await js.purge_stream(STREAM, subject=_chunk_subject(info.nuid))
+            await publish_through_failover(js, STREAM, _meta_subject(media_id), json.dumps(info.as_dict()).encode(),
+                                           timeout_s=self.wait_s, headers={api.Header.ROLLUP: "sub"},
+                                           msg_ttl=self.ttl_s)
+            await through_failover(lambda: js.purge_stream(STREAM, subject=_chunk_subject(info.nuid)), self.wait_s)
         except (TimeoutError, nats.errors.Error) as e:
             raise StoreUnavailable(f"could not remove it from the media store ({e or type(e).__name__})") from None
         return True

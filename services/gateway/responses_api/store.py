@@ -27,9 +27,9 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.common.discovery import close_nats, connect_retrying, retry_until_open
 from services.common.errors import MeshError
-from services.common.jetstream_replicas import create_replicated, through_failover
+from services.common.jetstream_replicas import create_replicated, publish_through_failover, through_failover
+from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +84,14 @@ class ResponseStore:
         return self._kv
 
     async def put(self, response_id: str, record: dict[str, Any]) -> None:
-        kv = await self._bucket()
+        await self._bucket()
+        assert self._nc is not None
         try:
-            await through_failover(lambda: kv.create(response_id, encode(record), msg_ttl=self.ttl_s), self.wait_s)
+            # KeyValue.create's write, through publish_through_failover: a create retried after the dying leader
+            # stored it would otherwise meet its own record and fail.
+            await publish_through_failover(self._nc.jetstream(), f"KV_{BUCKET}", f"$KV.{BUCKET}.{response_id}",
+                                           encode(record), timeout_s=self.wait_s, msg_ttl=self.ttl_s,
+                                           headers={"Nats-Expected-Last-Subject-Sequence": "0"})
         except (TimeoutError, nats.errors.Error) as e:
             raise StoreUnavailable(f"could not store response {response_id} ({e or type(e).__name__}); "
                                    "send 'store': false to skip storing") from None

@@ -30,16 +30,19 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.common.discovery import close_nats, connect_retrying, retry_until_open
-from services.common.jetstream_replicas import create_replicated
+from services.common.jetstream_replicas import (
+    WRONG_LAST,
+    create_replicated,
+    publish_through_failover,
+    through_failover,
+)
+from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
 from services.gateway.responses_api.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 BUCKET = "meshfront_video_jobs"
 _KEY = re.compile(r"^video_[A-Za-z0-9_-]{1,64}$")
-# JetStream's "wrong last sequence" codes: the compare-and-set lost.
-_WRONG_LAST = (10071, 10164)
 
 
 class LeaseLost(Exception):
@@ -92,10 +95,11 @@ class JobStore:
         ttl = max(1, math.ceil(record["expires_at"] - time.time()))
         headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
         try:
-            ack = await asyncio.wait_for(self._nc.jetstream().publish(
-                f"$KV.{BUCKET}.{video_id}", orjson.dumps(record), headers=headers, msg_ttl=ttl), self.wait_s)
+            ack = await publish_through_failover(self._nc.jetstream(), f"KV_{BUCKET}", f"$KV.{BUCKET}.{video_id}",
+                                                 orjson.dumps(record), timeout_s=self.wait_s, headers=headers,
+                                                 msg_ttl=ttl)
         except APIError as e:
-            if e.err_code in _WRONG_LAST:
+            if e.err_code in WRONG_LAST:
                 raise LeaseLost(video_id) from None
             raise StoreUnavailable(f"could not store video job {video_id} ({e})") from None
         except (TimeoutError, nats.errors.Error) as e:
@@ -116,7 +120,7 @@ class JobStore:
             return None
         kv = await self._bucket()
         try:
-            entry = await asyncio.wait_for(kv.get(video_id), self.wait_s)
+            entry = await through_failover(lambda: kv.get(video_id), self.wait_s)
         except KeyNotFoundError:
             return None
         except (TimeoutError, nats.errors.Error) as e:
@@ -133,7 +137,7 @@ class JobStore:
         """Every live job (the list endpoint and the takeover sweep read the whole bucket: jobs are few)."""
         kv = await self._bucket()
         try:
-            keys = await asyncio.wait_for(kv.keys(), self.wait_s)
+            keys = await through_failover(kv.keys, self.wait_s)
         except nats.js.errors.NoKeysError:
             return []
         except (TimeoutError, nats.errors.Error) as e:
@@ -145,7 +149,7 @@ class JobStore:
         kv = await self._bucket()
         try:
             # The purge marker expires too, so deleted jobs leave nothing behind.
-            await asyncio.wait_for(kv.purge(video_id, msg_ttl=60), self.wait_s)
+            await through_failover(lambda: kv.purge(video_id, msg_ttl=60), self.wait_s)
         except (TimeoutError, nats.errors.Error) as e:
             raise StoreUnavailable(f"could not delete video job {video_id} ({e or type(e).__name__})") from None
 

@@ -16,15 +16,14 @@ Two shapes reach POST /v1/videos (docs/media.md, "Endpoints: videos"):
 Both parse into ``VideoParams`` (what the client gave); ``resolve`` then checks it against the model's
 ``MediaLimits`` and fills the defaults, giving the ``VideoSpec`` a job runs. ``seconds``, ``fps`` and
 ``num_frames`` must agree: num_frames = round(seconds * fps); two given that disagree are a 400 naming
-both, and the one left out follows from the others.
+both, and the one left out follows from the others. The prompt, the inline image, the size and the checks
+against the model's limits that the Images API makes too are services/gateway/media/request_fields.py's.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import dataclasses
-import re
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -35,19 +34,17 @@ from services.common.discovery import MediaLimits
 from services.common.errors import InvalidRequest
 from services.gateway.core.fields import INT64, UINT32, Fields, check_float
 from services.gateway.core.request import load_json
+from services.gateway.media import request_fields
 from services.gateway.media.multipart import Form
 
 VIDEO_FORMATS = ("mp4", "mjpeg")
 RESPONSE_FORMATS = ("url", "b64_json")
 # What makes a JSON body on POST /v1/videos Dynamo's synchronous shape rather than an OpenAI job.
 SYNC_MARKERS = ("response_format", "output_format", "nvext", "stream")
-MAX_PROMPT_CHARS = 32_000
 MAX_FPS = 120.0
 MAX_GUIDANCE = 100.0
 # A seed the gateway draws fits int64 (JSON readers in other languages, the job record), well inside uint64.
 SEED_BITS = 62
-_SIZE = re.compile(r"^([0-9]{1,5})x([0-9]{1,5})$")
-_DATA_URL = re.compile(r"^data:image/(png|jpeg|jpg|webp);base64,(.*)$", re.S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,14 +114,6 @@ def is_sync_shape(body: bytes, content_type: str) -> bool:
     return isinstance(parsed, dict) and any(k in parsed for k in SYNC_MARKERS)
 
 
-def _prompt(f: Fields) -> str:
-    prompt = f.required_str("prompt")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise InvalidRequest(f"'prompt' may hold at most {MAX_PROMPT_CHARS} characters; got {len(prompt)}",
-                             param="prompt")
-    return prompt
-
-
 def _seconds(v: Any) -> float | None:
     """OpenAI sends a string ("4"), Dynamo an integer; either is a positive number of seconds."""
     if v is None:
@@ -137,24 +126,6 @@ def _seconds(v: Any) -> float | None:
     return check_float(v, "seconds", lo=0.001)
 
 
-def decode_image(v: Any, param: str) -> bytes:
-    """An input image sent inline: a ``data:image/...;base64,`` URL or bare base64."""
-    if not isinstance(v, str) or not v:
-        raise InvalidRequest(f"'{param}' must be a data URL (data:image/png;base64,...) or base64 text", param=param)
-    m = _DATA_URL.match(v)
-    if v.startswith(("http://", "https://")):
-        raise InvalidRequest(f"'{param}': the gateway does not fetch URLs; send the image inline as a data URL",
-                             param=param)
-    try:
-        raw = base64.b64decode(m.group(2) if m else v, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRequest(f"'{param}' is not valid base64 (or a data:image/png|jpeg|webp;base64 URL)",
-                             param=param) from None
-    if not raw:
-        raise InvalidRequest(f"'{param}' is empty", param=param)
-    return raw
-
-
 def _openai_reference(v: Any) -> bytes:
     """A JSON create's ``input_reference``: ``{"image_url": <data URL>}`` (a file_id names OpenAI's storage)."""
     if not isinstance(v, dict):
@@ -163,7 +134,7 @@ def _openai_reference(v: Any) -> bytes:
     f = Fields(v, "input_reference.")
     url = f.required_str("image_url")
     f.reject_unknown()
-    return decode_image(url, "input_reference.image_url")
+    return request_fields.inline_image(url, "input_reference.image_url")
 
 
 def form_fields(form: Form) -> tuple[dict[str, str], dict[str, bytes]]:
@@ -190,8 +161,9 @@ def parse_openai(form: Mapping[str, str], files: Mapping[str, bytes]) -> VideoPa
         raise InvalidRequest(f"Unsupported file part(s): {', '.join(repr(k) for k in unknown_files)}",
                              param=unknown_files[0])
     f = Fields(dict(form))
-    params = VideoParams(model=f.required_str("model"), prompt=_prompt(f), seconds=_seconds(f.str("seconds")),
-                         size=f.str("size"), input_image=files.get("input_reference", b""))
+    params = VideoParams(model=f.required_str("model"), prompt=request_fields.prompt(f),
+                         seconds=_seconds(f.str("seconds")), size=f.str("size"),
+                         input_image=files.get("input_reference", b""))
     if f.raw("input_reference") is not None:  # a text part of that name: an image_url object as JSON text
         if params.input_image:
             raise InvalidRequest("'input_reference' is given twice", param="input_reference")
@@ -209,7 +181,7 @@ def parse_openai_json(raw: bytes) -> VideoParams:
     """OpenAI's job create sent as JSON (no file): the same fields."""
     body = load_json(raw)
     f = Fields(body)
-    model, prompt = f.required_str("model"), _prompt(f)
+    model, prompt = f.required_str("model"), request_fields.prompt(f)
     seconds = _seconds(f.raw("seconds"))
     size = f.str("size")
     ref = f.raw("input_reference")
@@ -222,11 +194,11 @@ def parse_sync(raw: bytes) -> VideoParams:
     """Dynamo's ``NvCreateVideoRequest``."""
     body = load_json(raw)
     f = Fields(body)
-    model, prompt = f.required_str("model"), _prompt(f)
+    model, prompt = f.required_str("model"), request_fields.prompt(f)
     seconds = _seconds(f.raw("seconds"))
     size = f.str("size")
     ref = f.raw("input_reference")
-    image = decode_image(ref, "input_reference") if ref is not None else b""
+    image = request_fields.inline_image(ref, "input_reference") if ref is not None else b""
     user = f.str("user")
     response_format = f.str("response_format", allowed=RESPONSE_FORMATS) or "url"
     output_format = f.str("output_format", allowed=VIDEO_FORMATS) or "mp4"
@@ -251,16 +223,8 @@ def check_size(size: str | None, limits: MediaLimits) -> tuple[int, int]:
     """(width, height) of a "WxH" size within the model's limits; the model's default when None."""
     if size is None:
         return limits.default_width, limits.default_height
-    m = _SIZE.match(size)
-    if not m:
-        raise InvalidRequest(f"'size' must be WIDTHxHEIGHT in pixels (e.g. 1280x720); got {size!r}", param="size")
-    w, h = int(m.group(1)), int(m.group(2))
-    if not (1 <= w <= limits.max_width and 1 <= h <= limits.max_height):
-        raise InvalidRequest(f"'size' {size} is beyond this model's largest, {limits.max_width}x{limits.max_height}",
-                             param="size")
-    if w % limits.size_multiple or h % limits.size_multiple:
-        raise InvalidRequest(f"'size' must be a multiple of {limits.size_multiple} in both dimensions for this "
-                             f"model; got {size}", param="size")
+    w, h = request_fields.parse_size(size)
+    request_fields.check_size(w, h, limits)
     return w, h
 
 
@@ -294,16 +258,9 @@ def resolve(p: VideoParams, limits: MediaLimits) -> VideoSpec:
     """Checks ``p`` against the model's limits and fills what it left out (the seed too: drawn here)."""
     width, height = check_size(p.size, limits)
     fps, frames = _timing(p, limits)
-    steps = p.steps if p.steps is not None else limits.default_steps
-    if steps > limits.max_steps:
-        raise InvalidRequest(f"'nvext.num_inference_steps' must be at most {limits.max_steps} for this model; "
-                             f"got {steps}", param="nvext.num_inference_steps")
-    if p.output_format not in limits.output_formats:
-        raise InvalidRequest(f"this model encodes {', '.join(limits.output_formats)}; got "
-                             f"'output_format' {p.output_format!r}", param="output_format")
-    if p.input_image and not limits.takes_image:
-        raise InvalidRequest("this model does not take an input image; leave 'input_reference' out",
-                             param="input_reference")
+    steps = request_fields.check_steps(p.steps if p.steps is not None else limits.default_steps, limits)
+    request_fields.check_output_format(p.output_format, limits)
+    request_fields.check_input_image(p.input_image, limits, "input_reference")
     seed = p.seed if p.seed is not None else secrets.randbits(SEED_BITS)
     return VideoSpec(model=p.model, prompt=p.prompt, width=width, height=height, fps=fps, num_frames=frames,
                      steps=steps, seed=seed, output_format=p.output_format, negative_prompt=p.negative_prompt,

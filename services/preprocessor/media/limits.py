@@ -9,6 +9,8 @@ DEFAULT_MAX_ITEMS = 16
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_REDIRECTS = 3
 DEFAULT_UUID_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_UUID_STORE_BYTES = 1024 * 1024 * 1024
+DEFAULT_UUID_TTL_S = 3600.0
 # Every item's bytes travel in the one request message a worker receives, whose gRPC limit is 64 MiB
 # (services/common/grpc_server.py MAX_MESSAGE_BYTES): half of it for media leaves the prompt its room.
 MAX_REQUEST_MEDIA_BYTES = 32 * 1024 * 1024
@@ -28,6 +30,10 @@ class MediaLimits:
     allow_private: bool = False
     # Bytes of media kept for parts that name only a uuid (least recently used dropped first; 0: none kept).
     uuid_cache_bytes: int = DEFAULT_UUID_CACHE_BYTES
+    # Bytes of media by uuid in the NATS stream every preprocessor replica shares (uuid_store.py; oldest dropped
+    # first; 0: not shared, each replica knows only the uuids it saw), and how long an item stays there.
+    uuid_store_bytes: int = DEFAULT_UUID_STORE_BYTES
+    uuid_ttl_s: float = DEFAULT_UUID_TTL_S
     # Most bytes of all of one request's media together (not a flag: bounded by the gRPC message size).
     max_total_bytes: int = MAX_REQUEST_MEDIA_BYTES
 
@@ -37,6 +43,8 @@ class MediaLimits:
             out.append("--media-max-bytes and --media-max-items must be positive")
         if self.timeout_s <= 0:
             out.append("--media-fetch-timeout-s must be positive")
-        if self.max_redirects < 0 or self.uuid_cache_bytes < 0:
-            out.append("--media-max-redirects and --media-uuid-cache-bytes must be >= 0")
+        if self.max_redirects < 0 or self.uuid_cache_bytes < 0 or self.uuid_store_bytes < 0:
+            out.append("--media-max-redirects, --media-uuid-cache-bytes and --media-uuid-store-bytes must be >= 0")
+        if self.uuid_ttl_s <= 0:
+            out.append("--media-uuid-ttl-s must be positive")
         return out

@@ -5,8 +5,9 @@
 - data URLs and ``input_audio`` data are decoded from base64 within the size bound.
 - Images are decoded with Pillow and videos with PyAV (``decode.py``), off the event loop.
 - A part that names only a ``uuid`` reuses the item sent with that uuid earlier in the request or in a
-  recent request (a bounded LRU of bytes in this process, as vLLM's processor cache is per engine); an
-  unknown uuid is a 400.
+  recent request: a bounded LRU of bytes in this process, in front of the store every preprocessor replica
+  shares (``uuid_store.py``), so the uuid is found whichever replica the part reaches; an unknown uuid is
+  a 400.
 
 Every refusal is an ``InvalidRequest`` naming the part and saying why.
 """
@@ -89,14 +90,36 @@ class UuidCache:
             self._bytes -= len(dropped.content)
 
 
+class SharedMedia(Protocol):
+    """Media by uuid shared with the other preprocessor replicas (``uuid_store.SharedUuids``)."""
+
+    async def get(self, uuid: str) -> Resolved | None: ...
+
+    async def put(self, uuid: str, item: Resolved) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class MediaResolver:
-    def __init__(self, limits: MediaLimits, fetcher: UrlFetcher | None = None):
+    def __init__(self, limits: MediaLimits, fetcher: UrlFetcher | None = None, shared: SharedMedia | None = None):
         self.limits = limits
         self._fetcher = fetcher or UrlFetcher(limits)
         self._uuids = UuidCache(limits.uuid_cache_bytes)
+        self._shared = shared
 
     async def close(self) -> None:
         await self._fetcher.close()
+        if self._shared is not None:
+            await self._shared.close()
+
+    async def _by_uuid(self, uuid: str) -> Resolved | None:
+        """This replica's item for ``uuid``, else the one another replica stored (then kept here too)."""
+        item = self._uuids.get(uuid)
+        if item is None and self._shared is not None:
+            item = await self._shared.get(uuid)
+            if item is not None:
+                self._uuids.put(uuid, item)
+        return item
 
     async def resolve(self, parts: Sequence[MediaPart]) -> list[Resolved]:
         """Each part's media, in order. Raises InvalidRequest for the first part that cannot be used."""
@@ -124,21 +147,25 @@ class MediaResolver:
         total = 0
         for part in parts:
             if not part.url and not part.data:  # a uuid-only reference
-                item = by_uuid.get(part.uuid) or self._uuids.get(part.uuid)
+                item = by_uuid.get(part.uuid) or await self._by_uuid(part.uuid)
                 if item is None:
                     raise _refuse(part, "uuid", f"no {part.modality} was sent with uuid {part.uuid!r} (send it once "
                                                 "with its URL and uuid)")
                 if item.modality != part.modality:
                     raise _refuse(part, "uuid", f"uuid {part.uuid!r} names a {item.modality}, not a {part.modality}")
-            elif part.url and part.url in decoded:
-                item = decoded[part.url]
             else:
-                item = await self._load(part, fetches)
-                if part.url:
-                    decoded[part.url] = item
+                if part.url and part.url in decoded:
+                    item = decoded[part.url]
+                else:
+                    item = await self._load(part, fetches)
+                    if part.url:
+                        decoded[part.url] = item
+                if part.uuid:
+                    self._uuids.put(part.uuid, item)
+                    if self._shared is not None:  # awaited: the client's next request may reach another replica
+                        await self._shared.put(part.uuid, item)
             if part.uuid:
                 by_uuid[part.uuid] = item
-                self._uuids.put(part.uuid, item)
             out.append(item)
             total += len(item.content)
             if total > self.limits.max_total_bytes:

@@ -33,8 +33,12 @@ def test_descendants_survives_a_cycle():
 
 
 def test_descendants_of_a_live_process_finds_its_child():
+    # The child says it runs before its pid is printed: Popen returns once the exec has closed the child's
+    # close-on-exec pipe, before the kernel has set the new command line and name, so a label read then was
+    # the parent's name ("python") about a third of the time on a busy machine.
     code = ("import subprocess, sys, time; "
-            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; print(flush=True); time.sleep(30)'], "
+            "stdout=subprocess.PIPE); c.stdout.readline(); "
             "print(c.pid, flush=True); time.sleep(30)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     child = int(parent.stdout.readline())

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from services.common.discovery import close_nats
+from services.common.nats_connection import close_nats
 
 pytestmark = pytest.mark.unit
 

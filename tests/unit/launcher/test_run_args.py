@@ -55,6 +55,25 @@ def test_postprocessor_replicas_each_get_a_port_and_the_gateway_lists_them_all()
             parse_args(bad)
 
 
+def test_preprocessor_replicas_each_get_a_port_and_the_gateway_lists_them_all():
+    from services.launcher.plan import MeshPlan, WorkerSpec, specs
+    from services.launcher.run import STOP_ORDER, _placement
+
+    args = parse_args(["--preprocessors", "2", "--embedding-workers", "0", "--image-workers", "0",
+                       "--video-workers", "0"])
+    workers = [WorkerSpec("/models/demo", "demo", "mocker")] * args.workers
+    plan = MeshPlan(workers=workers, preprocessors=args.preprocessors, **_placement(args))
+    by_name = {s.name: s for s in specs(plan)}
+    assert {"preprocessor", "preprocessor-1"} <= by_name.keys() and "preprocessor-1" in plan.service_names()
+    assert by_name["preprocessor-1"].argv[by_name["preprocessor-1"].argv.index("--port") + 1] == "9201"
+    gateway = by_name["gateway-0"].argv
+    assert gateway[gateway.index("--preprocessor") + 1] == "ipv4:127.0.0.1:9200,127.0.0.1:9201"
+    assert "preprocessor-*" in STOP_ORDER[1]  # replicas stop with the stages, before the workers
+    for bad in (["--preprocessors", "0"], ["--inproc", "--preprocessors", "2"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
 @pytest.mark.parametrize("free_ports", [False, True])
 def test_nats_cluster_runs_three_routed_nodes_and_every_process_lists_them_all(free_ports):
     from services.launcher.plan import MeshPlan, WorkerSpec, specs

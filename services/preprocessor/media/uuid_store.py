@@ -1,0 +1,164 @@
+"""Media sent with a uuid, shared by every preprocessor replica through a NATS JetStream stream.
+
+A part naming only a uuid must find its media whichever replica the gateway's round robin picks, so the
+bytes sent with a uuid are written here as well as to the replica's own LRU (``resolve.UuidCache``), which
+stays in front: a hit there costs no NATS round trip. Entries are keyed by the uuid alone, as vLLM's
+processor cache and Dynamo key them (the uuid is the client's name for the content) and as the per-replica
+cache always has.
+
+Stream ``MESHFRONT_MEDIA_UUIDS``:
+
+- ``meshfront.media_uuids.M.<sha256 of the uuid>``: the item's description (JSON: modality, content hash,
+  size, chunk count, chunk subject, the decoded measurements), rolled up so the last write wins;
+- ``meshfront.media_uuids.C.<nuid>``: its bytes in 512 KiB chunks (NATS's default max payload is 1 MiB).
+
+Bounded by ``--media-uuid-ttl-s`` (max age) and ``--media-uuid-store-bytes`` (max bytes, oldest dropped
+first), both set by the replica that creates the stream. An item whose chunks were dropped before its
+description reads as a miss: every read is checked against the content hash. The store never fails a
+request: NATS away or a write refused is logged, and a read that cannot be made is a miss (the client is
+told to send the media again). Reads and writes wait out a leader election (``through_failover``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import secrets
+import time
+
+import nats
+import nats.errors
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from services.common.jetstream_replicas import create_replicated, publish_through_failover, through_failover
+from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
+from services.preprocessor.media import decode
+from services.preprocessor.media.resolve import Resolved, content_hash
+
+log = logging.getLogger(__name__)
+
+STREAM = "MESHFRONT_MEDIA_UUIDS"
+_PREFIX = "meshfront.media_uuids"
+CHUNK = 512 * 1024
+_TRY_S = 2.0  # one NATS call; a leader election is waited out in tries of this length
+_RECENT = 4096  # uuids this replica wrote lately: the same item sent again is not written again
+
+
+def _meta_subject(uuid: str) -> str:
+    return f"{_PREFIX}.M.{hashlib.sha256(uuid.encode()).hexdigest()}"
+
+
+def _chunk_subject(nuid: str) -> str:
+    return f"{_PREFIX}.C.{nuid}"
+
+
+class SharedUuids:
+    """The replicas' common uuid -> media map (``get``/``put``).
+
+    NATS is reached on the first use, by a background task that keeps trying; a request waits for it at most
+    ``connect_s`` (then its uuid is a miss, or its item is not shared), so NATS being away costs each request
+    that second at most, never a failure or a pile of connection attempts.
+    """
+
+    def __init__(self, nats_url: str, ttl_s: float, max_bytes: int, *, connect_s: float = 1.0):
+        self.nats_url = nats_url
+        self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
+        self.connect_s = connect_s
+        self._nc: nats.NATS | None = None
+        self._opening: asyncio.Task[nats.js.JetStreamContext] | None = None
+        self._written: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()
+
+    async def _stream(self) -> nats.js.JetStreamContext:
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._connect())
+        if self._opening.done():
+            return self._opening.result()
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._opening), self.connect_s)
+        except TimeoutError:
+            raise TimeoutError(f"NATS at {self.nats_url} not reached in {self.connect_s:g} s") from None
+
+    async def _connect(self) -> nats.js.JetStreamContext:
+        self._nc = await connect_retrying(self.nats_url, "preprocessor-uuids")
+        js = self._nc.jetstream(timeout=_TRY_S)
+        await retry_until_open(lambda: self._open(js), "media uuid stream")
+        return js
+
+    async def _open(self, js: nats.js.JetStreamContext) -> None:
+        try:
+            await js.stream_info(STREAM)
+            return
+        except NotFoundError:
+            pass
+
+        def config(replicas: int) -> api.StreamConfig:
+            return api.StreamConfig(name=STREAM, subjects=[f"{_PREFIX}.>"], max_age=self.ttl_s,
+                                    max_bytes=self.max_bytes, discard=api.DiscardPolicy.OLD,
+                                    allow_rollup_hdrs=True, allow_direct=True, num_replicas=replicas)
+
+        with contextlib.suppress(Exception):  # another replica may create it at the same moment
+            await create_replicated(lambda replicas: js.add_stream(config(replicas)))
+        await js.stream_info(STREAM)
+
+    async def put(self, uuid: str, item: Resolved) -> None:
+        """Stores ``item`` under ``uuid`` unless this replica stored the same content there lately."""
+        recent = self._written.get(uuid)
+        if recent is not None and recent[0] == item.content_hash and time.monotonic() - recent[1] < self.ttl_s / 2:
+            return
+        if len(item.content) > self.max_bytes:
+            return
+        try:
+            js = await self._stream()
+            nuid = secrets.token_hex(11)
+            pieces = [item.content[i:i + CHUNK] for i in range(0, len(item.content), CHUNK)]
+            for piece in pieces:
+                await publish_through_failover(js, STREAM, _chunk_subject(nuid), piece, timeout_s=_TRY_S)
+            meta = {"modality": item.modality, "content_hash": item.content_hash, "size": len(item.content),
+                    "chunks": len(pieces), "nuid": nuid, "info": dataclasses.asdict(item.info)}
+            await publish_through_failover(js, STREAM, _meta_subject(uuid), json.dumps(meta).encode(), timeout_s=_TRY_S,
+                                           headers={api.Header.ROLLUP: "sub"})
+        except (TimeoutError, nats.errors.Error, OSError) as e:
+            log.warning("media uuid %r not shared with the other preprocessors (%s)", uuid, e or type(e).__name__)
+            return
+        self._written[uuid] = (item.content_hash, time.monotonic())
+        self._written.move_to_end(uuid)
+        while len(self._written) > _RECENT:
+            self._written.popitem(last=False)
+
+    async def get(self, uuid: str) -> Resolved | None:
+        """The item stored under ``uuid``, or None (never stored, expired, dropped for room, or NATS away)."""
+        try:
+            js = await self._stream()
+            msg = await through_failover(lambda: js.get_last_msg(STREAM, _meta_subject(uuid), direct=True), _TRY_S)
+            meta = json.loads(msg.data or b"{}")
+            parts: list[bytes] = []
+            seq = 1
+            for _ in range(meta["chunks"]):
+                chunk = await through_failover(functools.partial(
+                    js.get_msg, STREAM, seq=seq, subject=_chunk_subject(meta["nuid"]), next=True, direct=True), _TRY_S)
+                assert chunk.seq is not None
+                seq = chunk.seq + 1
+                parts.append(chunk.data or b"")
+        except NotFoundError:
+            return None
+        except (TimeoutError, nats.errors.Error, OSError) as e:
+            log.warning("media uuid %r: the shared store cannot be read (%s)", uuid, e or type(e).__name__)
+            return None
+        content = b"".join(parts)
+        if len(content) != meta["size"] or content_hash(content) != meta["content_hash"]:
+            return None  # its first chunks were dropped for room before its description
+        return Resolved(meta["modality"], content, meta["content_hash"], decode.Decoded(**meta["info"]))
+
+    async def close(self) -> None:
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
+        await close_nats(self._nc)
+        self._nc, self._opening = None, None

@@ -1,0 +1,28 @@
+"""The bench runs from a checkout without the tests package: no bench module imports from ``tests``."""
+
+import ast
+import pathlib
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+BENCH = pathlib.Path(__file__).resolve().parents[3] / "bench"
+# Still borrowing from the tests: the render bench's reference renderer lives in a gateway unit test.
+NOT_YET = {"render.py"}
+
+
+def _imports_tests(path: pathlib.Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        found += [n for n in names if n == "tests" or n.startswith("tests.")]
+    return found
+
+
+def test_no_bench_module_imports_the_tests_package():
+    offenders = {p.name: found for p in sorted(BENCH.glob("*.py")) if p.name not in NOT_YET
+                 and (found := _imports_tests(p))}
+    assert offenders == {}
+    assert all(_imports_tests(BENCH / name) for name in NOT_YET)  # an entry here that no longer imports: drop it
