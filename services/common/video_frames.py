@@ -14,6 +14,7 @@ import io
 import math
 
 import av
+import numpy as np
 
 FPS = 2.0
 MIN_FRAMES = 4
@@ -45,18 +46,16 @@ def sampled_indices(frames: int, count: int) -> list[int]:
     return [round(i * (frames - 1) / (count - 1)) for i in range(count)]
 
 
-def decode_sampled(raw: bytes, temporal_patch_size: int = 2):
+def decode_sampled(raw: bytes, temporal_patch_size: int = 2) -> np.ndarray:
     """The sampled frames of a video's bytes as one ``(frames, height, width, 3)`` uint8 RGB array.
 
     Only the sampled frames are kept as pixels: a long clip's other frames are decoded and dropped.
     """
-    import numpy as np
-
     with av.open(io.BytesIO(raw), mode="r") as container:
         frames, duration = measure(container)
     indices = sampled_indices(frames, sampled_count(frames, duration, temporal_patch_size))
     wanted = set(indices)
-    kept: dict[int, object] = {}
+    kept: dict[int, np.ndarray] = {}
     with av.open(io.BytesIO(raw), mode="r") as container:
         for i, frame in enumerate(container.decode(container.streams.video[0])):
             if i in wanted:
