@@ -18,7 +18,8 @@ def png(width: int = 56, height: int = 56, seed: int = 0) -> bytes:
     return out.getvalue()
 
 
-def mp4(width: int = 64, height: int = 64, frames: int = 4, fps: int = 2) -> bytes:
+def mp4(width: int = 64, height: int = 64, frames: int = 4, fps: int = 2, seed: int = 0) -> bytes:
+    """An MPEG-4 clip whose frame i is red i * 40 % 256 (different seeds: different green, different bytes)."""
     import av
 
     out = io.BytesIO()
@@ -26,7 +27,8 @@ def mp4(width: int = 64, height: int = 64, frames: int = 4, fps: int = 2) -> byt
         stream = container.add_stream("mpeg4", rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         for i in range(frames):
-            frame = av.VideoFrame.from_image(Image.new("RGB", (width, height), (i * 40 % 256, 80, 160)))
+            color = (i * 40 % 256, (80 + seed * 50) % 256, 160)
+            frame = av.VideoFrame.from_image(Image.new("RGB", (width, height), color))
             for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():

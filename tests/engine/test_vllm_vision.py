@@ -22,7 +22,7 @@ from services.launcher.processes import Mesh
 from services.launcher.vision_demo import VLLM_VISION_ARGS
 from tests.conftest import ROOT, sdk_client, stop_cleanly
 from tests.engine.conftest import ENGINE_START_S, wait_workers
-from tests.media_samples import data_url, png
+from tests.media_samples import data_url, mp4, png
 from tests.mesh.conftest import wait_until
 
 pytestmark = pytest.mark.engine
@@ -31,6 +31,7 @@ MODEL = "meshfront/demo-qwen-vl"
 WORKERS = ("vllm-0", "vllm-1")
 BLOCK = 128  # vLLM's CPU block size
 IMAGE_TOKENS = 64  # a 224x224 image: (224 / 28) ** 2
+VIDEO_TOKENS = 32  # 2 s of 112x112 at 8 fps: 4 frames sampled, 2 temporal patches of (112 / 28) ** 2
 PREFIX = " ".join(f"note {i};" for i in range(60))  # 294 tokens before the image: two whole blocks
 TEXT_BLOCKS = 2
 
@@ -103,7 +104,7 @@ def indexed(mesh: Mesh, client, image_part: dict, tail: str):
 def ask(client, image: dict | None, tail: str = "what is in it?"):
     content: list[dict] = [{"type": "text", "text": PREFIX}]
     if image is not None:
-        content.append({"type": "image_url", **image})
+        content.append(image if "type" in image else {"type": "image_url", **image})
     content.append({"type": "text", "text": " ".join(f"{tail} {i}" for i in range(30))})
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
                                           max_tokens=2, temperature=0,
@@ -154,3 +155,19 @@ def test_a_uuid_names_the_image_sent_before_it(client, vision_mesh):
     assert worker_of(again) == worker_of(first)
     assert again.usage.prompt_tokens_details.cached_tokens >= (TEXT_BLOCKS + 1) * BLOCK
     assert again.choices[0].message.content == first.choices[0].message.content
+
+
+def video(seed: int) -> dict:
+    clip = mp4(112, 112, frames=16, fps=8, seed=seed)
+    return {"type": "video_url", "video_url": {"url": data_url(clip, "video/mp4")}}
+
+
+def test_a_video_answers_with_its_tokens_in_usage_and_is_cached_on_the_same_worker(client, vision_mesh):
+    text_only = ask(client, None, tail="clip")
+    first = indexed(vision_mesh, client, video(1), tail="clip")
+    assert first.usage.completion_tokens >= 1
+    assert VIDEO_TOKENS + 2 <= first.usage.prompt_tokens - text_only.usage.prompt_tokens <= VIDEO_TOKENS + 4
+    assert first.usage.prompt_tokens >= (TEXT_BLOCKS + 1) * BLOCK  # the block holding the video is full
+    again = ask(client, video(1), tail="clip")
+    assert worker_of(again) == worker_of(first)
+    assert again.usage.prompt_tokens_details.cached_tokens >= (TEXT_BLOCKS + 1) * BLOCK

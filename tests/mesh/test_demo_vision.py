@@ -1,5 +1,5 @@
 """`meshfront run --demo-vision` on the mocker: the launcher's own worker spec serves meshfront/demo-qwen-vl, and an
-image takes the token count the model directory's Qwen2-VL bounds give it."""
+image or a video takes the token count the model directory's Qwen2-VL bounds give it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from services.launcher.vision_demo import vision_workers
 from services.models.build import REPO_ROOT
 from services.models.qwen_vl import NAME
 from tests.conftest import sdk_client, stop_cleanly
-from tests.media_samples import data_url, png
+from tests.media_samples import data_url, mp4, png
 from tests.mesh.conftest import start_mesh
 
 pytestmark = pytest.mark.mesh
@@ -40,3 +40,16 @@ def test_an_image_takes_the_demo_models_qwen2_vl_count(demo_vision_mesh, size, t
         with_image = ask(client, {"type": "image_url", "image_url": {"url": data_url(png(*size))}}, text)
     # Its placeholder run, between <|vision_start|> and <|vision_end|> (and a newline before the text).
     assert with_image.usage.prompt_tokens - alone.usage.prompt_tokens == tokens + 3
+
+
+# Frames sampled 2 a second (at least 4), in temporal patches of 2, each frame within the video processor's bounds:
+# the demo has no video_preprocessor_config.json, so they are preprocessor_config.json's (224x224), as in vLLM.
+@pytest.mark.parametrize(("size", "frames", "fps", "tokens"), [((56, 56), 4, 2, 2 * 4), ((112, 112), 40, 8, 5 * 16),
+                                                              ((640, 480), 6, 30, 2 * 54)])
+def test_a_video_takes_the_demo_models_qwen2_vl_count(demo_vision_mesh, size, frames, fps, tokens):
+    with sdk_client(demo_vision_mesh, timeout=60) as client:
+        text = {"type": "text", "text": "What happens in the clip?"}
+        alone = ask(client, text)
+        clip = data_url(mp4(*size, frames=frames, fps=fps), "video/mp4")
+        with_video = ask(client, {"type": "video_url", "video_url": {"url": clip}}, text)
+    assert with_video.usage.prompt_tokens - alone.usage.prompt_tokens == tokens + 3

@@ -161,6 +161,11 @@ def test_image_tokens_count_in_usage(client):
     video = ask(client, {"type": "video_url", "video_url": {"url": data_url(mp4(56, 56, frames=4), "video/mp4")}},
                 max_tokens=1)
     assert video.usage.prompt_tokens > text_only.usage.prompt_tokens
+    # Frames are sampled 2 a second but never fewer than 4 (services/common/video_frames.py): a 1-second
+    # 30-frame clip of the same size takes the same 2 temporal patches as the 4-frame one.
+    short = ask(client, {"type": "video_url", "video_url": {"url": data_url(mp4(56, 56, frames=30, fps=30),
+                                                                             "video/mp4")}}, max_tokens=1)
+    assert short.usage.prompt_tokens == video.usage.prompt_tokens
 
 
 def test_the_same_image_goes_to_the_same_worker_with_cached_tokens(vision_mesh, client):
@@ -211,4 +216,5 @@ def test_undeclared_modalities_are_400(client):
     audio = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
     with pytest.raises(openai.BadRequestError) as e:
         ask(client, audio)
-    assert "does not accept audio input" in e.value.body["message"]
+    assert "does not accept audio input (it accepts: image, video)" in e.value.body["message"]
+    assert e.value.body["param"] == "messages" and e.value.body["code"] == "unsupported_modality"

@@ -15,9 +15,14 @@ import warnings
 import av
 from PIL import Image, UnidentifiedImageError
 
+from services.common import video_frames
+
 # A decoded frame larger than this is refused before its pixels are decoded (a decompression bomb is a
 # small file that decodes to gigabytes). ~8k x 8k.
 MAX_PIXELS = 64 * 1024 * 1024
+# The frames a worker decodes from one video (services/common/video_frames.py) are held as RGB pixels until
+# the engine resizes them: a long high-resolution clip is refused rather than exhausting a worker's memory.
+MAX_SAMPLED_VIDEO_BYTES = 1024 * 1024 * 1024
 _DATA_URL = re.compile(r"^data:([A-Za-z0-9.+-]+/[A-Za-z0-9.+-]+)(?:;[A-Za-z0-9=.+-]+)*;base64,(.*)$", re.DOTALL)
 AUDIO_MIME = {"wav": "audio/wav", "mp3": "audio/mpeg"}
 _VIDEO_MIME = {"mov,mp4,m4a,3gp,3g2,mj2": "video/mp4", "matroska,webm": "video/webm", "avi": "video/x-msvideo"}
@@ -82,7 +87,8 @@ def decode_image(raw: bytes) -> Decoded:
 
 
 def decode_video(raw: bytes) -> Decoded:
-    """Opens the container, finds a video stream and decodes its first frame."""
+    """Opens the container, finds a video stream, decodes its first frame and counts its frames
+    (services/common/video_frames.py: the count the vLLM worker samples frames by)."""
     try:
         with av.open(io.BytesIO(raw), mode="r") as container:
             # FFmpeg reads a still image (PNG, JPEG) as a one-frame "video"; a video part must be a video.
@@ -97,13 +103,15 @@ def decode_video(raw: bytes) -> Decoded:
             width, height = first.width, first.height
             if width * height > MAX_PIXELS:
                 raise DecodeRefused(f"its frames are {width}x{height} pixels; the limit is {MAX_PIXELS} pixels")
-            duration = float(stream.duration * stream.time_base) if stream.duration and stream.time_base else 0.0
-            if not duration and container.duration:
-                duration = container.duration / av.time_base
-            frames = stream.frames or (round(duration * float(stream.average_rate)) if stream.average_rate else 1)
             mime = _VIDEO_MIME.get(container.format.name, f"video/{container.format.name.split(',')[0]}")
+        with av.open(io.BytesIO(raw), mode="r") as container:
+            frames, duration = video_frames.measure(container)
     except DecodeRefused:
         raise
     except (av.FFmpegError, StopIteration, ValueError, OSError):
         raise DecodeRefused("it is not a video this service can decode") from None
+    sampled = video_frames.sampled_count(max(1, frames), duration)
+    if sampled * width * height * 3 > MAX_SAMPLED_VIDEO_BYTES:
+        raise DecodeRefused(f"its {sampled} sampled frames of {width}x{height} pixels come to more than "
+                            f"{MAX_SAMPLED_VIDEO_BYTES} bytes decoded; send a shorter or smaller video")
     return Decoded(mime, width, height, frames=max(1, frames), duration_s=duration)

@@ -2,9 +2,11 @@
 
 The counts follow Qwen2-VL's image processor (``smart_resize``): the image is resized to multiples of
 patch_size x merge_size (28 px) with its pixel count kept within [min_pixels, max_pixels], and each
-28 x 28 tile becomes one token. A video samples 2 frames a second, two frames per temporal patch, each
-frame within Qwen2-VL's video pixel bounds. The bounds come from the model directory's
-``preprocessor_config.json`` when it has them, else Qwen2-VL's defaults.
+28 x 28 tile becomes one token. A video's frames are sampled by services/common/video_frames.py (2 a
+second, the rule the vLLM worker decodes by), two frames per temporal patch, each frame resized within the
+video processor's pixel bounds. The bounds come from the model directory as transformers reads them: images
+from ``preprocessor_config.json``; videos from ``video_preprocessor_config.json``, else from
+``preprocessor_config.json`` too (transformers' fallback), else Qwen2-VL's video defaults.
 
 The chat template renders each image as one ``<|image_pad|>`` (video: ``<|video_pad|>``); placing expands
 the n-th placeholder of a modality into the n-th item's token count, as vLLM's processor does, so the
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from services.common import video_frames
 from services.common.errors import InvalidRequest
 
 PLACEHOLDERS = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
@@ -28,10 +31,9 @@ PLACEHOLDERS = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
 MARKERS = {"image": "<|vision_start|><|image_pad|><|vision_end|>",
            "video": "<|vision_start|><|video_pad|><|vision_end|>"}
 MAX_ASPECT_RATIO = 200
-VIDEO_FPS = 2.0
+# Qwen2VLVideoProcessor's bounds, for a model directory that configures no video processor.
 VIDEO_MIN_PIXELS = 128 * 28 * 28
 VIDEO_MAX_PIXELS = 768 * 28 * 28
-VIDEO_MAX_FRAMES = 768
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,8 @@ class VisionSpec:
     temporal_patch_size: int = 2
     min_pixels: int = 56 * 56
     max_pixels: int = 14 * 14 * 4 * 16384  # Qwen2-VL's preprocessor_config.json: 12845056
+    video_min_pixels: int = VIDEO_MIN_PIXELS
+    video_max_pixels: int = VIDEO_MAX_PIXELS
     placeholder_ids: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
@@ -55,18 +59,30 @@ class VisionSpec:
 
 
 def load_spec(model_dir: str, tokenizer: Tokenizer) -> VisionSpec:
-    """The spec from ``preprocessor_config.json`` (if present) and the tokenizer's placeholder tokens."""
+    """The spec from the model's processor configs (see the module doc) and its tokenizer's placeholder tokens."""
     ids = {m: i for m, tok in PLACEHOLDERS.items() if (i := tokenizer.token_to_id(tok)) is not None}
-    path = Path(model_dir) / "preprocessor_config.json"
-    cfg = json.loads(path.read_text()) if path.is_file() else {}
-    size: dict = cfg["size"] if isinstance(cfg.get("size"), dict) else {}
+    cfg = _read_config(Path(model_dir) / "preprocessor_config.json")
+    video_path = Path(model_dir) / "video_preprocessor_config.json"
+    video_cfg = _read_config(video_path) if video_path.is_file() else cfg
     base = VisionSpec()
+    min_pixels, max_pixels = _pixel_bounds(cfg, base.min_pixels, base.max_pixels)
+    video_min, video_max = _pixel_bounds(video_cfg, VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS)
     return VisionSpec(patch_size=int(cfg.get("patch_size", base.patch_size)),
                       merge_size=int(cfg.get("merge_size", base.merge_size)),
                       temporal_patch_size=int(cfg.get("temporal_patch_size", base.temporal_patch_size)),
-                      min_pixels=int(cfg.get("min_pixels", size.get("shortest_edge", base.min_pixels))),
-                      max_pixels=int(cfg.get("max_pixels", size.get("longest_edge", base.max_pixels))),
-                      placeholder_ids=ids)
+                      min_pixels=min_pixels, max_pixels=max_pixels, video_min_pixels=video_min,
+                      video_max_pixels=video_max, placeholder_ids=ids)
+
+
+def _read_config(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _pixel_bounds(cfg: dict, default_min: int, default_max: int) -> tuple[int, int]:
+    """A processor config's (min_pixels, max_pixels): its own keys win over ``size`` (as transformers' do)."""
+    size: dict = cfg["size"] if isinstance(cfg.get("size"), dict) else {}
+    return (int(cfg.get("min_pixels", size.get("shortest_edge", default_min))),
+            int(cfg.get("max_pixels", size.get("longest_edge", default_max))))
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -92,11 +108,8 @@ def image_tokens(width: int, height: int, spec: VisionSpec) -> int:
 
 
 def video_tokens(width: int, height: int, frames: int, duration_s: float, spec: VisionSpec) -> int:
-    sampled = round(duration_s * VIDEO_FPS) if duration_s > 0 else frames
-    # A one-frame clip still fills a temporal patch (the processor repeats the frame).
-    sampled = max(min(sampled, frames, VIDEO_MAX_FRAMES), spec.temporal_patch_size)
-    sampled -= sampled % spec.temporal_patch_size
-    h, w = smart_resize(height, width, spec.factor, VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS)
+    sampled = video_frames.sampled_count(frames, duration_s, spec.temporal_patch_size)
+    h, w = smart_resize(height, width, spec.factor, spec.video_min_pixels, spec.video_max_pixels)
     return (sampled // spec.temporal_patch_size) * (h // spec.factor) * (w // spec.factor)
 
 

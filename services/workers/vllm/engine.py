@@ -152,7 +152,8 @@ class VllmEngine:
         params = sampling_params(request, max_model_len=self.max_model_len, defaults=self._defaults,
                                  thinking_budgets=self._thinking_budgets)
         prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
-        if request.media:  # decoded images and their uuids (media.py); decoding is CPU work
+        if request.media:  # decoded media and their uuids, placeholders collapsed (media.py); decoding is CPU work
+            prompt["prompt_token_ids"] = media.engine_token_ids(request.token_ids, request.media)
             prompt.update(await asyncio.to_thread(media.multimodal_fields, request.media))
         eos = request.eos_token_ids
         top = request.logprobs

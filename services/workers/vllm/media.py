@@ -1,9 +1,16 @@
-"""Images for vLLM: what the preprocessor sent (services/workers/engine.py MediaInput) as vLLM's prompt.
+"""Images and videos for vLLM: what the preprocessor sent (services/workers/engine.py MediaInput) as vLLM's prompt.
 
-The preprocessor has fetched each image once, checked it, placed its placeholder tokens (already
-expanded to the count Qwen2-VL's processor gives, so vLLM finds them applied and keeps them) and
-hashed its bytes. Here each one becomes a decoded PIL image in ``multi_modal_data`` and gets a
-``multi_modal_uuids`` entry naming that content hash:
+The preprocessor has fetched each item once, checked it, placed its placeholder tokens (expanded to
+the count Qwen2-VL's processor gives, so the router's hashes and ``usage`` see the real prompt) and
+hashed its bytes. vLLM 0.32 expands every placeholder token it finds, an already expanded run included
+(it would turn N placeholders into 2N - 1), so ``engine_token_ids`` gives it each run collapsed back to
+the one placeholder the chat template wrote; vLLM expands it again to the same count
+(tests/engine_env/vllm/test_vllm_video.py checks vLLM's prompt equals the mesh's, token for token).
+
+Each image becomes a decoded PIL image in ``multi_modal_data`` and each video the
+``(frames, height, width, 3)`` array of the frames services/common/video_frames.py samples (the rule the
+preprocessor counted its tokens by; Qwen2-VL's video processor samples only when asked). Each gets a
+``multi_modal_uuids`` entry naming its content hash:
 
 - vLLM keys its processor and encoder caches on the uuid instead of hashing the pixels again; and
 - the uuid is what vLLM's KV events name a multimodal block by (``BlockStored.extra_keys``:
@@ -16,7 +23,7 @@ a client chose must not select another client's image from vLLM's caches.
 
 Which modalities a worker takes comes from the engine's model config (``input_modalities``), never a
 flag: those the model's processor supports, that ``--limit-mm-per-prompt`` leaves above 0, and that
-this adapter maps (images, for now).
+this adapter maps (images and videos; audio is not mapped: no model served here takes it).
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from services.common import video_frames
 from services.workers.engine import MediaInput, RequestRejected
 
-MAPPED_MODALITIES = ("image",)
+MAPPED_MODALITIES = ("image", "video")
 UUID_PREFIX = "xxh3:"  # then the content hash as 16 hex digits
 WITHOUT_TORCHVISION = Path(__file__).parent / "without_torchvision"
 
@@ -98,6 +106,19 @@ def extra_key_content_hashes(extra_keys: Sequence[Iterable[Any] | None] | None, 
     return out if any(out) else None
 
 
+def engine_token_ids(token_ids: Sequence[int], media: Sequence[MediaInput]) -> list[int]:
+    """The prompt as vLLM must receive it: each placed item's placeholder run as one placeholder."""
+    if not any(item.token_count for item in media):
+        return list(token_ids)
+    out: list[int] = []
+    cursor = 0
+    for item in sorted((i for i in media if i.token_count), key=lambda i: i.token_offset):
+        out += token_ids[cursor:item.token_offset + 1]
+        cursor = item.token_offset + item.token_count
+    out += token_ids[cursor:]
+    return out
+
+
 def decode_image(item: MediaInput):
     """The image's bytes as a PIL image, fully decoded (the preprocessor has already proved they decode)."""
     from PIL import Image, UnidentifiedImageError
@@ -110,8 +131,25 @@ def decode_image(item: MediaInput):
     return image
 
 
+def decode_video(item: MediaInput):
+    """The video's sampled frames (services/common/video_frames.py), as the preprocessor counted them."""
+    import av
+
+    try:
+        return video_frames.decode_sampled(item.content)
+    except (av.FFmpegError, ValueError, OSError) as e:
+        raise RequestRejected(f"a video could not be decoded: {e}") from None
+
+
+_DECODERS = {"image": decode_image, "video": decode_video}
+
+
 def multimodal_fields(media: Sequence[MediaInput]) -> dict[str, Any]:
     """``multi_modal_data`` and ``multi_modal_uuids`` for vLLM's prompt (empty without media).
+
+    A video is its sampled frames alone, with no metadata and no ``mm_processor_kwargs``: Qwen2-VL's video
+    processor then takes every frame (it samples only when asked), and vLLM keys the item on its uuid
+    (per-request processor kwargs would make vLLM hash the uuid with them, a name this worker did not give).
 
     Decoding is CPU work: the engine calls this in a thread.
     """
@@ -119,9 +157,9 @@ def multimodal_fields(media: Sequence[MediaInput]) -> dict[str, Any]:
         return {}
     data: dict[str, list[Any]] = {}
     uuids: dict[str, list[str]] = {}
-    # Only images reach here: the card declares nothing else (input_modalities) and the worker service
-    # refuses what the card does not declare.
+    # Only images and videos reach here: the card declares nothing else (input_modalities) and the worker
+    # service refuses what the card does not declare.
     for item in media:
-        data.setdefault(item.modality, []).append(decode_image(item))
+        data.setdefault(item.modality, []).append(_DECODERS[item.modality](item))
         uuids.setdefault(item.modality, []).append(mm_uuid(item.content_hash))
     return {"multi_modal_data": data, "multi_modal_uuids": uuids}
