@@ -1,6 +1,6 @@
 """Takes whatever of a stream is ready at once, so that it can be merged.
 
-Messages queue up as they arrive (a multiplexed call's queue, services/common/mux_client.py); the
+Messages queue up as they arrive (a multiplexed call's ``Inbox``, services/common/mux_client.py); the
 consumer takes everything queued at once. When the consumer (the gateway, then Envoy, then the
 client) is slower than the engine, several messages are waiting by the time it asks again, and they
 leave as one response instead of one each: the per-message cost of gRPC, not the logic, dominates the
