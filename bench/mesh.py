@@ -134,12 +134,14 @@ async def measure_level(url: str, pids: dict[str, int], cfg: MeshBenchConfig, sh
                        chunks_per_message=chunks_per_message(mux_before, mux_counts(metrics_ports)))
 
 
-def mux_counts(ports: Sequence[int]) -> dict[str, tuple[float, float]]:
-    """rpc -> (messages, chunks) the mesh's GenerateStream servers sent so far, over every scraped process."""
+def mux_counts(endpoints: Sequence[int | str]) -> dict[str, tuple[float, float]]:
+    """rpc -> (messages, chunks) the mesh's GenerateStream servers sent so far, over every scraped process.
+    An endpoint is a loopback port or ``host:port`` (the scale bench's processes each have a host)."""
     out: dict[str, tuple[float, float]] = {}
-    for port in ports:
+    for endpoint in endpoints:
+        where = f"127.0.0.1:{endpoint}" if isinstance(endpoint, int) else endpoint
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{where}/metrics", timeout=2) as r:
                 text = r.read().decode()
         except OSError:
             continue  # a process without metrics (or gone): its hop is just not reported

@@ -32,10 +32,10 @@ from collections.abc import Callable, Iterator, Sequence
 
 from bench import cpu
 from bench.loadgen import LoadSpec, open_connections, run_load
-from bench.mesh import run_async
+from bench.mesh import mux_counts, run_async
 from bench.prompts import PromptFactory
 from bench.scale_hosts import CpuHosts, cgroup_argv, inside_namespace
-from bench.scale_report import ScaleRow, bottleneck, process_group
+from bench.scale_report import ScaleRow, bottleneck, mux_cell, mux_per_request, process_group
 from bench.stats import summarize
 from services.launcher import envoy_config
 from services.launcher.plan import ROOT, VENV_BIN, worker_argv
@@ -44,7 +44,7 @@ Printer = Callable[[str], None]
 STAGES = ("gateway", "preprocessor", "router", "postprocessor", "allinone")
 KV_CASE = "router-kv"
 PORTS = {"gateway": 9100, "allinone": 9100, "preprocessor": 9200, "router": 9300, "postprocessor": 9400,
-         "nats": 4222, "envoy": 8000, "admin": 9901, "mocker": 9500}
+         "nats": 4222, "envoy": 8000, "admin": 9901, "mocker": 9500, "metrics": 9600}
 MODULES = {"gateway": "services.gateway", "allinone": "services.allinone", "preprocessor": "services.preprocessor",
            "router": "services.router", "postprocessor": "services.postprocessor"}
 # CPU cores per replica. Four replicas must fit next to an unthrottled rest that carries four times
@@ -93,6 +93,7 @@ class Proc:
     name: str  # gateway-0, preprocessor-1, mocker-0, nats, envoy ...
     argv: list[str]
     port: int
+    metrics_port: int = 0  # /metrics (0: none, e.g. NATS and Envoy): the bench scrapes the mux counters
 
 
 def _target(addresses: Sequence[str], port: int) -> str:
@@ -108,19 +109,23 @@ def topology(stage: str, replica_addrs: Sequence[str], rest: str, model_dir: str
     common = ["--nats-url", nats, "--log-level", cfg.log_level]
     procs = [Proc("rest", "nats", [str(VENV_BIN / "nats-server"), "-js", "-a", rest, "-p", str(PORTS["nats"]),
                                    "-sd", str(run_dir / "nats")], PORTS["nats"])]
+    metrics_ports = iter(range(PORTS["metrics"], PORTS["metrics"] + 100))  # distinct: the rest's share one address
     for i in range(cfg.workers):
-        port = PORTS["mocker"] + i
+        port, metrics = PORTS["mocker"] + i, next(metrics_ports)
         procs.append(Proc("rest", f"mocker-{i}", worker_argv(
             "mocker", "--host", rest, "--port", str(port), "--model-dir", model_dir, "--model-name", cfg.model_name,
-            *common, "--speedup-ratio", f"{cfg.speedup:g}", *worker_flags), port))
+            *common, "--metrics-port", str(metrics), "--speedup-ratio", f"{cfg.speedup:g}", *worker_flags), port,
+            metrics))
     hosts = {s: [rest] for s in ("gateway", "preprocessor", "router", "postprocessor")}
     if stage != "allinone":
         hosts[stage] = list(replica_addrs)
 
     def service(s: str, i: int, address: str, *extra: str) -> Proc:
         host = "rest" if address == rest else f"r{list(replica_addrs).index(address)}"
+        metrics = next(metrics_ports)
         return Proc(host, f"{s}-{i}", [sys.executable, "-m", MODULES[s], "--host", address, "--port",
-                                       str(PORTS[s]), *common, *extra], PORTS[s])
+                                       str(PORTS[s]), "--metrics-port", str(metrics), *common, *extra], PORTS[s],
+                    metrics)
 
     router = _target(hosts["router"], PORTS["router"])
     if stage == "allinone":
@@ -171,6 +176,7 @@ def run(cfg: ScaleConfig, emit: Printer) -> list[ScaleRow]:
                 row = run_row(cfg, case, stage, n, model_dir, emit)
             emit(f"[{case} x{n}] {row.req_per_s:.1f} req/s ({row.per_replica:.1f} per replica), {stage} CPU "
                  f"{row.stage_cpu_ms:.2f} ms/req, total {row.total_cpu_ms:.2f}, TTFT p50 {row.ttft_p50_ms:.0f} ms, "
+                 f"mux msgs/req (chunks/msg) {mux_cell(row.mux)}, "
                  f"{row.ok} ok / {row.errors} err, bg {row.bg_cores:.2f} cores"
                  + ("" if row.cached_share is None else f", cached {100 * row.cached_share:.1f} %")
                  + f"; bottleneck {row.verdict.bottleneck} ({row.verdict.evidence})")
@@ -207,7 +213,8 @@ def run_row(cfg: ScaleConfig, case: str, stage: str, replicas: int, model_dir: s
         with inside_namespace(lab.namespace("rest")):
             url = f"http://{rest}:{PORTS['envoy']}"
             _wait_ready(procs, lab, url, time.monotonic() + cfg.start_timeout_s, log_dir)
-            return run_async(_measure(cfg, case, stage, replicas, url, pids, groups, procs, kv))
+            metrics = [f"{lab.hosts[p.host]}:{p.metrics_port}" for p in procs if p.metrics_port]
+            return run_async(_measure(cfg, case, stage, replicas, url, pids, groups, procs, kv, metrics))
     except BaseException:
         emit(f"[{case} x{replicas}] failed; last log lines:\n" + _tails(log_dir))
         raise
@@ -273,7 +280,7 @@ def load_scale(cfg: ScaleConfig, replicas: int, kv: bool) -> int:
 
 
 async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: str, pids: dict[str, int],
-                   groups: CpuHosts, procs: Sequence[Proc], kv: bool) -> ScaleRow:
+                   groups: CpuHosts, procs: Sequence[Proc], kv: bool, metrics: Sequence[str] = ()) -> ScaleRow:
     per = load_scale(cfg, replicas, kv)
 
     def spec(requests: int) -> LoadSpec:
@@ -304,12 +311,14 @@ async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: 
     hosts = [f"r{i}" for i in range(replicas)]
     me = os.getpid()
     thr0 = [groups.throttling(h) for h in hosts]
+    mux0 = mux_counts(metrics)
     cpu0, client0, machine0, t0 = cpu.sample(pids), cpu.read_threads_cpu_ms(me), cpu.read_machine_busy_ms(), \
         time.monotonic()
     load = await run_load(load_spec, prompts, conns)
     t1, cpu1, client1, machine1 = time.monotonic(), cpu.sample(pids), cpu.read_threads_cpu_ms(me), \
         cpu.read_machine_busy_ms()
     throttling = [groups.throttling(h).minus(before) for h, before in zip(hosts, thr0, strict=True)]
+    mux1 = mux_counts(metrics)
     for c in conns:
         c.close()
     stats = summarize(load)
@@ -329,4 +338,5 @@ async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: 
     return ScaleRow(stage=stage, replicas=replicas, quota_cores=quota, ok=stats.ok, errors=stats.errors,
                     req_per_s=stats.req_per_s, stage_cpu_ms=stage_ms / ok, total_cpu_ms=usage.total_ms / ok,
                     ttft_p50_ms=stats.ttft_ms[50], ttft_p99_ms=stats.ttft_ms[99], verdict=verdict, bg_cores=bg,
-                    cached_share=cached, label=case if case != stage else "")
+                    cached_share=cached, label=case if case != stage else "",
+                    mux=mux_per_request(mux0, mux1, stats.ok))

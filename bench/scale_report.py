@@ -79,6 +79,8 @@ class ScaleRow:
     bg_cores: float  # other tenants' CPU during the window
     cached_share: float | None = None  # cached / prompt tokens (the router's kv case)
     label: str = ""  # the case's name when it is not the plain stage ("router-kv")
+    # rpc -> (messages per request, chunks per message) each multiplexed hop sent in the window.
+    mux: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -87,6 +89,34 @@ class ScaleRow:
     @property
     def per_replica(self) -> float:
         return self.req_per_s / self.replicas
+
+
+# The multiplexed hops by the rpc label of ``meshfront_mux_*`` (services/common/metrics.py), as the table names them.
+HOPS = {"worker.GenerateStream": "worker→post", "postprocessor.GenerateStream": "post→gw"}
+
+
+def mux_per_request(before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]],
+                    requests: int) -> dict[str, tuple[float, float]]:
+    """rpc -> (messages per request, chunks per message) from two scrapes of the ``meshfront_mux_*`` counters
+    (rpc -> (messages, chunks), bench.mesh.mux_counts) around a window that completed ``requests``.
+
+    Messages per request is what a hop costs (gRPC's cost is per message); chunks per message is how many
+    requests' outputs one message carried. A hop that sent nothing in the window has no figure."""
+    out = {}
+    for rpc, (messages, chunks) in after.items():
+        m0, c0 = before.get(rpc, (0.0, 0.0))
+        if messages > m0 and requests > 0:
+            out[rpc] = ((messages - m0) / requests, (chunks - c0) / (messages - m0))
+    return out
+
+
+def mux_cell(mux: Mapping[str, tuple[float, float]]) -> str:
+    """``worker→post 35.2 (7.1), post→gw 33.0 (7.6)``: messages per request (chunks per message) per hop."""
+    if not mux:
+        return "—"
+    return ", ".join(f"{HOPS.get(rpc, rpc)} {per_req:.1f} ({per_msg:.1f})"
+                     for rpc, (per_req, per_msg) in sorted(mux.items(), key=lambda kv: list(HOPS).index(kv[0])
+                                                            if kv[0] in HOPS else len(HOPS)))
 
 
 def against_one(rows: Sequence[ScaleRow]) -> dict[int, tuple[float, float]]:
@@ -127,7 +157,8 @@ def goal_lines(rows: Sequence[ScaleRow]) -> list[str]:
 
 
 HEADERS = ("stage", "replicas", "quota", "req/s", "req/s/replica", "x linear", "stage CPU ms/req", "vs 1",
-           "total CPU ms/req", "TTFT p50", "TTFT p99", "cached", "ok/err", "bg cores", "bottleneck")
+           "total CPU ms/req", "TTFT p50", "TTFT p99", "cached", "mux msgs/req (chunks/msg)", "ok/err", "bg cores",
+           "bottleneck")
 
 
 def cells(rows: Sequence[ScaleRow]) -> list[list[str]]:
@@ -139,7 +170,7 @@ def cells(rows: Sequence[ScaleRow]) -> list[list[str]]:
                     "—" if linear is None else f"{linear:.2f}", f"{r.stage_cpu_ms:.2f}",
                     "—" if cpu is None else f"{cpu:+.0%}", f"{r.total_cpu_ms:.2f}", f"{r.ttft_p50_ms:.0f}",
                     f"{r.ttft_p99_ms:.0f}", "—" if r.cached_share is None else f"{100 * r.cached_share:.1f} %",
-                    f"{r.ok}/{r.errors}", f"{r.bg_cores:.2f}", r.verdict.bottleneck])
+                    mux_cell(r.mux), f"{r.ok}/{r.errors}", f"{r.bg_cores:.2f}", r.verdict.bottleneck])
     return out
 
 
@@ -157,8 +188,11 @@ def text_table(rows: Sequence[ScaleRow]) -> str:
 
 LEGEND = ("quota = CPU cores per replica (its cgroup's quota: the size of the host it stands for); x linear = "
           "req/s per replica against the one-replica row; vs 1 = the stage's CPU per request (all its replicas) "
-          "against the one-replica row; TTFT in ms; cached = cached / prompt tokens; bg cores = CPU other "
-          "tenants used during the row; bottleneck = what held the row back (bench/scale_report.py: the stage "
+          "against the one-replica row; TTFT in ms; cached = cached / prompt tokens; mux = per multiplexed hop "
+          "(worker→post: workers to postprocessors, or to all-in-one gateways; post→gw: postprocessors to "
+          "gateways), the messages it sent per completed request and (in brackets) the requests' chunks one "
+          "message carried; bg cores = CPU other tenants used during the row; bottleneck = what held the row "
+          "back (bench/scale_report.py: the stage "
           f"when its replicas used >= {QUOTA_USED:.0%} of their quota and were throttled in >= "
           f"{THROTTLED_SHARE:.0%} of periods, else a process at >= {PROCESS_CORES} cores, else the machine when "
           f">= {MACHINE_BUSY:.0%} of its cores were busy).")

@@ -26,7 +26,7 @@ from google.rpc import status_pb2
 
 from services.common.assembly import cancel_within
 from services.common.errors import Draining, MeshError
-from services.common.pump import Batch, take_batch
+from services.common.pump import Batch, Inbox
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +61,21 @@ class Wire:
 class MuxCall(Generic[Resp]):
     """One request on a shared stream: its responses in order, then the end or an error."""
 
-    __slots__ = ("_id", "_queue", "_stream", "done")
+    __slots__ = ("_id", "_inbox", "_stream", "deliver", "done")
 
     def __init__(self, stream: MuxStream, seq_id: int):
         self._stream = stream
         self._id = seq_id
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._inbox = Inbox(_END)
+        self.deliver = self._inbox.put  # the demultiplexer's per-chunk call: the inbox's own, no hop
         self.done = False
 
     async def next_batch(self) -> Batch[Resp]:
         """Every response that arrived since the last call (at least one), then the end (also after our
         own cancel) or the call's ``MeshError``."""
-        batch: Batch[Resp] = await take_batch(self._queue, _END)
+        batch: Batch[Resp] = await self._inbox.take()
         if batch.ended:
-            self._queue.put_nowait(_END)  # every later call sees the end too
+            self._inbox.put(_END)  # every later call sees the end too
         return batch
 
     def cancel(self) -> None:
@@ -82,15 +83,12 @@ class MuxCall(Generic[Resp]):
         if not self.done:
             self.done = True
             self._stream.cancel(self._id)
-            self._queue.put_nowait(_END)  # our own cancel ends the call cleanly, as a per-request cancel does
+            self._inbox.put(_END)  # our own cancel ends the call cleanly, as a per-request cancel does
 
     def fail(self, error: MeshError) -> None:
         """Ends the call with ``error`` as its next outcome (the caller still cancels it at the peer)."""
         if not self.done:
-            self._queue.put_nowait(error)
-
-    def deliver(self, item: object) -> None:
-        self._queue.put_nowait(item)
+            self._inbox.put(error)
 
 
 class MuxStream:
@@ -153,8 +151,9 @@ class MuxStream:
                             self.draining = True
                         call.deliver(err)
                     else:
-                        call.deliver(chunk.response)
-                        if not chunk.response.finish_reason:
+                        response = chunk.response
+                        call.deliver(response)
+                        if not response.finish_reason:
                             continue
                         call.deliver(_END)
                     call.done = True

@@ -1,7 +1,7 @@
 """The postprocessor as a transport-free service: proto in, proto stream out.
 
 ``Postprocessor.generate`` opens the worker call, whose messages queue up as they arrive (the
-multiplexed call's own queue), and turns
+multiplexed call's own inbox), and turns
 every group of worker messages that is ready into at most one response. The gRPC server wraps
 it; the gateway can also call it in-process (then it must ``aclose()`` the generator when it stops
 early, which cancels the worker call).

@@ -125,10 +125,7 @@ class Pipeline:
             if total == 1:
                 async for deltas in self._stream(choices[0]):
                     if trace is not None:
-                        for delta in deltas:
-                            trace.on_output(delta.prompt_tokens if delta.counts_prompt else 0, delta.cached_tokens,
-                                            delta.finish_reason is not None, delta.index, delta.worker_id,
-                                            delta.prefill_worker_id, delta.kv_transfer_ms)
+                        _record(trace, deltas)
                     yield deltas
             else:
                 live = total
@@ -210,6 +207,15 @@ class Pipeline:
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+
+
+def _record(trace: RequestTrace, deltas: list[Delta]) -> None:
+    """One choice's outputs into its trace: only those that change it (the first output, the prompt's counts,
+    a move to another worker, the finish); a plain token in between would only cost a call per token."""
+    for d in deltas:
+        if d.prompt_tokens or d.finish_reason is not None or d.worker_id or trace.first_token is None:
+            trace.on_output(d.prompt_tokens if d.counts_prompt else 0, d.cached_tokens, d.finish_reason is not None,
+                            d.index, d.worker_id, d.prefill_worker_id, d.kv_transfer_ms)
 
 
 def decision_record(d: router_pb2.RoutingDecision) -> DecisionRecord:

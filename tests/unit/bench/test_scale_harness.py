@@ -142,3 +142,15 @@ def test_load_is_per_replica_but_the_same_for_every_router_kv_row():
     # Per replica, one router would see 120 requests and three 360: 16 groups' first misses alone
     # made three routers read 9 points more cached.
     assert [load_scale(cfg, n, kv=True) for n in (1, 3)] == [3, 3]
+
+
+def test_every_mesh_service_serves_metrics_on_a_port_of_its_own(tmp_path):
+    # The row scrapes the meshfront_mux_* counters of every worker and stage (messages per request per hop):
+    # the rest's processes share one address, so their metrics ports must differ.
+    procs = topology("postprocessor", ["10.214.0.20", "10.214.0.21"], "10.214.0.10", "/m", ScaleConfig(workers=2),
+                     tmp_path)
+    scraped = {p.name: p.metrics_port for p in procs if p.metrics_port}
+    assert set(scraped) == {"mocker-0", "mocker-1", "preprocessor-0", "router-0", "postprocessor-0",
+                            "postprocessor-1", "gateway-0"}
+    assert all(_flag(p.argv, "--metrics-port") == str(p.metrics_port) for p in procs if p.metrics_port)
+    assert len(set(scraped.values())) == len(scraped)

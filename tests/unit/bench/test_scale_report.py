@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from bench.scale_hosts import Throttling
-from bench.scale_report import ScaleRow, Verdict, against_one, bottleneck, goal_lines, markdown_table, process_group
+from bench.scale_report import (
+    ScaleRow,
+    Verdict,
+    against_one,
+    bottleneck,
+    goal_lines,
+    markdown_table,
+    mux_cell,
+    mux_per_request,
+    process_group,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -73,3 +83,15 @@ def test_router_replicas_compare_cached_share_in_points():
     (line,) = goal_lines(rows)
     assert line == "router-kv x3: cached share 57.1 % against 61.2 % with one router (-4.1 points): NOT met"
     assert "| router-kv | 3 | 0.1 | 80.0 | 26.7 | 0.89 |" in markdown_table(rows)
+
+
+def test_mux_traffic_is_messages_per_request_and_chunks_per_message_over_the_window():
+    before = {"worker.GenerateStream": (1000.0, 8000.0), "postprocessor.GenerateStream": (500.0, 2000.0)}
+    after = {"worker.GenerateStream": (3000.0, 24000.0), "postprocessor.GenerateStream": (500.0, 2000.0)}
+    # 2000 messages carrying 16000 chunks for 100 requests; the postprocessor's hop sent nothing: no figure.
+    assert mux_per_request(before, after, 100) == {"worker.GenerateStream": (20.0, 8.0)}
+    assert mux_per_request({}, after, 0) == {}  # no request completed: no division by 0
+    both = mux_per_request({}, {"postprocessor.GenerateStream": (330.0, 2640.0), "worker.GenerateStream": (350.0,
+                                                                                                          2450.0)}, 10)
+    assert mux_cell(both) == "worker→post 35.0 (7.0), post→gw 33.0 (8.0)"  # in the order a token travels
+    assert mux_cell({}) == "—"
