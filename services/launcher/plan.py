@@ -50,9 +50,9 @@ def worker_argv(kind: str, *args: str) -> list[str]:
     return [python, "-m", WORKER_MODULES[kind], *args]
 
 
-def preprocessor_engine(args: Sequence[str]) -> str | None:
-    """The engine environment the preprocessor runs from: the one its ``--chat-processor`` names (an engine's
-    renderer imports the engine); None for ours."""
+def chat_processor_engine(args: Sequence[str]) -> str | None:
+    """The engine environment a preprocessor or postprocessor runs from: the one its ``--chat-processor`` names
+    (an engine's renderer or parsers import the engine); None for ours."""
     value = None
     for i, arg in enumerate(args):
         if arg == "--chat-processor" and i + 1 < len(args):
@@ -301,10 +301,12 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
         out.append(ProcessSpec(f"{w.kind}-{i}", worker_argv(w.kind, "--port", str(port), "--model-dir", w.model_dir,
                                                             "--model-name", w.model_name, *common, *w.extra,
                                                             *plan.process_flags(f"{w.kind}-{i}")), port, env))
-    renderer_engine = preprocessor_engine(plan.service_args.get("preprocessor", ()))
-    if plan.inproc and renderer_engine is not None:
-        raise ValueError(f"--chat-processor {renderer_engine} for the preprocessor needs it as its own process "
-                         "(the all-in-one's preprocessor renders with ours)")
+    renderer_engine = chat_processor_engine(plan.service_args.get("preprocessor", ()))
+    parser_engine = chat_processor_engine(plan.service_args.get("postprocessor", ()))
+    for stage_name, engine in (("preprocessor", renderer_engine), ("postprocessor", parser_engine)):
+        if plan.inproc and engine is not None:
+            raise ValueError(f"--chat-processor {engine} for the {stage_name} needs it as its own process "
+                             f"(the all-in-one's {stage_name} runs from the mesh's environment)")
     if plan.inproc:
         gateway_module = "services.allinone"
         stage = ["--router-mode", plan.router_mode, *allinone_stage_args(plan)]
@@ -319,8 +321,9 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
                                     *common, *plan.service_args.get("router", ()), *plan.process_flags(name)),
                           port, env)
               for name, port in zip(_replica_names("router", plan.routers), plan.router_ports, strict=True)),
-            *(ProcessSpec(name, _py("services.postprocessor", "--port", str(port), "--router", plan.router_target,
-                                    *common, *plan.service_args.get("postprocessor", ()), *plan.process_flags(name)),
+            *(ProcessSpec(name, [str(ENGINES[parser_engine].python) if parser_engine else sys.executable,
+                                 "-m", "services.postprocessor", "--port", str(port), "--router", plan.router_target,
+                                 *common, *plan.service_args.get("postprocessor", ()), *plan.process_flags(name)],
                           port, env)
               for name, port in zip(_replica_names("postprocessor", plan.postprocessors), plan.postprocessor_ports,
                                     strict=True)),

@@ -35,8 +35,8 @@ from services.launcher.plan import (
     MeshPlan,
     ProcessSpec,
     WorkerSpec,
+    chat_processor_engine,
     free_port,
-    preprocessor_engine,
     specs,
 )
 from services.launcher.supervise import RestartPolicy, Spec, Supervisor
@@ -197,12 +197,13 @@ def _check_roles(args: argparse.Namespace) -> None:
 
 
 def _prepare_environments(args: argparse.Namespace) -> None:
-    """The environments the processes run from: an engine's for engine workers and for a preprocessor rendering
-    with that engine's renderer, the trace viewer's for --trace (built alike).
+    """The environments the processes run from: an engine's for engine workers and for a preprocessor or
+    postprocessor using that engine's renderer or parsers, the trace viewer's for --trace (built alike).
 
     Raises:
         EngineEnvError: a step of building one failed."""
-    engines = [e for e in (args.worker_kind, preprocessor_engine(args.preprocessor_flag)) if e in ENGINES]
+    engines = [e for e in (args.worker_kind, chat_processor_engine(args.preprocessor_flag),
+                           chat_processor_engine(args.postprocessor_flag)) if e in ENGINES]
     for kind in dict.fromkeys(engines + ["phoenix"] * args.trace):
         ensure_engine_env(kind, say=lambda line: print(line, flush=True))
 

@@ -6,6 +6,8 @@ so both shapes honour every postprocessor flag.
 
 from __future__ import annotations
 
+import logging
+
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
@@ -19,6 +21,7 @@ from services.postprocessor.mux_client import MuxWorkerClient
 from services.postprocessor.router_client import GrpcRouterClient
 from services.postprocessor.service import Postprocessor
 
+log = logging.getLogger(__name__)
 
 def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | None = None,
           router: RouterClient | None = None) -> Built[Postprocessor]:
@@ -29,6 +32,7 @@ def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.Mesh
     Raises ``ChatProcessorUnavailable`` when ``--chat-processor`` names an extra that is not installed.
     """
     chat_processor = load_chat_processor(cfg.chat_processor)  # vllm / sglang: their import takes seconds
+    log.info("output parsers: %s (--chat-processor)", chat_processor.name)
     closers = []
     if router is None and cfg.router and cfg.migration_limit:
         grpc_router = GrpcRouterClient(cfg.router, tls, cfg.router_wait_s)

@@ -23,7 +23,6 @@ from sglang.srt.disaggregation.kv_events import (
     KVEventsConfig,
     StorageMedium,
 )
-from sglang.srt.managers.schedule_batch import MM_PAD_SHIFT_VALUE, Modality, MultimodalDataItem
 
 from services.workers.engine_kv import BlocksRemoved, BlocksStored, CacheCleared, EngineKvEvent
 from services.workers.sglang.kv_media import DEFAULT_CAPACITY, MediaPads
@@ -40,6 +39,8 @@ def events_config(endpoint: str, replay_endpoint: str) -> str:
 def pad_values(content_hash: int) -> tuple[int, ...]:
     """The pad values SGLang gives an item whose ``mm_hashes`` entry is ``content_hash`` (what its tokenizer
     manager does with the entry: ``MultimodalDataItem.set_hash``)."""
+    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem  # see media_pads
+
     item = MultimodalDataItem(modality=Modality.IMAGE)
     item.set_hash(content_hash)
     return item.padding_values()
@@ -47,6 +48,10 @@ def pad_values(content_hash: int) -> tuple[int, ...]:
 
 def media_pads(capacity: int = DEFAULT_CAPACITY) -> MediaPads:
     """The worker's table of the pad values it gave SGLang (filled by the engine, read by ``batch_decoder``)."""
+    # Imported here, not with the module: schedule_batch imports SGLang's model-config registry, which imports
+    # torchvision, and a CPU engine environment has none (the worker's import check must pass without it).
+    from sglang.srt.managers.schedule_batch import MM_PAD_SHIFT_VALUE
+
     return MediaPads(pad_values, MM_PAD_SHIFT_VALUE, capacity)
 
 

@@ -18,7 +18,7 @@ from meshfront.preprocessor.v1 import preprocessor_pb2
 
 from services.common.discovery import ModelCard
 from services.launcher import engine_env
-from services.launcher.plan import WorkerSpec, ephemeral_plan, preprocessor_engine, specs
+from services.launcher.plan import WorkerSpec, chat_processor_engine, ephemeral_plan, specs
 from services.preprocessor.config import parse_config
 from services.preprocessor.core import prompt as core
 from services.preprocessor.core.renderers import (
@@ -94,9 +94,9 @@ async def test_ours_is_the_default_and_renders_as_before(demo_model_dir, artifac
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_the_launcher_starts_an_engine_rendering_preprocessor_from_the_engines_environment(tmp_path, demo_model_dir,
                                                                                             engine):
-    assert preprocessor_engine(["--chat-processor", engine]) == engine
-    assert preprocessor_engine(["--offload-threshold", "9", "--chat-processor=vllm"]) == "vllm"
-    assert preprocessor_engine(["--chat-processor", "ours"]) is None and preprocessor_engine([]) is None
+    assert chat_processor_engine(["--chat-processor", engine]) == engine
+    assert chat_processor_engine(["--offload-threshold", "9", "--chat-processor=vllm"]) == "vllm"
+    assert chat_processor_engine(["--chat-processor", "ours"]) is None and chat_processor_engine([]) is None
     workers = [WorkerSpec(str(demo_model_dir), "m", "mocker", ())]
     plan = ephemeral_plan(workers, run_dir=tmp_path)
     plan.service_args = {"preprocessor": ("--chat-processor", engine)}
@@ -105,6 +105,21 @@ def test_the_launcher_starts_an_engine_rendering_preprocessor_from_the_engines_e
     assert argv[argv.index("--chat-processor") + 1] == engine
     plain = ephemeral_plan(workers, run_dir=tmp_path)
     assert next(s.argv for s in specs(plain) if s.name == "preprocessor")[0] == sys.executable
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_launcher_starts_a_postprocessor_using_an_engines_parsers_from_the_engines_environment(
+        tmp_path, demo_model_dir, engine):
+    workers = [WorkerSpec(str(demo_model_dir), "m", "mocker", ())]
+    plan = ephemeral_plan(workers, run_dir=tmp_path)
+    plan.service_args = {"postprocessor": ("--chat-processor", engine)}
+    by_name = {s.name: s.argv for s in specs(plan)}
+    assert by_name["postprocessor"][:3] == [str(engine_env.ENGINES[engine].python), "-m", "services.postprocessor"]
+    assert by_name["preprocessor"][0] == sys.executable  # each stage follows its own flag
+    inproc = ephemeral_plan(workers, run_dir=tmp_path, inproc=True)
+    inproc.service_args = {"postprocessor": ("--chat-processor", engine)}
+    with pytest.raises(ValueError, match="postprocessor needs it as its own process"):
+        specs(inproc)
 
 
 def test_the_all_in_one_shape_refuses_an_engine_renderer(tmp_path, demo_model_dir):

@@ -43,6 +43,9 @@ class SglangOutputParser:
         self._new_id = new_id
         self._indices: dict[int, int] = {}  # SGLang's tool_index -> ours (calls that have a name)
         self._early_args: dict[int, str] = {}
+        self._tool_text: list[str] = []  # what went to the tool parser, for finish()
+        self._names: list[str] = []  # per our index: the call's name and the arguments streamed so far
+        self._sent_args: list[str] = []
 
     @property
     def tool_calls(self) -> int:
@@ -61,13 +64,33 @@ class SglangOutputParser:
             reasoning, content = reasoning or "", content or ""
         out = ParsedDelta(content, reasoning)
         if self._tools is not None and content:
+            self._tool_text.append(content)
             out.content, calls = self._tools.parse_stream_chunk(content)
             out.content = out.content or ""
             self._add_calls(out, calls)
         return out
 
     def finish(self) -> ParsedDelta:
-        return ParsedDelta()  # SGLang's streaming parsers have nothing to flush
+        """The arguments of announced calls that SGLang's streaming detector parsed but never streamed.
+
+        Its detector streams a call's arguments only while more text follows them: when the closing tag comes in
+        the same chunk as the arguments (which depends on how a worker's tokens were batched: the mocker at
+        speed, a speculative engine), they are dropped, and SGLang's own server then sends a call without
+        arguments. Here SGLang's non-streaming parse of the whole text (what its server answers a
+        non-streaming request with) supplies what is missing, call by call in order, for a call whose name and
+        streamed arguments it agrees with; a call the streaming parse never announced is left as SGLang's
+        streaming left it."""
+        out = ParsedDelta()
+        if self._tools is None or not self._indices:
+            return out
+        _normal, calls = self._tools.parse_non_stream("".join(self._tool_text))
+        for index, call in enumerate(calls[:len(self._names)]):
+            if call.name != self._names[index]:
+                break
+            expected, sent = call.parameters or "", self._sent_args[index]
+            if expected.startswith(sent) and len(expected) > len(sent):
+                out.tool_calls.append(ToolCallDelta(index, arguments=expected[len(sent):]))
+        return out
 
     def _add_calls(self, out: ParsedDelta, calls: list[Any]) -> None:
         for call in calls:
@@ -78,9 +101,12 @@ class SglangOutputParser:
                 continue
             if index is None:
                 index = self._indices[call.tool_index] = len(self._indices)
-                out.tool_calls.append(ToolCallDelta(index, self._new_id(), name,
-                                                    self._early_args.pop(call.tool_index, "") + args))
+                args = self._early_args.pop(call.tool_index, "") + args
+                self._names.append(name)
+                self._sent_args.append(args)
+                out.tool_calls.append(ToolCallDelta(index, self._new_id(), name, args))
             elif args:
+                self._sent_args[index] += args
                 out.tool_calls.append(ToolCallDelta(index, arguments=args))
 
 
