@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -76,7 +77,13 @@ def test_greedy_output_through_the_two_legs_equals_vllms_aggregated_output(disag
                                               return_dict=False))
     assert len(prompt_ids) > 3 * BLOCK
     n = 16
-    # Deltas: the mesh warms each worker up when it registers.
+    # Deltas: the gateway warms each worker up when it registers, and a worker that registers after the gateway
+    # started is warmed while the mesh already serves: wait for both warm-ups (the prefill worker's runs both
+    # legs), or one still running would count its decode tokens here.
+    deadline = time.monotonic() + 120
+    while disagg_mesh.full_log("gateway-0").count(" warm in ") < 2:
+        assert time.monotonic() < deadline, "the gateway did not warm both workers up"
+        time.sleep(0.2)
     names = ("vllm:generation_tokens_total", "vllm:external_prefix_cache_hits_total")
     before = {(w, name): metric(disagg_mesh, w, name) for w in (PREFILL, DECODE) for name in names}
     client = sdk_client(disagg_mesh, timeout=300)
