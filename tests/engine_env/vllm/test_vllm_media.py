@@ -146,7 +146,9 @@ def run_probe(with_shim: bool):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # Not inherited: a test that built a vLLM engine in this process has put the shim on os.environ's path
+    # (media.enable_pil_processors), and the probe without it must run without it.
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(media.WITHOUT_TORCHVISION)]
     if with_shim:
         paths.insert(0, str(media.WITHOUT_TORCHVISION))
     env["PYTHONPATH"] = os.pathsep.join(paths)
