@@ -14,13 +14,14 @@ retried write from being stored twice): a request in those seconds waits, it doe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from nats.errors import NoRespondersError
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 T = TypeVar("T")
 
@@ -94,3 +95,18 @@ async def publish_through_failover(js: JetStreamContext, stream: str, subject: s
 def nats_servers(url: str) -> list[str]:
     """``--nats-url``: one URL, or every node of a cluster comma-separated (the client fails over between them)."""
     return [u.strip() for u in url.split(",") if u.strip()]
+
+
+async def ensure_stream(js: JetStreamContext, name: str, config: Callable[[int], api.StreamConfig]) -> None:
+    """Opens stream ``name``, creating it from ``config(replicas)`` (``create_replicated``) when absent.
+
+    Replicas of a service start together, so another may create the stream between the lookup and the
+    creation: its creation failing is then no error, and the final lookup is what says whether it exists."""
+    try:
+        await js.stream_info(name)
+        return
+    except NotFoundError:
+        pass
+    with contextlib.suppress(APIError):  # created meanwhile by another replica, or refused: the lookup tells
+        await create_replicated(lambda replicas: js.add_stream(config(replicas)))
+    await js.stream_info(name)

@@ -36,7 +36,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError
 
 from services.common.errors import NotFound
-from services.common.jetstream_replicas import create_replicated, publish_through_failover, through_failover
+from services.common.jetstream_replicas import ensure_stream, publish_through_failover, through_failover
 from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
 from services.gateway.responses_api.store import StoreUnavailable
 
@@ -195,11 +195,6 @@ def _gone() -> NotFound:
 
 
 async def _open_bucket(js: nats.js.JetStreamContext) -> None:
-    try:
-        await js.stream_info(STREAM)
-        return
-    except NotFoundError:
-        pass
     # The Object Store's stream, plus per-message TTLs.
     def config(replicas: int) -> api.StreamConfig:
         return api.StreamConfig(
@@ -207,9 +202,7 @@ async def _open_bucket(js: nats.js.JetStreamContext) -> None:
             discard=api.DiscardPolicy.NEW, allow_rollup_hdrs=True, allow_direct=True, allow_msg_ttl=True,
             num_replicas=replicas)
 
-    with contextlib.suppress(Exception):  # another replica may create it at the same moment
-        await create_replicated(lambda replicas: js.add_stream(config(replicas)))
-    await js.stream_info(STREAM)
+    await ensure_stream(js, STREAM, config)
 
 
 def media_url(media_id: str, public_url: str, headers: dict[str, str]) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -37,7 +36,7 @@ import nats.errors
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from services.common.jetstream_replicas import create_replicated, publish_through_failover, through_failover
+from services.common.jetstream_replicas import ensure_stream, publish_through_failover, through_failover
 from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
 from services.preprocessor.media import decode
 from services.preprocessor.media.resolve import Resolved, content_hash
@@ -93,20 +92,12 @@ class SharedUuids:
         return js
 
     async def _open(self, js: nats.js.JetStreamContext) -> None:
-        try:
-            await js.stream_info(STREAM)
-            return
-        except NotFoundError:
-            pass
-
         def config(replicas: int) -> api.StreamConfig:
             return api.StreamConfig(name=STREAM, subjects=[f"{_PREFIX}.>"], max_age=self.ttl_s,
                                     max_bytes=self.max_bytes, discard=api.DiscardPolicy.OLD,
                                     allow_rollup_hdrs=True, allow_direct=True, num_replicas=replicas)
 
-        with contextlib.suppress(Exception):  # another replica may create it at the same moment
-            await create_replicated(lambda replicas: js.add_stream(config(replicas)))
-        await js.stream_info(STREAM)
+        await ensure_stream(js, STREAM, config)
 
     async def put(self, uuid: str, item: Resolved) -> None:
         """Stores ``item`` under ``uuid`` unless this replica stored the same content there lately."""
