@@ -24,7 +24,9 @@ POLL_S = 0.25
 
 class StageWatch:
     """``probes``: stage name -> "is it unreachable now?"; a stage is *unavailable* once it has been
-    unreachable at every poll for ``grace_s``."""
+    unreachable at every poll for ``grace_s``, and from the start until it has been reached once: the grace
+    is for a stage restarting, and a gateway that starts before its stages (an engine's environment takes
+    seconds to import) must not say it is ready while every request would wait for them."""
 
     def __init__(self, probes: Mapping[str, Callable[[], bool]], grace_s: float,
                  clock: Callable[[], float] = time.monotonic):
@@ -32,6 +34,7 @@ class StageWatch:
         self._grace_s = grace_s
         self._clock = clock
         self._since: dict[str, float] = {}  # stage -> when it was first seen unreachable in a row
+        self._reached: set[str] = set()  # stages seen reachable at least once
         self.unavailable: list[str] = []  # the last verdict, in the probes' order
 
     def poll(self) -> list[str]:
@@ -41,13 +44,15 @@ class StageWatch:
         for stage, unreachable in self._probes.items():
             if not unreachable():
                 self._since.pop(stage, None)
+                self._reached.add(stage)
                 continue
             since = self._since.setdefault(stage, now)
-            if now - since >= self._grace_s:
+            if stage not in self._reached or now - since >= self._grace_s:
                 verdict.append(stage)
         if verdict != self.unavailable:
             if verdict:
-                log.warning("not ready: %s unreachable for %.1f s or more", ", ".join(verdict), self._grace_s)
+                log.warning("not ready: %s not reached yet or unreachable for %.1f s or more", ", ".join(verdict),
+                            self._grace_s)
             else:
                 log.info("ready again: every stage is reachable")
         self.unavailable = verdict

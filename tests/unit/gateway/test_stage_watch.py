@@ -37,6 +37,19 @@ def test_a_stage_is_unavailable_only_once_unreachable_for_the_whole_grace():
     assert watch.poll() == []  # reachable in between: the grace counts again from here
 
 
+def test_a_stage_not_reached_since_the_start_is_unavailable_without_grace():
+    """A gateway started before its stages (a preprocessor importing an engine takes seconds) is not ready:
+    every request would wait for them, and `meshfront run` announced the mesh up while they were starting."""
+    clock, down = Clock(), {"preprocessor": True, "router": False}
+    watch = StageWatch({name: (lambda n=name: down[n]) for name in down}, grace_s=5, clock=clock)
+    assert watch.poll() == ["preprocessor"]
+    clock.now += 1
+    down["preprocessor"] = False
+    assert watch.poll() == []
+    down["preprocessor"] = True
+    assert watch.poll() == []  # reached once: from now on a restart gets the grace
+
+
 def test_health_names_the_unavailable_stages_and_is_not_ready():
     models = {"m": ["card"]}
     assert models_api.health(models, unavailable=[])[0]  # type: ignore[arg-type]
