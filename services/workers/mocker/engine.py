@@ -277,13 +277,17 @@ class MockerEngine:
             delay = self.timing.step_seconds(outcome)
             if delay > 0:
                 now = self._clock.now()
-                started = max(next_at, now)
+                # The timing model is an engine's whole step, its scheduling included: the mocker's own work
+                # since the last step ended (delivering it, scheduling this one) runs inside the modelled time,
+                # and lengthens the step only where it overruns it.
+                started = max(next_at, now - delay)
                 next_at = started + delay
                 self._time_held_prefill(outcome, started, delay)
                 await self._clock.sleep(next_at - now)
                 self._deliver(outcome)
             else:
-                self._time_held_prefill(outcome, self._clock.now(), 0.0)
+                next_at = self._clock.now()
+                self._time_held_prefill(outcome, next_at, 0.0)
                 self._deliver(outcome)
                 if outcome.idle and not outcome.emitted:
                     await asyncio.sleep(_STALL_BACKOFF_S)

@@ -12,6 +12,7 @@ from services.workers.mocker.engine import MockerEngine
 from services.workers.mocker.outputs import OutputPolicy
 from services.workers.mocker.scheduler import StepOutcome
 from services.workers.mocker.timing import TimingModel
+from tests.unit.workers.conftest import FakeClock
 
 pytestmark = pytest.mark.unit
 
@@ -65,6 +66,37 @@ async def test_engine_paces_tokens_by_the_timing_model(clock, speedup):
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals)]
     # 64 prompt tokens plus up to 4 generated ones occupy 5 blocks.
     assert gaps == pytest.approx([t.decode_ms(5) / 1000 / speedup] * 4)
+
+
+class BusyClock(FakeClock):
+    """A fake clock on which every reading costs ``cost`` seconds: the mocker's own CPU work between steps."""
+
+    def __init__(self, cost: float) -> None:
+        super().__init__()
+        self.cost = cost
+
+    def now(self) -> float:
+        self.t += self.cost
+        return self.t
+
+
+@pytest.mark.parametrize("cost_ms", [0.0, 0.5, 3.0, 20.0])
+async def test_the_mockers_own_work_runs_inside_the_modelled_step_unless_it_overruns_it(cost_ms):
+    cost = cost_ms / 1000
+    clock = BusyClock(cost)
+    engine = MockerEngine(MockerEngineConfig(num_gpu_blocks=1000), OutputPolicy(list(range(1000, 2000))), clock=clock)
+    try:
+        arrivals = await collect(engine, EngineRequest("r", list(range(64)), max_tokens=8), clock)
+    finally:
+        await engine.close()
+    step = engine.timing.decode_ms(5) / 1000  # ~6 ms: the model's decode step at this KV use
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(arrivals)]
+    if cost < step:
+        # One step as modelled, give or take the consumer's own reading of the clock; before, every step
+        # lasted the model's time plus the mocker's work (here several readings).
+        assert all(step - cost - 1e-9 <= g <= step + cost + 1e-9 for g in gaps), gaps
+    else:  # work longer than the step lengthens it
+        assert min(gaps) > step
 
 
 async def test_speedup_zero_never_sleeps_and_coalesces(clock):
