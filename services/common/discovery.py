@@ -22,11 +22,10 @@ import nats
 import orjson
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from services.common.assembly import cancel_within
-from services.common.jetstream_replicas import create_replicated, nats_servers
+from services.common.jetstream_replicas import nats_servers, open_or_create
 from services.common.liveness import Change, LiveWorkers
 from services.common.nats_connection import close_nats, connect_retrying, stop_if_cancelled
 
@@ -182,13 +181,8 @@ class WorkerCard:
 
 async def open_bucket(nc: nats.NATS, ttl_s: float = DEFAULT_TTL_S):
     js = nc.jetstream()
-    try:
-        return await js.key_value(BUCKET)
-    except BucketNotFoundError:
-        with contextlib.suppress(Exception):
-            return await create_replicated(lambda replicas: js.create_key_value(
-                KeyValueConfig(bucket=BUCKET, history=1, limit_marker_ttl=ttl_s, replicas=replicas)))
-        return await js.key_value(BUCKET)
+    return await open_or_create(lambda: js.key_value(BUCKET), lambda replicas: js.create_key_value(
+        KeyValueConfig(bucket=BUCKET, history=1, limit_marker_ttl=ttl_s, replicas=replicas)))
 
 
 class Registrar:

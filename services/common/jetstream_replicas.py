@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from nats.errors import NoRespondersError
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, BucketNotFoundError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 T = TypeVar("T")
 
@@ -110,3 +110,19 @@ async def ensure_stream(js: JetStreamContext, name: str, config: Callable[[int],
     with contextlib.suppress(APIError):  # created meanwhile by another replica, or refused: the lookup tells
         await create_replicated(lambda replicas: js.add_stream(config(replicas)))
     await js.stream_info(name)
+
+
+async def open_or_create(open_bucket: Callable[[], Awaitable[T]], create: Callable[[int], Awaitable[T]]) -> T:
+    """The KV or Object Store bucket ``open_bucket()`` finds, else ``create(replicas)`` (``create_replicated``).
+
+    Replicas of a service start together, so another may create the bucket between the lookup and the
+    creation: a creation the server refuses (``APIError``) is then no error, and opening again says whether
+    the bucket exists. Anything else (NATS down, a timeout) is the caller's to handle."""
+    try:
+        return await open_bucket()
+    except BucketNotFoundError:
+        pass
+    try:
+        return await create_replicated(create)
+    except APIError:
+        return await open_bucket()

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import nats
 from nats.js.api import ObjectStoreConfig
-from nats.js.errors import BucketNotFoundError, ObjectNotFoundError
+from nats.js.errors import ObjectNotFoundError
 
-from services.common.jetstream_replicas import create_replicated
+from services.common.jetstream_replicas import open_or_create
 from services.common.nats_connection import close_nats, connect_retrying
 
 log = logging.getLogger(__name__)
@@ -89,15 +89,10 @@ def parse_manifest(raw: bytes, digest: str) -> dict[str, str]:
 
 
 async def _object_store(js: nats.js.JetStreamContext):
-    try:
-        return await js.object_store(BUCKET)
-    except BucketNotFoundError:
-        try:
-            return await create_replicated(lambda replicas: js.create_object_store(BUCKET, ObjectStoreConfig(
-                description="Model tokenizer, template and config files, content-addressed (docs/architecture.md)",
-                replicas=replicas)))
-        except Exception:  # noqa: BLE001 - another worker created it between the two calls
-            return await js.object_store(BUCKET)
+    return await open_or_create(lambda: js.object_store(BUCKET), lambda replicas: js.create_object_store(
+        BUCKET, ObjectStoreConfig(
+            description="Model tokenizer, template and config files, content-addressed (docs/architecture.md)",
+            replicas=replicas)))
 
 
 async def publish(js: nats.js.JetStreamContext, model_dir: str | Path) -> str:

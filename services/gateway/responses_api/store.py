@@ -13,7 +13,6 @@ a call made before NATS answers waits up to ``wait_s`` and then fails with 503 i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import zlib
@@ -24,11 +23,11 @@ import nats
 import nats.errors
 import orjson
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from services.common.errors import MeshError
-from services.common.jetstream_replicas import create_replicated, publish_through_failover, through_failover
+from services.common.jetstream_replicas import open_or_create, publish_through_failover, through_failover
 from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
 
 log = logging.getLogger(__name__)
@@ -127,11 +126,6 @@ class ResponseStore:
 
 async def _open_bucket(nc: nats.NATS) -> KeyValue:
     js = nc.jetstream()
-    try:
-        return await js.key_value(BUCKET)
-    except BucketNotFoundError:
-        # history 1: a record is written once; per-message TTLs are on (nats-py sets allow_msg_ttl).
-        with contextlib.suppress(Exception):  # another replica may create it at the same moment
-            return await create_replicated(lambda replicas: js.create_key_value(
-                KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))
-        return await js.key_value(BUCKET)
+    # history 1: a record is written once; per-message TTLs are on (nats-py sets allow_msg_ttl).
+    return await open_or_create(lambda: js.key_value(BUCKET), lambda replicas: js.create_key_value(
+        KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))

@@ -15,7 +15,6 @@ before NATS answers waits ``wait_s`` and then fails with 503.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -27,12 +26,12 @@ import nats
 import nats.errors
 import orjson
 from nats.js.api import KeyValueConfig
-from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import APIError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from services.common.jetstream_replicas import (
     WRONG_LAST,
-    create_replicated,
+    open_or_create,
     publish_through_failover,
     through_failover,
 )
@@ -159,11 +158,6 @@ class JobStore:
 
 async def _open_bucket(nc: nats.NATS) -> KeyValue:
     js = nc.jetstream()
-    try:
-        return await js.key_value(BUCKET)
-    except BucketNotFoundError:
-        # history 1: only the job's latest state matters; per-message TTLs are on (nats-py sets allow_msg_ttl).
-        with contextlib.suppress(Exception):  # another replica may create it at the same moment
-            return await create_replicated(lambda replicas: js.create_key_value(
-                KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))
-        return await js.key_value(BUCKET)
+    # history 1: only the job's latest state matters; per-message TTLs are on (nats-py sets allow_msg_ttl).
+    return await open_or_create(lambda: js.key_value(BUCKET), lambda replicas: js.create_key_value(
+        KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))

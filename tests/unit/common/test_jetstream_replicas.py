@@ -78,3 +78,36 @@ async def _never() -> None:
     from nats.js.errors import NoStreamResponseError
 
     raise NoStreamResponseError
+
+
+def test_a_bucket_created_meanwhile_by_another_replica_is_opened_and_other_failures_reach_the_caller():
+    from nats.errors import TimeoutError as NatsTimeoutError
+    from nats.js.errors import BucketNotFoundError
+
+    from services.common.jetstream_replicas import open_or_create
+
+    existing: list[str] = []
+
+    async def open_bucket() -> str:
+        if not existing:
+            raise BucketNotFoundError
+        return existing[0]
+
+    async def lost_the_race(replicas: int) -> str:
+        existing.append("theirs")  # another replica's creation landed first, with its own config
+        raise ServerError(code=400, err_code=10058, description="stream name already in use")
+
+    assert asyncio.run(open_or_create(open_bucket, lost_the_race)) == "theirs"
+
+    existing.clear()
+
+    async def created(replicas: int) -> str:
+        return f"ours, {replicas} replicas"
+
+    assert asyncio.run(open_or_create(open_bucket, created)) == "ours, 3 replicas"
+
+    async def nats_away(replicas: int) -> str:
+        raise NatsTimeoutError
+
+    with pytest.raises(NatsTimeoutError):  # once swallowed, then reported as "bucket not found"
+        asyncio.run(open_or_create(open_bucket, nats_away))
