@@ -21,6 +21,7 @@ import secrets
 import time
 from collections.abc import Callable
 
+import nats.errors
 import orjson
 from nats.aio.client import Client as NatsClient
 
@@ -161,7 +162,8 @@ class ReplicaSync:
         # Everything of one loop tick in one NATS message: fewer messages under load.
         while self._outbox and self._nc is not None:
             outbox, self._outbox = self._outbox, []
-            with contextlib.suppress(Exception):
+            # NATS away: the other replicas miss these bookings until the workers' own load reports correct them.
+            with contextlib.suppress(nats.errors.Error):
                 await self._nc.publish(LIFECYCLE_SUBJECT, b"[" + b",".join(outbox) + b"]")
 
     async def _on_message(self, msg) -> None:

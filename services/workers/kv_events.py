@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+import nats.errors
 import orjson
 from nats.aio.client import Client as NatsClient
 
@@ -154,8 +155,12 @@ class KvEventPublisher:
         self._nc = nc
         self.connected.set()
         while True:
-            with contextlib.suppress(Exception):
+            try:
                 await self.flush()
+            except nats.errors.Error:
+                pass  # NATS away: the client reconnects on its own and a later tick publishes
+            except Exception:  # a bug (the load reader, an event): said every tick, not taken for NATS away
+                log.exception("publishing this worker's KV events and load failed")
             await asyncio.sleep(LOAD_INTERVAL_S)
 
     async def _flush_soon(self) -> None:

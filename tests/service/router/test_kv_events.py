@@ -149,3 +149,20 @@ async def test_busy_threshold_counts_the_bookings_of_every_replica(nats_url):
     assert routed.worker_id == "w0"
     for s in syncs:
         await s.close()
+
+
+async def test_a_failing_load_reader_is_logged_on_every_tick_not_taken_for_nats_away(nats_url, caplog):
+    worker = FakeWorker(nats_url, "w-broken")
+
+    def broken_load() -> dict:
+        raise KeyError("active_blocks")  # a renamed field, say
+
+    worker.publisher.set_load_reader(broken_load)
+    await worker.publisher.start()
+    try:
+        await wait_for(lambda: any("KV events and load failed" in r.getMessage() for r in caplog.records), 10,
+                       "the failure logged")
+    finally:
+        await worker.publisher.close()
+    failed = [r for r in caplog.records if "KV events and load failed" in r.getMessage()]
+    assert failed[0].exc_info is not None and failed[0].exc_info[0] is KeyError
