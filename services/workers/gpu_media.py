@@ -25,7 +25,7 @@ from services.common.flags import FlagParser
 from services.workers import entry
 from services.workers.config import ConfigError, WorkerConfig, add_worker_flags, worker_config_from_args
 from services.workers.engine_worker import EngineStartFailed, root_message
-from services.workers.media.config import JobLimits, add_job_flags, job_limits_from_args, limit_errors
+from services.workers.media.config import JobLimits, add_job_flags, job_limits_from_args, limit_errors, parse_size
 from services.workers.media.encode import IMAGE_CONTENT_TYPES, VIDEO_CONTENT_TYPES
 from services.workers.media.server import media_serving
 
@@ -102,26 +102,14 @@ def _engine_args(text: str, errors: list[str]) -> dict[str, Any]:
     return value
 
 
-def _size(text: str, flag: str, errors: list[str]) -> tuple[int, int] | None:
-    try:
-        w, h = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        errors.append(f"{flag} must be WIDTHxHEIGHT, got {text!r}")
-        return None
-    if w <= 0 or h <= 0:
-        errors.append(f"{flag} must be positive, got {text!r}")
-        return None
-    return w, h
-
-
 def _limits(args: Any, errors: list[str]) -> MediaLimits:
     base = DEFAULTS[args.media]
     changes: dict[str, Any] = {"size_multiple": args.size_multiple, "max_n": args.max_n or base.max_n,
                                "default_steps": args.default_steps, "max_steps": args.max_steps,
                                "takes_image": args.takes_image}
-    if args.max_size and (size := _size(args.max_size, "--max-size", errors)):
+    if args.max_size and (size := parse_size(args.max_size, "--max-size", errors)):
         changes.update(max_width=size[0], max_height=size[1])
-    if args.default_size and (size := _size(args.default_size, "--default-size", errors)):
+    if args.default_size and (size := parse_size(args.default_size, "--default-size", errors)):
         changes.update(default_width=size[0], default_height=size[1])
     if args.media == "video":
         changes.update(default_frames=args.default_frames or base.default_frames,

@@ -66,3 +66,16 @@ def limit_errors(limits: MediaLimits, video: bool, flag_prefix: str = "--") -> l
         if "mp4" in limits.output_formats and (limits.default_width % 2 or limits.default_height % 2):
             errors.append(f"{f}default-size must be even for mp4 (H.264)")
     return errors
+
+
+def parse_size(text: str, flag: str, errors: list[str]) -> tuple[int, int] | None:
+    """``WIDTHxHEIGHT`` as (width, height); None, with the problem in ``errors``, for anything else."""
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        errors.append(f"{flag} must be WIDTHxHEIGHT, got {text!r}")
+        return None
+    if w <= 0 or h <= 0:
+        errors.append(f"{flag} must be positive, got {text!r}")
+        return None
+    return w, h

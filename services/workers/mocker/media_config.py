@@ -14,7 +14,7 @@ from typing import Any
 
 from services.common.discovery import MediaLimits
 from services.common.flags import FlagParser
-from services.workers.media.config import limit_errors
+from services.workers.media.config import limit_errors, parse_size
 from services.workers.media.encode import IMAGE_CONTENT_TYPES, VIDEO_CONTENT_TYPES
 
 KINDS = ("image", "video")
@@ -63,26 +63,15 @@ def add_media_flags(p: FlagParser) -> None:
     p.add("--media-max-frames", default=120, type=int, help="videos: most frames per video")
 
 
-def _size(text: str, flag: str, errors: list[str]) -> tuple[int, int] | None:
-    try:
-        w, h = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        errors.append(f"{flag} must be WIDTHxHEIGHT, got {text!r}")
-        return None
-    if w <= 0 or h <= 0:
-        errors.append(f"{flag} must be positive, got {text!r}")
-        return None
-    return w, h
-
-
 def media_config_from_args(args: argparse.Namespace, speedup_ratio: float, errors: list[str]) -> MediaSimConfig | None:
     """The simulator's config, or None for a text mocker; problems go to ``errors``."""
     kind = args.media
     if not kind:
         return None
     base = DEFAULTS[kind]
-    max_size = _size(args.media_max_size, "--media-max-size", errors) if args.media_max_size else None
-    default_size = _size(args.media_default_size, "--media-default-size", errors) if args.media_default_size else None
+    max_size = parse_size(args.media_max_size, "--media-max-size", errors) if args.media_max_size else None
+    default_size = (parse_size(args.media_default_size, "--media-default-size", errors)
+                    if args.media_default_size else None)
     formats = tuple(f.strip() for f in args.media_formats.split(",") if f.strip()) or base.output_formats
     known = IMAGE_CONTENT_TYPES if kind == "image" else VIDEO_CONTENT_TYPES
     if any(f not in known for f in formats):
