@@ -11,7 +11,9 @@ an 8B model), in milliseconds:
   ~34 ms at a full cache.
 
 A step that both prefills and decodes (a mixed batch) takes the sum. Every duration is divided by
-the speed-up ratio; a ratio of 0 means no delay at all.
+the speed-up ratio; a ratio of 0 means no delay at all. The polynomials are fitted to an engine's whole
+step, its scheduling included, so the mocker's own work between steps (delivering one, scheduling the
+next) runs inside the modelled time and lengthens a step only where it overruns it (engine.py ``_run``).
 
 Every coefficient is a mocker flag (``--prefill-ms-const``, ``--prefill-ms-per-token``,
 ``--prefill-ms-per-token-sq``, ``--decode-ms-const|lin|sq``; config.py). Dynamo 1.6.1's mocker has the
