@@ -165,14 +165,21 @@ def test_sglang_prefill_and_decode_pools_scale_alone_on_gpus_and_meet_at_the_pre
         assert worker["command"] == ["meshfront", "sglang"] and "meshfront-sglang:" in worker["image"]
         cfg = sglang_worker_flags(worker, tmp_path)
         assert cfg.args.disaggregation_mode == role
+        assert cfg.args.nats_url == env_of(worker)["MESHFRONT_NATS_URL"]  # the env twins reach the worker too
+        help_text = _help("sglang")
+        for name_ in env_of(worker):
+            if name_.startswith("MESHFRONT_"):
+                assert f"[env {name_};" in help_text, f"{name}: {name_} is no flag's twin"
         argv = list(cfg.engine_argv)
         backends.add(argv[argv.index("--disaggregation-transfer-backend") + 1])
         tensor_parallel = int(argv[argv.index("--tp-size") + 1])
         resources = worker["resources"]
         assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == tensor_parallel
-        # The prefill leg names its bootstrap server by the worker's advertised host (services/workers/sglang/
-        # main.py), which SGLang binds on the worker's --host: the pod IP, on every interface.
-        assert (cfg.args.host, cfg.args.advertise_host) == ("0.0.0.0", "$(POD_IP)")
+        # The prefill leg names its bootstrap server by the host of the worker's advertised address
+        # (services/workers/sglang/main.py), and SGLang binds it on the worker's --host: the pod IP, which the
+        # kubelet puts in for $(POD_IP), and every interface.
+        advertised = cfg.worker(context_length=32768, block_size=1).advertised_address(9500)
+        assert advertised.rsplit(":", 1)[0] == "$(POD_IP)" and cfg.args.host == "0.0.0.0"
         # SGLang's KV manager binds its transfer socket to, and registers, SGLANG_HOST_IP: the pod IP too.
         env = [e["name"] for e in worker["env"]]
         assert env.index("POD_IP") < env.index("SGLANG_HOST_IP")
