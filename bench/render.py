@@ -6,10 +6,11 @@ finish reason. Each is turned into a ``Delta`` (``Pipeline._delta``) and rendere
 (``ChatRenderer.sse`` / ``CompletionRenderer.sse``), as ``Pipeline.run`` yields them for n=1; the renderer
 gets the server's ``ResponseExtensions`` with no extra fields, so the per-chunk ``chunk_nvext`` call is counted too.
 
-"before" is the frozen pre-fast-path copy that tests/unit/gateway/test_render_fast_path.py keeps as
-its oracle (the product carries no old code), "after" is the product. Figures are µs per delta: the
-median over rounds of the ``_delta`` + ``sse`` loop, and of the whole request (renderer set-up and
-``sse_end`` included). Single-threaded and short; run it on an otherwise idle core.
+"before" is the frozen pre-fast-path copy in bench/legacy_render.py, which
+tests/unit/gateway/test_render_fast_path.py also holds the product to (the product carries no old code),
+"after" is the product. Figures are µs per delta: the median over rounds of the ``_delta`` + ``sse`` loop,
+and of the whole request (renderer set-up and ``sse_end`` included). Single-threaded and short; run it on
+an otherwise idle core.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from typing import Any
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 
+from bench.legacy_render import LegacyRenderer, legacy_delta
 from services.gateway.core.nvext import NvExt
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.trace import RequestTrace
 from services.gateway.openai.extensions import ResponseExtensions
 from services.gateway.openai.render import renderer_for
-from tests.unit.gateway.test_render_fast_path import LegacyRenderer, legacy_delta
 
 TOKENS = 64
 WORDS = [" the", " model", " said", ",", " and", " then", " it", " wrote", " more", ".", "\n", " \"ok\""]

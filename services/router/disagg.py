@@ -70,33 +70,31 @@ class Shape:
 
 def check_pins(req: router_pb2.RouteRequest, every: Sequence[Candidate]) -> None:
     """A pin to a worker that does not serve the model, or to one of the wrong role, is the client's mistake:
-    a 400 naming the field. ``every`` are all the model's workers, busy ones included. A pinned worker that
-    already failed this request (a migration) may have left: not the client's mistake (a 503 follows)."""
+    a 400 naming the field as ``'nvext.<field>'`` (the gateway renames it to the header where one set the pin:
+    services/gateway/core/pins.py). ``every`` are all the model's workers, busy ones included. A pinned worker
+    that already failed this request (a migration) may have left: not the client's mistake (a 503 follows)."""
     excluded = set(req.exclude_worker_ids)
     if req.worker_id and req.worker_id not in excluded:
         check_pin(req.worker_id, req.model, every)
-        _refuse_prefill_worker(req.worker_id, req.model, every, PIN_PARAM, "x-worker-instance-id",
+        _refuse_prefill_worker(req.worker_id, req.model, every, PIN_PARAM,
                                f"pin its prefill leg with '{PREFILL_PIN_PARAM}'")
     if req.decode_worker_id and req.decode_worker_id not in excluded:
         if not any(c.worker_id == req.decode_worker_id for c in every):
             raise InvalidRequest(f"'{DECODE_PIN_PARAM}' names worker {printable(req.decode_worker_id)}, which does "
                                  f"not serve model `{printable(req.model)}`", param=DECODE_PIN_PARAM)
-        _refuse_prefill_worker(req.decode_worker_id, req.model, every, DECODE_PIN_PARAM, "",
-                               "it cannot decode")
+        _refuse_prefill_worker(req.decode_worker_id, req.model, every, DECODE_PIN_PARAM, "it cannot decode")
     pin = req.prefill_worker_id
     if pin and pin not in excluded:
         role = next((c.role for c in every if c.worker_id == pin), None)
         if role != PREFILL:
             why = "does not serve model" if role is None else f"is a {role} worker, not a prefill worker, of model"
-            raise InvalidRequest(f"'{PREFILL_PIN_PARAM}' (or the x-prefill-instance-id header) names worker "
-                                 f"{printable(pin)}, which {why} `{printable(req.model)}`", param=PREFILL_PIN_PARAM)
+            raise InvalidRequest(f"'{PREFILL_PIN_PARAM}' names worker {printable(pin)}, which {why} "
+                                 f"`{printable(req.model)}`", param=PREFILL_PIN_PARAM)
 
 
-def _refuse_prefill_worker(pin: str, model: str, every: Sequence[Candidate], param: str, header: str,
-                           advice: str) -> None:
+def _refuse_prefill_worker(pin: str, model: str, every: Sequence[Candidate], param: str, advice: str) -> None:
     if any(c.worker_id == pin and c.role == PREFILL for c in every):
-        also = f" (or the {header} header)" if header else ""
-        raise InvalidRequest(f"'{param}'{also} names worker {printable(pin)}, a prefill worker of model "
+        raise InvalidRequest(f"'{param}' names worker {printable(pin)}, a prefill worker of model "
                              f"`{printable(model)}`: {advice}", param=param)
 
 

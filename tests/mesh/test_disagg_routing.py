@@ -90,7 +90,7 @@ def test_pins_route_where_they_say_and_leave_the_ignored_fields_header(roles_mes
 
 @pytest.mark.parametrize(("nvext", "headers", "param", "says"), [
     ({"prefill_worker_id": "dc-a"}, {}, "nvext.prefill_worker_id", "is a decode worker, not a prefill worker"),
-    ({}, {"x-prefill-instance-id": "987654321"}, "nvext.prefill_worker_id", "does not serve model"),
+    ({}, {"x-prefill-instance-id": "987654321"}, "x-prefill-instance-id", "does not serve model"),
     ({"decode_worker_id": "pf-a"}, {}, "nvext.decode_worker_id", "it cannot decode"),
     ({"decode_worker_id": 987654321}, {}, "nvext.decode_worker_id", "does not serve model"),
     ({"backend_instance_id": "pf-b"}, {}, "nvext.backend_instance_id", "a prefill worker of model"),
@@ -99,7 +99,11 @@ def test_a_wrong_role_or_unknown_pin_is_a_400_naming_the_field(client, nvext, he
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=DEMO, messages=long_prompt(3), max_tokens=2, extra_headers=headers,
                                        extra_body={"nvext": nvext})
-    assert e.value.body["param"] == param and says in e.value.body["message"]
+    message = e.value.body["message"]
+    assert e.value.body["param"] == param and says in message
+    # The error names what the client sent, and only that: the body field, or the header.
+    assert ("nvext" not in message and message.startswith(f"The {param} header names worker")) if headers else \
+        ("-instance-id" not in message and message.startswith(f"'{param}' names worker"))
 
 
 def test_anthropic_messages_and_responses_honour_both_pin_headers(roles_mesh, client):
@@ -121,22 +125,30 @@ def test_anthropic_messages_and_responses_honour_both_pin_headers(roles_mesh, cl
     assert (routed(roles_mesh, "pf-b"), routed(roles_mesh, "dc-b")) == (prefill + 1, decode + 1)
 
 
-@pytest.mark.parametrize(("headers", "names"), [
-    ({"x-prefill-instance-id": "dc-a"}, "nvext.prefill_worker_id' (or the x-prefill-instance-id header)"),
-    ({"x-prefill-instance-id": "987654321"}, "nvext.prefill_worker_id' (or the x-prefill-instance-id header)"),
-    ({"x-worker-instance-id": "pf-a"}, "nvext.backend_instance_id' (or the x-worker-instance-id header)"),
+@pytest.mark.parametrize(("headers", "says"), [
+    ({"x-prefill-instance-id": "dc-a"}, "which is a decode worker, not a prefill worker"),
+    ({"x-prefill-instance-id": "987654321"}, "which does not serve model"),
+    ({"x-worker-instance-id": "pf-a"}, f"a prefill worker of model `{DEMO}`: pin its prefill leg with the "
+                                       "x-prefill-instance-id header"),
 ])
-def test_a_wrong_role_or_unknown_pin_header_is_a_400_on_messages_and_responses(roles_mesh, client, headers, names):
+def test_a_wrong_role_or_unknown_pin_header_is_a_400_naming_the_header_on_messages_and_responses(
+        roles_mesh, client, headers, says):
+    """/v1/messages and /v1/responses have no nvext: the error names the header the client sent, never a field."""
+    [header] = headers
     claude = anthropic.Anthropic(base_url=roles_mesh.url, api_key="unused", max_retries=0, timeout=30)
     try:
         with pytest.raises(anthropic.BadRequestError) as a:
             claude.messages.create(model=DEMO, max_tokens=2, messages=long_prompt(13), extra_headers=headers)
     finally:
         claude.close()
-    assert a.value.body["type"] == "error" and names in a.value.body["error"]["message"]
+    assert a.value.body["type"] == "error" and a.value.body["error"]["type"] == "invalid_request_error"
+    message = a.value.body["error"]["message"]
+    assert message.startswith(f"The {header} header names worker") and says in message and "nvext" not in message
     with pytest.raises(openai.BadRequestError) as o:
         client.responses.create(model=DEMO, input="Hi", max_output_tokens=2, extra_headers=headers)
-    assert names in o.value.body["message"] and o.value.body["param"] == names.split("'")[0]
+    message = o.value.body["message"]
+    assert message.startswith(f"The {header} header names worker") and says in message and "nvext" not in message
+    assert o.value.body["param"] == header
 
 
 def test_a_short_prompt_stays_on_its_decode_worker_and_a_long_one_is_split(roles_mesh, client):

@@ -10,18 +10,29 @@ Chat, completions and KServe (whose parsers are the OpenAI ones) read the body's
 ``/v1/messages`` and ``/v1/responses`` have no ``nvext`` in their bodies, so their pins are the headers.
 Whether a pinned worker exists and has the right role is the router's check (a 400 naming the field,
 services/router/disagg.py ``check_pins``); here only the id's form is checked.
+
+An error about a pin names what the client sent: the header when the pin came from one, the body field
+otherwise. The router knows only the fields (``RouteRequest`` carries ids, not where they came from), so its
+errors name ``'nvext.<field>'`` and the gateway renames them (``Pins.names``, ``named_as_sent``); on the APIs
+without ``nvext`` every pin field is named by its header, the advice in an error included.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from services.common.errors import InvalidRequest
 from services.gateway.core.fields import UINT64, Fields, check_int
 
 WORKER_PIN_HEADER = "x-worker-instance-id"
 PREFILL_PIN_HEADER = "x-prefill-instance-id"
+# The body fields (and the router's error params, services/router/disagg.py) and the header that sets each.
+WORKER_PIN_FIELD = "nvext.backend_instance_id"
+PREFILL_PIN_FIELD = "nvext.prefill_worker_id"
+DECODE_PIN_FIELD = "nvext.decode_worker_id"
+HEADER_OF = {WORKER_PIN_FIELD: WORKER_PIN_HEADER, DECODE_PIN_FIELD: WORKER_PIN_HEADER,
+             PREFILL_PIN_FIELD: PREFILL_PIN_HEADER}
 # Worker ids are uint64s (Dynamo's form) or short names; anything longer is not an id.
 MAX_PIN_CHARS = 128
 
@@ -34,6 +45,9 @@ class Pins:
     worker_id: str = ""
     prefill_worker_id: str = ""
     decode_worker_id: str = ""
+    # (field, header) for each pin field the client set, or can only set, with a header: an error about that
+    # field names the header instead.
+    names: tuple[tuple[str, str], ...] = ()
 
 
 def check_pin_text(pin: str, param: str) -> str:
@@ -62,12 +76,32 @@ def read_pins(headers: Mapping[str, str], ext: Fields | None = None) -> Pins:
     worker = headers.get(WORKER_PIN_HEADER)
     prefill = headers.get(PREFILL_PIN_HEADER)
     if worker:
-        worker = check_pin_text(worker, "nvext.backend_instance_id")
+        worker = check_pin_text(worker, WORKER_PIN_HEADER)
     if prefill:
-        prefill = check_pin_text(prefill, "nvext.prefill_worker_id")
+        prefill = check_pin_text(prefill, PREFILL_PIN_HEADER)
     if ext is None:
-        return Pins(worker or "", prefill or "", worker or "")
+        return Pins(worker or "", prefill or "", worker or "", tuple(HEADER_OF.items()))
     # Every body pin is read (and its type checked) even where a header overrides it.
     body = Pins(body_pin(ext, "backend_instance_id"), body_pin(ext, "prefill_worker_id"),
                 body_pin(ext, "decode_worker_id"))
-    return Pins(worker or body.worker_id, prefill or body.prefill_worker_id, worker or body.decode_worker_id)
+    names: tuple[tuple[str, str], ...] = ()
+    if worker:
+        names = ((WORKER_PIN_FIELD, WORKER_PIN_HEADER), (DECODE_PIN_FIELD, WORKER_PIN_HEADER))
+    if prefill:
+        names += ((PREFILL_PIN_FIELD, PREFILL_PIN_HEADER),)
+    return Pins(worker or body.worker_id, prefill or body.prefill_worker_id, worker or body.decode_worker_id, names)
+
+
+def named_as_sent(error: InvalidRequest, names: Sequence[tuple[str, str]]) -> InvalidRequest:
+    """The router's error about a pin, naming the header where the client pinned (or can only pin) with one:
+    its ``'nvext.<field>'`` mentions become "the <header> header", and so does its param."""
+    renamed = dict(names)
+    message = error.message
+    for field, header in renamed.items():
+        message = message.replace(f"'{field}'", f"the {header} header")
+    param = renamed.get(error.param or "", error.param)
+    if (message, param) == (error.message, error.param):
+        return error
+    if message.startswith("the "):  # the header is the message's subject
+        message = "The" + message[3:]
+    return InvalidRequest(message, param=param, code=error.code)

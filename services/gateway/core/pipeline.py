@@ -20,9 +20,10 @@ from meshfront.router.v1 import router_pb2
 
 from services.common import tracing
 from services.common.decision_record import CandidateScore, DecisionRecord
-from services.common.errors import WorkerFailed
+from services.common.errors import InvalidRequest, WorkerFailed
 from services.gateway.clients import PostprocessorClient, PreprocessorClient, RouterClient
 from services.gateway.core.delta import FINISH, Delta
+from services.gateway.core.pins import named_as_sent
 from services.gateway.core.trace import RequestTrace, RouteHints, TracedPrompt
 
 _DONE = object()
@@ -86,12 +87,15 @@ class Pipeline:
             req.traceparent = tracing.current_traceparent()
         if choice and req.sampling.HasField("seed"):
             req.sampling.seed = (req.sampling.seed + choice) % 2**64  # distinct but reproducible choices
-        route = await self.router.route(router_pb2.RouteRequest(
-            request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
-            prompt_tokens=len(req.token_ids), worker_id=worker_id, session_id=hints.session_id,
-            session_action=hints.session_action, session_timeout_s=hints.session_timeout_s,
-            priority_jump_s=hints.priority_jump_s, prefill_worker_id=hints.prefill_worker_id,
-            decode_worker_id=hints.decode_worker_id, explain=hints.explain))
+        try:
+            route = await self.router.route(router_pb2.RouteRequest(
+                request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
+                prompt_tokens=len(req.token_ids), worker_id=worker_id, session_id=hints.session_id,
+                session_action=hints.session_action, session_timeout_s=hints.session_timeout_s,
+                priority_jump_s=hints.priority_jump_s, prefill_worker_id=hints.prefill_worker_id,
+                decode_worker_id=hints.decode_worker_id, explain=hints.explain))
+        except InvalidRequest as e:  # a bad pin: named as the client sent it (the router knows only the field)
+            raise named_as_sent(e, hints.pin_names) from None
         gen.worker_address, gen.worker_id = route.address, route.worker_id
         # Disaggregated: the prefill leg's worker (empty for an aggregated request).
         gen.prefill_worker_address, gen.prefill_worker_id = route.prefill_address, route.prefill_worker_id

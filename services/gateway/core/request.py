@@ -66,7 +66,8 @@ class GenerationRequest:
         """What the router is asked besides the prompt: the pins and ``nvext``'s session and priority."""
         ext = self.nvext
         return RouteHints(self.session_id, ext.session_action, ext.session_timeout_s, ext.priority_jump_s,
-                          self.pins.prefill_worker_id, self.pins.decode_worker_id, "routing" in ext.extra_fields)
+                          self.pins.prefill_worker_id, self.pins.decode_worker_id, "routing" in ext.extra_fields,
+                          self.pins.names)
 
 
 @dataclasses.dataclass

@@ -26,6 +26,8 @@ class RouteHints:
     prefill_worker_id: str = ""
     decode_worker_id: str = ""
     explain: bool = False  # nvext.extra_fields "routing": the router returns its decision record
+    # (field, header): the pins the client set with a header, which the router's errors must name (core/pins.py).
+    pin_names: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass

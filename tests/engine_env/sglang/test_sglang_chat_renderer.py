@@ -18,9 +18,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import os
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,14 +29,13 @@ from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.runtime_context import publish
 from sglang.srt.server_args import PortArgs, ServerArgs
 
-from services.common.discovery import ModelCard
 from services.common.errors import InvalidRequest
 from services.preprocessor.config import parse_config
 from services.preprocessor.core.renderers import load_chat_renderer
 from services.preprocessor.service import Preprocessor
+from tests.engine_env.chat_renderer_setup import NAME, chat_preprocessor, demo_model_dir
 
-REPO = Path(__file__).resolve().parents[3]
-NAME = "demo"
+CONTEXT = 4096
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -70,12 +66,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    """The demo model, built by the main environment (the packaged tokenizer lives there); no weights needed."""
-    python = REPO / ".venv" / "bin" / "python"
-    code = "from services.models import default_test_model_dir; print(default_test_model_dir())"
-    out = subprocess.run([str(python), "-c", code], cwd=REPO, check=True, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "gen" / "python")])})
-    return out.stdout.strip().splitlines()[-1]
+    return demo_model_dir()  # no weights needed
 
 
 @pytest.fixture(scope="module")
@@ -90,9 +81,7 @@ def sglang_chat(model_dir: str) -> OpenAIServingChat:
 @pytest.fixture(scope="module")
 def preprocessor(model_dir: str) -> Preprocessor:
     cfg = parse_config(["--chat-processor", "sglang"], env={})
-    card = ModelCard(name=NAME, model_dir=model_dir, context_length=4096)
-    return Preprocessor(lambda name: card if name == NAME else None,
-                        chat_renderer=load_chat_renderer(cfg.chat_processor))
+    return chat_preprocessor(model_dir, cfg.chat_processor, CONTEXT)
 
 
 def preprocess(preprocessor: Preprocessor, body: dict[str, Any]) -> preprocessor_pb2.PreprocessResponse:
@@ -142,20 +131,16 @@ def test_the_cases_render_differently(preprocessor):
 
 def test_the_deployments_showing_tools_for_tool_choice_none_is_kept(model_dir):
     """--no-exclude-tools-when-tool-choice-none: the template sees the tools, as with ours."""
-    card = ModelCard(name=NAME, model_dir=model_dir, context_length=4096)
-    showing = Preprocessor(lambda name: card if name == NAME else None, chat_renderer=load_chat_renderer("sglang"),
-                           hide_tools_for_choice_none=False)
+    showing = chat_preprocessor(model_dir, "sglang", CONTEXT, hide_tools_for_choice_none=False)
     assert "<tools>" in preprocess(showing, CASES["tool-choice-none"]).formatted_prompt
 
 
 def test_the_deployments_template_renders_and_a_prompt_opening_think_is_flagged(model_dir, preprocessor):
     """--chat-template reaches SGLang (as its own --chat-template file), and a prompt it ends inside an
     opened <think> tells the postprocessor that output starts as reasoning."""
-    card = ModelCard(name=NAME, model_dir=model_dir, context_length=4096)
     template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
                 "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
-    thinking = Preprocessor(lambda name: card if name == NAME else None, chat_renderer=load_chat_renderer("sglang"),
-                            chat_template=template)
+    thinking = chat_preprocessor(model_dir, "sglang", CONTEXT, chat_template=template)
     got = preprocess(thinking, CASES["plain"])
     assert got.formatted_prompt == ("<|im_start|>system\nYou are brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2?"
                                     "<|im_end|>\n<|im_start|>assistant\n<think>\n")
@@ -190,9 +175,7 @@ def test_a_request_sglang_refuses_is_a_400_without_python_names(preprocessor, bo
 def test_a_template_failure_is_a_400_in_our_words(model_dir, template, words):
     """The template author's raise_exception reaches the client; Jinja's own text ('dict object' has no
     attribute ...) does not."""
-    card = ModelCard(name=NAME, model_dir=model_dir, context_length=4096)
-    failing = Preprocessor(lambda name: card if name == NAME else None, chat_renderer=load_chat_renderer("sglang"),
-                           chat_template=template)
+    failing = chat_preprocessor(model_dir, "sglang", CONTEXT, chat_template=template)
     with pytest.raises(InvalidRequest) as refused:
         preprocess(failing, CASES["plain"])
     assert refused.value.param == "messages" and str(refused.value).startswith(words)

@@ -14,23 +14,18 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from meshfront.preprocessor.v1 import preprocessor_pb2
 from vllm import LLM, SamplingParams
 
-from services.common.discovery import ModelCard
 from services.common.errors import InvalidRequest
 from services.preprocessor.config import parse_config
 from services.preprocessor.core.renderers import load_chat_renderer
 from services.preprocessor.service import Preprocessor
+from tests.engine_env.chat_renderer_setup import NAME, chat_preprocessor, demo_model_dir
 
-REPO = Path(__file__).resolve().parents[3]
-NAME = "demo"
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -51,12 +46,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    """The demo model with weights, built by the main environment (the packaged tokenizer lives there)."""
-    python = REPO / ".venv" / "bin" / "python"
-    code = "from services.models import default_test_model_dir; print(default_test_model_dir(with_weights=True))"
-    out = subprocess.run([str(python), "-c", code], cwd=REPO, check=True, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "gen" / "python")])})
-    return out.stdout.strip().splitlines()[-1]
+    return demo_model_dir(with_weights=True)  # LLM runs it
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +57,7 @@ def llm(model_dir: str) -> LLM:
 @pytest.fixture(scope="module")
 def preprocessor(model_dir: str) -> Preprocessor:
     cfg = parse_config(["--chat-processor", "vllm"], env={})
-    card = ModelCard(name=NAME, model_dir=model_dir, context_length=1024)
-    return Preprocessor(lambda name: card if name == NAME else None,
-                        chat_renderer=load_chat_renderer(cfg.chat_processor))
+    return chat_preprocessor(model_dir, cfg.chat_processor, 1024)
 
 
 def preprocess(preprocessor: Preprocessor, messages, tools=None, kwargs=None) -> preprocessor_pb2.PreprocessResponse:

@@ -2,115 +2,43 @@
 
 Real pieces on loopback: a prefill mocker and a decode mocker as their processes build them (the worker
 server with its KvTransferService, the decode side's gRPC puller), and the real postprocessor with its
-multiplexed worker client and KV releaser. The route is given as the router would give it (the prefill
-worker next to the decode worker): the router's choice is tested with the router. The mocker is deterministic
-(pseudo-random mode), so a disaggregated answer must equal the aggregated one token for token.
+multiplexed worker client and KV releaser (the fixtures in conftest.py, the helpers in disagg_mockers.py).
+The route is given as the router would give it (the prefill worker next to the decode worker): the router's
+choice is tested with the router. The mocker is deterministic (pseudo-random mode), so a disaggregated answer
+must equal the aggregated one token for token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 import orjson
 import pytest
 from meshfront.common.v1 import common_pb2
-from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.router.v1 import router_pb2
 
 from services.postprocessor.migration import Migrator
 from services.postprocessor.service import Postprocessor
-from services.workers import entry
-from services.workers.mocker import main as mocker_main
-from services.workers.mocker.config import parse_config
 from services.workers.mocker.sequence import full_blocks
 from services.workers.mocker.transfer import transfer_metrics
+from tests.service.postprocessor.disagg_mockers import (
+    PROMPT,
+    TOKENS,
+    Mocker,
+    collect,
+    hang_up_during_the_prefill,
+    pulled,
+    received,
+    request,
+    wait_idle,
+)
 from tests.service.postprocessor.fake_worker import Forever
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
-PROMPT = [151644, 872, 198, *range(1000, 1200), 151645, 198, 151644, 77091, 198]  # 210 tokens: 13 full blocks
-TOKENS = 40
-
-
-class Mocker:
-    def __init__(self, serving: entry.Serving, engine) -> None:
-        self.serving, self.engine = serving, engine
-        self.id, self.address = serving.card.worker_id, serving.card.address
-
-    @property
-    def busy(self) -> bool:
-        """Holds blocks (for a sequence or a transfer) or has work queued."""
-        return bool(self.engine.cache.active_blocks or self.engine.scheduler.has_work())
-
-
-@pytest.fixture
-async def mockers(demo_model_dir, monkeypatch):
-    """Start mockers with extra flags; each built as ``meshfront mocker`` builds itself."""
-    started: list[Mocker] = []
-    engines = []
-    real_build_engine = mocker_main.build_engine
-
-    def keep(*args, **kwargs):
-        engines.append(real_build_engine(*args, **kwargs))
-        return engines[-1]
-
-    monkeypatch.setattr(mocker_main, "build_engine", keep)
-
-    async def start(*flags: str) -> Mocker:
-        cfg = parse_config(["--model-dir", str(demo_model_dir), "--port", "0", "--no-register", *flags], env={})
-        serving = await mocker_main.build(cfg, entry.KvEvents())
-        serving.server.grace_s = 0
-        await serving.server.start()
-        started.append(Mocker(serving, engines[-1]))
-        return started[-1]
-
-    yield start
-    for m in started:
-        await m.serving.server.stop()
-        for close in m.serving.closers:
-            await close()
-
-
-@pytest.fixture
-async def post():
-    postprocessor = Postprocessor(idle_timeout_s=0)
-    yield postprocessor
-    await postprocessor.close()
-
-
-def request(demo_model_dir, decode: Mocker, prefill: Mocker | None = None,
-            tokens: int = TOKENS) -> postprocessor_pb2.GenerateRequest:
-    req = postprocessor_pb2.GenerateRequest(worker_address=decode.address, worker_id=decode.id)
-    if prefill is not None:
-        req.prefill_worker_address, req.prefill_worker_id = prefill.address, prefill.id
-    req.options.model_dir = str(demo_model_dir)
-    req.request.request_id = uuid.uuid4().hex
-    req.request.model = "demo"
-    req.request.token_ids.extend(PROMPT)
-    req.request.sampling.seed = 77
-    req.request.stop.max_tokens = tokens
-    req.request.stop.ignore_eos = True
-    return req
-
-
-async def collect(post: Postprocessor, req) -> list[postprocessor_pb2.GenerateResponse]:
-    return [r async for r in post.generate(req)]
-
-
-async def wait_idle(*mockers: Mocker, within_s: float = 0.2) -> float:
-    """Seconds until none of ``mockers`` holds anything; fails past ``within_s``."""
-    start = time.monotonic()
-    while any(m.busy for m in mockers):
-        assert time.monotonic() - start < within_s, [(m.id, m.engine.cache.active_blocks) for m in mockers]
-        await asyncio.sleep(0.005)
-    return time.monotonic() - start
-
-
-def pulled() -> float:
-    return transfer_metrics()[0].labels("pulled")._value.get()
-
+# 13 blocks of 64 MB at 1 GB/s: a transfer of ~0.8 s.
+SLOW_TRANSFER = ("--kv-block-bytes", str(64 * 10**6), "--kv-transfer-bandwidth-gbs", "1")
 
 async def test_two_legs_answer_as_one_worker_does_and_the_decode_worker_has_the_prompt_cached(
         demo_model_dir, mockers, post):
@@ -141,21 +69,13 @@ async def test_a_one_token_request_ends_with_its_prefill_leg_and_frees_the_held_
 async def test_cancel_during_the_prefill_frees_the_prefill_worker(demo_model_dir, mockers, post):
     prefill = await mockers("--speedup-ratio", "0.02")  # a prefill of seconds
     decode = await mockers("--speedup-ratio", "0")
-    stream = post.generate(request(demo_model_dir, decode, prefill))
-    task = asyncio.ensure_future(stream.__anext__())
-    await asyncio.sleep(0.3)
-    assert prefill.busy and not task.done()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await stream.aclose()
+    await hang_up_during_the_prefill(post, request(demo_model_dir, decode, prefill), prefill)
     await wait_idle(prefill, decode)
 
 
 async def test_cancel_during_the_transfer_frees_both_workers(demo_model_dir, mockers, post):
     prefill = await mockers("--speedup-ratio", "1")
-    # 13 blocks of 64 MB at 1 GB/s: a transfer of ~0.8 s.
-    decode = await mockers("--speedup-ratio", "1", "--kv-block-bytes", str(64 * 10**6),
-                           "--kv-transfer-bandwidth-gbs", "1")
+    decode = await mockers("--speedup-ratio", "1", *SLOW_TRANSFER)
     stream = post.generate(request(demo_model_dir, decode, prefill))
     first = await stream.__anext__()
     assert first.completion_tokens == 1
@@ -175,7 +95,7 @@ async def test_a_hang_up_before_the_pull_releases_the_held_blocks(demo_model_dir
     released = transfer_metrics()[0].labels("released")._value.get()
     stream = post.generate(req)
     assert (await stream.__anext__()).completion_tokens == 1
-    await asyncio.wait_for(asyncio.shield(_received(worker, req.request.request_id)), 5)
+    await asyncio.wait_for(asyncio.shield(received(worker, req.request.request_id)), 5)
     assert prefill.engine.holds.held_blocks == 14  # 13 full blocks and the tail, for the decode worker
     await stream.aclose()
     await wait_idle(prefill)
@@ -185,11 +105,6 @@ async def test_a_hang_up_before_the_pull_releases_the_held_blocks(demo_model_dir
     assert leg.disaggregation.role == common_pb2.DISAGGREGATION_ROLE_DECODE
     assert orjson.loads(leg.disaggregation.kv_transfer_params)["remote_engine_id"] == prefill.id
     assert list(leg.token_ids)[:-1] == PROMPT and leg.stop.max_tokens == TOKENS - 1
-
-
-async def _received(worker, request_id: str) -> None:
-    while not any(r.request.request_id == request_id for r in worker.received):
-        await asyncio.sleep(0.005)
 
 
 async def test_cancel_during_the_decode_frees_both_workers(demo_model_dir, mockers, post):
@@ -249,9 +164,7 @@ async def test_a_guided_request_runs_whole_on_its_decode_worker(demo_model_dir, 
 
 async def test_the_first_token_does_not_wait_for_the_transfer(demo_model_dir, mockers, post):
     prefill = await mockers("--speedup-ratio", "1")
-    # 13 blocks of 64 MB at 1 GB/s: a transfer of ~0.8 s.
-    decode = await mockers("--speedup-ratio", "1", "--kv-block-bytes", str(64 * 10**6),
-                           "--kv-transfer-bandwidth-gbs", "1")
+    decode = await mockers("--speedup-ratio", "1", *SLOW_TRANSFER)
     start = time.monotonic()
     stream = post.generate(request(demo_model_dir, decode, prefill, tokens=3))
     first = await stream.__anext__()

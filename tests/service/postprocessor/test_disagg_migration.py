@@ -19,9 +19,8 @@ from services.postprocessor.migration import Migrator
 from services.postprocessor.service import Postprocessor
 from services.router.disagg import prefill_leg_id
 from services.router.service import Router
+from tests.service.postprocessor.disagg_mockers import PROMPT, request
 from tests.service.postprocessor.fake_worker import Fail
-from tests.service.postprocessor.test_disagg_legs import PROMPT, request
-from tests.service.postprocessor.test_disagg_legs import mockers as mockers  # the fixture, re-exported
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 

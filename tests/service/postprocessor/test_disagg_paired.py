@@ -23,6 +23,7 @@ from meshfront.worker.v1 import worker_pb2_grpc
 from services.common.error_interceptor import ErrorInterceptor
 from services.postprocessor.migration import Migrator
 from services.postprocessor.service import Postprocessor
+from tests.service.postprocessor.disagg_mockers import collect
 from tests.service.postprocessor.sglang_pair import PairWorker, Room, Timing
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
@@ -77,19 +78,23 @@ def request(demo_model_dir, decode: PairWorker, prefill: PairWorker | None = Non
     return req
 
 
-async def collect(post: Postprocessor, req) -> list[postprocessor_pb2.GenerateResponse]:
-    return [r async for r in post.generate(req)]
-
-
 def ids(responses) -> list[int]:
     return [i for r in responses for i in r.token_ids]
 
 
-@pytest.fixture
-async def post():
-    postprocessor = Postprocessor(idle_timeout_s=0)
-    yield postprocessor
-    await postprocessor.close()
+async def migrated(demo_model_dir, whole: PairWorker,
+                   req: postprocessor_pb2.GenerateRequest) -> tuple[list, list, router_pb2.RouteRequest]:
+    """``req`` on a postprocessor whose migrations go to ``whole``: ``whole``'s own answer first (the one to
+    equal), then the request's, and the one route its migration asked for."""
+    router = Router(whole)
+    post = Postprocessor(idle_timeout_s=0, migrator=Migrator(router, 3))
+    try:
+        want = await collect(post, request(demo_model_dir, whole))
+        got = await collect(post, req)
+    finally:
+        await post.close()
+    (asked,) = router.asked
+    return want, got, asked
 
 
 @pytest.mark.parametrize("first", ["prefill", "decode"])
@@ -169,16 +174,9 @@ async def test_a_hang_up_cancels_both_legs_at_once(demo_model_dir, pair, post, p
 async def test_a_failed_prefill_leg_cancels_the_decode_leg_and_the_request_runs_again(demo_model_dir, pair):
     prefill, decode, whole = await pair(), await pair(), await pair()
     prefill.fail_prefill = True
-    router = Router(whole)
-    post = Postprocessor(idle_timeout_s=0, migrator=Migrator(router, 3))
-    try:
-        want = await collect(post, request(demo_model_dir, whole))
-        req = request(demo_model_dir, decode, prefill)
-        got = await collect(post, req)
-    finally:
-        await post.close()
+    req = request(demo_model_dir, decode, prefill)
+    want, got, asked = await migrated(demo_model_dir, whole, req)
     assert ids(got) == ids(want)
-    (asked,) = router.asked
     assert list(asked.exclude_worker_ids) == ["prefill"]
     assert decode.cancel_event(req.request.request_id).is_set()
 
@@ -186,28 +184,14 @@ async def test_a_failed_prefill_leg_cancels_the_decode_leg_and_the_request_runs_
 async def test_a_failed_decode_leg_migrates_token_identical(demo_model_dir, pair):
     prefill, decode, whole = await pair(), await pair(), await pair()
     decode.fail_decode_after = 5
-    router = Router(whole)
-    post = Postprocessor(idle_timeout_s=0, migrator=Migrator(router, 3))
-    try:
-        want = await collect(post, request(demo_model_dir, whole))
-        got = await collect(post, request(demo_model_dir, decode, prefill))
-    finally:
-        await post.close()
+    want, got, asked = await migrated(demo_model_dir, whole, request(demo_model_dir, decode, prefill))
     assert ids(got) == ids(want) and len(ids(got)) == TOKENS
-    (asked,) = router.asked
     assert list(asked.exclude_worker_ids) == ["decode"]
 
 
 async def test_a_decode_leg_refused_for_its_room_blames_the_prefill_worker(demo_model_dir, pair):
     prefill, decode, whole = await pair(), await pair(), await pair()
     prefill.rooms = {}  # its rooms are not the decode worker's: the decode leg cannot connect
-    router = Router(whole)
-    post = Postprocessor(idle_timeout_s=0, migrator=Migrator(router, 3))
-    try:
-        want = await collect(post, request(demo_model_dir, whole))
-        got = await collect(post, request(demo_model_dir, decode, prefill))
-    finally:
-        await post.close()
+    want, got, asked = await migrated(demo_model_dir, whole, request(demo_model_dir, decode, prefill))
     assert ids(got) == ids(want)
-    (asked,) = router.asked
     assert list(asked.exclude_worker_ids) == ["prefill"]

@@ -6,19 +6,16 @@ test_disagg_legs.py, which runs the sequential order."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from meshfront.common.v1 import common_pb2
 
 from services.workers.mocker.sequence import full_blocks
 from services.workers.mocker.transfer import transfer_metrics
-from tests.service.postprocessor.test_disagg_legs import (  # noqa: F401 (fixtures)
+from tests.service.postprocessor.disagg_mockers import (
     PROMPT,
     TOKENS,
     collect,
-    mockers,
-    post,
+    hang_up_during_the_prefill,
     pulled,
     request,
     wait_idle,
@@ -29,7 +26,7 @@ pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 OVERLAP = "--kv-transfer-overlap"
 
 
-async def test_both_legs_at_once_answer_as_one_worker_does(demo_model_dir, mockers, post):  # noqa: F811
+async def test_both_legs_at_once_answer_as_one_worker_does(demo_model_dir, mockers, post):
     prefill = await mockers("--speedup-ratio", "1", OVERLAP)
     decode = await mockers("--speedup-ratio", "1", OVERLAP)
     want = await collect(post, request(demo_model_dir, prefill))  # aggregated
@@ -46,7 +43,7 @@ async def test_both_legs_at_once_answer_as_one_worker_does(demo_model_dir, mocke
     await wait_idle(prefill, decode)
 
 
-async def test_a_one_token_request_frees_the_hold_at_once(demo_model_dir, mockers, post):  # noqa: F811
+async def test_a_one_token_request_frees_the_hold_at_once(demo_model_dir, mockers, post):
     # The answer is the prefill leg's token: the postprocessor cancels both legs, and the cancel of the prefill
     # leg (whose finish waits for a pull) frees the blocks, whether or not the decode leg's pull had arrived.
     prefill = await mockers("--speedup-ratio", "0", OVERLAP)
@@ -60,15 +57,9 @@ async def test_a_one_token_request_frees_the_hold_at_once(demo_model_dir, mocker
     assert ended == 1 and len(prefill.engine.holds) == 0
 
 
-async def test_cancel_during_the_prefill_frees_both_workers(demo_model_dir, mockers, post):  # noqa: F811
+async def test_cancel_during_the_prefill_frees_both_workers(demo_model_dir, mockers, post):
     prefill = await mockers("--speedup-ratio", "0.02", OVERLAP)  # a prefill of seconds
     decode = await mockers("--speedup-ratio", "0", OVERLAP)
-    stream = post.generate(request(demo_model_dir, decode, prefill))
-    task = asyncio.ensure_future(stream.__anext__())
-    await asyncio.sleep(0.3)
-    assert prefill.busy and not task.done()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await stream.aclose()
+    await hang_up_during_the_prefill(post, request(demo_model_dir, decode, prefill), prefill)
     await wait_idle(prefill, decode)
     assert len(prefill.engine.holds) == 0

@@ -24,9 +24,8 @@ from services.postprocessor.kv_release import GrpcKvReleaser
 from services.postprocessor.service import Postprocessor
 from services.workers.mocker.transfer import transfer_metrics
 from services.workers.vllm.release_grpc import add_kv_release
+from tests.service.postprocessor.disagg_mockers import received, request
 from tests.service.postprocessor.fake_worker import FakeWorker, Forever
-from tests.service.postprocessor.test_disagg_legs import _received, request
-from tests.service.postprocessor.test_disagg_legs import mockers as mockers  # the fixture, re-exported
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
@@ -65,7 +64,7 @@ async def test_a_hang_up_during_the_transfer_sends_the_release_to_the_decode_wor
         prefill_released = transfer_metrics()[0].labels("released")._value.get()
         stream = post.generate(req)
         assert (await stream.__anext__()).completion_tokens == 1
-        await asyncio.wait_for(asyncio.shield(_received(worker, rid)), 5)  # the decode leg is open: the transfer
+        await asyncio.wait_for(asyncio.shield(received(worker, rid)), 5)  # the decode leg is open: the transfer
         (leg,) = [r.request for r in worker.received if r.request.request_id == rid]
         await stream.aclose()
         async with asyncio.timeout(1):

@@ -8,8 +8,6 @@ import pytest
 pytestmark = pytest.mark.unit
 
 BENCH = pathlib.Path(__file__).resolve().parents[3] / "bench"
-# Still borrowing from the tests: the render bench's reference renderer lives in a gateway unit test.
-NOT_YET = {"render.py"}
 
 
 def _imports_tests(path: pathlib.Path) -> list[str]:
@@ -22,7 +20,5 @@ def _imports_tests(path: pathlib.Path) -> list[str]:
 
 
 def test_no_bench_module_imports_the_tests_package():
-    offenders = {p.name: found for p in sorted(BENCH.glob("*.py")) if p.name not in NOT_YET
-                 and (found := _imports_tests(p))}
+    offenders = {p.name: found for p in sorted(BENCH.glob("*.py")) if (found := _imports_tests(p))}
     assert offenders == {}
-    assert all(_imports_tests(BENCH / name) for name in NOT_YET)  # an entry here that no longer imports: drop it

@@ -174,7 +174,7 @@ def test_disaggregated_pins_are_honoured_the_header_over_the_body():
     ({"prefill_worker_id": True}, {}, "nvext.prefill_worker_id"),
     ({"decode_worker_id": -1}, {}, "nvext.decode_worker_id"),
     ({"decode_worker_id": "x" * 200}, {}, "nvext.decode_worker_id"),
-    ({}, {"x-prefill-instance-id": "x" * 200}, "nvext.prefill_worker_id"),
+    ({}, {"x-prefill-instance-id": "x" * 200}, "x-prefill-instance-id"),  # what the client sent: the header
 ])
 def test_a_malformed_disaggregated_pin_is_a_400_naming_it(nvext, headers, param):
     with pytest.raises(InvalidRequest) as e:

@@ -29,8 +29,9 @@ def check_pin(pin: str, model: str, serving: Sequence[Candidate]) -> None:
     ``serving`` are all the model's workers, busy ones included (a busy pinned worker is not a mistake).
     """
     if not any(c.worker_id == pin for c in serving):
-        raise InvalidRequest(f"'{PIN_PARAM}' (or the x-worker-instance-id header) names worker {printable(pin)}, "
-                             f"which does not serve model `{printable(model)}`", param=PIN_PARAM)
+        # The field only: the gateway names the x-worker-instance-id header instead where that set the pin.
+        raise InvalidRequest(f"'{PIN_PARAM}' names worker {printable(pin)}, which does not serve model "
+                             f"`{printable(model)}`", param=PIN_PARAM)
 
 
 class Direct(Stateless):
