@@ -21,7 +21,7 @@ import orjson
 from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 
-from services.common.discovery import CHAT, COMPLETIONS, PREFILL, ModelCard, WorkerCard, WorkerRegistry
+from services.common.discovery import CHAT, COMPLETIONS, DECODE, PREFILL, ModelCard, WorkerCard, WorkerRegistry
 from services.common.errors import InvalidRequest, MeshError
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess
@@ -90,15 +90,14 @@ class Warmup:
         self._started.add(worker_id)
         if card.model.is_embedding:
             return  # its one stage besides the worker (the preprocessor's tokenizer) warms itself
-        task = asyncio.get_running_loop().create_task(self._warm(worker_id, card.model, card.role == PREFILL),
+        task = asyncio.get_running_loop().create_task(self._warm(worker_id, card.model, card.role),
                                                       name=f"warm-{worker_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _warm(self, worker_id: str, model: ModelCard, prefill: bool) -> None:
+    async def _warm(self, worker_id: str, model: ModelCard, role: str) -> None:
         started = time.monotonic()
-        # A prefill worker runs only prefill legs: pinned as the prefill worker, the router picks the decode one.
-        pin, hints = ("", RouteHints(prefill_worker_id=worker_id)) if prefill else (worker_id, _NO_HINTS)
+        pin, hints = _pins(worker_id, role)
         deadline = started + self._deadline_s
         kinds = [kind for kind in (CHAT, COMPLETIONS) if model.serves(kind)]
         while kinds:
@@ -118,6 +117,20 @@ class Warmup:
                     return
                 log.info("warming worker %s: %s; retrying", worker_id, e.message)
                 await asyncio.sleep(self._retry_s)
+
+
+def _pins(worker_id: str, role: str) -> tuple[str, RouteHints]:
+    """How a worker's warm-up request is pinned to it: (the aggregated pin, the split pins).
+
+    A prefill worker runs only prefill legs, and a decode worker may be unable to run a request whole (SGLang's
+    decode server dials the bootstrap every request names), so each warms in its own leg of a split request
+    whose other worker the router picks (aggregated still, where no prefill worker is registered and the
+    router does not enforce disaggregation); a ``both`` worker warms with the request whole."""
+    if role == PREFILL:
+        return "", RouteHints(prefill_worker_id=worker_id)
+    if role == DECODE:
+        return "", RouteHints(decode_worker_id=worker_id)
+    return worker_id, _NO_HINTS
 
 
 def _request(model: ModelCard, kind: str) -> preprocessor_pb2.PreprocessRequest:

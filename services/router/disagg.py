@@ -133,7 +133,7 @@ class Disagg:
                decode_overlap: int) -> Shape:
         prefill_pool = [c for c in every if c.role == PREFILL]
         if not prefill_pool:
-            # A worker pin runs where it says, enforced or not: the client chose aggregated (so does warm-up).
+            # A worker pin runs where it says, enforced or not: the client chose aggregated.
             if self.settings.enforce and not req.worker_id:
                 raise NoWorkers(f"No prefill worker serves `{req.model}`, and this router runs every request "
                                 "disaggregated (--enforce-disagg).")

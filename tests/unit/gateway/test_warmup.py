@@ -41,6 +41,7 @@ class Pipeline:
     def __init__(self, failures=()) -> None:
         self.calls: list[tuple[str, str]] = []  # (worker pinned, prompt kind)
         self.prefill_pins: list[str] = []
+        self.decode_pins: list[str] = []
         self.gate = asyncio.Event()
         self.gate.set()
         self.failures = list(failures)
@@ -49,6 +50,7 @@ class Pipeline:
         [req] = requests
         self.calls.append((worker_id, req.WhichOneof("prompt")))
         self.prefill_pins.append(hints.prefill_worker_id)
+        self.decode_pins.append(hints.decode_worker_id)
         await self.gate.wait()
         if self.failures:
             raise self.failures.pop(0)
@@ -116,13 +118,15 @@ def test_the_warm_up_request_has_an_ordinary_size_where_the_window_allows(contex
     assert chat.request.stop.max_tokens == completion.request.stop.max_tokens == max_tokens
 
 
-async def test_a_prefill_worker_warms_pinned_as_the_prefill_worker():
-    """A prefill worker never runs a request whole: pinned by backend_instance_id, the router would refuse it."""
+async def test_prefill_and_decode_workers_warm_in_their_own_leg_of_a_split_request():
+    """A prefill worker never runs a request whole (pinned by backend_instance_id, the router would refuse it),
+    and an SGLang decode worker cannot: each is pinned as its leg's worker, the router picks the other."""
     registry, pipeline = Registry(), Pipeline()
     w = Warmup(pipeline, registry)
     registry.register("p1", role=PREFILL)
     registry.register("d1", role=DECODE)
+    registry.register("b1", role=BOTH)
     registry.synced.set()
     await asyncio.wait_for(w.run(), 2)
-    assert sorted(zip(pipeline.calls, pipeline.prefill_pins, strict=True)) == [
-        (("", "messages_json"), "p1"), (("d1", "messages_json"), "")]
+    assert sorted(zip(pipeline.calls, pipeline.prefill_pins, pipeline.decode_pins, strict=True)) == [
+        (("", "messages_json"), "", "d1"), (("", "messages_json"), "p1", ""), (("b1", "messages_json"), "", "")]
