@@ -147,10 +147,12 @@ async def serve(kind: WorkerKind[Any, P], prepared: P) -> None:
             if serving.load is not None:
                 publisher.set_load_reader(serving.load)
             await publisher.start()  # connects in the background: the worker does not wait for NATS
+            # Stopped first once the server has: its load reader reads the engine, which the next closers close.
+            serving.closers.insert(0, publisher.close)
         await _serve_registered(serving)
     finally:
         if publisher is not None:
-            await publisher.close()
+            await publisher.close()  # a no-op when it closed with the server, as it does unless serving failed
 
 
 def _card_updater(registrar: Registrar) -> Callable[[tuple[LoraAdapter, ...]], Awaitable[None]]:
