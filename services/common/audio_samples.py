@@ -14,6 +14,8 @@ import io
 import av
 import numpy as np
 
+# The rate every clip is decoded at: Whisper's, and every Qwen2-Audio's (media/audio.py checks the model's).
+SAMPLING_RATE = 16000
 # input_audio.format -> the FFmpeg demuxer that must read it (the gateway accepts only these).
 DEMUXERS = {"wav": "wav", "mp3": "mp3"}
 

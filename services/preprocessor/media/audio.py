@@ -16,10 +16,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from services.common.audio_samples import SAMPLING_RATE
 from services.common.errors import InvalidRequest
 
-# The rate every clip is decoded at (Whisper's, and every Qwen2-Audio's).
-SAMPLING_RATE = 16000
+__all__ = ["SAMPLING_RATE", "AudioSpec", "audio_tokens", "load_audio_spec"]
 WHISPER_EXTRACTOR = "WhisperFeatureExtractor"
 
 
