@@ -14,7 +14,8 @@ for a CPU. The preprocessor reads the same bounds to place the tokens (media/pla
 counts and the engine's agree.
 
 Built once under ``build/models/demo-qwen-vl`` and reused while the marker names the same inputs;
-weights are added on request (the mocker needs none).
+weights are added on request (the mocker needs none). The builder (``build_model_dir``, ``write_model_files``,
+``save_random_model``) serves the demo audio model too (services/models/qwen_audio.py).
 """
 
 from __future__ import annotations
