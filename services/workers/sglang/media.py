@@ -1,36 +1,131 @@
-"""Images for SGLang: what the preprocessor sent (services/workers/engine.py MediaInput) as SGLang's request.
+"""Images and videos for SGLang: what the preprocessor sent (services/workers/engine.py MediaInput) as SGLang's request.
 
-The same contract as vLLM's (services/workers/vllm/media.py): the preprocessor has fetched each image
-once, placed its (already expanded) placeholder tokens in the token ids and hashed its bytes.
-SGLang's ``GenerateReqInput`` takes the bytes as they are in ``image_data`` (its tokenizer manager
-decodes them), and the content hash in ``mm_hashes``, the field SGLang keeps for external KV routers:
-SGLang then derives the image's pad value, and so its prefix-cache key, from our hash instead of
-hashing the processed pixels, so the same image reuses the same cache on both sides of the mesh.
+The same contract as vLLM's (services/workers/vllm/media.py): the preprocessor has fetched each item once,
+placed its (already expanded) placeholder tokens in the token ids and hashed its bytes. What SGLang 0.5.23
+does with that, read from its code and checked against it (tests/engine_env/sglang/test_sglang_mm_processor.py):
+
+- **The prompt.** SGLang's Qwen-VL processor decodes ``input_ids`` to text and hands it to transformers'
+  processor, which expands every ``<|image_pad|>`` it finds, one per image. An already expanded run runs
+  its replacements out: transformers raises StopIteration inside SGLang's executor, which no future can
+  carry, and the request never answers. So ``engine_token_ids`` sends each placed run collapsed to the one
+  placeholder the chat template wrote; SGLang expands it again to the same count (images: into the ids
+  sent, verbatim, ``SGLANG_MM_AVOID_RETOKENIZE``; with a video: the processor's re-tokenisation of the
+  decoded text), and its final ids equal the mesh's token for token, one ``mm_items`` entry per item
+  whose offsets are exactly the item's run.
+- **Images** go as the bytes fetched, in ``image_data`` (SGLang's loader decodes them).
+- **Videos** go as the ``(frames, height, width, 3)`` array of the frames services/common/video_frames.py
+  samples, in ``video_data``: SGLang takes an array as the frames to use (``load_video``), skips its own
+  sampling and resize (``preprocess_video`` only touches a file it decoded itself) and transformers'
+  Qwen2-VL video processor samples none, so the grid is the one the preprocessor counted. Bytes would be
+  sampled by SGLang's own rule (its decoder's fps, ``np.linspace``) within its own pixel bounds.
+- **Hashes.** Each item's content hash goes in ``mm_hashes``, the field SGLang keeps for external KV
+  routers: SGLang derives the item's pad values, and so its prefix-cache key, from it instead of hashing
+  the pixels (kv_media.py turns them back). SGLang pairs ``mm_hashes`` with its ``mm_items``, which its
+  processor lists modality by modality (images, then videos; each in prompt order), not in prompt order;
+  a list of the wrong length it ignores, so the hashes follow that order, one per item. SGLang splits a
+  request's videos into items only frame group by frame group (``get_new_expanded_mm_items``: Qwen3-VL's
+  layout), so two or more Qwen2-VL videos stay one item, over all their runs, unless every one is a single
+  temporal patch: that item gets a hash of its own (``bundle_hash``), which the KV mapping never names, so
+  the video blocks of such a request are left out of the router's index, not guessed (kv_media.py).
 
 Modalities come from SGLang's model config (``input_modalities``), never a flag: ``image`` for a model
-whose config has a vision tower and that SGLang serves as multimodal; video and audio are not mapped.
+whose config has a vision tower and that SGLang serves as multimodal; ``video`` too for the model types whose
+video path is checked here (Qwen2-VL: SGLang's ``QwenVLImageProcessor``, transformers' video processor,
+the preprocessor's count). Audio is not mapped.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from services.workers.engine import MediaInput
+import numpy as np
+
+from services.common import video_frames
+from services.workers.engine import EngineRequest, MediaInput, RequestRejected
+
+# SGLang's order of a request's mm_items (its processor output's keys: pixel_values, then pixel_values_videos).
+ITEM_ORDER = ("image", "video")
+# hf_config.model_type values whose video mapping is checked against SGLang's processor (see the module doc).
+VIDEO_MODEL_TYPES = ("qwen2_vl",)
 
 
 def input_modalities(model_config: Any) -> tuple[str, ...]:
     """The modalities the worker's card declares, from SGLang's ``ModelConfig``."""
-    return ("image",) if model_config.is_image_understandable_model else ()
+    if not model_config.is_image_understandable_model:
+        return ()
+    if model_config.hf_config.model_type in VIDEO_MODEL_TYPES:
+        return ("image", "video")
+    return ("image",)
 
 
-def media_kwargs(media: Sequence[MediaInput]) -> dict[str, Any]:
-    """``image_data`` and ``mm_hashes`` for ``Engine.async_generate`` (empty without media).
+def engine_token_ids(token_ids: Sequence[int], media: Sequence[MediaInput]) -> list[int]:
+    """The prompt as SGLang must receive it: each placed item's placeholder run as one placeholder."""
+    out: list[int] = []
+    cursor = 0
+    for item in sorted((i for i in media if i.token_count), key=lambda i: i.token_offset):
+        out += token_ids[cursor:item.token_offset + 1]
+        cursor = item.token_offset + item.token_count
+    out += token_ids[cursor:]
+    return out
 
-    Only images reach here: the card declares nothing else and the worker service refuses what the card
-    does not declare.
+
+def has_video(media: Sequence[MediaInput]) -> bool:
+    return any(item.modality == "video" for item in media)
+
+
+def decode_videos(media: Sequence[MediaInput]) -> list[np.ndarray]:
+    """Each video's sampled frames, in prompt order (CPU work: the engine calls this in a thread)."""
+    import av
+
+    out = []
+    for item in media:
+        if item.modality == "video":
+            try:
+                out.append(video_frames.decode_sampled(item.content))
+            except (av.FFmpegError, ValueError, OSError) as e:
+                raise RequestRejected(f"a video could not be decoded: {e}") from None
+    return out
+
+
+def media_kwargs(request: EngineRequest, videos: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
+    """``input_ids``, ``image_data``, ``video_data`` and ``mm_hashes`` for ``Engine.async_generate``
+    (empty without media). ``videos``: ``decode_videos(request.media)``, decoded here when not given.
+
+    Only images and videos reach here: the card declares nothing else and the worker service refuses what
+    the card does not declare.
     """
+    media = request.media
     if not media:
         return {}
-    return {"image_data": [item.content for item in media],
-            "mm_hashes": [f"{item.content_hash:016x}" for item in media]}
+    unplaced = [item.modality for item in media if item.token_count <= 0]
+    if unplaced:
+        # SGLang places nothing itself from token ids: an item without its run would have no place.
+        raise RequestRejected(f"a {unplaced[0]} has no placeholder tokens in the prompt")
+    by_modality = {m: [item for item in media if item.modality == m] for m in ITEM_ORDER}
+    kwargs: dict[str, Any] = {"input_ids": engine_token_ids(request.token_ids, media)}
+    if by_modality["image"]:
+        kwargs["image_data"] = [item.content for item in by_modality["image"]]
+    if by_modality["video"]:
+        kwargs["video_data"] = list(decode_videos(media) if videos is None else videos)
+    hashes = [item.content_hash for item in by_modality["image"]]
+    if bundled(kwargs.get("video_data", ())):
+        hashes.append(bundle_hash([item.content_hash for item in by_modality["video"]]))
+    else:
+        hashes += [item.content_hash for item in by_modality["video"]]
+    kwargs["mm_hashes"] = [f"{h:016x}" for h in hashes]
+    return kwargs
+
+
+def bundled(videos: Sequence[np.ndarray], temporal_patch_size: int = 2) -> bool:
+    """Whether SGLang keeps these videos (sampled frames) as one item: more than one, not all one patch each."""
+    return len(videos) > 1 and any(-(-len(frames) // temporal_patch_size) > 1 for frames in videos)
+
+
+def bundle_hash(content_hashes: Sequence[int]) -> int:
+    """The item hash of videos SGLang holds as one item: theirs, combined (no content hash it could be taken for)."""
+    digest = hashlib.blake2b(b"sglang-video-bundle", digest_size=8)
+    for content_hash in content_hashes:
+        digest.update(content_hash.to_bytes(8, "big"))
+    return int.from_bytes(digest.digest(), "big")
