@@ -14,7 +14,8 @@ for a CPU. The preprocessor reads the same bounds to place the tokens (media/pla
 counts and the engine's agree.
 
 Built once under ``build/models/demo-qwen-vl`` and reused while the marker names the same inputs;
-weights are added on request (the mocker needs none).
+weights are added on request (the mocker needs none). The builder (``build_model_dir``, ``write_model_files``,
+``save_random_model``) serves the demo audio model too (services/models/qwen_audio.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from services.models import qwen
@@ -53,31 +55,49 @@ def default_vision_model_dir(with_weights: bool = False) -> Path:
 
 def build_vision_model(out_dir: str | Path, *, with_weights: bool = False) -> Path:
     """Builds (or reuses) the demo vision model directory at ``out_dir`` and returns its path."""
+    return build_model_dir(out_dir, _inputs_hash(), _write_files, save_random_weights, with_weights=with_weights)
+
+
+def build_model_dir(out_dir: str | Path, inputs: str, write_files: Callable[[Path], None],
+                    save_weights: Callable[[Path], None], *, with_weights: bool) -> Path:
+    """A demo model directory, built once per ``inputs`` hash under a lock (shared by the demo media models).
+
+    ``write_files`` writes every file but the weights; ``save_weights`` adds them when ``with_weights``.
+    """
     out = Path(out_dir).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    inputs = _inputs_hash()
     if _is_complete(out, inputs, with_weights):
         return out
     with _locked(out.parent / f".{out.name}.lock"):
         if _is_complete(out, inputs, with_weights):  # another process built it while we waited
             return out
         if _read_marker(out).get("inputs") != inputs:
-            _write_files(out)
+            log.info("building the demo model directory %s", out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / MARKER).unlink(missing_ok=True)
+            (out / WEIGHT_FILE).unlink(missing_ok=True)  # stale weights from an older build
+            write_files(out)
             _write_json_atomic(out / MARKER, {"inputs": inputs, "with_weights": False})
         if with_weights and not _read_marker(out).get("with_weights"):
-            log.info("saving random Qwen2-VL weights into %s", out)
-            save_random_weights(out)
+            log.info("saving random weights into %s", out)
+            save_weights(out)
             _write_json_atomic(out / MARKER, {"inputs": inputs, "with_weights": True})
     return out
 
 
-def _inputs_hash() -> str:
+def inputs_hash(version: int, *parts: str) -> str:
+    """What a demo model directory is built from: its build version, the tokenizer's ranks, the template and
+    the given parts (its configs)."""
     h = hashlib.sha256()
-    for part in (str(BUILD_VERSION), qwen.file_sha256(qwen.TIKTOKEN_PATH), qwen.chat_template(),
-                 json.dumps(model_config(), sort_keys=True), json.dumps(preprocessor_config(), sort_keys=True)):
+    for part in (str(version), qwen.file_sha256(qwen.TIKTOKEN_PATH), qwen.chat_template(), *parts):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
+
+
+def _inputs_hash() -> str:
+    return inputs_hash(BUILD_VERSION, json.dumps(model_config(), sort_keys=True),
+                       json.dumps(preprocessor_config(), sort_keys=True))
 
 
 def _is_complete(out: Path, inputs: str, with_weights: bool) -> bool:
@@ -87,24 +107,24 @@ def _is_complete(out: Path, inputs: str, with_weights: bool) -> bool:
     return not with_weights or (bool(marker.get("with_weights")) and (out / WEIGHT_FILE).exists())
 
 
-def _write_files(out: Path) -> None:
-    """Every file but the weights; stale weights from an older build are removed first."""
-    log.info("building the demo vision model directory %s", out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).unlink(missing_ok=True)
-    (out / WEIGHT_FILE).unlink(missing_ok=True)
-    template = qwen.chat_template()
+def write_model_files(out: Path, tokenizer, tokenizer_config: dict, config: dict, preprocessor: dict) -> None:
+    """The files of a demo media model but its weights: ``tokenizer`` a ``tokenizers.Tokenizer``, the Hermes
+    template, the configs and qwen.py's generation config."""
     tmp = out / "tokenizer.json.tmp"
-    qwen.build_tokenizer().save(str(tmp))
+    tokenizer.save(str(tmp))
     os.replace(tmp, out / "tokenizer.json")
-    _write_text_atomic(out / "chat_template.jinja", template)
-    tokenizer_config = qwen.tokenizer_config(CONTEXT_LENGTH, template)
-    tokenizer_config["processor_class"] = "Qwen2VLProcessor"
+    _write_text_atomic(out / "chat_template.jinja", qwen.chat_template())
     _write_json_atomic(out / "tokenizer_config.json", tokenizer_config)
-    _write_json_atomic(out / "config.json", model_config())
-    _write_json_atomic(out / "preprocessor_config.json", preprocessor_config())
+    _write_json_atomic(out / "config.json", config)
+    _write_json_atomic(out / "preprocessor_config.json", preprocessor)
     _write_json_atomic(out / "generation_config.json", qwen.generation_config())
     _write_json_atomic(out / "special_tokens_map.json", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+
+
+def _write_files(out: Path) -> None:
+    tokenizer_config = qwen.tokenizer_config(CONTEXT_LENGTH, qwen.chat_template())
+    tokenizer_config["processor_class"] = "Qwen2VLProcessor"
+    write_model_files(out, qwen.build_tokenizer(), tokenizer_config, model_config(), preprocessor_config())
 
 
 def model_config() -> dict:
@@ -187,16 +207,37 @@ def preprocessor_config() -> dict:
 
 def save_random_weights(out_dir: Path, seed: int = 0) -> None:
     """Saves a seeded random-init Qwen2VLForConditionalGeneration next to config.json (needs torch)."""
-    import torch
-    from transformers import AutoConfig, Qwen2VLForConditionalGeneration
+    save_random_model(out_dir, "Qwen2VLForConditionalGeneration", seed)
 
-    config = AutoConfig.from_pretrained(out_dir)
+
+def save_random_model(out_dir: Path, class_name: str, seed: int = 0, renames: Mapping[str, str] | None = None) -> None:
+    """Saves a seeded random-init transformers model ``class_name`` from ``out_dir``'s config.json beside it.
+
+    ``renames`` maps a weight-name prefix transformers saves to the one the model's published checkpoints
+    (which vLLM loads) use.
+    """
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(out_dir)
     torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config)
+    model = getattr(transformers, class_name)(config)
     # save_pretrained rewrites config.json and generation_config.json too: save into a scratch dir and
     # keep only the weights.
     with tempfile.TemporaryDirectory(dir=out_dir.parent) as scratch:
         model.save_pretrained(scratch, safe_serialization=True)
         src = Path(scratch) / WEIGHT_FILE
         src.chmod(0o644)
+        if renames:
+            from safetensors.torch import load_file, save_file
+
+            tensors = load_file(src)
+            save_file({_renamed(k, renames): v for k, v in tensors.items()}, src, metadata={"format": "pt"})
         os.replace(src, out_dir / WEIGHT_FILE)
+
+
+def _renamed(key: str, renames: Mapping[str, str]) -> str:
+    for old, new in renames.items():
+        if key.startswith(old):
+            return new + key[len(old):]
+    return key

@@ -101,6 +101,8 @@ def add_flags(p: Flags) -> None:
                "first (0: not shared); set by the replica that creates the stream")
     p.add("--media-uuid-ttl-s", default=d.uuid_ttl_s, type=float,
           help="seconds media sent with a uuid stays in the shared NATS store")
+    p.add("--media-max-audio-s", default=d.max_audio_s, type=float,
+          help="longest input_audio clip decoded, in seconds (longer: 400)")
 
 
 def from_args(args: argparse.Namespace) -> PreprocessorConfig:
@@ -119,7 +121,8 @@ def from_args(args: argparse.Namespace) -> PreprocessorConfig:
                                                allow_private=args.media_allow_private_urls,
                                                uuid_cache_bytes=args.media_uuid_cache_bytes,
                                                uuid_store_bytes=args.media_uuid_store_bytes,
-                                               uuid_ttl_s=args.media_uuid_ttl_s))
+                                               uuid_ttl_s=args.media_uuid_ttl_s,
+                                               max_audio_s=args.media_max_audio_s))
     cfg.validate()
     return cfg
 

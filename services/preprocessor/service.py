@@ -217,7 +217,8 @@ class Preprocessor:
                ) -> tuple[core.PreparedPrompt, list[placement.Placed]]:
         """The prompt with each item's placeholder expanded to its token count (placement.py)."""
         counts = [(r.modality, placement.item_tokens(r.modality, r.info.width, r.info.height, r.info.frames,
-                                                     r.info.duration_s, spec)) for r in resolved]
+                                                     r.info.duration_s, spec, samples=r.info.samples))
+                  for r in resolved]
         ids, placed = placement.expand(prepared.token_ids, counts, spec)
         return dataclasses.replace(prepared, token_ids=ids), placed
 

@@ -1,4 +1,4 @@
-"""Proving media are what their part says, and measuring them: Pillow for images, PyAV for video.
+"""Proving media are what their part says, and measuring them: Pillow for images, PyAV for video and audio.
 
 Runs on a worker thread (``resolve.py``): decoding is CPU work the event loop must not wait on.
 """
@@ -15,7 +15,7 @@ import warnings
 import av
 from PIL import Image, UnidentifiedImageError
 
-from services.common import video_frames
+from services.common import audio_samples, video_frames
 
 # A decoded frame larger than this is refused before its pixels are decoded (a decompression bomb is a
 # small file that decodes to gigabytes). ~8k x 8k.
@@ -40,6 +40,8 @@ class Decoded:
     # Video: frames in the stream and its duration in seconds (0 when the container does not say).
     frames: int = 0
     duration_s: float = 0.0
+    # Audio: its samples at services/preprocessor/media/audio.py's SAMPLING_RATE, mono.
+    samples: int = 0
 
 
 def data_url_payload(url: str, max_bytes: int) -> bytes:
@@ -115,3 +117,13 @@ def decode_video(raw: bytes) -> Decoded:
         raise DecodeRefused(f"its {sampled} sampled frames of {width}x{height} pixels come to more than "
                             f"{MAX_SAMPLED_VIDEO_BYTES} bytes decoded; send a shorter or smaller video")
     return Decoded(mime, width, height, frames=max(1, frames), duration_s=duration)
+
+
+def decode_audio(raw: bytes, fmt: str, rate: int, max_seconds: float) -> Decoded:
+    """Decodes the whole clip at ``rate`` Hz mono (services/common/audio_samples.py, as the vLLM worker will) to
+    count its samples; refuses what is not ``fmt`` audio or is longer than ``max_seconds``."""
+    try:
+        samples = audio_samples.decode(raw, fmt, rate, max_seconds)
+    except audio_samples.AudioRefused as e:
+        raise DecodeRefused(str(e)) from None
+    return Decoded(AUDIO_MIME[fmt], duration_s=len(samples) / rate, samples=len(samples))

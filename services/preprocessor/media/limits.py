@@ -11,6 +11,7 @@ DEFAULT_MAX_REDIRECTS = 3
 DEFAULT_UUID_CACHE_BYTES = 256 * 1024 * 1024
 DEFAULT_UUID_STORE_BYTES = 1024 * 1024 * 1024
 DEFAULT_UUID_TTL_S = 3600.0
+DEFAULT_MAX_AUDIO_S = 30.0  # Qwen2-Audio's window (Whisper's): what such a model hears of one clip
 # Every item's bytes travel in the one request message a worker receives, whose gRPC limit is 64 MiB
 # (services/common/grpc_server.py MAX_MESSAGE_BYTES): half of it for media leaves the prompt its room.
 MAX_REQUEST_MEDIA_BYTES = 32 * 1024 * 1024
@@ -34,6 +35,8 @@ class MediaLimits:
     # first; 0: not shared, each replica knows only the uuids it saw), and how long an item stays there.
     uuid_store_bytes: int = DEFAULT_UUID_STORE_BYTES
     uuid_ttl_s: float = DEFAULT_UUID_TTL_S
+    # Longest input_audio clip decoded, in seconds (longer: 400, found while decoding).
+    max_audio_s: float = DEFAULT_MAX_AUDIO_S
     # Most bytes of all of one request's media together (not a flag: bounded by the gRPC message size).
     max_total_bytes: int = MAX_REQUEST_MEDIA_BYTES
 
@@ -47,4 +50,6 @@ class MediaLimits:
             out.append("--media-max-redirects, --media-uuid-cache-bytes and --media-uuid-store-bytes must be >= 0")
         if self.uuid_ttl_s <= 0:
             out.append("--media-uuid-ttl-s must be positive")
+        if self.max_audio_s <= 0:
+            out.append("--media-max-audio-s must be positive")
         return out

@@ -6,9 +6,11 @@ patch_size x merge_size (28 px) with its pixel count kept within [min_pixels, ma
 second, the rule the vLLM worker decodes by), two frames per temporal patch, each frame resized within the
 video processor's pixel bounds. The bounds come from the model directory as transformers reads them: images
 from ``preprocessor_config.json``; videos from ``video_preprocessor_config.json``, else from
-``preprocessor_config.json`` too (transformers' fallback), else Qwen2-VL's video defaults.
+``preprocessor_config.json`` too (transformers' fallback), else Qwen2-VL's video defaults. An audio clip's
+count follows Qwen2-Audio's processor (media/audio.py), from the same ``preprocessor_config.json``.
 
-The chat template renders each image as one ``<|image_pad|>`` (video: ``<|video_pad|>``); placing expands
+The chat template renders each image as one ``<|image_pad|>`` (video: ``<|video_pad|>``, audio: ``<|AUDIO|>``);
+placing expands
 the n-th placeholder of a modality into the n-th item's token count, as vLLM's processor does, so the
 router's block hashes, the worker's KV cache and ``usage.prompt_tokens`` all see the real prompt.
 """
@@ -25,11 +27,13 @@ from tokenizers import Tokenizer
 
 from services.common import video_frames
 from services.common.errors import InvalidRequest
+from services.preprocessor.media.audio import AudioSpec, audio_tokens, load_audio_spec
 
-PLACEHOLDERS = {"image": "<|image_pad|>", "video": "<|video_pad|>"}
-# What a template that renders no media parts gets in their place (Qwen2-VL's own rendering).
+PLACEHOLDERS = {"image": "<|image_pad|>", "video": "<|video_pad|>", "audio": "<|AUDIO|>"}
+# What a template that renders no media parts gets in their place (Qwen2-VL's and Qwen2-Audio's own rendering).
 MARKERS = {"image": "<|vision_start|><|image_pad|><|vision_end|>",
-           "video": "<|vision_start|><|video_pad|><|vision_end|>"}
+           "video": "<|vision_start|><|video_pad|><|vision_end|>",
+           "audio": "<|audio_bos|><|AUDIO|><|audio_eos|>"}
 MAX_ASPECT_RATIO = 200
 # Qwen2VLVideoProcessor's bounds, for a model directory that configures no video processor.
 VIDEO_MIN_PIXELS = 128 * 28 * 28
@@ -48,6 +52,8 @@ class VisionSpec:
     video_min_pixels: int = VIDEO_MIN_PIXELS
     video_max_pixels: int = VIDEO_MAX_PIXELS
     placeholder_ids: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Audio's feature geometry (None: the model's processor is not Qwen2-Audio's, and audio is not placed).
+    audio: AudioSpec | None = None
 
     @property
     def factor(self) -> int:
@@ -62,6 +68,9 @@ def load_spec(model_dir: str, tokenizer: Tokenizer) -> VisionSpec:
     """The spec from the model's processor configs (see the module doc) and its tokenizer's placeholder tokens."""
     ids = {m: i for m, tok in PLACEHOLDERS.items() if (i := tokenizer.token_to_id(tok)) is not None}
     cfg = _read_config(Path(model_dir) / "preprocessor_config.json")
+    audio = load_audio_spec(cfg)
+    if audio is None:
+        ids.pop("audio", None)  # a placeholder it cannot count for is left to the engine to expand
     video_path = Path(model_dir) / "video_preprocessor_config.json"
     video_cfg = _read_config(video_path) if video_path.is_file() else cfg
     base = VisionSpec()
@@ -71,7 +80,7 @@ def load_spec(model_dir: str, tokenizer: Tokenizer) -> VisionSpec:
                       merge_size=int(cfg.get("merge_size", base.merge_size)),
                       temporal_patch_size=int(cfg.get("temporal_patch_size", base.temporal_patch_size)),
                       min_pixels=min_pixels, max_pixels=max_pixels, video_min_pixels=video_min,
-                      video_max_pixels=video_max, placeholder_ids=ids)
+                      video_max_pixels=video_max, placeholder_ids=ids, audio=audio)
 
 
 def _read_config(path: Path) -> dict:
@@ -156,10 +165,15 @@ def expand(token_ids: list[int], items: Sequence[tuple[str, int]], spec: VisionS
     return out, placed
 
 
-def item_tokens(modality: str, width: int, height: int, frames: int, duration_s: float, spec: VisionSpec) -> int:
-    """The prompt tokens one item takes (0 for a modality the model has no placeholder for)."""
+def item_tokens(modality: str, width: int, height: int, frames: int, duration_s: float, spec: VisionSpec, *,
+                samples: int = 0) -> int:
+    """The prompt tokens one item takes (0 for a modality the model has no placeholder for); ``samples``: an audio
+    clip's, at 16 kHz."""
     if modality not in spec.placeholder_ids:
         return 0
+    if modality == "audio":
+        assert spec.audio is not None  # load_spec places audio only with its spec
+        return audio_tokens(samples, spec.audio)
     try:
         if modality == "video":
             return video_tokens(width, height, frames, duration_s, spec)

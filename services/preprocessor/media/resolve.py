@@ -3,7 +3,8 @@
 - http(s) URLs go through ``fetch.UrlFetcher`` (address checks, size, redirect and time bounds); the same
   URL twice in a request is fetched once.
 - data URLs and ``input_audio`` data are decoded from base64 within the size bound.
-- Images are decoded with Pillow and videos with PyAV (``decode.py``), off the event loop.
+- Images are decoded with Pillow, videos and audio with PyAV (``decode.py``), off the event loop; audio at
+  16 kHz mono, its length bounded (--media-max-audio-s).
 - A part that names only a ``uuid`` reuses the item sent with that uuid earlier in the request or in a
   recent request: a bounded LRU of bytes in this process, in front of the store every preprocessor replica
   shares (``uuid_store.py``), so the uuid is found whichever replica the part reaches; an unknown uuid is
@@ -23,7 +24,7 @@ from typing import Protocol
 import xxhash
 
 from services.common.errors import InvalidRequest
-from services.preprocessor.media import decode
+from services.preprocessor.media import audio, decode
 from services.preprocessor.media.fetch import FetchRefused, UrlFetcher
 from services.preprocessor.media.limits import MediaLimits
 
@@ -187,7 +188,8 @@ class MediaResolver:
             elif part.modality == "video":
                 info = await asyncio.to_thread(decode.decode_video, raw)
             else:
-                info = decode.Decoded(decode.AUDIO_MIME.get(part.format, "audio/" + part.format))
+                info = await asyncio.to_thread(decode.decode_audio, raw, part.format, audio.SAMPLING_RATE,
+                                               self.limits.max_audio_s)
         except (FetchRefused, decode.DecodeRefused) as e:
             raise _refuse(part, field, str(e)) from None
         return Resolved(part.modality, raw, content_hash(raw), info)

@@ -1,4 +1,5 @@
-"""Images and videos for vLLM: what the preprocessor sent (services/workers/engine.py MediaInput) as vLLM's prompt.
+"""Images, videos and audio for vLLM: what the preprocessor sent (services/workers/engine.py MediaInput) as
+vLLM's prompt.
 
 The preprocessor has fetched each item once, checked it, placed its placeholder tokens (expanded to
 the count Qwen2-VL's processor gives, so the router's hashes and ``usage`` see the real prompt) and
@@ -9,7 +10,9 @@ the one placeholder the chat template wrote; vLLM expands it again to the same c
 
 Each image becomes a decoded PIL image in ``multi_modal_data`` and each video the
 ``(frames, height, width, 3)`` array of the frames services/common/video_frames.py samples (the rule the
-preprocessor counted its tokens by; Qwen2-VL's video processor samples only when asked). Each gets a
+preprocessor counted its tokens by; Qwen2-VL's video processor samples only when asked), and each audio clip
+the ``(samples, 16000)`` pair services/common/audio_samples.py decodes (16 kHz mono float32, the samples the
+preprocessor counted; at the model's rate, so vLLM resamples nothing). Each gets a
 ``multi_modal_uuids`` entry naming its content hash:
 
 - vLLM keys its processor and encoder caches on the uuid instead of hashing the pixels again; and
@@ -23,7 +26,7 @@ a client chose must not select another client's image from vLLM's caches.
 
 Which modalities a worker takes comes from the engine's model config (``input_modalities``), never a
 flag: those the model's processor supports, that ``--limit-mm-per-prompt`` leaves above 0, and that
-this adapter maps (images and videos; audio is not mapped: no model served here takes it).
+this adapter maps (images, videos and audio).
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.common import video_frames
+from services.common import audio_samples, video_frames
 from services.workers.engine import MediaInput, RequestRejected
 
-MAPPED_MODALITIES = ("image", "video")
+MAPPED_MODALITIES = ("image", "video", "audio")
+# A sanity bound on one clip the worker decodes: the preprocessor bounds clips far tighter (--media-max-audio-s).
+MAX_AUDIO_S = 3600.0
 UUID_PREFIX = "xxh3:"  # then the content hash as 16 hex digits
 WITHOUT_TORCHVISION = Path(__file__).parent / "without_torchvision"
 
@@ -141,7 +146,16 @@ def decode_video(item: MediaInput):
         raise RequestRejected(f"a video could not be decoded: {e}") from None
 
 
-_DECODERS = {"image": decode_image, "video": decode_video}
+def decode_audio(item: MediaInput) -> tuple[Any, int]:
+    """The clip as ``(samples, rate)``: the 16 kHz mono samples the preprocessor counted its tokens from."""
+    try:
+        samples = audio_samples.decode(item.content, item.format, audio_samples.SAMPLING_RATE, MAX_AUDIO_S)
+    except audio_samples.AudioRefused as e:
+        raise RequestRejected(f"an audio clip could not be decoded: {e}") from None
+    return samples, audio_samples.SAMPLING_RATE
+
+
+_DECODERS = {"image": decode_image, "video": decode_video, "audio": decode_audio}
 
 
 def multimodal_fields(media: Sequence[MediaInput]) -> dict[str, Any]:
@@ -157,7 +171,7 @@ def multimodal_fields(media: Sequence[MediaInput]) -> dict[str, Any]:
         return {}
     data: dict[str, list[Any]] = {}
     uuids: dict[str, list[str]] = {}
-    # Only images and videos reach here: the card declares nothing else (input_modalities) and the worker
+    # Only images, videos and audio reach here: the card declares nothing else (input_modalities) and the worker
     # service refuses what the card does not declare.
     for item in media:
         data.setdefault(item.modality, []).append(_DECODERS[item.modality](item))

@@ -11,7 +11,7 @@ from services.common.errors import InvalidRequest
 from services.preprocessor.media import decode, placement
 from services.preprocessor.media.limits import MediaLimits
 from services.preprocessor.media.resolve import MediaResolver, content_hash
-from tests.media_samples import data_url, mp4, png
+from tests.media_samples import data_url, mp4, png, wav
 
 pytestmark = pytest.mark.unit
 
@@ -130,8 +130,9 @@ async def test_inline_limits_and_non_images_are_400s():
     with pytest.raises(InvalidRequest, match=f"more than {len(small) * 2 - 1} bytes together"):
         await together.resolve([item(url=data_url(small)), item(url=data_url(small) + "")])
     await together.close()
-    audio = await resolver.resolve([item(modality="audio", data=base64.b64encode(b"RIFF....").decode(), format="wav")])
-    assert audio[0].content == b"RIFF...." and audio[0].info.mime_type == "audio/wav"
+    clip = wav(0.1, rate=8000, channels=1)  # 1.6 kB: within the 2000-byte bound
+    audio = await resolver.resolve([item(modality="audio", data=base64.b64encode(clip).decode(), format="wav")])
+    assert audio[0].content == clip and audio[0].info.mime_type == "audio/wav" and audio[0].info.samples == 1600
     await resolver.close()
 
 
