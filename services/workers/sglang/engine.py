@@ -24,7 +24,7 @@ import itertools
 import logging
 import math
 import signal
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 from sglang.srt.entrypoints.engine import Engine
@@ -175,10 +175,10 @@ class SglangEngine:
     # -- generation ----------------------------------------------------------------------------------
 
     def request_kwargs(self, request: EngineRequest, rid: str, bootstrap: transfer.Bootstrap | None = None,
-                       videos: Sequence[Any] | None = None) -> dict[str, Any]:
-        """``videos``: the request's decoded videos (``media.decode_videos``), decoded here when not given."""
+                       decoded: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+        """``decoded``: the request's videos and audio as ``media.decode`` gives them, decoded here when not given."""
         kwargs = sampling.request_kwargs(request, rid, self.limits)
-        kwargs.update(media.media_kwargs(request, videos))  # input_ids: each media run collapsed (media.py)
+        kwargs.update(media.media_kwargs(request, decoded))  # input_ids: each media run collapsed (media.py)
         self.media_pads.register(request)
         if bootstrap is not None:
             kwargs.update(bootstrap.request_kwargs())
@@ -190,9 +190,9 @@ class SglangEngine:
         bootstrap = transfer.bootstrap_for(request.kv_transfer_params, own_host=self.bootstrap_host,
                                            own_port=self._bootstrap_port)
         prefill_leg = transfer.leg(request.kv_transfer_params) is transfer.Leg.PREFILL
-        # A video's frames are decoded off the event loop (the preprocessor has proved they decode).
-        videos = await asyncio.to_thread(media.decode_videos, request.media) if media.has_video(request.media) else []
-        kwargs = self.request_kwargs(request, rid, bootstrap, videos)
+        # Videos and audio are decoded off the event loop (the preprocessor has proved they decode).
+        decoded = await asyncio.to_thread(media.decode, request.media) if media.needs_decoding(request.media) else None
+        kwargs = self.request_kwargs(request, rid, bootstrap, decoded)
         eos, stop_ids, top = request.eos_token_ids, request.stop_token_ids, request.logprobs
         tm = self.engine.tokenizer_manager
         self.in_flight += 1

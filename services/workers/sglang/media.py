@@ -1,4 +1,5 @@
-"""Images and videos for SGLang: what the preprocessor sent (services/workers/engine.py MediaInput) as SGLang's request.
+"""Images, videos and audio for SGLang: what the preprocessor sent (services/workers/engine.py MediaInput) as
+SGLang's request.
 
 The same contract as vLLM's (services/workers/vllm/media.py): the preprocessor has fetched each item once,
 placed its (already expanded) placeholder tokens in the token ids and hashed its bytes. What SGLang 0.5.23
@@ -18,6 +19,11 @@ does with that, read from its code and checked against it (tests/engine_env/sgla
   sampling and resize (``preprocess_video`` only touches a file it decoded itself) and transformers'
   Qwen2-VL video processor samples none, so the grid is the one the preprocessor counted. Bytes would be
   sampled by SGLang's own rule (its decoder's fps, ``np.linspace``) within its own pixel bounds.
+- **Audio** goes as the 16 kHz mono samples services/common/audio_samples.py decodes (what the preprocessor
+  counted), wrapped losslessly as 32-bit float PCM in Matroska: SGLang takes audio only as a file or bytes,
+  decodes a container it recognises (Matroska, MP4, ...) with PyAV at the model's 16 kHz, which passes these
+  samples through unchanged, and sends anything else (WAV, MP3) to torchcodec or soundfile + torchaudio,
+  whose resampling is not the preprocessor's.
 - **Hashes.** Each item's content hash goes in ``mm_hashes``, the field SGLang keeps for external KV
   routers: SGLang derives the item's pad values, and so its prefix-cache key, from it instead of hashing
   the pixels (kv_media.py turns them back). SGLang pairs ``mm_hashes`` with its ``mm_items``, which its
@@ -31,33 +37,46 @@ does with that, read from its code and checked against it (tests/engine_env/sgla
 Modalities come from SGLang's model config (``input_modalities``), never a flag: ``image`` for a model
 whose config has a vision tower and that SGLang serves as multimodal; ``video`` too for the model types whose
 video path is checked here (Qwen2-VL: SGLang's ``QwenVLImageProcessor``, transformers' video processor,
-the preprocessor's count). Audio is not mapped.
+the preprocessor's count); ``audio`` when SGLang's ``ModelConfig`` says the model understands audio and its
+type is one checked here (Qwen2-Audio: SGLang's ``Qwen2AudioMultimodalProcessor``, the preprocessor's count).
+No checked model takes audio beside images or videos, so where audio stands in SGLang's item order beside them
+is not checked (``ITEM_ORDER`` puts it last).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from services.common import video_frames
+from services.common import audio_samples, video_frames
 from services.workers.engine import EngineRequest, MediaInput, RequestRejected
 
 # SGLang's order of a request's mm_items (its processor output's keys: pixel_values, then pixel_values_videos).
-ITEM_ORDER = ("image", "video")
-# hf_config.model_type values whose video mapping is checked against SGLang's processor (see the module doc).
+ITEM_ORDER = ("image", "video", "audio")
+# hf_config.model_type values whose video or audio mapping is checked against SGLang's processor (module doc).
 VIDEO_MODEL_TYPES = ("qwen2_vl",)
+AUDIO_MODEL_TYPES = ("qwen2_audio",)
+# A sanity bound on one clip the worker decodes: the preprocessor bounds clips far tighter (--media-max-audio-s).
+MAX_AUDIO_S = 3600.0
+# The media the worker decodes before SGLang sees them (the rest go as the bytes fetched).
+DECODED = ("video", "audio")
 
 
 def input_modalities(model_config: Any) -> tuple[str, ...]:
     """The modalities the worker's card declares, from SGLang's ``ModelConfig``."""
-    if not model_config.is_image_understandable_model:
-        return ()
-    if model_config.hf_config.model_type in VIDEO_MODEL_TYPES:
-        return ("image", "video")
-    return ("image",)
+    model_type = model_config.hf_config.model_type
+    out: list[str] = []
+    if model_config.is_image_understandable_model:
+        out.append("image")
+        if model_type in VIDEO_MODEL_TYPES:
+            out.append("video")
+    if model_config.is_audio_understandable_model and model_type in AUDIO_MODEL_TYPES:
+        out.append("audio")
+    return tuple(out)
 
 
 def engine_token_ids(token_ids: Sequence[int], media: Sequence[MediaInput]) -> list[int]:
@@ -71,30 +90,62 @@ def engine_token_ids(token_ids: Sequence[int], media: Sequence[MediaInput]) -> l
     return out
 
 
-def has_video(media: Sequence[MediaInput]) -> bool:
-    return any(item.modality == "video" for item in media)
+def needs_decoding(media: Sequence[MediaInput]) -> bool:
+    return any(item.modality in DECODED for item in media)
 
 
-def decode_videos(media: Sequence[MediaInput]) -> list[np.ndarray]:
-    """Each video's sampled frames, in prompt order (CPU work: the engine calls this in a thread)."""
-    import av
-
-    out = []
+def decode(media: Sequence[MediaInput]) -> dict[str, list[Any]]:
+    """Each video's sampled frames and each audio clip as SGLang takes it, per modality in prompt order
+    (CPU work: the engine calls this in a thread). Refuses (400) what does not decode."""
+    out: dict[str, list[Any]] = {m: [] for m in DECODED}
     for item in media:
         if item.modality == "video":
-            try:
-                out.append(video_frames.decode_sampled(item.content))
-            except (av.FFmpegError, ValueError, OSError) as e:
-                raise RequestRejected(f"a video could not be decoded: {e}") from None
+            out["video"].append(decode_video(item))
+        elif item.modality == "audio":
+            out["audio"].append(audio_container(decode_audio(item)))
     return out
 
 
-def media_kwargs(request: EngineRequest, videos: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
-    """``input_ids``, ``image_data``, ``video_data`` and ``mm_hashes`` for ``Engine.async_generate``
-    (empty without media). ``videos``: ``decode_videos(request.media)``, decoded here when not given.
+def decode_video(item: MediaInput) -> np.ndarray:
+    import av
 
-    Only images and videos reach here: the card declares nothing else and the worker service refuses what
-    the card does not declare.
+    try:
+        return video_frames.decode_sampled(item.content)
+    except (av.FFmpegError, ValueError, OSError) as e:
+        raise RequestRejected(f"a video could not be decoded: {e}") from None
+
+
+def decode_audio(item: MediaInput) -> np.ndarray:
+    """The clip's 16 kHz mono samples: the ones the preprocessor counted its tokens from."""
+    try:
+        return audio_samples.decode(item.content, item.format, audio_samples.SAMPLING_RATE, MAX_AUDIO_S)
+    except audio_samples.AudioRefused as e:
+        raise RequestRejected(f"an audio clip could not be decoded: {e}") from None
+
+
+def audio_container(samples: np.ndarray) -> bytes:
+    """``samples`` (16 kHz mono float32) as 32-bit float PCM in Matroska, which SGLang decodes back unchanged."""
+    import av
+
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="matroska") as container:
+        stream = container.add_stream("pcm_f32le", rate=audio_samples.SAMPLING_RATE, layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples, dtype=np.float32)[None, :], format="flt",
+                                           layout="mono")
+        frame.sample_rate = audio_samples.SAMPLING_RATE
+        for packet in stream.encode(frame):
+            container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return out.getvalue()
+
+
+def media_kwargs(request: EngineRequest, decoded: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+    """``input_ids``, ``image_data``, ``video_data``, ``audio_data`` and ``mm_hashes`` for
+    ``Engine.async_generate`` (empty without media). ``decoded``: ``decode(request.media)``, run here when not
+    given.
+
+    Only what the card declares reaches here: the worker service refuses the rest.
     """
     media = request.media
     if not media:
@@ -104,16 +155,20 @@ def media_kwargs(request: EngineRequest, videos: Sequence[np.ndarray] | None = N
         # SGLang places nothing itself from token ids: an item without its run would have no place.
         raise RequestRejected(f"a {unplaced[0]} has no placeholder tokens in the prompt")
     by_modality = {m: [item for item in media if item.modality == m] for m in ITEM_ORDER}
+    if decoded is None:
+        decoded = decode(media)
     kwargs: dict[str, Any] = {"input_ids": engine_token_ids(request.token_ids, media)}
     if by_modality["image"]:
         kwargs["image_data"] = [item.content for item in by_modality["image"]]
-    if by_modality["video"]:
-        kwargs["video_data"] = list(decode_videos(media) if videos is None else videos)
+    for modality in DECODED:
+        if by_modality[modality]:
+            kwargs[f"{modality}_data"] = list(decoded[modality])
     hashes = [item.content_hash for item in by_modality["image"]]
     if bundled(kwargs.get("video_data", ())):
         hashes.append(bundle_hash([item.content_hash for item in by_modality["video"]]))
     else:
         hashes += [item.content_hash for item in by_modality["video"]]
+    hashes += [item.content_hash for item in by_modality["audio"]]
     kwargs["mm_hashes"] = [f"{h:016x}" for h in hashes]
     return kwargs
 
