@@ -137,6 +137,9 @@ def test_sglangs_padded_audio_prompt_maps_back_to_the_preprocessors_blocks(model
     request = placed_request(model_dir, tokenizer, [("wav", wav(1.0, seed=4)), "x" * 60])
     tokenized = sglang_tokenized(tokenizer_manager, engine.request_kwargs(request, "r-0"))
     mm = tokenized.mm_inputs
+    # Nothing padded before the caller's hashes were applied: the scheduler pads with the items' own hashes
+    # (Scheduler._try_apply_padded_mm_input_ids finds none to reuse), as below.
+    assert mm.padded_input_ids is None
     padded = pad_mm_tokens(array("q", tokenized.input_ids),
                            MultimodalInputs(mm_items=mm.mm_items, audio_token_id=mm.audio_token_id))
     restored = engine.media_pads.restore(padded.tolist(), PAGE)
