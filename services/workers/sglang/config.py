@@ -20,7 +20,9 @@ the worker's card are the ones the engine ends up using.
 
 With a ``--reasoning-parser`` whose thinking block has markers, the worker turns on SGLang's
 ``--enable-custom-logit-processor``: its thinking-budget processor enforces ``max_thinking_tokens``
-(services/workers/sglang/thinking_budget.py). Not with ``--enable-watermark``, which SGLang refuses
+(services/workers/sglang/thinking_budget.py), and, unless ``--disable-overlap-schedule`` is given, SGLang's
+delayed sampling (``SGLANG_ENABLE_DELAY_SAMPLE``): without it the processor reads each request's output one
+token behind and the budget ends a token late. Not with ``--enable-watermark``, which SGLang refuses
 beside it: that worker refuses budgets.
 
 ``--disaggregation-mode`` is the worker's flag (the card's role) and is passed on as SGLang's own
@@ -30,7 +32,8 @@ KV bootstrap server there (services/workers/sglang/transfer.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from services.common.parser_names import THINKING_BLOCKS
@@ -43,6 +46,8 @@ OWNED_ENGINE_FLAGS = {
     "--kv-events-config": "nothing (Meshfront turns KV events on itself)",
     "--incremental-streaming-output": "nothing (the worker turns SGLang's stream into deltas itself)",
 }
+# SGLang's switch for sampling after the previous step's result is processed (sample_after_the_previous_step).
+DELAY_SAMPLE_ENV = "SGLANG_ENABLE_DELAY_SAMPLE"
 DESCRIPTION = ("SGLang's engine behind the worker API. Flags not listed here are SGLang server "
                "arguments, passed through unchanged (see `python -m sglang.launch_server --help`).")
 
@@ -78,7 +83,28 @@ class SglangConfig(EngineFlags):
             # its HTTP API would run a client's pickled code; that server never starts here, and only the
             # worker builds requests. Set on the parsed record (SGLang resolves it later, at engine start).
             server_args.enable_custom_logit_processor = True
+            if not server_args.disable_overlap_schedule:
+                sample_after_the_previous_step()
         return server_args
+
+
+def sample_after_the_previous_step(environ: MutableMapping[str, str] | None = None) -> None:
+    """Makes SGLang's overlap scheduler sample each step after it has recorded the previous step's token.
+
+    By default (``SGLANG_ENABLE_DELAY_SAMPLE`` off, overlap on) SGLang samples a decode step while the previous
+    step's token is still in flight: a custom logit processor then reads ``req.output_ids`` one token behind,
+    and the thinking budget's processor forces the end marker one token late, and twice (the second time
+    because it has not yet seen the first). With delayed sampling, SGLang's own switch (its TpModelWorker
+    leaves the sampling to the scheduler, which runs it after processing the previous batch's result), the
+    processor sees every token; the forward still overlaps. The scheduler processes read it at start: it is
+    set in this process's environment, which they inherit. Raises ConfigError when it was turned off by hand.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(DELAY_SAMPLE_ENV)
+    if value is not None and value.strip().lower() in ("0", "false", "no", "n"):
+        raise ConfigError([f"{DELAY_SAMPLE_ENV}={value} would end thinking budgets one token late under SGLang's "
+                           "overlap scheduler: unset it, or pass --disable-overlap-schedule"])
+    env[DELAY_SAMPLE_ENV] = "1"
 
 
 FLAGS = EngineFlagSpec(kind="sglang", description=DESCRIPTION, owned=OWNED_ENGINE_FLAGS,

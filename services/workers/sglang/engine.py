@@ -174,10 +174,11 @@ class SglangEngine:
 
     # -- generation ----------------------------------------------------------------------------------
 
-    def request_kwargs(self, request: EngineRequest, rid: str,
-                       bootstrap: transfer.Bootstrap | None = None) -> dict[str, Any]:
+    def request_kwargs(self, request: EngineRequest, rid: str, bootstrap: transfer.Bootstrap | None = None,
+                       decoded: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+        """``decoded``: the request's videos and audio as ``media.decode`` gives them, decoded here when not given."""
         kwargs = sampling.request_kwargs(request, rid, self.limits)
-        kwargs.update(media.media_kwargs(request.media))
+        kwargs.update(media.media_kwargs(request, decoded))  # input_ids: each media run collapsed (media.py)
         self.media_pads.register(request)
         if bootstrap is not None:
             kwargs.update(bootstrap.request_kwargs())
@@ -189,7 +190,9 @@ class SglangEngine:
         bootstrap = transfer.bootstrap_for(request.kv_transfer_params, own_host=self.bootstrap_host,
                                            own_port=self._bootstrap_port)
         prefill_leg = transfer.leg(request.kv_transfer_params) is transfer.Leg.PREFILL
-        kwargs = self.request_kwargs(request, rid, bootstrap)
+        # Videos and audio are decoded off the event loop (the preprocessor has proved they decode).
+        decoded = await asyncio.to_thread(media.decode, request.media) if media.needs_decoding(request.media) else None
+        kwargs = self.request_kwargs(request, rid, bootstrap, decoded)
         eos, stop_ids, top = request.eos_token_ids, request.stop_token_ids, request.logprobs
         tm = self.engine.tokenizer_manager
         self.in_flight += 1

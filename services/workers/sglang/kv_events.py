@@ -6,7 +6,9 @@ merged into runs before publishing; its hashes are its own (the ``default`` form
 namespacing), which the translator maps to Meshfront's. A page of an image reports the image's pad values
 (derived from the content hash the worker sent as ``mm_hashes``) where the prompt had placeholder ids:
 ``MediaPads`` (kv_media.py) turns them back into the placeholder ids and the block's media salt, so the
-translator computes the hashes the preprocessor computed for the prompt.
+translator computes the hashes the preprocessor computed for the prompt. A block stored under a LoRA adapter
+names it (``BlockStored.lora_name``, the adapter's public name, which SGLang's recorder resolves from the
+cache's namespace): the translator salts its hashes with it, as the preprocessor salts an adapter's requests.
 """
 
 from __future__ import annotations
@@ -88,9 +90,11 @@ def batch_decoder(pads: MediaPads):
 
 
 def _stored(event: BlockStored, pads: MediaPads) -> BlocksStored | None:
-    """The event as the translator's, its image pages mapped back to placeholder ids and media salts."""
+    """The event as the translator's, its image pages mapped back to placeholder ids and media salts, under
+    the adapter it names."""
     if not pads.holds_media(event.token_ids):
-        return BlocksStored(event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size)
+        return BlocksStored(event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size,
+                            lora_name=event.lora_name)
     restored = pads.restore(event.token_ids, event.block_size)
     if restored.unknown_pad is not None:
         skipped = len(event.block_hashes) - restored.blocks
@@ -99,4 +103,4 @@ def _stored(event: BlockStored, pads: MediaPads) -> BlocksStored | None:
         if restored.blocks == 0:
             return None
     return BlocksStored(event.block_hashes[:restored.blocks], event.parent_block_hash, restored.token_ids,
-                        event.block_size, block_mm_infos=restored.block_mm_infos)
+                        event.block_size, block_mm_infos=restored.block_mm_infos, lora_name=event.lora_name)

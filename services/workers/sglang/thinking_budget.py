@@ -21,6 +21,13 @@ opening marker (the template opened it) or the model's own, as services/workers/
   this worker never starts that server, and only it builds requests. SGLang refuses the flag together
   with ``--enable-watermark``: such a worker refuses budgets (400), as before.
 
+- Timing: the processor reads the request's tokens from SGLang's ``Req`` (``output_ids``). SGLang's overlap
+  scheduler (its default) samples a decode step before it has recorded the previous step's token unless
+  sampling is delayed, and the processor, one token behind, would force the end marker a token late, and
+  twice. The worker turns on SGLang's delayed sampling with the processor (config.py,
+  ``SGLANG_ENABLE_DELAY_SAMPLE``), so the view is current in both modes
+  (tests/engine_env/sglang/test_sglang_thinking_budget_timing.py).
+
 Cost: while a request with a budget decodes, SGLang's processor copies its prompt and output ids into a
 list at every step (SGLang's own Python, in the scheduler), so it grows with the context.
 """

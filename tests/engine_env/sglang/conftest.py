@@ -9,8 +9,9 @@ SGLang's model-config registry imports torchvision at import time (image preproc
 vision models). PyPI's torchvision is built against the CUDA torch and does not load against the
 CPU torch of this environment, so where torchvision is not installed it is replaced by SGLang's
 own stand-in module (``sglang._platform_stubs._MockModule``, what SGLang stubs missing GPU
-libraries with on macOS). Nothing tested here touches images; with a real torchvision (an engine
-image) nothing is replaced.
+libraries with on macOS), after Qwen2-VL's processor modules are loaded as their PIL versions (the image
+and video processors' tests need them; see below). With a real torchvision (an engine image) nothing is
+replaced.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ TORCHVISION_MODULES = ("torchvision", "torchvision.io", "torchvision.transforms"
                        "torchvision.transforms.v2")
 
 if importlib.util.find_spec("torchvision") is None:
+    # Qwen2-VL's processors without torchvision, for the tests that run SGLang's multimodal processor on the
+    # demo vision model: the vLLM worker's PIL shim (services/workers/vllm/without_torchvision), loaded
+    # before the stand-in below is in place (the shim answers only while torchvision cannot be found).
+    from services.workers.vllm.media import enable_pil_processors
+
+    enable_pil_processors({})  # this process only: no child process here loads a processor
+    importlib.import_module("transformers.models.qwen2_vl.image_processing_qwen2_vl")
+    importlib.import_module("transformers.models.qwen2_vl.processing_qwen2_vl")
+
     from sglang._platform_stubs import _MockModule
 
     for _name in TORCHVISION_MODULES:

@@ -73,7 +73,8 @@ class Request:
         manager applies them, then Qwen2-VL's padding (``pad_mm_tokens``) over each placeholder run.
         ``kwargs``: what the adapter sends (by default, its pure mapping's)."""
         if kwargs is None:
-            kwargs = {**sampling.request_kwargs(self.engine_request, "rid-0", LIMITS), **media.media_kwargs(self.media)}
+            kwargs = {**sampling.request_kwargs(self.engine_request, "rid-0", LIMITS),
+                      **media.media_kwargs(self.engine_request)}
         obj = GenerateReqInput(**kwargs)
         obj.normalize_batch_and_arguments()
         items = []
@@ -82,7 +83,10 @@ class Request:
                                     offsets=[(item.token_offset, item.token_offset + item.token_count - 1)])
             mm.set_hash(int(hex_hash, 16))  # TokenizerManager: the caller's mm_hashes entry
             items.append(mm)
-        return pad_mm_tokens(array("q", obj.input_ids), MultimodalInputs(mm_items=items, im_token_id=PAD))
+        # The adapter sends each run collapsed; SGLang's processor expands it back to the mesh's ids
+        # (test_sglang_mm_processor.py), which it pads.
+        assert len(obj.input_ids) == len(self.token_ids) - sum(item.token_count - 1 for item in self.media)
+        return pad_mm_tokens(array("q", self.token_ids), MultimodalInputs(mm_items=items, im_token_id=PAD))
 
 
 class Router:

@@ -38,9 +38,10 @@ def request(*items: MediaInput) -> EngineRequest:
 def test_images_reach_generate_req_input_with_their_content_hashes():
     items = (MediaInput("image", content=png((255, 0, 0)), content_hash=0xAB, token_offset=1, token_count=4),
              MediaInput("image", content=png((0, 0, 255)), content_hash=0xCD, token_offset=5, token_count=4))
-    kwargs = {**sampling.request_kwargs(request(*items), "rid-0", LIMITS), **media.media_kwargs(items)}
+    kwargs = {**sampling.request_kwargs(request(*items), "rid-0", LIMITS), **media.media_kwargs(request(*items))}
     obj = GenerateReqInput(**kwargs)
     obj.normalize_batch_and_arguments()
+    assert obj.input_ids == [1, PAD, PAD, 2]  # each run as one placeholder: SGLang expands it (media.py)
     assert obj.mm_hashes == ["00000000000000ab", "00000000000000cd"]
     assert [int(h, 16) for h in obj.mm_hashes] == [0xAB, 0xCD]  # how SGLang's tokenizer manager reads them
     # SGLang's own loader decodes the bytes into the image that was sent.
@@ -49,7 +50,7 @@ def test_images_reach_generate_req_input_with_their_content_hashes():
 
 
 def test_a_text_request_adds_nothing():
-    assert media.media_kwargs(()) == {}
+    assert media.media_kwargs(EngineRequest(request_id="r", token_ids=[1, 2])) == {}
 
 
 @pytest.fixture
@@ -70,7 +71,7 @@ def model_dirs(tmp_path):
     return vl, text
 
 
-def test_the_card_declares_images_from_sglangs_model_config(model_dirs):
+def test_the_card_declares_images_and_videos_from_sglangs_model_config(model_dirs):
     vl, text = model_dirs
-    assert media.input_modalities(ModelConfig(str(vl))) == ("image",)
+    assert media.input_modalities(ModelConfig(str(vl))) == ("image", "video")
     assert media.input_modalities(ModelConfig(str(text))) == ()

@@ -33,7 +33,7 @@ from services.models.qwen import ADDED_TOKEN_IDS, VOCAB_SIZE
 from services.workers.convert import engine_error
 from services.workers.engine import EngineRequest, RequestRejected
 from services.workers.sglang import sampling, thinking_budget
-from services.workers.sglang.config import parse_config
+from services.workers.sglang.config import DELAY_SAMPLE_ENV, parse_config
 from services.workers.thinking_budget import ThinkingBudget, ThinkingMarkers
 
 THINK, END_THINK = ADDED_TOKEN_IDS["<think>"], ADDED_TOKEN_IDS["</think>"]
@@ -189,6 +189,9 @@ def model_dir(tmp_path):
     (["--reasoning-parser", "granite"], False),  # nothing to enforce with it
     ([], False),
 ])
-def test_the_worker_turns_sglangs_custom_logit_processors_on_for_a_reasoning_model(model_dir, extra, enabled):
+def test_the_worker_turns_sglangs_custom_logit_processors_on_for_a_reasoning_model(model_dir, monkeypatch, extra,
+                                                                                   enabled):
+    monkeypatch.setenv(DELAY_SAMPLE_ENV, "")  # server_args() sets it with the processor: unset after the test
+    monkeypatch.delenv(DELAY_SAMPLE_ENV)
     cfg = parse_config(["--model-dir", str(model_dir), "--no-register", *extra])
     assert cfg.server_args().enable_custom_logit_processor is enabled
