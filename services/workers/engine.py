@@ -121,6 +121,20 @@ class MediaInput:
     height: int = 0
 
 
+def engine_token_ids(token_ids: Sequence[int], media: Sequence[MediaInput]) -> list[int]:
+    """The prompt as an engine must receive it: each placed item's placeholder run collapsed to the one
+    placeholder the chat template wrote. vLLM and SGLang expand every placeholder they find, an already
+    expanded run included (vLLM 0.32 makes N placeholders 2N - 1; SGLang's transformers processor runs out of
+    replacements and never answers), and expand the one back to the count the preprocessor placed."""
+    out: list[int] = []
+    cursor = 0
+    for item in sorted((i for i in media if i.token_count), key=lambda i: i.token_offset):
+        out += token_ids[cursor:item.token_offset + 1]
+        cursor = item.token_offset + item.token_count
+    out += token_ids[cursor:]
+    return out
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class EngineRequest:
     """One sequence to generate."""

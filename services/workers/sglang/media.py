@@ -8,11 +8,11 @@ does with that, read from its code and checked against it (tests/engine_env/sgla
 - **The prompt.** SGLang's Qwen-VL processor decodes ``input_ids`` to text and hands it to transformers'
   processor, which expands every ``<|image_pad|>`` it finds, one per image. An already expanded run runs
   its replacements out: transformers raises StopIteration inside SGLang's executor, which no future can
-  carry, and the request never answers. So ``engine_token_ids`` sends each placed run collapsed to the one
-  placeholder the chat template wrote; SGLang expands it again to the same count (images: into the ids
-  sent, verbatim, ``SGLANG_MM_AVOID_RETOKENIZE``; with a video: the processor's re-tokenisation of the
-  decoded text), and its final ids equal the mesh's token for token, one ``mm_items`` entry per item
-  whose offsets are exactly the item's run.
+  carry, and the request never answers. So ``engine_token_ids`` (services/workers/engine.py) sends each placed
+  run collapsed to the one placeholder the chat template wrote; SGLang expands it again to the same count
+  (images: into the ids sent, verbatim, ``SGLANG_MM_AVOID_RETOKENIZE``; with a video: the processor's
+  re-tokenisation of the decoded text), and its final ids equal the mesh's token for token, one ``mm_items``
+  entry per item whose offsets are exactly the item's run.
 - **Images** go as the bytes fetched, in ``image_data`` (SGLang's loader decodes them).
 - **Videos** go as the ``(frames, height, width, 3)`` array of the frames services/common/video_frames.py
   samples, in ``video_data``: SGLang takes an array as the frames to use (``load_video``), skips its own
@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from services.common import audio_samples, video_frames
-from services.workers.engine import EngineRequest, MediaInput, RequestRejected
+from services.workers.engine import EngineRequest, MediaInput, RequestRejected, engine_token_ids
 
 # SGLang's order of a request's mm_items (its processor output's keys: pixel_values, then pixel_values_videos).
 ITEM_ORDER = ("image", "video", "audio")
@@ -77,17 +77,6 @@ def input_modalities(model_config: Any) -> tuple[str, ...]:
     if model_config.is_audio_understandable_model and model_type in AUDIO_MODEL_TYPES:
         out.append("audio")
     return tuple(out)
-
-
-def engine_token_ids(token_ids: Sequence[int], media: Sequence[MediaInput]) -> list[int]:
-    """The prompt as SGLang must receive it: each placed item's placeholder run as one placeholder."""
-    out: list[int] = []
-    cursor = 0
-    for item in sorted((i for i in media if i.token_count), key=lambda i: i.token_offset):
-        out += token_ids[cursor:item.token_offset + 1]
-        cursor = item.token_offset + item.token_count
-    out += token_ids[cursor:]
-    return out
 
 
 def needs_decoding(media: Sequence[MediaInput]) -> bool:

@@ -34,6 +34,7 @@ from services.workers.engine import (
     FinishReason,
     KvTransferFailed,
     RequestRejected,
+    engine_token_ids,
 )
 from services.workers.vllm import lora, media, sampling, thinking_budget, transfer
 
@@ -153,7 +154,7 @@ class VllmEngine:
                                  thinking_budgets=self._thinking_budgets)
         prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
         if request.media:  # decoded media and their uuids, placeholders collapsed (media.py); decoding is CPU work
-            prompt["prompt_token_ids"] = media.engine_token_ids(request.token_ids, request.media)
+            prompt["prompt_token_ids"] = engine_token_ids(request.token_ids, request.media)
             prompt.update(await asyncio.to_thread(media.multimodal_fields, request.media))
         eos = request.eos_token_ids
         top = request.logprobs

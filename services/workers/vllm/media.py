@@ -4,8 +4,8 @@ vLLM's prompt.
 The preprocessor has fetched each item once, checked it, placed its placeholder tokens (expanded to
 the count Qwen2-VL's processor gives, so the router's hashes and ``usage`` see the real prompt) and
 hashed its bytes. vLLM 0.32 expands every placeholder token it finds, an already expanded run included
-(it would turn N placeholders into 2N - 1), so ``engine_token_ids`` gives it each run collapsed back to
-the one placeholder the chat template wrote; vLLM expands it again to the same count
+(it would turn N placeholders into 2N - 1), so ``engine_token_ids`` (services/workers/engine.py) gives it each
+run collapsed back to the one placeholder the chat template wrote; vLLM expands it again to the same count
 (tests/engine_env/vllm/test_vllm_video.py checks vLLM's prompt equals the mesh's, token for token).
 
 Each image becomes a decoded PIL image in ``multi_modal_data`` and each video the
@@ -109,19 +109,6 @@ def extra_key_content_hashes(extra_keys: Sequence[Iterable[Any] | None] | None, 
                 hashes.append(content_hash)
         out.append(hashes or None)
     return out if any(out) else None
-
-
-def engine_token_ids(token_ids: Sequence[int], media: Sequence[MediaInput]) -> list[int]:
-    """The prompt as vLLM must receive it: each placed item's placeholder run as one placeholder."""
-    if not any(item.token_count for item in media):
-        return list(token_ids)
-    out: list[int] = []
-    cursor = 0
-    for item in sorted((i for i in media if i.token_count), key=lambda i: i.token_offset):
-        out += token_ids[cursor:item.token_offset + 1]
-        cursor = item.token_offset + item.token_count
-    out += token_ids[cursor:]
-    return out
 
 
 def decode_image(item: MediaInput):

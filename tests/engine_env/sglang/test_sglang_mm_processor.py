@@ -36,7 +36,7 @@ from services.common import video_frames
 from services.common.hashing import media_block_infos
 from services.preprocessor.media import placement
 from services.preprocessor.media.resolve import content_hash
-from services.workers.engine import EngineRequest, MediaInput, RequestRejected
+from services.workers.engine import EngineRequest, MediaInput, RequestRejected, engine_token_ids
 from services.workers.sglang import media, sampling
 from services.workers.sglang.engine import SglangEngine
 from services.workers.sglang.kv_events import media_pads
@@ -148,7 +148,7 @@ def test_an_expanded_run_is_what_sglangs_processor_cannot_take(model_dir, tokeni
     with pytest.raises(StopIteration):
         tokenizer_manager.processor(text=[tokenizer.decode(request.token_ids, skip_special_tokens=False)],
                                     images=[image])
-    collapsed = media.engine_token_ids(request.token_ids, request.media)
+    collapsed = engine_token_ids(request.token_ids, request.media)
     out = tokenizer_manager.processor(text=[tokenizer.decode(collapsed, skip_special_tokens=False)], images=[image])
     assert list(out["input_ids"][0]) == request.token_ids
 

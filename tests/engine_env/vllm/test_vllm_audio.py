@@ -18,7 +18,7 @@ from services.common import audio_samples
 from services.common.hashing import block_hashes, media_block_infos, sequence_hashes
 from services.models.qwen_audio import AUDIO_TOKEN_IDS, default_audio_model_dir
 from services.preprocessor.media import decode, placement
-from services.workers.engine import MediaInput, RequestRejected
+from services.workers.engine import MediaInput, RequestRejected, engine_token_ids
 from services.workers.engine_kv import BlockHashTranslator
 from services.workers.vllm import media
 from services.workers.vllm.kv_events import batch_decoder
@@ -119,7 +119,7 @@ def worker_prompt(ids: list[int], items: list[MediaInput]):
     """The prompt the vLLM worker gives vLLM (services/workers/vllm/engine.py)."""
     from vllm.inputs import TokensPrompt
 
-    prompt = TokensPrompt(prompt_token_ids=media.engine_token_ids(ids, items))
+    prompt = TokensPrompt(prompt_token_ids=engine_token_ids(ids, items))
     prompt.update(media.multimodal_fields(items))  # type: ignore[typeddict-item]
     return prompt
 

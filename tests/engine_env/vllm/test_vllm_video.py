@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from services.common import video_frames
 from services.models.qwen_vl import default_vision_model_dir
 from services.preprocessor.media import decode, placement
-from services.workers.engine import MediaInput, RequestRejected
+from services.workers.engine import MediaInput, RequestRejected, engine_token_ids
 from services.workers.vllm import media
 from tests.media_samples import mp4, png
 
@@ -82,8 +82,8 @@ def test_a_video_becomes_its_sampled_frames_and_a_content_uuid():
 def test_placed_runs_reach_vllm_as_one_placeholder_each():
     items = [MediaInput("image", token_offset=1, token_count=3), MediaInput("audio"),
              MediaInput("video", token_offset=6, token_count=2)]
-    assert media.engine_token_ids([1, 9, 9, 9, 2, 3, 8, 8, 4], items) == [1, 9, 2, 3, 8, 4]
-    assert media.engine_token_ids([1, 2], [MediaInput("audio")]) == [1, 2]  # nothing placed: as sent
+    assert engine_token_ids([1, 9, 9, 9, 2, 3, 8, 8, 4], items) == [1, 9, 2, 3, 8, 4]
+    assert engine_token_ids([1, 2], [MediaInput("audio")]) == [1, 2]  # nothing placed: as sent
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def worker_prompt(ids: list[int], items: list[MediaInput]):
     """The prompt the vLLM worker gives vLLM (services/workers/vllm/engine.py)."""
     from vllm.inputs import TokensPrompt
 
-    prompt = TokensPrompt(prompt_token_ids=media.engine_token_ids(ids, items))
+    prompt = TokensPrompt(prompt_token_ids=engine_token_ids(ids, items))
     prompt.update(media.multimodal_fields(items))  # type: ignore[typeddict-item]
     return prompt
 
