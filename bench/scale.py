@@ -177,7 +177,9 @@ def run(cfg: ScaleConfig, emit: Printer) -> list[ScaleRow]:
             emit(f"[{case} x{n}] {row.req_per_s:.1f} req/s ({row.per_replica:.1f} per replica), {stage} CPU "
                  f"{row.stage_cpu_ms:.2f} ms/req, total {row.total_cpu_ms:.2f}, TTFT p50 {row.ttft_p50_ms:.0f} ms, "
                  f"mux msgs/req (chunks/msg) {mux_cell(row.mux)}, "
-                 f"{row.ok} ok / {row.errors} err, bg {row.bg_cores:.2f} cores"
+                 f"{row.ok} ok / {row.errors} err"
+                 + (f" ({'; '.join(row.error_kinds)})" if row.error_kinds else "")
+                 + f", bg {row.bg_cores:.2f} cores"
                  + ("" if row.cached_share is None else f", cached {100 * row.cached_share:.1f} %")
                  + f"; bottleneck {row.verdict.bottleneck} ({row.verdict.evidence})")
             rows.append(row)
@@ -339,4 +341,4 @@ async def _measure(cfg: ScaleConfig, case: str, stage: str, replicas: int, url: 
                     req_per_s=stats.req_per_s, stage_cpu_ms=stage_ms / ok, total_cpu_ms=usage.total_ms / ok,
                     ttft_p50_ms=stats.ttft_ms[50], ttft_p99_ms=stats.ttft_ms[99], verdict=verdict, bg_cores=bg,
                     cached_share=cached, label=case if case != stage else "",
-                    mux=mux_per_request(mux0, mux1, stats.ok))
+                    mux=mux_per_request(mux0, mux1, stats.ok), error_kinds=tuple(stats.first_errors))

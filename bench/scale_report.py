@@ -81,6 +81,8 @@ class ScaleRow:
     label: str = ""  # the case's name when it is not the plain stage ("router-kv")
     # rpc -> (messages per request, chunks per message) each multiplexed hop sent in the window.
     mux: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    # The distinct errors (the first few): "timed out" ones are the streams still open when the row's time ran out.
+    error_kinds: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
