@@ -169,14 +169,16 @@ class ReplicaSync:
     async def _on_message(self, msg) -> None:
         try:
             items = orjson.loads(msg.data)
-        except orjson.JSONDecodeError:
+        except orjson.JSONDecodeError as e:  # not a replica's: this one's bookings do not change
+            log.warning("a message on %s is not JSON (%s); ignored", LIFECYCLE_SUBJECT, e)
             return
         for item in items:
             if item.get("router_id") == self.router_id:
                 continue
             try:
                 event = LifecycleEvent.from_wire(item)
-            except TypeError:
+            except TypeError as e:  # an event missing a field every version sends: said, then skipped
+                log.warning("a replica's booking event %r does not decode (%s); ignored", item, e)
                 continue
             self.received += 1
             self._apply(event, True)

@@ -166,3 +166,25 @@ async def test_a_failing_load_reader_is_logged_on_every_tick_not_taken_for_nats_
         await worker.publisher.close()
     failed = [r for r in caplog.records if "KV events and load failed" in r.getMessage()]
     assert failed[0].exc_info is not None and failed[0].exc_info[0] is KeyError
+
+
+async def test_a_booking_event_that_does_not_decode_is_said_not_skipped_silently(nats_url, caplog):
+    import nats
+
+    from services.router.events import LIFECYCLE_SUBJECT
+
+    router = Router(lambda _m: [card("w0")], build_policy("round-robin"))
+    sync = ReplicaSync(nats_url, router.apply)
+    await sync.start()
+    nc = await nats.connect(nats_url)
+    try:
+        await nc.publish(LIFECYCLE_SUBJECT, b"not json")
+        await nc.publish(LIFECYCLE_SUBJECT, b'[{"router_id": "router-other", "worker_id": "w0"}]')  # no kind or id
+        await nc.publish(LIFECYCLE_SUBJECT, b'[{"router_id": "router-other", "kind": "book", "request_id": "q1", '
+                                            b'"worker_id": "w0", "prompt_tokens": 16}]')
+        await wait_for(lambda: router.bookings.in_flight("w0") == 1, 10, "the good event after the bad ones")
+    finally:
+        await nc.close()
+        await sync.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("is not JSON" in w for w in warnings) and any("does not decode" in w for w in warnings), warnings
