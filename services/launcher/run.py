@@ -25,7 +25,7 @@ import time
 import urllib.request
 
 from services.gateway.frontend_metrics import check_prefix
-from services.launcher import audio_demo, trace_viewer, vision_demo
+from services.launcher import media_demos, trace_viewer
 from services.launcher.demo_lora import check_demo_lora, demo_lora_flags
 from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
@@ -140,8 +140,7 @@ def _parser() -> argparse.ArgumentParser:
                         "0 for none")
     p.add_argument("--nats-cluster", type=int, choices=(1, 3), default=1,
                    help="NATS nodes: 3 runs a JetStream cluster whose buckets keep three replicas (one node may die)")
-    vision_demo.add_flag(p)
-    audio_demo.add_flag(p)
+    media_demos.add_flags(p)
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--tls-cert", default="", help="PEM certificate (chain): Envoy serves HTTPS and gRPC over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
@@ -173,8 +172,7 @@ def _check_shape(args: argparse.Namespace) -> None:
         if getattr(args, flag) < 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 0")
     _check_roles(args)
-    vision_demo.check(args)
-    audio_demo.check(args)
+    media_demos.check(args)
     if args.crash_window_s <= 0 or args.crash_limit < 1:
         raise ValueError("--crash-window-s must be positive and --crash-limit at least 1")
     if args.engine_args is not None and args.worker_kind not in ENGINES:
@@ -304,9 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"meshfront run: {e}; or run without embeddings: --embedding-workers 0", file=sys.stderr, flush=True)
         return 1
     build_dir = MeshPlan().run_dir.parent / "build" / "models"
-    extra_workers = (embedding_workers + media_workers(args)
-                     + vision_demo.vision_workers(args, build_dir, VLLM_CPU_ARGS)
-                     + audio_demo.audio_workers(args, build_dir, VLLM_CPU_ARGS))
+    extra_workers = embedding_workers + media_workers(args) + media_demos.workers(args, build_dir, VLLM_CPU_ARGS)
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
                     workers=_generating_workers(args, model_dir, extra) + extra_workers,
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
@@ -376,7 +372,7 @@ def media_workers(args: argparse.Namespace) -> list[WorkerSpec]:
 def _placement(args: argparse.Namespace) -> dict:
     """The plan's fixed ports (9100 gateways, 9500 workers, ...), or free ones with --free-ports."""
     workers = (args.workers + args.prefill_workers + args.decode_workers + args.embedding_workers + args.image_workers
-               + args.video_workers + vision_demo.count(args) + audio_demo.count(args))
+               + args.video_workers + media_demos.count(args))
     ports: dict = {"gateway_ports": [9100 + i for i in range(args.gateways)],
                    "worker_ports": [9500 + i for i in range(workers)]}
     if args.free_ports:

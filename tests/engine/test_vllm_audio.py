@@ -1,6 +1,6 @@
 """input_audio through a real vLLM worker (CPU build) serving the demo audio model, kv router, whole mesh.
 
-The worker is the one ``meshfront run --demo-audio --worker-kind vllm`` starts (services/launcher/audio_demo.py): a
+The worker is the one ``meshfront run --demo-audio --worker-kind vllm`` starts (services/launcher/media_demos.py): a
 tiny random Qwen2-Audio (services/models/qwen_audio.py) in vLLM's CPU build. Clips go in as ``input_audio`` parts
 through the official openai SDK. Every prompt is two full KV blocks of text (vLLM's CPU block is 128 tokens), then
 the clip (4 s: 100 tokens) and text: the same clip again is cached past the text, a different one is not.
@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from services.launcher.audio_demo import audio_workers
+from services.launcher.media_demos import AUDIO
 from services.launcher.plan import ephemeral_plan
 from services.launcher.processes import Mesh
 from services.launcher.run import parse_args
@@ -35,7 +35,7 @@ TEXT_BLOCKS = 2
 @pytest.fixture(scope="module")
 def audio_mesh(tmp_path_factory, vllm_python, envoy_bin, nats_bin):
     args = parse_args(["--demo-audio", "--worker-kind", "vllm", "--engine-args", "--gpu-memory-utilization 0.1"])
-    [worker] = audio_workers(args, ROOT / "build" / "models", "")
+    [worker] = AUDIO.workers(args, ROOT / "build" / "models", "")
     plan = ephemeral_plan([worker], router_mode="kv", run_dir=ROOT / ".run" / "tests")
     mesh = Mesh(plan, tmp_path_factory.mktemp("audio-engine-logs"))
     mesh.start(timeout=ENGINE_START_S * 2)

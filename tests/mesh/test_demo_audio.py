@@ -9,7 +9,7 @@ import base64
 import openai
 import pytest
 
-from services.launcher.audio_demo import audio_workers
+from services.launcher.media_demos import AUDIO
 from services.launcher.run import VLLM_CPU_ARGS, parse_args
 from services.models.build import REPO_ROOT
 from services.models.qwen_audio import NAME
@@ -24,7 +24,7 @@ TEXT = {"type": "text", "text": "What is said in the recording?"}
 
 @pytest.fixture(scope="module")
 def demo_audio_mesh(tmp_path_factory, envoy_bin, nats_bin):
-    workers = audio_workers(parse_args(["--demo-audio", "--speedup-ratio", "200"]), REPO_ROOT / "build" / "models",
+    workers = AUDIO.workers(parse_args(["--demo-audio", "--speedup-ratio", "200"]), REPO_ROOT / "build" / "models",
                             VLLM_CPU_ARGS)
     m = start_mesh(tmp_path_factory, workers)
     yield m

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.launcher.media_demos import VISION
 from services.launcher.run import VLLM_CPU_ARGS, parse_args
-from services.launcher.vision_demo import vision_workers
 from services.models.build import REPO_ROOT
 from services.models.qwen_vl import NAME
 from tests.conftest import sdk_client, stop_cleanly
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.mesh
 
 @pytest.fixture(scope="module")
 def demo_vision_mesh(tmp_path_factory, envoy_bin, nats_bin):
-    workers = vision_workers(parse_args(["--demo-vision", "--speedup-ratio", "200"]), REPO_ROOT / "build" / "models",
+    workers = VISION.workers(parse_args(["--demo-vision", "--speedup-ratio", "200"]), REPO_ROOT / "build" / "models",
                              VLLM_CPU_ARGS)
     m = start_mesh(tmp_path_factory, workers)
     yield m

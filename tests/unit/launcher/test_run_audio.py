@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from services.launcher.audio_demo import VLLM_AUDIO_ARGS, audio_workers
+from services.launcher.media_demos import AUDIO
 from services.launcher.run import VLLM_CPU_ARGS, _placement, parse_args
 from services.models.build import REPO_ROOT
 from services.models.qwen_audio import NAME
@@ -18,12 +18,12 @@ BUILD = REPO_ROOT / "build" / "models"
 
 
 def test_no_audio_worker_without_the_flag():
-    assert audio_workers(parse_args([]), BUILD, VLLM_CPU_ARGS) == []
+    assert AUDIO.workers(parse_args([]), BUILD, VLLM_CPU_ARGS) == []
 
 
 def test_the_mocker_serves_it_by_default_declaring_audio():
     args = parse_args(["--demo-audio"])
-    [spec] = audio_workers(args, BUILD, VLLM_CPU_ARGS)
+    [spec] = AUDIO.workers(args, BUILD, VLLM_CPU_ARGS)
     assert (spec.kind, spec.model_name) == ("mocker", NAME)
     assert spec.extra[spec.extra.index("--input-modalities") + 1] == "audio"
     config = json.loads((pathlib.Path(spec.model_dir) / "config.json").read_text())
@@ -36,11 +36,11 @@ def test_the_mocker_serves_it_by_default_declaring_audio():
 
 def test_worker_kind_vllm_runs_it_in_vllm_with_one_clip_a_prompt():
     args = parse_args(["--demo-audio", "--worker-kind", "vllm", "--engine-args", "--max-model-len 2048"])
-    [spec] = audio_workers(args, BUILD, VLLM_CPU_ARGS)
+    [spec] = AUDIO.workers(args, BUILD, VLLM_CPU_ARGS)
     assert spec.kind == "vllm" and "--input-modalities" not in spec.extra  # vLLM's model config says
     assert spec.extra[:2] == ("--max-model-len", "2048")
-    assert spec.extra[2:2 + len(VLLM_AUDIO_ARGS)] == VLLM_AUDIO_ARGS
-    assert json.loads(VLLM_AUDIO_ARGS[VLLM_AUDIO_ARGS.index("--limit-mm-per-prompt") + 1]) == {"audio": 1}
+    assert spec.extra[2:2 + len(AUDIO.vllm_args)] == AUDIO.vllm_args
+    assert json.loads(AUDIO.vllm_args[AUDIO.vllm_args.index("--limit-mm-per-prompt") + 1]) == {"audio": 1}
     assert (pathlib.Path(spec.model_dir) / "model.safetensors").is_file()
 
 

@@ -7,8 +7,8 @@ import pathlib
 
 import pytest
 
+from services.launcher.media_demos import VISION
 from services.launcher.run import VLLM_CPU_ARGS, _placement, parse_args
-from services.launcher.vision_demo import VLLM_VISION_ARGS, vision_workers
 from services.models.build import REPO_ROOT
 from services.models.qwen_vl import NAME
 
@@ -19,12 +19,12 @@ BUILD = REPO_ROOT / "build" / "models"
 
 def test_no_vision_worker_without_the_flag():
     args = parse_args([])
-    assert vision_workers(args, BUILD, VLLM_CPU_ARGS) == []
+    assert VISION.workers(args, BUILD, VLLM_CPU_ARGS) == []
 
 
 def test_the_mocker_serves_it_by_default_declaring_images_and_videos():
     args = parse_args(["--demo-vision"])
-    [spec] = vision_workers(args, BUILD, VLLM_CPU_ARGS)
+    [spec] = VISION.workers(args, BUILD, VLLM_CPU_ARGS)
     assert (spec.kind, spec.model_name) == ("mocker", NAME)
     assert spec.extra[spec.extra.index("--input-modalities") + 1] == "image,video"
     config = json.loads((pathlib.Path(spec.model_dir) / "config.json").read_text())
@@ -35,11 +35,11 @@ def test_the_mocker_serves_it_by_default_declaring_images_and_videos():
 
 def test_worker_kind_vllm_runs_it_in_vllm_with_images_and_a_video():
     args = parse_args(["--demo-vision", "--worker-kind", "vllm", "--engine-args", "--max-model-len 2048"])
-    [spec] = vision_workers(args, BUILD, VLLM_CPU_ARGS)
+    [spec] = VISION.workers(args, BUILD, VLLM_CPU_ARGS)
     assert spec.kind == "vllm" and "--input-modalities" not in spec.extra  # vLLM's model config says
     assert spec.extra[:2] == ("--max-model-len", "2048")
-    assert spec.extra[2:2 + len(VLLM_VISION_ARGS)] == VLLM_VISION_ARGS
-    limits = json.loads(VLLM_VISION_ARGS[VLLM_VISION_ARGS.index("--limit-mm-per-prompt") + 1])
+    assert spec.extra[2:2 + len(VISION.vllm_args)] == VISION.vllm_args
+    limits = json.loads(VISION.vllm_args[VISION.vllm_args.index("--limit-mm-per-prompt") + 1])
     assert limits == {"image": 4, "video": 1}
 
 
