@@ -127,6 +127,35 @@ def _write_files(out: Path) -> None:
     write_model_files(out, qwen.build_tokenizer(), tokenizer_config, model_config(), preprocessor_config())
 
 
+def text_config(model_type: str, vocab_size: int, hidden_size: int, context_length: int, head_dim: int,
+                rope_parameters: dict) -> dict:
+    """A demo multimodal model's language model: a two-layer Qwen2 of ``hidden_size``, as transformers 5 nests it."""
+    return {
+        "model_type": model_type,
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": hidden_size // head_dim,
+        "num_key_value_heads": hidden_size // head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": context_length,
+        "max_window_layers": 2,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": rope_parameters,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "layer_types": ["full_attention", "full_attention"],
+        "bos_token_id": qwen.ENDOFTEXT_ID,
+        "eos_token_id": list(qwen.EOS_TOKEN_IDS),
+        "pad_token_id": qwen.ENDOFTEXT_ID,
+    }
+
+
 def model_config() -> dict:
     """config.json: Qwen2-VL's shape (transformers 5 layout, read by vLLM 0.32's transformers too)."""
     ids = qwen.ADDED_TOKEN_IDS
@@ -141,31 +170,9 @@ def model_config() -> dict:
         "vision_end_token_id": ids["<|vision_end|>"],
         "tie_word_embeddings": True,
         "dtype": "float32",
-        "text_config": {
-            "model_type": "qwen2_vl_text",
-            "vocab_size": qwen.VOCAB_SIZE,
-            "hidden_size": HIDDEN_SIZE,
-            "intermediate_size": 256,
-            "num_hidden_layers": 2,
-            "num_attention_heads": HIDDEN_SIZE // head_dim,
-            "num_key_value_heads": HIDDEN_SIZE // head_dim,
-            "hidden_act": "silu",
-            "max_position_embeddings": CONTEXT_LENGTH,
-            "max_window_layers": 2,
-            "rms_norm_eps": 1e-6,
-            # Multimodal rotary positions: the (temporal, height, width) sections of head_dim / 2.
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [8, 12, 12]},
-            "attention_dropout": 0.0,
-            "initializer_range": 0.02,
-            "tie_word_embeddings": True,
-            "use_cache": True,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "layer_types": ["full_attention", "full_attention"],
-            "bos_token_id": qwen.ENDOFTEXT_ID,
-            "eos_token_id": list(qwen.EOS_TOKEN_IDS),
-            "pad_token_id": qwen.ENDOFTEXT_ID,
-        },
+        # Multimodal rotary positions: the (temporal, height, width) sections of head_dim / 2.
+        "text_config": text_config("qwen2_vl_text", qwen.VOCAB_SIZE, HIDDEN_SIZE, CONTEXT_LENGTH, head_dim,
+                                   {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [8, 12, 12]}),
         "vision_config": {
             "model_type": "qwen2_vl_vision",
             "depth": 1,
