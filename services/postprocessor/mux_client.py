@@ -46,6 +46,11 @@ WORKER_CHANNEL_OPTIONS = [
 ]
 
 
+# What the client reads: the transport's status and the worker's reason name gRPC and our wire, so they go to the
+# log (with the worker's address) only.
+WORKER_FAILED = "The worker serving this request failed."
+
+
 def worker_error(e: grpc.aio.AioRpcError, address: str) -> MeshError:
     """Maps a failed worker call to the error the postprocessor raises.
 
@@ -57,7 +62,7 @@ def worker_error(e: grpc.aio.AioRpcError, address: str) -> MeshError:
     err = from_rpc_error(e)
     if isinstance(err, (WorkerFailed, Cancelled, Internal)):
         log.warning("worker %s failed: %s %s", address, e.code().name, e.details())
-        return WorkerFailed(f"worker failed ({e.code().name})")
+        return WorkerFailed(WORKER_FAILED)
     return err
 
 
@@ -67,7 +72,7 @@ def _chunk_error(status: status_pb2.Status, address: str) -> MeshError:
     if isinstance(err, (WorkerFailed, Draining, Cancelled, Internal)):
         log.warning("worker %s failed a sequence: %s", address, err.message)
         # The param survives: kv_transfer_params says a decode leg's prefill worker, not this one, failed.
-        return WorkerFailed(f"worker failed ({err.reason})", param=err.param)
+        return WorkerFailed(WORKER_FAILED, param=err.param)
     return err
 
 
