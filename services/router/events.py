@@ -9,7 +9,11 @@ messages from workers discovery does not know are ignored (their dump comes when
 
 ``ReplicaSync`` publishes this router's booking changes on ``meshfront.router.lifecycle`` and
 applies the other replicas' ones, so every replica holds the same load and a Release that lands on
-another replica still frees the booking.
+another replica still frees the booking. Each replica pays for every message the others send, so a
+booking goes out at once (two replicas must not both see an idle worker or a missing prefix) while a
+first token or a release waits up to ``LAZY_FLUSH_S`` to ride with the next booking or with each
+other: until then the other replicas count the request as still in its prefill, or still running,
+which only overstates a worker's load for that long.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from services.common.discovery import WorkerCard
 from services.common.kv_events import EVENTS_PREFIX, dump_subject
 from services.common.nats_connection import close_nats, connect_retrying, flush_in_order, stop_if_cancelled
 from services.router.core.kv_ingest import KvEventIngest, Verdict
-from services.router.core.lifecycle import LifecycleEvent
+from services.router.core.lifecycle import BOOK, LifecycleEvent
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,8 @@ LIFECYCLE_SUBJECT = "meshfront.router.lifecycle"
 DUMP_TIMEOUT_S = 2.0
 DUMP_RETRY_S = 0.5
 DUMP_ATTEMPTS = 10
+# How long a first token or a release may wait for a booking to carry it to the other replicas (see above).
+LAZY_FLUSH_S = 0.1
 
 LagObserver = Callable[[float], None]
 
@@ -137,13 +143,16 @@ class KvEventSubscriber:
 class ReplicaSync:
     """Shares booking changes between router replicas over NATS (a ``LifecycleListener``)."""
 
-    def __init__(self, nats_url: str, apply: Callable[[LifecycleEvent, bool], None], router_id: str = ""):
+    def __init__(self, nats_url: str, apply: Callable[[LifecycleEvent, bool], None], router_id: str = "",
+                 lazy_flush_s: float = LAZY_FLUSH_S):
         self.nats_url = nats_url
+        self.lazy_flush_s = lazy_flush_s
         self.router_id = router_id or f"router-{secrets.token_hex(4)}"
         self._apply = apply
         self._nc: NatsClient | None = None
         self._outbox: list[bytes] = []
         self._flush_task: asyncio.Task | None = None
+        self._lazy_flush: asyncio.TimerHandle | None = None
         self.received = 0
 
     async def start(self) -> None:
@@ -155,6 +164,15 @@ class ReplicaSync:
         if self._nc is None or remote:
             return
         self._outbox.append(orjson.dumps(event.to_wire(self.router_id)))
+        if event.kind == BOOK:
+            self._flush_soon()
+        elif self._lazy_flush is None:
+            self._lazy_flush = asyncio.get_running_loop().call_later(self.lazy_flush_s, self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        if self._lazy_flush is not None:
+            self._lazy_flush.cancel()
+            self._lazy_flush = None
         if self._flush_task is None or self._flush_task.done():
             self._flush_task = asyncio.get_running_loop().create_task(self._flush())
 
@@ -184,4 +202,8 @@ class ReplicaSync:
             self._apply(event, True)
 
     async def close(self) -> None:
+        if self._outbox:  # the releases still waiting: the other replicas would hold those bookings forever
+            self._flush_soon()
+        if self._flush_task is not None:
+            await self._flush_task
         await close_nats(self._nc, flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
 from services.common.discovery import ModelCard, WorkerCard
@@ -123,6 +124,50 @@ async def test_replica_sync_shares_bookings(nats_url):
     await wait_for(lambda: routers[0].bookings.in_flight("w1") == 0, 15, "the release on the first")
     for s in syncs:
         await s.close()
+
+
+async def test_a_booking_goes_at_once_and_a_release_waits_to_ride_with_it(nats_url):
+    """Each replica pays for every message the others send (services/router/events.py): fewer, fuller messages."""
+    import nats
+
+    from services.router.events import LIFECYCLE_SUBJECT
+
+    nc = await nats.connect(nats_url)
+    messages: list[list[str]] = []
+
+    async def on_message(msg):
+        messages.append([(e["kind"], e["request_id"]) for e in orjson.loads(msg.data)])
+
+    await nc.subscribe(LIFECYCLE_SUBJECT, cb=on_message)
+    await nc.flush()
+    router = Router(lambda _m: [card("w0")], build_policy("round-robin"))
+    sync = ReplicaSync(nats_url, router.apply, lazy_flush_s=3600)  # only a booking or close sends the others
+    await sync.start()
+    router.listeners.append(sync)
+    try:
+        router.apply(LifecycleEvent("book", "q1", "w0", "m", (), 16))
+        await wait_for(lambda: messages == [[("book", "q1")]], 10, "the booking, alone and at once")
+        router.apply(LifecycleEvent("first_token", "q1", prompt_tokens=16))
+        router.apply(LifecycleEvent("free", "q1"))
+        router.apply(LifecycleEvent("book", "q2", "w0", "m", (), 16))
+        await wait_for(lambda: len(messages) == 2, 10, "the next booking")
+        assert messages[1] == [("first_token", "q1"), ("free", "q1"), ("book", "q2")]
+        router.apply(LifecycleEvent("free", "q2"))
+    finally:
+        await sync.close()  # sends the release still waiting: the others must not hold q2 forever
+    await wait_for(lambda: len(messages) == 3, 10, "the release sent at close")
+    assert messages[2] == [("free", "q2")]
+
+    timed = ReplicaSync(nats_url, router.apply, lazy_flush_s=0.05)
+    await timed.start()
+    router.listeners[-1] = timed
+    try:
+        router.apply(LifecycleEvent("book", "q3", "w0", "m", (), 16))
+        router.apply(LifecycleEvent("free", "q3"))
+        await wait_for(lambda: len(messages) >= 4 and ("free", "q3") in messages[-1], 10, "the release on its timer")
+    finally:
+        await timed.close()
+        await nc.close()
 
 
 async def test_busy_threshold_counts_the_bookings_of_every_replica(nats_url):
