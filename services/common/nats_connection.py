@@ -24,14 +24,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-async def connect(url: str, name: str) -> nats.NATS:
-    """Connects with unlimited reconnects so a NATS outage never kills a service."""
+async def connect(url: str, name: str, *, no_echo: bool = False) -> nats.NATS:
+    """Connects with unlimited reconnects so a NATS outage never kills a service. ``no_echo``: the server does
+    not deliver this connection's own messages to its own subscriptions (a peer group on one subject)."""
 
     async def on_error(e: Exception) -> None:
         log.warning("nats: %s", e)
 
     return await nats.connect(nats_servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                              connect_timeout=2, allow_reconnect=True, error_cb=on_error)
+                              connect_timeout=2, allow_reconnect=True, error_cb=on_error, no_echo=no_echo)
 
 
 def stop_if_cancelled() -> None:
@@ -46,12 +47,13 @@ def stop_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
-async def connect_retrying(url: str, name: str, stop: asyncio.Event | None = None) -> nats.NATS:
+async def connect_retrying(url: str, name: str, stop: asyncio.Event | None = None, *,
+                           no_echo: bool = False) -> nats.NATS:
     """Keeps trying until NATS answers; services may start before it."""
     delay = 0.2
     while True:
         try:
-            return await connect(url, name)
+            return await connect(url, name, no_echo=no_echo)
         except (NoServersError, OSError, asyncio.TimeoutError) as e:
             if stop is not None and stop.is_set():
                 raise

@@ -153,10 +153,11 @@ class ReplicaSync:
         self._outbox: list[bytes] = []
         self._flush_task: asyncio.Task | None = None
         self._lazy_flush: asyncio.TimerHandle | None = None
-        self.received = 0
+        self.messages_received = 0  # the other replicas' (no echo of our own: see start)
 
     async def start(self) -> None:
-        self._nc = nc = await connect_retrying(self.nats_url, self.router_id)
+        # no_echo: a replica's own messages would come back to it, costing a one-router mesh as much as a peer.
+        self._nc = nc = await connect_retrying(self.nats_url, self.router_id, no_echo=True)
         await nc.subscribe(LIFECYCLE_SUBJECT, cb=self._on_message)
         await flush_in_order(nc)  # the subscription is live before we publish or report ready
 
@@ -185,20 +186,18 @@ class ReplicaSync:
                 await self._nc.publish(LIFECYCLE_SUBJECT, b"[" + b",".join(outbox) + b"]")
 
     async def _on_message(self, msg) -> None:
+        self.messages_received += 1
         try:
             items = orjson.loads(msg.data)
         except orjson.JSONDecodeError as e:  # not a replica's: this one's bookings do not change
             log.warning("a message on %s is not JSON (%s); ignored", LIFECYCLE_SUBJECT, e)
             return
         for item in items:
-            if item.get("router_id") == self.router_id:
-                continue
             try:
                 event = LifecycleEvent.from_wire(item)
             except TypeError as e:  # an event missing a field every version sends: said, then skipped
                 log.warning("a replica's booking event %r does not decode (%s); ignored", item, e)
                 continue
-            self.received += 1
             self._apply(event, True)
 
     async def close(self) -> None:

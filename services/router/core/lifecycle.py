@@ -37,7 +37,8 @@ class LifecycleEvent:
     session_timeout_s: int = 0
 
     def to_wire(self, router_id: str) -> dict[str, Any]:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if v not in ("", 0, ())}
+        # Field by field: dataclasses.asdict deep-copies, 14 µs an event on a router's hot path.
+        d = {name: v for name in _FIELD_NAMES if (v := getattr(self, name)) not in ("", 0, ())}
         d["kind"] = self.kind
         d["request_id"] = self.request_id
         d["router_id"] = router_id
@@ -45,11 +46,13 @@ class LifecycleEvent:
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> LifecycleEvent:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in fields}
+        kw = {k: v for k, v in d.items() if k in _FIELD_NAMES}
         if "local_hashes" in kw:
             kw["local_hashes"] = tuple(kw["local_hashes"])
         return cls(**kw)
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(LifecycleEvent))
 
 
 class LifecycleListener(Protocol):

@@ -122,6 +122,8 @@ async def test_replica_sync_shares_bookings(nats_url):
     assert routers[1].policy.index.find_matches(local) == {"w1": 8}
     routers[1].apply(LifecycleEvent("free", "q1"))  # the Release went to the other replica
     await wait_for(lambda: routers[0].bookings.in_flight("w1") == 0, 15, "the release on the first")
+    # One message each way: NATS does not echo a replica's own booking back to it (each one costs the receiver).
+    assert [s.messages_received for s in syncs] == [1, 1]
     for s in syncs:
         await s.close()
 

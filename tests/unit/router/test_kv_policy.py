@@ -6,6 +6,7 @@ import asyncio
 import random
 from collections import Counter
 
+import orjson
 import pytest
 from meshfront.router.v1 import router_pb2
 
@@ -241,3 +242,13 @@ def test_a_batch_applies_first_tokens_before_the_releases_it_carries():
     asyncio.run(run())
     assert router.bookings.in_flight("w0") == 0 and len(router.policy.active) == 0
     assert metrics.totals.requests == 1  # scored: the report came before its release freed the prediction
+
+
+def test_a_lifecycle_event_crosses_the_wire_whole_and_leaves_its_defaults_behind():
+    full = LifecycleEvent("book", "q", "w1", "m", (1, 2, 3), 48, 2, 32, session_id="s", session_action="open",
+                          session_timeout_s=30)
+    wire = full.to_wire("r0")
+    assert wire["router_id"] == "r0" and wire["local_hashes"] == (1, 2, 3)
+    assert LifecycleEvent.from_wire(orjson.loads(orjson.dumps(wire))) == full
+    free = LifecycleEvent("free", "q")
+    assert free.to_wire("r0") == {"kind": "free", "request_id": "q", "router_id": "r0"}
