@@ -222,6 +222,7 @@ async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape:
     stats = summarize(load)
     handover, later_itl = handover_split(load)
     per_request = usage.per_request(stats.ok)
+    emit(f"[{shape}] CPU ms/req: " + ", ".join(f"{g} {ms:.1f}" for g, ms in sorted(per_request.items())))
     frontend = sum(ms for group, ms in per_request.items() if group not in (*FRONTEND_EXCLUDES, "total"))
     share = cached / prompt if decode_ports and prompt else None
     return ShapeResult(shape, stats.ok, stats.sent, stats.wall_s, stats.req_per_s, stats.tokens_per_s, stats.ttft_ms,
