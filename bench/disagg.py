@@ -12,6 +12,9 @@ Shapes (each a fresh mesh, one measured closed-loop level, then torn down):
 - ``dynamo-agg`` / ``dynamo-disagg``: Dynamo's frontend (kv router) and N of its own mockers, the second with
   one in ``--disaggregation-mode prefill`` and the rest ``decode`` (bench/dynamo_peer.py).
 
+Meshfront's shapes run behind the split mesh, or with ``--allinone`` behind the all-in-one gateway (one process
+for the gateway and every stage, as Dynamo's frontend is one process).
+
 The load: ``concurrency`` slots, each request long (``long_min``..``long_max`` words, about as many tokens) with
 probability ``long_share``, else a short chat (``short_min``..``short_max``), every request ``max_tokens`` out
 (ignore_eos). The demo model's window (4096) is too small for 8k prompts, so both meshes serve a copy of it
@@ -43,7 +46,7 @@ from bench.profile import Profiler
 from bench.profile import report as profile_report
 from bench.prompts import WORDS, PromptFactory
 from bench.stats import percentile, summarize
-from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan
+from services.launcher.plan import ROOT, MeshPlan, WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
 
 SHAPES = ("agg", "disagg", "disagg-overlap", "dynamo-agg", "dynamo-disagg")
@@ -81,6 +84,9 @@ class DisaggBenchConfig:
     model_name: str = "meshfront/demo-qwen"
     seed: int | None = None
     log_level: str = "WARNING"
+    # Meshfront's frontend: the split mesh (a process per stage) or the all-in-one gateway (one process, as
+    # Dynamo's frontend is). Its rows are labelled with the frontend when it is the all-in-one.
+    allinone: bool = False
     # py-spy on Meshfront's processes during each measured load (bench/profile.py): where the CPU per request goes.
     profile_dir: str = ""
 
@@ -119,15 +125,19 @@ def start(cfg: DisaggBenchConfig, shape: str, model_dir: str, log_dir: Path) -> 
         modes = disaggregation_modes(cfg.workers, shape == "dynamo-disagg")
         return dynamo_peer.start(log_dir, model_dir, cfg.model_name, cfg.workers, cfg.speedup, "kv",
                                  disaggregation_modes=modes, mocker_flags=DYNAMO_MOCKER_FLAGS)
-    plan = ephemeral_plan(worker_specs(cfg, shape, model_dir), router_mode="kv", run_dir=ROOT / ".run" / "bench",
-                          log_level=cfg.log_level)
-    mesh = Mesh(plan, log_dir)
+    mesh = Mesh(mesh_plan(cfg, shape, model_dir), log_dir)
     try:
         mesh.start(timeout=120)
     except BaseException:
         mesh.stop()
         raise
     return mesh
+
+
+def mesh_plan(cfg: DisaggBenchConfig, shape: str, model_dir: str) -> MeshPlan:
+    """Meshfront's mesh for one of its shapes: split, or the all-in-one gateway with ``cfg.allinone``."""
+    return ephemeral_plan(worker_specs(cfg, shape, model_dir), router_mode="kv", run_dir=ROOT / ".run" / "bench",
+                          log_level=cfg.log_level, inproc=cfg.allinone)
 
 
 def worker_specs(cfg: DisaggBenchConfig, shape: str, model_dir: str) -> list[WorkerSpec]:
@@ -225,7 +235,8 @@ async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape:
     emit(f"[{shape}] CPU ms/req: " + ", ".join(f"{g} {ms:.1f}" for g, ms in sorted(per_request.items())))
     frontend = sum(ms for group, ms in per_request.items() if group not in (*FRONTEND_EXCLUDES, "total"))
     share = cached / prompt if decode_ports and prompt else None
-    return ShapeResult(shape, stats.ok, stats.sent, stats.wall_s, stats.req_per_s, stats.tokens_per_s, stats.ttft_ms,
+    label = f"{shape} (all-in-one)" if cfg.allinone and not shape.startswith("dynamo") else shape
+    return ShapeResult(label, stats.ok, stats.sent, stats.wall_s, stats.req_per_s, stats.tokens_per_s, stats.ttft_ms,
                        stats.itl_ms, frontend, per_request["workers"], handover, later_itl, share, stats.first_errors)
 
 

@@ -102,3 +102,13 @@ def test_the_handover_gap_is_reported_apart_from_the_later_itl():
     handover, later = disagg.handover_split(load)
     assert handover == pytest.approx(40.0)
     assert later == pytest.approx(10.0)
+
+
+def test_the_allinone_frontend_is_one_gateway_process_with_every_stage_in_it():
+    args = cli.parse_args(["disagg", "--allinone", "--shape", "disagg"])
+    assert args.allinone
+    split = disagg.mesh_plan(disagg.DisaggBenchConfig(), "disagg", "/m")
+    one = disagg.mesh_plan(disagg.DisaggBenchConfig(allinone=True), "disagg", "/m")
+    assert not split.inproc and one.inproc
+    assert {"preprocessor", "router", "postprocessor"} <= set(split.service_names())
+    assert not {"preprocessor", "router", "postprocessor"} & set(one.service_names())
