@@ -37,7 +37,7 @@ class LifecycleEvent:
     session_timeout_s: int = 0
 
     def to_wire(self, router_id: str) -> dict[str, Any]:
-        # Field by field: dataclasses.asdict deep-copies, 14 µs an event on a router's hot path.
+        # Field by field: dataclasses.asdict deep-copies the block hashes (~70 µs a request, bench/router_sync.py).
         d = {name: v for name in _FIELD_NAMES if (v := getattr(self, name)) not in ("", 0, ())}
         d["kind"] = self.kind
         d["request_id"] = self.request_id
