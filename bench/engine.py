@@ -49,6 +49,7 @@ from bench.stats import LevelStats, summarize
 from services.launcher.engine_env import ENGINES
 from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan, free_port
 from services.launcher.processes import Mesh
+from services.launcher.run import VLLM_CPU_FLAGS
 
 DEPLOYMENTS = ("split", "inproc", "vllm")
 FRONTEND = ("envoy", "gateway", "preprocessor", "router", "postprocessor", "nats")
@@ -58,7 +59,7 @@ SHORT = {"envoy": "envoy", "gateway": "gw", "preprocessor": "pre", "router": "ro
 SERVER = "api-server"  # the process name of vLLM's own server
 # Same engine flags for the workers and vLLM's server (the server's --model/--served-model-name are
 # the worker's --model-dir/--model-name).
-ENGINE_FLAGS = ("--max-model-len", "4096", "--gpu-memory-utilization", "0.1")
+ENGINE_FLAGS = ("--max-model-len", "4096", *VLLM_CPU_FLAGS)
 TTFT_TOLERANCE = 0.10
 
 Printer = Callable[[str], None]

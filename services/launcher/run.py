@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import shlex
+import shlex
 import shutil
 import ssl
 import sys
@@ -53,9 +54,12 @@ DEMO_VIDEO_MODEL_NAME = "meshfront/demo-video"
 # A readable demo: a greeting, a tool call for "weather in Paris", reasoning when asked to "think".
 DEMO_SCRIPT = ROOT / "deploy" / "local" / "demo_script.json"
 STAGES = ("preprocessor", "router", "postprocessor", "gateway")  # the plan's service_args keys
-# vLLM's CPU build reads --gpu-memory-utilization as the share of RAM to reserve; its 0.92 default
-# does not fit beside the mesh.
-VLLM_CPU_ARGS = "--gpu-memory-utilization 0.1"
+# vLLM's CPU build sizes its KV cache as --gpu-memory-utilization times its NUMA node's RAM, less what the
+# worker process already holds: on a 12 GiB node, 0.1 left nothing once torch and the demo audio model were
+# loaded (-0.29 GiB: the worker refused to start), and the 0.92 default does not fit beside the mesh. An
+# explicit size depends on neither: 1 GiB holds half a million tokens of the demo model (2 KiB a token).
+VLLM_CPU_FLAGS = ("--kv-cache-memory-bytes", "1G")
+VLLM_CPU_ARGS = shlex.join(VLLM_CPU_FLAGS)
 # How long the first start may take before the launcher stops waiting to announce the URL.
 READY_TIMEOUT_S = {"mocker": 120.0, "hf": 120.0, "vllm": 600.0}
 # Stopped group after group: the edge first (no new requests; gateways drain their streams while the

@@ -18,7 +18,7 @@ import pytest
 from services.launcher.media_demos import AUDIO
 from services.launcher.plan import ephemeral_plan
 from services.launcher.processes import Mesh
-from services.launcher.run import parse_args
+from services.launcher.run import VLLM_CPU_ARGS, parse_args
 from services.models.qwen_audio import NAME
 from tests.conftest import ROOT, sdk_client, stop_cleanly
 from tests.engine.conftest import ENGINE_START_S, wait_workers
@@ -34,8 +34,8 @@ TEXT_BLOCKS = 2
 
 @pytest.fixture(scope="module")
 def audio_mesh(tmp_path_factory, vllm_python, envoy_bin, nats_bin):
-    args = parse_args(["--demo-audio", "--worker-kind", "vllm", "--engine-args", "--gpu-memory-utilization 0.1"])
-    [worker] = AUDIO.workers(args, ROOT / "build" / "models", "")
+    args = parse_args(["--demo-audio", "--worker-kind", "vllm"])
+    [worker] = AUDIO.workers(args, ROOT / "build" / "models", VLLM_CPU_ARGS)  # the launcher's default engine flags
     plan = ephemeral_plan([worker], router_mode="kv", run_dir=ROOT / ".run" / "tests")
     mesh = Mesh(plan, tmp_path_factory.mktemp("audio-engine-logs"))
     mesh.start(timeout=ENGINE_START_S * 2)

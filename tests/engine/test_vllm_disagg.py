@@ -22,6 +22,7 @@ import pytest
 
 from services.launcher.plan import WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
+from services.launcher.run import VLLM_CPU_FLAGS
 from tests.conftest import ROOT, sdk_client, stop_cleanly
 from tests.engine.conftest import ENGINE_START_S, offline_generate_logprobs, scrape, wait_workers
 
@@ -37,7 +38,7 @@ def disagg_mesh(tmp_path_factory, vllm_python, tiny_lm_dir, envoy_bin, nats_bin)
     store = tmp_path_factory.mktemp("kv-store")
     connector = json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                             "kv_connector_extra_config": {"shared_storage_path": str(store)}})
-    flags = ("--gpu-memory-utilization", "0.1", "--kv-transfer-config", connector)
+    flags = (*VLLM_CPU_FLAGS, "--kv-transfer-config", connector)
     workers = [WorkerSpec(str(tiny_lm_dir), MODEL, "vllm", (*flags, "--disaggregation-mode", mode))
                for mode in ("prefill", "decode")]
     plan = ephemeral_plan(workers, router_mode="kv", run_dir=ROOT / ".run" / "tests")

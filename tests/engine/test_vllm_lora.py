@@ -17,6 +17,7 @@ import pytest
 
 from services.launcher.plan import WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
+from services.launcher.run import VLLM_CPU_FLAGS
 from services.models.qwen_lora import DEMO_ADAPTER_NAME, RANK, default_demo_adapter_dir
 from tests.conftest import ROOT, sdk_client, stop_cleanly
 from tests.engine.conftest import ENGINE_START_S, wait_workers
@@ -79,7 +80,7 @@ def offline(vllm_python, tiny_lm_dir, tokenizer):
 @pytest.fixture(scope="module")
 def lora_mesh(tmp_path_factory, offline, vllm_python, tiny_lm_dir, envoy_bin, nats_bin):
     adapter = default_demo_adapter_dir()
-    flags = ("--gpu-memory-utilization", "0.1", "--worker-id", "vllm-lora", "--enable-lora", "--max-loras", "2",
+    flags = (*VLLM_CPU_FLAGS, "--worker-id", "vllm-lora", "--enable-lora", "--max-loras", "2",
              "--max-lora-rank", str(RANK), "--lora-modules", f"{DEMO_ADAPTER_NAME}={adapter}")
     plan = ephemeral_plan([WorkerSpec(str(tiny_lm_dir), MODEL, "vllm", flags)], run_dir=ROOT / ".run" / "tests")
     mesh = Mesh(plan, tmp_path_factory.mktemp("engine-lora-logs"))

@@ -20,6 +20,7 @@ import pytest
 
 from services.launcher.plan import WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
+from services.launcher.run import VLLM_CPU_FLAGS
 from tests.conftest import ROOT, sdk_client, stop_cleanly
 from tests.engine.conftest import ENGINE_START_S, offline_generate, scrape, wait_workers
 from tests.mesh.chaos_client import stream_then_hang_up
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.engine
 
 MODEL = "meshfront/demo-qwen"
 WORKERS = ("vllm-0", "vllm-1")
-VLLM_FLAGS = ("--gpu-memory-utilization", "0.1", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
+VLLM_FLAGS = (*VLLM_CPU_FLAGS, "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3")
 BLOCK = 128  # vLLM's CPU block size; the worker cards must say so
 
 

@@ -20,6 +20,7 @@ import pytest
 from services.launcher.media_demos import VISION
 from services.launcher.plan import WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
+from services.launcher.run import VLLM_CPU_FLAGS
 from tests.conftest import ROOT, sdk_client, stop_cleanly
 from tests.engine.conftest import ENGINE_START_S, wait_workers
 from tests.media_samples import data_url, mp4, png
@@ -45,7 +46,7 @@ def vision_model_dir():
 
 @pytest.fixture(scope="module")
 def vision_mesh(tmp_path_factory, vllm_python, vision_model_dir, envoy_bin, nats_bin):
-    flags = ("--gpu-memory-utilization", "0.1", *VISION.vllm_args)
+    flags = (*VLLM_CPU_FLAGS, *VISION.vllm_args)
     workers = [WorkerSpec(str(vision_model_dir), MODEL, "vllm", (*flags, "--worker-id", w)) for w in WORKERS]
     plan = ephemeral_plan(workers, router_mode="kv", run_dir=ROOT / ".run" / "tests")
     mesh = Mesh(plan, tmp_path_factory.mktemp("vision-engine-logs"))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from services.launcher.run import VLLM_CPU_FLAGS
 from services.workers.engine_worker import descendants
 
 pytestmark = pytest.mark.engine
@@ -24,7 +25,7 @@ def test_an_unsupported_architecture_exits_1_with_vllms_message_on_one_line(vllm
     config = json.loads((bad / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps({**config, "architectures": ["NopeForCausalLM"]}))
     proc = subprocess.run([vllm_python, "-m", "services.workers.vllm", "--model-dir", str(bad), "--no-register",
-                           "--gpu-memory-utilization", "0.1"], capture_output=True, text=True, timeout=300,
+                           *VLLM_CPU_FLAGS], capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "VLLM_HOST_IP": "127.0.0.1"})
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
@@ -48,7 +49,7 @@ def _alive(pid: int) -> bool:
 
 def test_sigterm_while_the_engine_loads_stops_the_engine_processes_too(vllm_python, tiny_lm_dir):
     proc = subprocess.Popen([vllm_python, "-m", "services.workers.vllm", "--model-dir", str(tiny_lm_dir),
-                             "--no-register", "--gpu-memory-utilization", "0.1"], stdout=subprocess.DEVNULL,
+                             "--no-register", *VLLM_CPU_FLAGS], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin", "VLLM_HOST_IP": "127.0.0.1"},
                             start_new_session=True)
     try:
