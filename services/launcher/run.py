@@ -17,7 +17,6 @@ import json
 import os
 import pathlib
 import shlex
-import shlex
 import shutil
 import ssl
 import sys
@@ -103,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--postprocessors", type=int, default=1,
                    help="postprocessor replicas (ports 9400, 9401, ...); each gateway keeps one multiplexed stream to "
                         "each and sends a request to the least busy")
+    p.add_argument("--routers", type=int, default=1,
+                   help="router replicas (ports 9300, 9301, ...); they share their bookings over NATS, and each "
+                        "gateway spreads its calls over them")
     p.add_argument("--router-mode", choices=POLICY_NAMES, default="round-robin")
     p.add_argument("--trace", action="store_true",
                    help="start Arize Phoenix (from .venv-phoenix, built on first use) as the trace viewer and send it "
@@ -169,6 +171,9 @@ def _check_shape(args: argparse.Namespace) -> None:
     if args.preprocessors < 1 or (args.inproc and args.preprocessors != 1):
         raise ValueError("--preprocessors must be at least 1, and the all-in-one shape (--inproc) has none of its "
                          "own")
+    if args.routers < 1 or (args.inproc and args.routers != 1):
+        raise ValueError("--routers must be at least 1, and the all-in-one shape (--inproc) has none of its own "
+                         "(each all-in-one gateway routes: --gateways)")
     if args.postprocessors < 1 or (args.inproc and args.postprocessors != 1):
         raise ValueError("--postprocessors must be at least 1, and the all-in-one shape (--inproc) has none of its "
                          "own")
@@ -312,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
                     service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES},
-                    preprocessors=args.preprocessors, postprocessors=args.postprocessors,
+                    preprocessors=args.preprocessors, routers=args.routers, postprocessors=args.postprocessors,
                     nats_cluster=args.nats_cluster, **ports)
     # A fresh JetStream store per launch; a restarted NATS keeps it (-sd), so discovery survives it.
     for store in plan.nats_dirs:
@@ -383,6 +388,7 @@ def _placement(args: argparse.Namespace) -> dict:
         ports = {"gateway_ports": [free_port() for _ in range(args.gateways)],
                  "worker_ports": [free_port() for _ in range(workers)],
                  "extra_preprocessor_ports": [free_port() for _ in range(args.preprocessors - 1)],
+                 "extra_router_ports": [free_port() for _ in range(args.routers - 1)],
                  "extra_postprocessor_ports": [free_port() for _ in range(args.postprocessors - 1)],
                  "extra_nats_ports": [free_port() for _ in range(args.nats_cluster - 1)],
                  "nats_route_ports": [free_port() for _ in range(args.nats_cluster)],

@@ -75,6 +75,29 @@ def test_preprocessor_replicas_each_get_a_port_and_the_gateway_lists_them_all():
 
 
 @pytest.mark.parametrize("free_ports", [False, True])
+def test_router_replicas_each_get_a_port_and_every_caller_lists_them_all(free_ports):
+    from services.launcher.plan import MeshPlan, WorkerSpec, specs
+    from services.launcher.run import STOP_ORDER, _placement
+
+    args = parse_args(["--routers", "3", "--embedding-workers", "0", "--image-workers", "0", "--video-workers", "0",
+                       *(["--free-ports"] if free_ports else [])])
+    workers = [WorkerSpec("/models/demo", "demo", "mocker")] * args.workers
+    plan = MeshPlan(workers=workers, routers=args.routers, **_placement(args))
+    by_name = {s.name: s for s in specs(plan)}
+    routers = [by_name[n] for n in ("router", "router-1", "router-2")]
+    ports = [r.argv[r.argv.index("--port") + 1] for r in routers]
+    assert len(set(ports)) == 3 and (free_ports or ports == ["9300", "9301", "9302"])
+    target = "ipv4:" + ",".join(f"127.0.0.1:{p}" for p in ports)
+    for caller in ("gateway-0", "postprocessor"):  # the gateway routes; the postprocessor routes migrations
+        argv = by_name[caller].argv
+        assert argv[argv.index("--router") + 1] == target, caller
+    assert "router-*" in STOP_ORDER[1]
+    for bad in (["--routers", "0"], ["--inproc", "--routers", "2"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
+@pytest.mark.parametrize("free_ports", [False, True])
 def test_nats_cluster_runs_three_routed_nodes_and_every_process_lists_them_all(free_ports):
     from services.launcher.plan import MeshPlan, WorkerSpec, specs
     from services.launcher.run import STOP_ORDER, _placement
