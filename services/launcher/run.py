@@ -57,7 +57,8 @@ STAGES = ("preprocessor", "router", "postprocessor", "gateway")  # the plan's se
 # worker process already holds: on a 12 GiB node, 0.1 left nothing once torch and the demo audio model were
 # loaded (-0.29 GiB: the worker refused to start), and the 0.92 default does not fit beside the mesh. An
 # explicit size depends on neither: 1 GiB holds half a million tokens of the demo model (2 KiB a token).
-VLLM_CPU_FLAGS = ("--kv-cache-memory-bytes", "1G")
+VLLM_CPU_KV_CACHE_BYTES = 1 << 30
+VLLM_CPU_FLAGS = ("--kv-cache-memory-bytes", str(VLLM_CPU_KV_CACHE_BYTES))
 VLLM_CPU_ARGS = shlex.join(VLLM_CPU_FLAGS)
 # How long the first start may take before the launcher stops waiting to announce the URL.
 READY_TIMEOUT_S = {"mocker": 120.0, "hf": 120.0, "vllm": 600.0}

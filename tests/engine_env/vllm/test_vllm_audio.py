@@ -16,6 +16,7 @@ from vllm.v1.request import Request
 
 from services.common import audio_samples
 from services.common.hashing import block_hashes, media_block_infos, sequence_hashes
+from services.launcher.run import VLLM_CPU_KV_CACHE_BYTES
 from services.models.qwen_audio import AUDIO_TOKEN_IDS, default_audio_model_dir
 from services.preprocessor.media import decode, placement
 from services.workers.engine import MediaInput, RequestRejected, engine_token_ids
@@ -98,7 +99,8 @@ def test_an_audio_blocks_hash_is_salted_as_the_preprocessor_salts_the_prompt():
 def llm(model_dir):
     from vllm import LLM
 
-    engine = LLM(model=str(model_dir), gpu_memory_utilization=0.1, max_model_len=2048, enforce_eager=True,
+    engine = LLM(model=str(model_dir), kv_cache_memory_bytes=VLLM_CPU_KV_CACHE_BYTES, max_model_len=2048,
+                 enforce_eager=True,
                  limit_mm_per_prompt={"audio": 1}, skip_mm_profiling=True, max_num_seqs=2)
     yield engine
     del engine

@@ -21,6 +21,7 @@ from meshfront.preprocessor.v1 import preprocessor_pb2
 from vllm import LLM, SamplingParams
 
 from services.common.errors import InvalidRequest
+from services.launcher.run import VLLM_CPU_KV_CACHE_BYTES
 from services.preprocessor.config import parse_config
 from services.preprocessor.core.renderers import load_chat_renderer
 from services.preprocessor.service import Preprocessor
@@ -51,7 +52,7 @@ def model_dir() -> str:
 
 @pytest.fixture(scope="module")
 def llm(model_dir: str) -> LLM:
-    return LLM(model=model_dir, gpu_memory_utilization=0.1, max_model_len=1024, enforce_eager=True)
+    return LLM(model=model_dir, kv_cache_memory_bytes=VLLM_CPU_KV_CACHE_BYTES, max_model_len=1024, enforce_eager=True)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from services.common import video_frames
+from services.launcher.run import VLLM_CPU_KV_CACHE_BYTES
 from services.models.qwen_vl import default_vision_model_dir
 from services.preprocessor.media import decode, placement
 from services.workers.engine import MediaInput, RequestRejected, engine_token_ids
@@ -90,7 +91,8 @@ def test_placed_runs_reach_vllm_as_one_placeholder_each():
 def llm(model_dir):
     from vllm import LLM
 
-    engine = LLM(model=str(model_dir), gpu_memory_utilization=0.1, max_model_len=1024, enforce_eager=True,
+    engine = LLM(model=str(model_dir), kv_cache_memory_bytes=VLLM_CPU_KV_CACHE_BYTES, max_model_len=1024,
+                 enforce_eager=True,
                  limit_mm_per_prompt={"image": 1, "video": 1}, skip_mm_profiling=True, max_num_seqs=2)
     yield engine
     del engine
