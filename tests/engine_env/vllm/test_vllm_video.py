@@ -92,8 +92,8 @@ def llm(model_dir):
     from vllm import LLM
 
     engine = LLM(model=str(model_dir), kv_cache_memory_bytes=VLLM_CPU_KV_CACHE_BYTES, max_model_len=1024,
-                 enforce_eager=True,
-                 limit_mm_per_prompt={"image": 1, "video": 1}, skip_mm_profiling=True, max_num_seqs=2)
+                 enforce_eager=True, limit_mm_per_prompt={"image": 1, "video": 1}, skip_mm_profiling=True,
+                 max_num_seqs=2)
     yield engine
     del engine
 
