@@ -83,6 +83,18 @@ async def run_streams(url: str, bodies: list[dict], during=None, timeout: float 
         return await asyncio.wait_for(asyncio.gather(*tasks), timeout)
 
 
+async def most_streaming(events: list[asyncio.Event], share: float = 0.9, within: float = 1.0) -> None:
+    """Returns once ``share`` of the streams have their first token, or ``within`` s after the first had.
+
+    Waiting for every stream lets one straggler (a late connection, a client behind on a loaded machine)
+    hold a fault back until the others have ended, and the fault then disturbs nothing.
+    """
+    await asyncio.wait([asyncio.ensure_future(e.wait()) for e in events], return_when=asyncio.FIRST_COMPLETED)
+    deadline = time.monotonic() + within
+    while sum(e.is_set() for e in events) < share * len(events) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
 def stream_then_hang_up(port: int, body: dict, frames: int) -> datetime.datetime:
     """Reads a few SSE frames over a raw socket, then resets it mid-stream (what a killed client does).
 
