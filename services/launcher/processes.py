@@ -72,8 +72,10 @@ class Mesh:
             for spec in specs(self.plan):
                 self.start_process(spec)
             for name, spec in self.specs.items():
-                if not wait_port(spec.ready_port, deadline):
-                    raise RuntimeError(f"{name} did not open port {spec.ready_port}:\n{self.logs(name)}")
+                while not wait_port(spec.ready_port, min(deadline, time.monotonic() + 1)):
+                    self.raise_if_one_exited()
+                    if time.monotonic() >= deadline:
+                        raise RuntimeError(f"{name} did not open port {spec.ready_port}:\n{self.logs(name)}")
             self.wait_models(len({w.model_name for w in self.plan.workers}), deadline)
             self.wait_healthy(deadline)
         except BaseException:
@@ -81,6 +83,14 @@ class Mesh:
             self.stop()
             raise
         return self
+
+    def raise_if_one_exited(self) -> None:
+        """Fails a start at once when a process is gone, naming it, instead of waiting out the deadline
+        for a port or a model that will never come."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode} while the mesh started:\n"
+                                   f"{self.logs(name)}")
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """How this process's own readiness checks trust the edge (a TLS mesh's tests give their CA)."""
@@ -97,6 +107,7 @@ class Mesh:
             with contextlib.suppress(OSError, ValueError):
                 if len(json.loads(self._get("/v1/models"))["data"]) >= count:
                     return
+            self.raise_if_one_exited()
             time.sleep(0.1)
         raise RuntimeError(f"models did not register in time\n{self.all_logs()}")
 
@@ -107,6 +118,7 @@ class Mesh:
             with contextlib.suppress(OSError):
                 self._get("/health")
                 return
+            self.raise_if_one_exited()
             time.sleep(0.05)
         raise RuntimeError(f"/health did not answer 200 in time\n{self.all_logs()}")
 

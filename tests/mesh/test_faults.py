@@ -7,7 +7,9 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import stop_cleanly
+from services.launcher.plan import WorkerSpec, ephemeral_plan
+from services.launcher.processes import Mesh
+from tests.conftest import ROOT, stop_cleanly
 from tests.mesh.chaos_client import stream_then_hang_up
 from tests.mesh.conftest import DEMO, SECOND, mocker, start_mesh
 
@@ -76,3 +78,16 @@ def test_killed_worker_takes_its_model_away_and_others_keep_serving(paced_mesh):
     gone = httpx.post(f"{paced_mesh.url}/v1/chat/completions", timeout=30,
                       json={"model": SECOND, "messages": [{"role": "user", "content": "hi"}]})
     assert gone.status_code == 404 and gone.json()["error"]["param"] == "model"
+
+
+def test_a_process_that_dies_while_the_mesh_starts_fails_the_start_at_once_naming_it(
+        tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
+    """Without this, a worker refused at start (a bad flag, too little memory) cost the whole start timeout."""
+    broken = WorkerSpec(str(demo_model_dir), DEMO, "mocker", ("--speedup-ratio", "not-a-number"))
+    plan = ephemeral_plan([broken], run_dir=ROOT / ".run" / "tests")
+    mesh = Mesh(plan, tmp_path_factory.mktemp("broken-start"))
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"mocker-0 exited with code [1-9]\d* while the mesh started"):
+        mesh.start(timeout=120)
+    assert time.monotonic() - started < 60
+    assert all(proc.poll() is not None for proc in mesh.procs.values()), "a failed start left processes running"
