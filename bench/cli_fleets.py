@@ -30,6 +30,8 @@ def add_disagg_parser(sub) -> None:
     g.add_argument("--speedup", type=speedup, default=d.speedup, help="mocker --speedup-ratio (default 1 = paced)")
     g.add_argument("--warmup", type=int, default=d.warmup)
     g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--seeds", type=ints, default=(), help="comma list: every shape once per seed, then a table "
+                   "pooled over them (p99s over every request); replaces --seed")
     g.add_argument("--markdown", default="", help="append the table to this file")
     g.add_argument("--allinone", action="store_true", help="Meshfront's frontend as the all-in-one gateway (one "
                    "process, as Dynamo's is) instead of the split mesh")
@@ -48,8 +50,8 @@ def run_disagg(args: argparse.Namespace, command: str) -> int:
     cfg = DisaggBenchConfig(shapes=shapes, workers=args.workers, concurrency=args.concurrency, requests=args.requests,
                             long_share=args.long_share, long_min=args.long_words[0], long_max=args.long_words[-1],
                             short_min=args.short_words[0], short_max=args.short_words[-1], max_tokens=args.max_tokens,
-                            speedup=args.speedup, warmup=args.warmup, seed=args.seed, profile_dir=args.profile,
-                            allinone=args.allinone)
+                            speedup=args.speedup, warmup=args.warmup, seed=args.seed, seeds=args.seeds,
+                            profile_dir=args.profile, allinone=args.allinone)
     started = datetime.datetime.now().astimezone()
     emit(f"# {started:%Y-%m-%d %H:%M %Z}; {machine_line()}; {cfg}")
     table = main_disagg(cfg, emit)

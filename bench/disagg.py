@@ -83,6 +83,9 @@ class DisaggBenchConfig:
     level_timeout_s: float = 150.0
     model_name: str = "meshfront/demo-qwen"
     seed: int | None = None
+    # Several seeds: every shape runs once per seed (the shapes alternate within a seed), and a pooled table
+    # follows the per-seed ones. A p99 of one run's ~300 requests is its third-worst; pooled, it rests on many.
+    seeds: tuple[int, ...] = ()
     log_level: str = "WARNING"
     # Meshfront's frontend: the split mesh (a process per stage) or the all-in-one gateway (one process, as
     # Dynamo's frontend is). Its rows are labelled with the frontend when it is the all-in-one.
@@ -178,6 +181,7 @@ class ShapeResult:
     later_itl_p99_ms: float  # per-token ITL p99 without that first gap
     decode_cached_share: float | None  # None: not measured (Dynamo)
     errors: list[str]
+    load: LoadResult | None = dataclasses.field(default=None, repr=False)  # the raw results, for pooling
 
 
 def handover_split(load: LoadResult) -> tuple[float, float]:
@@ -237,7 +241,8 @@ async def measure(url: str, pids: dict[str, int], cfg: DisaggBenchConfig, shape:
     share = cached / prompt if decode_ports and prompt else None
     label = f"{shape} (all-in-one)" if cfg.allinone and not shape.startswith("dynamo") else shape
     return ShapeResult(label, stats.ok, stats.sent, stats.wall_s, stats.req_per_s, stats.tokens_per_s, stats.ttft_ms,
-                       stats.itl_ms, frontend, per_request["workers"], handover, later_itl, share, stats.first_errors)
+                       stats.itl_ms, frontend, per_request["workers"], handover, later_itl, share, stats.first_errors,
+                       load)
 
 
 def run_shape(cfg: DisaggBenchConfig, shape: str, seed: int, emit: Printer) -> ShapeResult:
@@ -291,8 +296,37 @@ def table(results: list[ShapeResult]) -> str:
     return "\n".join([head, *rows])
 
 
+def pooled(runs: list[ShapeResult]) -> ShapeResult:
+    """One shape's runs (one per seed) as one: percentiles over every request of every run, throughput as
+    requests over the runs' summed wall time, CPU per request weighted by each run's requests."""
+    loads = [r.load for r in runs if r.load is not None]
+    first = loads[0]
+    wall = sum(load.wall_s for load in loads)
+    merged = LoadResult(first.spec, 0.0, wall, [x for load in loads for x in load.results],
+                        any(load.timed_out for load in loads))
+    stats = summarize(merged)
+    handover, later_itl = handover_split(merged)
+    ok = sum(r.ok for r in runs) or 1
+    shares = [r.decode_cached_share for r in runs if r.decode_cached_share is not None]
+    return ShapeResult(f"{runs[0].shape}, {len(runs)} seeds pooled", stats.ok, stats.sent, stats.wall_s,
+                       stats.req_per_s, stats.tokens_per_s, stats.ttft_ms, stats.itl_ms,
+                       sum(r.frontend_cpu_ms_per_req * r.ok for r in runs) / ok,
+                       sum(r.workers_cpu_ms_per_req * r.ok for r in runs) / ok, handover, later_itl,
+                       sum(shares) / len(shares) if shares else None, stats.first_errors, merged)
+
+
 def main_disagg(cfg: DisaggBenchConfig, emit: Printer) -> str:
-    seed = cfg.seed if cfg.seed is not None else random.randrange(1 << 30)
-    emit(f"# seed {seed}; {TIMING_MODEL}")
-    results = [run_shape(cfg, shape, seed, emit) for shape in cfg.shapes]
-    return f"Timing model: {TIMING_MODEL}.\n\n{table(results)}"
+    seeds = cfg.seeds or (cfg.seed if cfg.seed is not None else random.randrange(1 << 30),)
+    emit(f"# seeds {', '.join(map(str, seeds))}; {TIMING_MODEL}")
+    by_seed = []
+    for seed in seeds:
+        results = [run_shape(cfg, shape, seed, emit) for shape in cfg.shapes]
+        by_seed.append(results)
+        if len(seeds) > 1:
+            emit(f"\nseed {seed}:\n{table(results)}")
+    out = f"Timing model: {TIMING_MODEL}.\n\n"
+    if len(seeds) == 1:
+        return out + table(by_seed[0])
+    tables = "\n\n".join(f"Seed {seed}:\n\n{table(results)}" for seed, results in zip(seeds, by_seed, strict=True))
+    pools = [pooled([results[i] for results in by_seed]) for i in range(len(cfg.shapes))]
+    return out + f"{tables}\n\nPooled over seeds {', '.join(map(str, seeds))}:\n\n{table(pools)}"

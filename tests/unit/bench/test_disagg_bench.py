@@ -8,6 +8,7 @@ import pathlib
 import pytest
 
 from bench import cli, disagg, dynamo_peer
+from bench.loadgen import LoadResult, LoadSpec, RequestResult
 
 pytestmark = pytest.mark.unit
 
@@ -112,3 +113,27 @@ def test_the_allinone_frontend_is_one_gateway_process_with_every_stage_in_it():
     assert not split.inproc and one.inproc
     assert {"preprocessor", "router", "postprocessor"} <= set(split.service_names())
     assert not {"preprocessor", "router", "postprocessor"} & set(one.service_names())
+
+
+def _run(ttfts_ms: list[float], wall_s: float, cpu_ms: float) -> disagg.ShapeResult:
+    spec = LoadSpec(url="http://x", model="m", concurrency=1, requests=len(ttfts_ms))
+    results = [RequestResult(start=0.0, end=1.0, first_token=t / 1000, arrivals=[(t / 1000, 1), (t / 1000 + 0.01, 1)],
+                             content_events=2, completion_tokens=2, done=True) for t in ttfts_ms]
+    load = LoadResult(spec, 0.0, wall_s, results)
+    return disagg.ShapeResult("disagg", len(results), len(results), wall_s, len(results) / wall_s, 0.0, {}, {},
+                              cpu_ms, 1.0, 0.0, 0.0, 0.99, [], load)
+
+
+def test_runs_of_several_seeds_pool_into_one_row_over_every_request():
+    quiet = _run([100.0] * 99 + [150.0], wall_s=10.0, cpu_ms=40.0)
+    slow = _run([200.0] * 50, wall_s=5.0, cpu_ms=10.0)
+    row = disagg.pooled([quiet, slow])
+    assert (row.ok, row.shape) == (150, "disagg, 2 seeds pooled")
+    assert row.req_per_s == pytest.approx(150 / 15.0)
+    assert row.ttft_ms[50] == pytest.approx(100.0) and row.ttft_ms[99] == pytest.approx(200.0)
+    assert row.frontend_cpu_ms_per_req == pytest.approx((40.0 * 100 + 10.0 * 50) / 150)
+    assert row.decode_cached_share == pytest.approx(0.99)
+
+
+def test_the_cli_takes_several_seeds():
+    assert cli.parse_args(["disagg", "--seeds", "7,19,3"]).seeds == (7, 19, 3)
