@@ -48,6 +48,8 @@ def add_scale_parser(sub) -> None:
     s.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens)
     s.add_argument("--workers", type=int, default=d.workers, help="mocker workers (unthrottled)")
     s.add_argument("--speedup", type=speedup, default=d.speedup, help="mocker --speedup-ratio (over-provisioned)")
+    s.add_argument("--rounds", type=int, default=d.rounds, help="every row this many times, the replica order "
+                   "alternating; the goals are then judged on each case's medians")
     s.add_argument("--markdown", default="", help="append the table to this file")
 
 
@@ -65,16 +67,27 @@ def run_scale(args: argparse.Namespace, command: str) -> int:
         quotas=tuple({**dict(d.quotas), **dict(args.quota)}.items()), period_us=args.period_us,
         concurrency=args.concurrency, requests=args.requests, level_timeout_s=args.level_timeout,
         settle_requests=args.settle_requests, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
-        workers=args.workers, speedup=args.speedup)
+        workers=args.workers, speedup=args.speedup, rounds=args.rounds)
+    if cfg.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {cfg.rounds}")
     started = datetime.datetime.now().astimezone()
     emit(f"# {started:%Y-%m-%d %H:%M %Z}; {machine_line()}")
-    rows = scale.run(cfg, emit)
-    goals = scale_report.goal_lines(rows)
-    emit("\n" + scale_report.text_table(rows) + "\n\n" + scale_report.LEGEND + "".join("\n" + g for g in goals))
+    measured = scale.run(cfg, emit)
+    # Tables per round, then the medians the goals are judged on (a single round: its own rows).
+    tables = [(f"round {n}", [r for r in measured if r.round == n]) for n in range(1, cfg.rounds + 1)]
+    if cfg.rounds > 1:
+        tables.append((f"medians of {cfg.rounds} rounds", scale_report.medians(measured)))
+    judged = tables[-1][1]
+    goals = scale_report.goal_lines(judged)
+    text = "\n\n".join((f"{title}:\n" if cfg.rounds > 1 else "") + scale_report.text_table(rows)
+                        for title, rows in tables)
+    emit("\n" + text + "\n\n" + scale_report.LEGEND + "".join("\n" + g for g in goals))
     if args.markdown:
+        markdown = "\n\n".join((f"{title.capitalize()}:\n\n" if cfg.rounds > 1 else "")
+                                + scale_report.markdown_table(rows) for title, rows in tables)
         with Path(args.markdown).open("a") as f:
             f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {machine_line()}.\n"
-                    f"Setting: {setting_line(cfg)}.\n\n{scale_report.markdown_table(rows)}\n\n{scale_report.LEGEND}\n"
+                    f"Setting: {setting_line(cfg)}.\n\n{markdown}\n\n{scale_report.LEGEND}\n"
                     + "".join(f"\n- {g}" for g in goals) + ("\n" if goals else ""))
     return 0
 
@@ -83,4 +96,5 @@ def setting_line(cfg) -> str:
     return (f"{cfg.workers} mocker workers (speed-up {cfg.speedup:g}), prompts ~{cfg.prompt_tokens} words, "
             f"{cfg.max_tokens} tokens out, closed loop of {cfg.concurrency} streams and {cfg.requests} requests per "
             f"replica (at most {cfg.level_timeout_s:g} s per row), quota period {cfg.period_us} us, quotas "
-            + ", ".join(f"{k} {v:g}" for k, v in cfg.quotas))
+            + ", ".join(f"{k} {v:g}" for k, v in cfg.quotas)
+            + (f", {cfg.rounds} rounds (the replica order alternating)" if cfg.rounds > 1 else ""))

@@ -82,6 +82,7 @@ class ScaleConfig:
     log_level: str = "WARNING"
     seed: int = 7
     start_timeout_s: float = 120.0
+    rounds: int = 1  # every row this many times; the report adds the medians (scale_report.medians)
 
     def quota(self, stage: str) -> float:
         return dict(self.quotas)[stage]
@@ -169,21 +170,29 @@ def run(cfg: ScaleConfig, emit: Printer) -> list[ScaleRow]:
 
     model_dir = str(build_demo_model(ROOT / "build" / "models" / "demo-qwen"))
     rows = []
-    for case in cfg.stages:
-        stage = "router" if case == KV_CASE else case
-        for n in cfg.kv_replicas if case == KV_CASE else cfg.replicas:
-            with sigterm_as_exit():
-                row = run_row(cfg, case, stage, n, model_dir, emit)
-            emit(f"[{case} x{n}] {row.req_per_s:.1f} req/s ({row.per_replica:.1f} per replica), {stage} CPU "
-                 f"{row.stage_cpu_ms:.2f} ms/req, total {row.total_cpu_ms:.2f}, TTFT p50 {row.ttft_p50_ms:.0f} ms, "
-                 f"mux msgs/req (chunks/msg) {mux_cell(row.mux)}, "
-                 f"{row.ok} ok / {row.errors} err"
-                 + (f" ({'; '.join(row.error_kinds)})" if row.error_kinds else "")
-                 + f", bg {row.bg_cores:.2f} cores"
-                 + ("" if row.cached_share is None else f", cached {100 * row.cached_share:.1f} %")
-                 + f"; bottleneck {row.verdict.bottleneck} ({row.verdict.evidence})")
-            rows.append(row)
+    for round_no in range(1, cfg.rounds + 1):
+        for case in cfg.stages:
+            counts = cfg.kv_replicas if case == KV_CASE else cfg.replicas
+            # Every other round runs the replica counts backwards: a drift of the machine lands on both ends.
+            for n in counts if round_no % 2 else tuple(reversed(counts)):
+                row = dataclasses.replace(_one_row(cfg, case, n, model_dir, emit), round=round_no)
+                rows.append(row)
     return rows
+
+
+def _one_row(cfg: ScaleConfig, case: str, n: int, model_dir: str, emit: Printer) -> ScaleRow:
+    stage = "router" if case == KV_CASE else case
+    with sigterm_as_exit():
+        row = run_row(cfg, case, stage, n, model_dir, emit)
+    emit(f"[{case} x{n}] {row.req_per_s:.1f} req/s ({row.per_replica:.1f} per replica), {stage} CPU "
+         f"{row.stage_cpu_ms:.2f} ms/req, total {row.total_cpu_ms:.2f}, TTFT p50 {row.ttft_p50_ms:.0f} ms, "
+         f"mux msgs/req (chunks/msg) {mux_cell(row.mux)}, "
+         f"{row.ok} ok / {row.errors} err"
+         + (f" ({'; '.join(row.error_kinds)})" if row.error_kinds else "")
+         + f", bg {row.bg_cores:.2f} cores"
+         + ("" if row.cached_share is None else f", cached {100 * row.cached_share:.1f} %")
+         + f"; bottleneck {row.verdict.bottleneck} ({row.verdict.evidence})")
+    return row
 
 
 def run_row(cfg: ScaleConfig, case: str, stage: str, replicas: int, model_dir: str, emit: Printer) -> ScaleRow:

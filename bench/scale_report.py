@@ -5,8 +5,10 @@ Pure functions over what the run measured, so they are unit-tested without names
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
+import statistics
 from collections.abc import Mapping, Sequence
 
 from bench.scale_hosts import Throttling
@@ -83,6 +85,7 @@ class ScaleRow:
     mux: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     # The distinct errors (the first few): "timed out" ones are the streams still open when the row's time ran out.
     error_kinds: tuple[str, ...] = ()
+    round: int = 1  # which of ``--rounds`` measured it; 0: the median of every round (``medians``)
 
     @property
     def name(self) -> str:
@@ -155,6 +158,34 @@ def goal_lines(rows: Sequence[ScaleRow]) -> list[str]:
         status = ("met" if met else "NOT met") if bound else (
             f"not judged: bottleneck {r.verdict.bottleneck} / {one.verdict.bottleneck} at 1 replica")
         out.append(f"{r.name} x{r.replicas}: {linear:.2f}x linear, {r.stage} CPU per request {cpu:+.0%}: {status}")
+    return out
+
+
+def medians(rows: Sequence[ScaleRow]) -> list[ScaleRow]:
+    """One row per case and replica count: the median of its rounds' throughput, CPU and TTFT, its errors summed,
+    and the bottleneck most of its rounds named (the evidence says how many). A single row of a case at ~0.015
+    cores moves by about 20 % between identical runs; the rounds alternate their replica order, so that a drift
+    of the machine during a round does not land on one replica count."""
+    groups: dict[tuple[str, int], list[ScaleRow]] = collections.defaultdict(list)
+    for r in rows:
+        groups[(r.name, r.replicas)].append(r)
+    out = []
+    for same in groups.values():
+        first = same[0]
+        verdicts = collections.Counter(r.verdict.bottleneck for r in same)
+        name, count = verdicts.most_common(1)[0]
+        shares = [r.cached_share for r in same if r.cached_share is not None]
+        out.append(dataclasses.replace(
+            first, ok=sum(r.ok for r in same), errors=sum(r.errors for r in same),
+            req_per_s=statistics.median(r.req_per_s for r in same),
+            stage_cpu_ms=statistics.median(r.stage_cpu_ms for r in same),
+            total_cpu_ms=statistics.median(r.total_cpu_ms for r in same),
+            ttft_p50_ms=statistics.median(r.ttft_p50_ms for r in same),
+            ttft_p99_ms=statistics.median(r.ttft_p99_ms for r in same),
+            verdict=Verdict(name, f"the bottleneck in {count} of {len(same)} rounds"),
+            bg_cores=statistics.median(r.bg_cores for r in same),
+            cached_share=statistics.median(shares) if shares else None, mux={},
+            error_kinds=tuple(sorted({k for r in same for k in r.error_kinds}))[:3], round=0))
     return out
 
 

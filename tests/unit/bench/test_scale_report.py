@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from bench import cli
 from bench.scale_hosts import Throttling
 from bench.scale_report import (
     ScaleRow,
@@ -12,6 +15,7 @@ from bench.scale_report import (
     bottleneck,
     goal_lines,
     markdown_table,
+    medians,
     mux_cell,
     mux_per_request,
     process_group,
@@ -95,3 +99,21 @@ def test_mux_traffic_is_messages_per_request_and_chunks_per_message_over_the_win
                                                                                                           2450.0)}, 10)
     assert mux_cell(both) == "worker→post 35.0 (7.0), post→gw 33.0 (8.0)"  # in the order a token travels
     assert mux_cell({}) == "—"
+
+
+def test_rounds_fold_into_their_medians_and_the_goals_are_judged_on_them():
+    rounds = [(1, 10.0, 2.0, 40.0, 2.2), (2, 7.0, 2.6, 30.0, 2.6), (3, 8.0, 2.4, 31.0, 2.5)]
+    rows = []
+    for n, one_rps, one_ms, four_rps, four_ms in rounds:
+        rows += [dataclasses.replace(_row(1, one_rps, one_ms, "router", "router"), round=n),
+                 dataclasses.replace(_row(4, four_rps, four_ms, "router" if n != 2 else "machine", "router"), round=n)]
+    one, four = medians(rows)
+    assert (one.replicas, one.req_per_s, one.stage_cpu_ms, one.ok, one.round) == (1, 8.0, 2.4, 900, 0)
+    assert (four.req_per_s, four.stage_cpu_ms) == (31.0, 2.5)
+    assert four.verdict == Verdict("router", "the bottleneck in 2 of 3 rounds")
+    # Round 1 alone reads 1.0x linear; its medians read 31 / (4 x 8) = 0.97x and +4 %: met.
+    assert goal_lines([one, four]) == ["router x4: 0.97x linear, router CPU per request +4%: met"]
+
+
+def test_the_cli_takes_rounds():
+    assert cli.parse_args(["scale", "--rounds", "3"]).rounds == 3
