@@ -50,6 +50,10 @@ __all__ = ["DUMP_PREFIX", "EVENTS_PREFIX", "BlockMirror", "KvEventPublisher", "d
 # router sees a gap and asks for a dump once messages flow again.
 MAX_PENDING_EVENTS = 20_000
 LOAD_INTERVAL_S = 0.5
+# A tick with no events and the load as last published sends nothing until this long after the last message:
+# every router and gateway replica receives each worker's messages, so an idle fleet of N workers otherwise
+# costs each of them 2N messages a second for nothing. A change still goes out on the next tick.
+LOAD_HEARTBEAT_S = 5.0
 
 LoadReader = Callable[[], dict[str, int]]
 
@@ -109,6 +113,8 @@ class KvEventPublisher:
         self.seq = 0
         self.messages = 0
         self._load = load
+        self._published_load: dict[str, int] | None = None
+        self._published_at = 0.0  # time.monotonic() of the last message
         self._pending: list[dict] = []
         self._flush_scheduled = False
         self._lock = asyncio.Lock()
@@ -156,7 +162,7 @@ class KvEventPublisher:
         self.connected.set()
         while True:
             try:
-                await self.flush()
+                await self._tick()
             except nats.errors.Error:
                 pass  # NATS away: the client reconnects on its own and a later tick publishes
             except Exception:  # a bug (the load reader, an event): said every tick, not taken for NATS away
@@ -170,24 +176,36 @@ class KvEventPublisher:
     async def flush(self) -> None:
         """Publishes pending events (or just the load when there are none) as the next ``seq``."""
         async with self._lock:
-            await self._publish_locked()
+            await self._publish_locked(self._read_load())
 
-    async def _publish_locked(self) -> None:
+    async def _tick(self) -> None:
+        """The periodic report: what changed since the last message, or the heartbeat (``LOAD_HEARTBEAT_S``)."""
+        async with self._lock:
+            load = self._read_load()
+            if (self._pending or load != self._published_load
+                    or time.monotonic() - self._published_at >= LOAD_HEARTBEAT_S):
+                await self._publish_locked(load)
+
+    def _read_load(self) -> dict[str, int] | None:
+        return self._load() if self._load is not None else None
+
+    async def _publish_locked(self, load: dict[str, int] | None) -> None:
         if self._nc is None:
             return
         events, self._pending = self._pending, []
         self.seq += 1
         msg = {"worker_id": self.worker_id, "model": self.model, "seq": self.seq,
                "published_at_ms": int(time.time() * 1000), "events": events}
-        if self._load is not None:
-            msg["load"] = self._load()
+        if load is not None:
+            msg["load"] = load
         await self._nc.publish(self.subject, orjson.dumps(msg))
+        self._published_load, self._published_at = load, time.monotonic()
         self.messages += 1
 
     async def _answer_dump(self, msg) -> None:
         async with self._lock:
             if self._pending:
-                await self._publish_locked()
+                await self._publish_locked(self._read_load())
             reply = {"worker_id": self.worker_id, "model": self.model, "seq": self.seq,
                      "blocks": self.mirror.dump()}
         await msg.respond(orjson.dumps(reply))
