@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -56,3 +59,19 @@ def wait_until(predicate, timeout: float, what: str):
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextlib.contextmanager
+def restored(mesh: Mesh, name: str) -> Iterator[None]:
+    """Starts ``name`` again when the block ends, passing or failing, once it went down in it: the module's next
+    tests need the whole mesh, and a restart placed after a failed assertion never ran. A process still running
+    10 s after the block was never taken down, and is left as it is."""
+    try:
+        yield
+    finally:
+        try:
+            mesh.procs[name].wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        else:
+            mesh.restart(name)

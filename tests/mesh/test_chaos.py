@@ -24,7 +24,7 @@ import pytest
 from services.launcher.plan import WorkerSpec
 from tests.conftest import stop_cleanly
 from tests.mesh.chaos_client import chat, most_streaming, run_streams, stream_then_hang_up
-from tests.mesh.conftest import DEMO, start_mesh
+from tests.mesh.conftest import DEMO, restored, start_mesh
 
 pytestmark = pytest.mark.mesh
 
@@ -81,11 +81,8 @@ def test_killed_worker_mid_stream_migrates_every_stream_token_identically(chaos_
         chaos_mesh.kill("mocker-0")
         killed_at.append(time.monotonic())
 
-    try:
+    with restored(chaos_mesh, "mocker-0"):
         disturbed = asyncio.run(run_streams(chaos_mesh.url, bodies, kill_when_streaming))
-    finally:
-        if killed_at:  # restarted even when an assertion below fails: the next tests need 3 workers
-            chaos_mesh.restart("mocker-0")
     failed = [(i, r.status, r.error) for i, r in enumerate(disturbed) if not r.done or r.error]
     assert not failed, failed
     assert [r.text for r in disturbed] == [r.text for r in reference]

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import sdk_client, stop_cleanly
-from tests.mesh.conftest import DEMO, DEMO_PARSERS, mocker, start_mesh, wait_until
+from tests.mesh.conftest import DEMO, DEMO_PARSERS, mocker, restored, start_mesh, wait_until
 
 pytestmark = pytest.mark.mesh
 
@@ -119,11 +119,11 @@ def test_a_draining_worker_finishes_its_multiplexed_requests_and_exits_without_w
         paced_mux.kill("mocker-1", signal.SIGTERM)
         stopped.append(time.monotonic())
 
-    disturbed = asyncio.run(run_streams(paced_mux.url, bodies, sigterm_when_streaming))
-    assert [(r.status, r.error) for r in disturbed if not r.done or r.error] == []
-    assert [r.text for r in disturbed] == [r.text for r in reference]  # finished there, or moved token-exact
-    assert paced_mux.procs["mocker-1"].wait(30) == 0
-    # The worker's drain grace is 10 s; its streams ended with their work, so it exits well before.
-    assert time.monotonic() - stopped[0] < 8.0
-    paced_mux.restart("mocker-1")
+    with restored(paced_mux, "mocker-1"):
+        disturbed = asyncio.run(run_streams(paced_mux.url, bodies, sigterm_when_streaming))
+        assert [(r.status, r.error) for r in disturbed if not r.done or r.error] == []
+        assert [r.text for r in disturbed] == [r.text for r in reference]  # finished there, or moved token-exact
+        assert paced_mux.procs["mocker-1"].wait(30) == 0
+        # The worker's drain grace is 10 s; its streams ended with their work, so it exits well before.
+        assert time.monotonic() - stopped[0] < 8.0
 

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from services.launcher.plan import WorkerSpec
 from tests.conftest import MOCKER_SCRIPT, stop_cleanly
 from tests.mesh.chaos_client import chat, run_streams, stream_chat, stream_then_hang_up
-from tests.mesh.conftest import DEMO, DEMO_PARSERS, start_mesh, wait_until
+from tests.mesh.conftest import DEMO, DEMO_PARSERS, restored, start_mesh, wait_until
 
 pytestmark = pytest.mark.mesh
 
@@ -106,30 +106,30 @@ def test_a_draining_replica_finishes_its_requests_and_new_ones_go_to_the_other(t
         two_posts.kill("postprocessor-1", signal.SIGTERM)
         stopped.append(time.monotonic())
 
-    disturbed = asyncio.run(run_streams(two_posts.url, bodies, sigterm_when_streaming))
-    assert [(r.status, r.error) for r in disturbed if not r.done or r.error] == []
-    assert [r.text for r in disturbed] == [r.text for r in reference]
-    assert two_posts.procs["postprocessor-1"].wait(30) == 0
-    # Its drain grace is 10 s; its streams ended with their requests, so it exits well before.
-    assert time.monotonic() - stopped[0] < 8.0
-    after = asyncio.run(run_streams(two_posts.url, bodies[:6]))  # one replica left: all of them go there
-    assert [r.text for r in after] == [r.text for r in reference[:6]]
-    two_posts.restart("postprocessor-1")
+    with restored(two_posts, "postprocessor-1"):
+        disturbed = asyncio.run(run_streams(two_posts.url, bodies, sigterm_when_streaming))
+        assert [(r.status, r.error) for r in disturbed if not r.done or r.error] == []
+        assert [r.text for r in disturbed] == [r.text for r in reference]
+        assert two_posts.procs["postprocessor-1"].wait(30) == 0
+        # Its drain grace is 10 s; its streams ended with their requests, so it exits well before.
+        assert time.monotonic() - stopped[0] < 8.0
+        after = asyncio.run(run_streams(two_posts.url, bodies[:6]))  # one replica left: all of them go there
+        assert [r.text for r in after] == [r.text for r in reference[:6]]
 
 
 def test_requests_of_a_dead_replica_start_over_on_the_live_one(two_posts):
     bodies = [{**chat(DEMO, 200 + i, 8), "ignore_eos": True} for i in range(8)]
     reference = asyncio.run(run_streams(two_posts.url, bodies))
-    two_posts.kill("postprocessor")  # SIGKILL: its stream breaks; the gateway still lists it
-    two_posts.procs["postprocessor"].wait(10)
-    after = asyncio.run(run_streams(two_posts.url, bodies))
-    assert [(r.status, r.error) for r in after if not r.done or r.error] == []
-    assert [r.text for r in after] == [r.text for r in reference]
-    # Connected replicas rank first, so the dead one is passed over once its channel has seen the loss;
-    # a request sent before that breaks with its stream and starts over (either way none fails).
-    log = two_posts.full_log("gateway-0")
-    assert "is unreachable; starting request" in log or "stream failed" in log
-    two_posts.restart("postprocessor")
+    with restored(two_posts, "postprocessor"):
+        two_posts.kill("postprocessor")  # SIGKILL: its stream breaks; the gateway still lists it
+        two_posts.procs["postprocessor"].wait(10)
+        after = asyncio.run(run_streams(two_posts.url, bodies))
+        assert [(r.status, r.error) for r in after if not r.done or r.error] == []
+        assert [r.text for r in after] == [r.text for r in reference]
+        # Connected replicas rank first, so the dead one is passed over once its channel has seen the loss;
+        # a request sent before that breaks with its stream and starts over (either way none fails).
+        log = two_posts.full_log("gateway-0")
+        assert "is unreachable; starting request" in log or "stream failed" in log
 
 
 def test_streams_a_killed_replica_was_decoding_finish_on_the_live_one_token_identical(two_posts):
@@ -141,13 +141,12 @@ def test_streams_a_killed_replica_was_decoding_finish_on_the_live_one_token_iden
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 30)
         two_posts.kill("postprocessor")  # SIGKILL mid-stream: every stream it was decoding breaks
 
-    after = asyncio.run(run_streams(two_posts.url, bodies, kill_once_all_streamed))
-    two_posts.procs["postprocessor"].wait(10)
-    assert [(r.status, r.error) for r in after if not r.done or r.error] == []
-    assert [(r.text, r.finish) for r in after] == [(r.text, r.finish) for r in reference]
-    # Streams that had their first tokens were resumed, not started over (the gateway's client says which).
-    assert "is unreachable; resuming request" in two_posts.full_log("gateway-0")
-    two_posts.restart("postprocessor")
+    with restored(two_posts, "postprocessor"):
+        after = asyncio.run(run_streams(two_posts.url, bodies, kill_once_all_streamed))
+        assert [(r.status, r.error) for r in after if not r.done or r.error] == []
+        assert [(r.text, r.finish) for r in after] == [(r.text, r.finish) for r in reference]
+        # Streams that had their first tokens were resumed, not started over (the gateway's client says which).
+        assert "is unreachable; resuming request" in two_posts.full_log("gateway-0")
 
 
 async def _trip(sdk: openai.AsyncOpenAI, prompt: str) -> tuple[str, dict]:
