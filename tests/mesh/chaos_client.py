@@ -89,7 +89,10 @@ async def most_streaming(events: list[asyncio.Event], share: float = 0.9, within
     Waiting for every stream lets one straggler (a late connection, a client behind on a loaded machine)
     hold a fault back until the others have ended, and the fault then disturbs nothing.
     """
-    await asyncio.wait([asyncio.ensure_future(e.wait()) for e in events], return_when=asyncio.FIRST_COMPLETED)
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in waiters:
+        waiter.cancel()  # the rest are polled below; none is left pending
     deadline = time.monotonic() + within
     while sum(e.is_set() for e in events) < share * len(events) and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
