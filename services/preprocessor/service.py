@@ -265,6 +265,7 @@ class Preprocessor:
         """The directory's artifacts, and the chat renderer ready for it (an engine's reads the model too:
         seconds for vLLM's), before a request uses them."""
         artifacts = self._cache.get(model_dir)
+        artifacts.read_length_floor()
         self._chat_renderer.warm(artifacts)
         self._ready[model_dir] = artifacts
         return artifacts

@@ -25,7 +25,8 @@ DOC = ROOT / "docs" / "metrics.md"
 # docs/metrics.md's section prefix -> the process names (services/launcher/plan.py) that export it.
 PROCESSES = {"meshfront_gateway_": ("gateway-",), "meshfront_preprocessor_": ("preprocessor",),
              "meshfront_router_": ("router",), "meshfront_postprocessor_": ("postprocessor",),
-             "meshfront_worker_": ("mocker-",), "meshfront_mux_": ("mocker-", "postprocessor")}
+             "meshfront_worker_": ("mocker-",), "meshfront_mux_": ("mocker-", "postprocessor"),
+             "meshfront_gc_": ("",)}  # every process
 KV_ONLY = "*kv mode*"
 # Exported only by embedding workers (the session mesh runs mockers; tests/mesh/test_embeddings.py
 # scrapes an embedding worker): optional here, like the kv-mode names.
@@ -96,6 +97,14 @@ def test_exported_names_match_the_doc(mesh):
     for process, families in scraped.items():  # and no meshfront_ family outside its process's sections
         sections = tuple(prefix for prefix, processes in PROCESSES.items() if process.startswith(processes))
         assert [n for n in families if n.startswith("meshfront_") and not n.startswith(sections)] == [], process
+
+
+def test_every_process_froze_its_start_up_heap(mesh):
+    """Each service and worker froze what start-up left (services/common/gc_pauses.py) before it said READY, and
+    times its collections from then on: the freeze's own full collection is the first."""
+    for process, families in scrape(mesh).items():
+        assert value(families, "meshfront_gc_frozen_objects") > 10_000, process  # modules, descriptors, ...
+        assert value(families, "meshfront_gc_pause_seconds", "_count", generation="2") >= 1, process
 
 
 def test_kv_mode_router_names_match_the_doc():

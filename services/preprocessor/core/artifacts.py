@@ -62,14 +62,19 @@ class ModelArtifacts:
     def bytes_per_token_ceiling(self) -> float | None:
         """Most bytes of text one token stands for (byte_bound.py); None: the tokenizer admits no such bound.
 
-        Read from the vocabulary (a few tenths of a second for 150k tokens) when a large prompt first
-        needs it, not at load: most deployments never see one."""
+        Read from the vocabulary, a few tenths of a second for 150k tokens (``read_length_floor``)."""
         return bytes_per_token_ceiling(self.tokenizer)
 
     @functools.cached_property
     def space_split_kind(self) -> str | None:
         """The pre-tokenizer's type when no token crosses a space (length_floor.py); None otherwise."""
         return space_split_kind(self.tokenizer)
+
+    def read_length_floor(self) -> None:
+        """Reads what ``fewest_tokens`` needs from the tokenizer now, as the model loads (on a thread). Read at
+        the first large prompt instead, the vocabulary's copy into Python held the GIL for ~200 ms, and every
+        stream the process carried stalled for as long."""
+        _ = self.bytes_per_token_ceiling, self.space_split_kind
 
     def fewest_tokens(self, text: str, limit: int) -> int:
         """A floor on the tokens ``text`` encodes to (no special tokens), found without encoding all of it;

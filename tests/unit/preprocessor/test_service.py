@@ -143,3 +143,14 @@ async def test_a_lora_adapter_request_names_its_adapter_and_salts_its_hashes(dem
     assert not base.request.HasField("lora")
     assert list(lora.block_hashes) == block_hashes(list(lora.request.token_ids), 16, lora_name="ada")
     assert set(lora.block_hashes).isdisjoint(base.block_hashes) and base.block_hashes
+
+
+async def test_a_warmed_model_has_read_its_length_floor_from_the_vocabulary(demo_model_dir):
+    """Read at the first long prompt instead, the vocabulary's copy held the GIL for ~200 ms and stalled every
+    stream of the process (artifacts.read_length_floor)."""
+    cache = ArtifactCache()  # its own: the module's may have been read by another test
+    card = ModelCard(name="demo", model_dir=str(demo_model_dir))
+    await Preprocessor({"demo": card}.get, cache).warm(card)
+    artifacts = cache.get(str(demo_model_dir))
+    assert {"bytes_per_token_ceiling", "space_split_kind"} <= artifacts.__dict__.keys()  # cached_property's slots
+    assert artifacts.bytes_per_token_ceiling is not None  # the demo's byte-level BPE has a bound
