@@ -4,8 +4,8 @@ A collection stops the whole process, its event loop included, so every stream t
 waits for it. How long a full (generation 2) collection takes grows with every object the process
 holds, and most of those are what start-up made and never frees: imported modules, protobuf
 descriptors, the service's tables. Measured in the all-in-one gateway under bench/disagg.py's load, a
-full collection paused every stream for 72-93 ms, about once in 15 s, and most of the first to second
-token gaps over 14 ms at the client came from collections (bench/RESULTS.md).
+full collection paused every stream for 72-93 ms, about once in 15 s, and a third of the gateway's
+inter-token gaps over 14 ms overlapped a collection of some generation (bench/RESULTS.md).
 
 ``freeze_startup_heap`` moves everything alive when the server starts listening to the collector's
 permanent generation (``gc.freeze``), which collections never traverse again; reference counting still

@@ -101,7 +101,7 @@ def test_exported_names_match_the_doc(mesh):
 
 def test_every_process_froze_its_start_up_heap(mesh):
     """Each service and worker froze what start-up left (services/common/gc_pauses.py) before it said READY, and
-    times its collections from then on: the freeze's own full collection is the first."""
+    times its collections from then on, the freeze's own full collection among them."""
     for process, families in scrape(mesh).items():
         assert value(families, "meshfront_gc_frozen_objects") > 10_000, process  # modules, descriptors, ...
         assert value(families, "meshfront_gc_pause_seconds", "_count", generation="2") >= 1, process

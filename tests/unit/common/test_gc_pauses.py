@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry
 
 from services.common.gc_pauses import PAUSE_BUCKETS, GcPauses, freeze_startup_heap
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def pauses():
