@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import functools
 import gc
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -77,12 +78,9 @@ class GcPauses(Collector):
         pauses = HistogramMetricFamily("meshfront_gc_pause_seconds",
                                        "How long each garbage collection stopped this process, per generation",
                                        labels=["generation"])
+        bounds = (*map(str, PAUSE_BUCKETS), "+Inf")
         for generation in range(GENERATIONS):
-            counts = self._buckets[generation]
-            cumulative, total = [], 0
-            for bound, count in zip((*map(str, PAUSE_BUCKETS), "+Inf"), counts, strict=True):
-                total += count
-                cumulative.append((bound, total))
+            cumulative = list(zip(bounds, itertools.accumulate(self._buckets[generation]), strict=True))
             pauses.add_metric([str(generation)], cumulative, self._sums[generation])
         yield pauses
         yield GaugeMetricFamily("meshfront_gc_frozen_objects",
