@@ -78,6 +78,9 @@ C = TypeVar("C", bound=ServiceConfig)
 S = TypeVar("S", bound=Service)
 
 
+FIRST_VIEW_WAIT_S = 10.0
+
+
 @dataclasses.dataclass(frozen=True)
 class ServiceSpec(Generic[C, S]):
     """How one service process is made; its ``main.py`` declares one and calls ``main(SPEC, argv)``."""
@@ -90,10 +93,12 @@ class ServiceSpec(Generic[C, S]):
     # Errors of ``build`` that mean "this environment cannot run it": one line and exit 1.
     unavailable: tuple[type[Exception], ...] = ()
     server_name: str = ""  # the gRPC server's name in logs and READY lines; default ``name``
-    # Listen only once the registry has its first view of the workers, waiting at most this long: a
-    # restarted gateway is sent requests as soon as it listens (Envoy retried them while the port was
-    # closed), and before its first discovery view it would answer them "model does not exist".
-    first_view_wait_s: float = 0.0
+    # Listen only once the registry has its first view of the workers, waiting at most this long (NATS may
+    # be down: then it listens with no view, as before). A restarted stage is sent requests as soon as it
+    # listens (its callers retried them while the port was closed), and before its first discovery view it
+    # would answer them "model does not exist": a 404 for a model that is served (seen from a router
+    # SIGKILLed under arriving requests through `meshfront run`).
+    first_view_wait_s: float = FIRST_VIEW_WAIT_S
 
 
 def bad_value(name: str, message: object) -> NoReturn:

@@ -9,7 +9,6 @@ from services.common.assembly import Built
 from services.common.grpc_server import GrpcServer
 from services.gateway.assembly import Gateway, build
 from services.gateway.config import parse_config
-from services.gateway.warmup import SYNC_WAIT_S
 
 
 def _serve(gateway: Built[Gateway], server: GrpcServer) -> None:
@@ -17,8 +16,7 @@ def _serve(gateway: Built[Gateway], server: GrpcServer) -> None:
 
 
 # The request metrics (frontend_metrics.py) are registered by the build, under --metrics-prefix.
-SPEC = service_main.ServiceSpec(name="gateway", parse=parse_config, build=build, serve=_serve,
-                                first_view_wait_s=SYNC_WAIT_S)
+SPEC = service_main.ServiceSpec(name="gateway", parse=parse_config, build=build, serve=_serve)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
