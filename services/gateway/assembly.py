@@ -51,6 +51,7 @@ from services.gateway.postprocessor_mux import MuxPostprocessor
 from services.gateway.releases import RidingReleases
 from services.gateway.responses_api.server import ResponsesServicer
 from services.gateway.responses_api.store import ResponseStore
+from services.gateway.router_replicas import ReplicaRouters
 from services.gateway.stage_watch import StageWatch
 from services.gateway.videos.job_store import JobStore
 from services.gateway.videos.jobs import VideoJobs
@@ -156,11 +157,13 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     if preprocessor is None:
         preprocessor = grpc_pre = clients.GrpcPreprocessor(cfg.preprocessor, tls, cfg.stage_wait_s)
         probes["preprocessor"] = grpc_pre.stage.unreachable
-    if router is None:
-        router = grpc_router = clients.GrpcRouter(cfg.router, tls, cfg.stage_wait_s)
-        probes["router"] = grpc_router.stage.unreachable
+    route: RidingReleases | ReplicaRouters
+    if router is None:  # a channel per replica, each holding its releases (router_replicas.py)
+        route = replicas = ReplicaRouters(cfg.router, tls, cfg.stage_wait_s)
+        probes["router"] = replicas.unreachable
+    else:
+        route = RidingReleases(router)
     pre = preprocessor
-    route = RidingReleases(router)
     closers = []
     if postprocessor is not None:
         post = postprocessor

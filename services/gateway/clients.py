@@ -1,8 +1,8 @@
 """How the gateway reaches the preprocessor, router and postprocessor.
 
 Each has one small interface (the Protocols below) with two implementations: a
-gRPC client (the split mesh, one Deployment per service: here, and the postprocessor's
-multiplexed one in postprocessor_mux.py), and a direct
+gRPC client (the split mesh, one Deployment per service: here, the router's per-replica one in
+router_replicas.py and the postprocessor's multiplexed one in postprocessor_mux.py), and a direct
 in-process call on the same service object the remote server wraps, which
 belongs to the all-in-one process (services/allinone/clients.py) because it
 imports the stage packages. The seam passes proto messages, which are plain
@@ -11,14 +11,13 @@ Python objects in-process, so the two shapes run the same code.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 import grpc
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
-from meshfront.router.v1 import router_pb2, router_pb2_grpc
+from meshfront.router.v1 import router_pb2
 
 from services.common import tls as mesh_tls
 from services.common import tracing
@@ -60,7 +59,7 @@ def channel(target: str, tls: mesh_tls.MeshTls | None = None) -> grpc.aio.Channe
     return mesh_tls.channel(target, _LB_OPTIONS, tls)
 
 
-# The preprocessor and router calls wait out a restart of their stage (services/common/stage_wait.py);
+# The preprocessor's calls wait out a restart of their stage (services/common/stage_wait.py);
 # ``unreachable`` tells /health and the gateway's gRPC health (stage_watch.py) when one stays away.
 
 
@@ -75,25 +74,3 @@ class GrpcPreprocessor:
 
     async def preprocess_embeddings(self, req):
         return await self.stage.call(lambda: self._stub.PreprocessEmbeddings(req))
-
-
-class GrpcRouter:
-    def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None, wait_s: float = DEFAULT_WAIT_S):
-        self.stage = StageCaller(channel(target, tls), "router", wait_s)
-        self._stub = router_pb2_grpc.RouterServiceStub(self.stage.channel)
-
-    async def route(self, req):
-        metadata = tracing.call_metadata(request_id_metadata(req.request_id))
-        return await self.stage.call(lambda: self._stub.Route(req, metadata=metadata))
-
-    async def release(self, req):
-        # The router forgets bookings of workers that leave; a lost release only skews load briefly.
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            await self._stub.Release(req, timeout=5, metadata=request_id_metadata(req.request_id))
-
-    async def report_first_token(self, report):
-        await self.release_batch(router_pb2.ReleaseBatchRequest(first_tokens=[report]))
-
-    async def release_batch(self, req):
-        with contextlib.suppress(grpc.aio.AioRpcError):  # as release: a lost one only skews load briefly
-            await self._stub.ReleaseBatch(req, timeout=5)

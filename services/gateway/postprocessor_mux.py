@@ -8,20 +8,19 @@ engine step in one message, so this hop costs one message per engine step, as th
 (services/common/mux_client.py, mux_session.py).
 
 A stream sticks to one replica, where a per-request call goes to the next replica of the channel's
-round robin. So the target is expanded into replicas here: ``ipv4:a:1,b:2`` lists them,
-``dns:///name:port`` (a headless Kubernetes Service) is resolved now and every ``REFRESH_S``, and
-any other target is one replica. Each request goes to the usable replica with the fewest open
-requests, equally loaded ones taking turns. A replica that leaves the name keeps its stream until
-its requests end. One that drains refuses new requests (``Draining``): the request starts on another
-replica. One whose stream breaks (SIGKILL, a crash, a restart) loses the decode state of every request
-it was running; each of them moves to another replica, or to the same one once it is back: from the
-start when our caller got nothing yet, otherwise *resumed*. Every response names the worker token ids
-it accounts for; this client keeps those of the responses it passed on, and sends them as
-``GenerateRequest.resume``, which the new replica replays with its output dropped before it continues
-the sequence on the worker, so that the caller sees one uninterrupted stream (services/postprocessor/
-service.py). An error the postprocessor itself sent (a worker failure it could not migrate, a bad
-request) is the caller's, never retried here. A request moves at most ``MAX_SENDS`` times, or once per
-replica when there are more: a request that kills every replica it lands on stops there.
+round robin. So the target is expanded into replicas (replica_set.py). Each request goes to the
+usable replica with the fewest open requests, equally loaded ones taking turns. A replica that
+leaves the name keeps its stream until its requests end. One that drains refuses new requests
+(``Draining``): the request starts on another replica. One whose stream breaks (SIGKILL, a crash, a
+restart) loses the decode state of every request it was running; each of them moves to another
+replica, or to the same one once it is back: from the start when our caller got nothing yet,
+otherwise *resumed*. Every response names the worker token ids it accounts for; this client keeps
+those of the responses it passed on, and sends them as ``GenerateRequest.resume``, which the new
+replica replays with its output dropped before it continues the sequence on the worker, so that the
+caller sees one uninterrupted stream (services/postprocessor/service.py). An error the
+postprocessor itself sent (a worker failure it could not migrate, a bad request) is the caller's,
+never retried here. A request moves at most ``MAX_SENDS`` times, or once per replica when there are
+more: a request that kills every replica it lands on stops there.
 
 A broken replica is passed over for ``DOWN_S``; its next request opens a fresh stream. When no replica
 is connected (the one replica restarting), a request waits up to ``wait_s`` (``--stage-wait-s``) for one
@@ -30,9 +29,7 @@ to connect, then fails with "the postprocessor is unavailable".
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import socket
 import time
 from array import array
 from collections.abc import AsyncIterator
@@ -44,13 +41,11 @@ from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
 from services.common import stage_wait
 from services.common import tls as mesh_tls
 from services.common.errors import Draining, MeshError, StageUnavailable, WorkerFailed, from_status_proto
-from services.common.grpc_server import CHANNEL_OPTIONS
 from services.common.mux_client import MuxStream, Wire
-from services.common.targets import split_target
+from services.gateway.replica_set import ReplicaSet
 
 log = logging.getLogger(__name__)
 
-REFRESH_S = 10.0  # how often a dns:/// target is resolved again (new replicas get requests after this)
 DOWN_S = 2.0  # a replica whose stream broke gets no new request for this long while others are usable
 
 
@@ -119,60 +114,17 @@ class MuxPostprocessor:
 
     def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None,
                  wait_s: float = stage_wait.DEFAULT_WAIT_S):
-        self._tls = tls
         self._wait_s = wait_s
-        fixed, self._dns = split_target(target)
-        self._replicas: dict[str, _Replica] = {}
-        self._resolved_at = 0.0
-        self._resolving: asyncio.Task[None] | None = None
-        self._closing: set[asyncio.Task[None]] = set()
+        self._set = ReplicaSet(target, "postprocessor", lambda address, ch: _Replica(address, _wire(ch), ch), tls)
         self._turn = 0  # which of several equally loaded replicas is next
-        for address in fixed:
-            self._add(address)
-
-    def _add(self, address: str) -> None:
-        options: list[tuple[str, object]] = list(CHANNEL_OPTIONS)
-        if self._tls is not None and self._dns is not None:
-            options.append(("grpc.ssl_target_name_override", self._dns[0]))  # the cert names the Service
-        channel = mesh_tls.channel(address, options, self._tls)
-        self._replicas[address] = _Replica(address, _wire(channel), channel)
-
-    async def _refresh(self) -> None:
-        """Resolves a dns target again when it is due (at once when no replica is known yet)."""
-        if self._dns is None or (self._replicas and time.monotonic() - self._resolved_at < REFRESH_S):
-            return
-        if self._resolving is None or self._resolving.done():
-            self._resolving = asyncio.create_task(self._resolve(*self._dns))
-        if not self._replicas:
-            await asyncio.shield(self._resolving)
-
-    async def _resolve(self, host: str, port: int) -> None:
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as e:
-            log.warning("cannot resolve postprocessor target %s: %s (keeping %d replicas)", host, e,
-                        len(self._replicas))
-            return
-        finally:
-            self._resolved_at = time.monotonic()
-        found = {(f"ipv6:[{info[4][0]}]:{port}" if info[0] == socket.AF_INET6 else f"ipv4:{info[4][0]}:{port}")
-                 for info in infos}
-        for address in found - self._replicas.keys():
-            self._add(address)
-        for address, replica in list(self._replicas.items()):
-            replica.listed = address in found
-            if not replica.listed and not replica.load:
-                del self._replicas[address]  # gone from the name and idle: nothing more will use it
-                self._closing.add(asyncio.create_task(replica.close()))
-                self._closing = {t for t in self._closing if not t.done()}
 
     async def _pick(self, refused: set[str]) -> _Replica:
-        await self._refresh()
+        await self._set.refresh()
         now = time.monotonic()
-        candidates = [r for r in self._replicas.values() if r.usable(now) and r.address not in refused]
+        candidates = [r for r in self._set.replicas.values() if r.usable(now) and r.address not in refused]
         if not candidates:
             # Every replica refused, failed or left: try the listed ones once more (one may be back).
-            candidates = [r for r in self._replicas.values() if r.listed]
+            candidates = self._set.listed()
         if not candidates:
             raise WorkerFailed("no postprocessor replica is known")
         # Connected replicas first (asking the others to connect): a channel that is not connected fails a new
@@ -184,23 +136,9 @@ class MuxPostprocessor:
         self._turn += 1
         return tied[self._turn % len(tied)]
 
-    async def _any_connected(self, timeout_s: float) -> bool:
-        """Waits up to ``timeout_s`` for any listed replica to connect; whether one did."""
-        waits = [asyncio.ensure_future(stage_wait.wait_connected(r.channel, timeout_s))
-                 for r in self._replicas.values() if r.listed]
-        try:
-            for done in asyncio.as_completed(waits):
-                if await done:
-                    return True
-            return False
-        finally:
-            for wait in waits:
-                wait.cancel()
-
     def unreachable(self) -> bool:
-        """No listed replica is connected now (for /health: see ``StageCaller.unreachable``; cheap)."""
-        listed = [r for r in self._replicas.values() if r.listed]
-        return bool(listed) and not any(stage_wait.connected(r.channel) for r in listed)
+        """No listed replica is connected now (for /health; cheap)."""
+        return self._set.unreachable()
 
     async def _pick_connected(self, refused: set[str], deadline: float | None,
                               request_id: str) -> tuple[_Replica, float | None]:
@@ -211,7 +149,7 @@ class MuxPostprocessor:
             return replica, deadline
         # Connected replicas rank first, so none is: wait for one to connect (a restart), then pick again.
         deadline = deadline if deadline is not None else time.monotonic() + self._wait_s
-        if not await self._any_connected(deadline - time.monotonic()):
+        if not await self._set.any_connected(deadline - time.monotonic()):
             log.warning("no postprocessor replica reachable for %.1f s; request %s fails", self._wait_s, request_id)
             raise StageUnavailable.of("postprocessor")
         return await self._pick(refused), deadline
@@ -250,7 +188,7 @@ class MuxPostprocessor:
                 # rather than failing it: the request moves to another replica, resumed if our caller got output.
                 lost = e is stream.failure
                 if not (lost or isinstance(e, Draining)) or \
-                        (attempts > len(self._replicas) and attempts >= stage_wait.MAX_SENDS):
+                        (attempts > len(self._set.replicas) and attempts >= stage_wait.MAX_SENDS):
                     raise
                 if lost:
                     replica.down_until = time.monotonic() + DOWN_S
@@ -265,10 +203,4 @@ class MuxPostprocessor:
                 call.cancel()  # no-op when it ended; tells the postprocessor when our caller went away
 
     async def close(self) -> None:
-        if self._resolving is not None:
-            self._resolving.cancel()
-        replicas, self._replicas = list(self._replicas.values()), {}
-        for replica in replicas:
-            await replica.close()
-        for task in self._closing:
-            await task
+        await self._set.close()

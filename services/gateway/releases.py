@@ -5,8 +5,8 @@ its own fire-and-forget call to the router. The router only needs them before it
 the next decision this gateway asks for is its next Route call, so ``RidingReleases`` holds them and
 sends them inside that RouteRequest (``first_tokens``, then ``releases``, applied before routing).
 When no Route follows within ``FLUSH_S`` (an idle gateway, or other replicas routing meanwhile) they
-go in one ReleaseBatch. Router replicas
-share bookings over NATS, so the replica that gets a release need not be the one that booked it.
+go in one ReleaseBatch. Over the mesh there is one per router replica (router_replicas.py): each holds
+what goes back to the replica that booked those requests.
 """
 
 from __future__ import annotations
@@ -40,10 +40,16 @@ class RidingReleases:
         return await self._router.route(req)
 
     async def release(self, req: router_pb2.ReleaseRequest) -> None:
+        self.hold_release(req)
+
+    async def report_first_token(self, report: router_pb2.FirstTokenReport) -> None:
+        self.hold_first_token(report)
+
+    def hold_release(self, req: router_pb2.ReleaseRequest) -> None:
         self._pending.append(req)
         self._hold()
 
-    async def report_first_token(self, report: router_pb2.FirstTokenReport) -> None:
+    def hold_first_token(self, report: router_pb2.FirstTokenReport) -> None:
         self._first_tokens.append(report)
         self._hold()
 

@@ -9,8 +9,11 @@ messages from workers discovery does not know are ignored (their dump comes when
 
 ``ReplicaSync`` publishes this router's booking changes on ``meshfront.router.lifecycle`` and
 applies the other replicas' ones, so every replica holds the same load and a Release that lands on
-another replica still frees the booking. Each replica pays for every message the others send, so a
-booking goes out at once (two replicas must not both see an idle worker or a missing prefix) while a
+another replica still frees the booking. Each replica pays for every event the others send, so only
+bookings the router marks ``replicate`` go out (a round-robin fleet with no sessions, adapters or
+busy threshold shares none: the gateway sends each release back to the replica that booked it), and
+with them that request's first token and release, from whichever replica gets those. A booking goes
+out at once (two replicas must not both see an idle worker or a missing prefix) while a
 first token or a release waits up to ``LAZY_FLUSH_S`` to ride with the next booking or with each
 other: until then the other replicas count the request as still in its prefill, or still running,
 which only overstates a worker's load for that long.
@@ -33,7 +36,7 @@ from services.common.discovery import WorkerCard
 from services.common.kv_events import EVENTS_PREFIX, dump_subject
 from services.common.nats_connection import close_nats, connect_retrying, flush_in_order, stop_if_cancelled
 from services.router.core.kv_ingest import KvEventIngest, Verdict
-from services.router.core.lifecycle import BOOK, LifecycleEvent
+from services.router.core.lifecycle import BOOK, FREE, LifecycleEvent
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +156,7 @@ class ReplicaSync:
         self._outbox: list[bytes] = []
         self._flush_task: asyncio.Task | None = None
         self._lazy_flush: asyncio.TimerHandle | None = None
+        self._replicated: set[str] = set()  # requests whose bookings every replica holds, until their release
         self.messages_received = 0  # the other replicas' (no echo of our own: see start)
 
     async def start(self) -> None:
@@ -162,13 +166,29 @@ class ReplicaSync:
         await flush_in_order(nc)  # the subscription is live before we publish or report ready
 
     def on_lifecycle(self, event: LifecycleEvent, remote: bool = False) -> None:
-        if self._nc is None or remote:
+        if not self._shared(event, remote) or remote or self._nc is None:
             return
         self._outbox.append(orjson.dumps(event.to_wire(self.router_id)))
         if event.kind == BOOK:
             self._flush_soon()
         elif self._lazy_flush is None:
             self._lazy_flush = asyncio.get_running_loop().call_later(self.lazy_flush_s, self._flush_soon)
+
+    def _shared(self, event: LifecycleEvent, remote: bool) -> bool:
+        """Whether every replica holds ``event``'s request (a booking that is replicated, or one a replica sent;
+        a booking replicated once stays so when it is booked again), keeping track of those requests."""
+        request_id = event.request_id
+        if event.kind == BOOK:
+            if not (remote or event.replicate or request_id in self._replicated):
+                return False
+            self._replicated.add(request_id)
+            return True
+        if event.kind == FREE:
+            if request_id not in self._replicated:
+                return False
+            self._replicated.discard(request_id)
+            return True
+        return request_id in self._replicated
 
     def _flush_soon(self) -> None:
         if self._lazy_flush is not None:

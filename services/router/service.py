@@ -60,6 +60,8 @@ class Router:
         # Requests waiting for a busy model (0: none wait; every worker busy fails at once with 503).
         self.queue_timeout_s = queue_timeout_s
         self.queue: WaitQueue[router_pb2.RouteResponse] = WaitQueue()
+        # Router replicas share every booking when a decision here weighs what is booked (see _replicates).
+        self.shares_load = self.policy.reads_load or self.busy.enabled
 
     def on_worker_change(self, worker_id: str, card: WorkerCard | None) -> None:
         if card is None:
@@ -152,7 +154,7 @@ class Router:
         if chosen is None:
             raise NoWorkers(f"routing policy chose unknown worker {decision.worker_id}")
         shape = self.disagg.shape(req, every, chosen, decision.overlap_blocks)
-        predicted = self._book(req, query, shape)
+        predicted = self._book(req, query, shape, self._replicates(req, every, base is not None))
         response = router_pb2.RouteResponse(worker_id=chosen.worker_id, address=chosen.address,
                                             overlap_blocks=shape.decode_overlap,
                                             report_first_token=self.policy.wants_first_token,
@@ -193,7 +195,16 @@ class Router:
         return tuple(CandidateScore(c.worker_id, overlaps.get(c.worker_id, 0), c.in_flight, c.booked_prompt_tokens)
                      for c in candidates)
 
-    def _book(self, req: router_pb2.RouteRequest, query: RouteQuery, shape: Shape) -> int:
+    def _replicates(self, req: router_pb2.RouteRequest, every: Sequence[Candidate], adapter: bool) -> bool:
+        """Whether the other router replicas need this booking (ReplicaSync publishes only those: each costs
+        every replica a decode and an apply). They do when their decisions weigh load (a load-reading policy,
+        the busy threshold, a model with prefill workers), or read this request's state (a session's binding,
+        an adapter's slot), and for a migration: the postprocessor's Route may land on another replica than
+        the one that first booked the request, where the gateway's release goes."""
+        return (self.shares_load or bool(req.session_id) or adapter or bool(req.exclude_worker_ids)
+                or any(c.role == PREFILL for c in every))
+
+    def _book(self, req: router_pb2.RouteRequest, query: RouteQuery, shape: Shape, replicate: bool) -> int:
         """Books the request on its worker, and a split request's prefill leg on its prefill worker; returns the
         cached prompt tokens predicted (those the first-token report will measure)."""
         leg = prefill_leg_id(req.request_id)
@@ -208,10 +219,10 @@ class Router:
             overlap, predicted = len(query.block_hashes), min(prompt, shape.prefill_overlap * prefill.block_size)
         self.apply(LifecycleEvent(BOOK, req.request_id, decode.worker_id, req.model, query.block_hashes, prompt,
                                   overlap, predicted, session_id=req.session_id, session_action=req.session_action,
-                                  session_timeout_s=req.session_timeout_s))
+                                  session_timeout_s=req.session_timeout_s, replicate=replicate))
         if prefill is not None:  # booked with the tokens it computes: the prefill queue others are weighed by
             self.apply(LifecycleEvent(BOOK, leg, prefill.worker_id, req.model, query.block_hashes,
-                                      prompt - predicted, shape.prefill_overlap, predicted))
+                                      prompt - predicted, shape.prefill_overlap, predicted, replicate=replicate))
         return predicted
 
     def _admissible(self, candidates: list[Candidate], req: router_pb2.RouteRequest) -> list[Candidate]:

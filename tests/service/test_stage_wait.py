@@ -18,8 +18,8 @@ from meshfront.router.v1 import router_pb2, router_pb2_grpc
 from services.common.errors import NoWorkers, StageUnavailable, from_rpc_error
 from services.common.grpc_server import GrpcServer
 from services.gateway import models_api
-from services.gateway.clients import GrpcRouter
 from services.gateway.postprocessor_mux import MuxPostprocessor
+from services.gateway.router_replicas import ReplicaRouters
 from services.gateway.stage_watch import POLL_S, StageWatch
 from services.launcher.plan import free_port
 
@@ -59,7 +59,7 @@ def _route(rid: str = "r1") -> router_pb2.RouteRequest:
 
 async def test_a_request_waits_for_a_stage_that_comes_up_within_the_wait():
     port = free_port()
-    client = GrpcRouter(f"127.0.0.1:{port}", wait_s=10)
+    client = ReplicaRouters(f"127.0.0.1:{port}", wait_s=10)
     call = asyncio.create_task(client.route(_route()))
     await asyncio.sleep(1.0)  # the router is down (restarting): the request must not have failed
     assert not call.done()
@@ -68,14 +68,14 @@ async def test_a_request_waits_for_a_stage_that_comes_up_within_the_wait():
         assert (await asyncio.wait_for(call, 10)).address == "second"
     finally:
         await server.stop()
-        await client.stage.channel.close()
+        await client.close()
 
 
 async def test_a_call_its_stage_died_under_is_sent_again_once_the_stage_is_back():
     port = free_port()
     first = Router("first", hold=True)
     server = await _serve(first, port)
-    client = GrpcRouter(f"127.0.0.1:{port}", wait_s=10)
+    client = ReplicaRouters(f"127.0.0.1:{port}", wait_s=10)
     second = Router("second")
     try:
         call = asyncio.create_task(client.route(_route()))
@@ -87,31 +87,31 @@ async def test_a_call_its_stage_died_under_is_sent_again_once_the_stage_is_back(
         assert (first.calls, second.calls) == (1, 1)
     finally:
         await server.stop()
-        await client.stage.channel.close()
+        await client.close()
 
 
 async def test_a_stage_that_stays_away_past_the_wait_is_a_503_with_a_fixed_text():
-    client = GrpcRouter(f"127.0.0.1:{free_port()}", wait_s=0.5)
+    client = ReplicaRouters(f"127.0.0.1:{free_port()}", wait_s=0.5)
     started = time.monotonic()
     with pytest.raises(StageUnavailable) as info:
         await client.route(_route())
     assert 0.5 <= time.monotonic() - started < 5
     assert info.value.message == "the router is unavailable" and info.value.http_status == 503
-    await client.stage.channel.close()
+    await client.close()
 
 
 async def test_the_stage_s_own_error_is_not_sent_again():
     port = free_port()
     router = Router("r", error=NoWorkers("no worker serves model m"))
     server = await _serve(router, port)
-    client = GrpcRouter(f"127.0.0.1:{port}", wait_s=5)
+    client = ReplicaRouters(f"127.0.0.1:{port}", wait_s=5)
     try:
         with pytest.raises(NoWorkers, match="no worker serves model m"):
             await client.route(_route())
         assert router.calls == 1
     finally:
         await server.stop()
-        await client.stage.channel.close()
+        await client.close()
 
 
 async def test_grpc_s_own_failure_text_never_reaches_the_client():
@@ -126,8 +126,8 @@ async def test_grpc_s_own_failure_text_never_reaches_the_client():
 
 async def test_health_is_503_naming_a_stage_unreachable_past_the_wait_and_200_once_it_is_back():
     port = free_port()
-    client = GrpcRouter(f"127.0.0.1:{port}", wait_s=0.5)
-    watch = StageWatch({"router": client.stage.unreachable}, grace_s=0.5)
+    client = ReplicaRouters(f"127.0.0.1:{port}", wait_s=0.5)
+    watch = StageWatch({"router": client.unreachable}, grace_s=0.5)
     models = {"m": ["a worker"]}
     deadline = time.monotonic() + 10
     while not watch.poll() and time.monotonic() < deadline:
@@ -144,7 +144,7 @@ async def test_health_is_503_naming_a_stage_unreachable_past_the_wait_and_200_on
         assert models_api.health(models, unavailable=watch.unavailable)[0]  # type: ignore[arg-type]
     finally:
         await server.stop()
-        await client.stage.channel.close()
+        await client.close()
 
 
 async def test_a_postprocessor_replica_away_for_the_grace_makes_the_stage_unavailable_until_it_is_back():

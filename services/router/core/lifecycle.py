@@ -7,7 +7,9 @@ cached tokens the worker reported, and the replica sync, which publishes the eve
 made so that every other replica applies the same change (then all replicas hold the same load, and
 a Release that lands on another replica still frees the booking). Listeners see the replicas'
 events too, flagged ``remote``: the policy counts them as its own, and the replica that receives a
-request's first-token report can score a prediction another replica made.
+request's first-token report can score a prediction another replica made. A booking no decision
+elsewhere reads (round-robin, no session, no adapter, no busy threshold) is not ``replicate``d: its
+events stay on this replica, where the gateway sends its first token and release back.
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ class LifecycleEvent:
     session_id: str = ""
     session_action: str = ""
     session_timeout_s: int = 0
+    # BOOK: whether the other replicas need this booking (and then its first token and release). Not on the
+    # wire: a booking another replica sent was replicated by definition.
+    replicate: bool = True
 
     def to_wire(self, router_id: str) -> dict[str, Any]:
         # Field by field: dataclasses.asdict deep-copies the block hashes (~70 µs a request, bench/router_sync.py).
-        d = {name: v for name in _FIELD_NAMES if (v := getattr(self, name)) not in ("", 0, ())}
+        d = {name: v for name in _WIRE_NAMES if (v := getattr(self, name)) not in ("", 0, ())}
         d["kind"] = self.kind
         d["request_id"] = self.request_id
         d["router_id"] = router_id
@@ -46,13 +51,13 @@ class LifecycleEvent:
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> LifecycleEvent:
-        kw = {k: v for k, v in d.items() if k in _FIELD_NAMES}
+        kw = {k: v for k, v in d.items() if k in _WIRE_NAMES}
         if "local_hashes" in kw:
             kw["local_hashes"] = tuple(kw["local_hashes"])
         return cls(**kw)
 
 
-_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(LifecycleEvent))
+_WIRE_NAMES = tuple(f.name for f in dataclasses.fields(LifecycleEvent) if f.name != "replicate")
 
 
 class LifecycleListener(Protocol):

@@ -85,7 +85,7 @@ async def test_concurrent_requests_share_one_stream_and_keep_their_text(postproc
     texts = [f"Request number {i} says hello." for i in range(8)]
     requests = [scripted(t)[0] for t in texts]
     assert await asyncio.gather(*(text_of(client, r) for r in requests)) == texts
-    (replica,) = client._replicas.values()
+    (replica,) = client._set.replicas.values()
     stream = replica.stream
     assert await text_of(client, scripted("Once more.")[0]) == "Once more."
     assert replica.stream is stream and not stream.broken  # the same stream served every request
@@ -116,9 +116,9 @@ async def test_a_dns_name_is_resolved_into_replicas_and_a_dead_one_is_skipped(po
     port = postprocessor_address.rsplit(":", 1)[1]
     client = MuxPostprocessor(f"dns:///localhost:{port}")
     assert await text_of(client, scripted("Resolved by name.")[0]) == "Resolved by name."
-    assert "ipv4:127.0.0.1:" + port in client._replicas
+    assert "ipv4:127.0.0.1:" + port in client._set.replicas
     # A name that also resolves to an address nobody serves: requests that go there start over.
-    client._add("ipv4:127.0.0.2:" + port)
+    client._set._add("ipv4:127.0.0.2:" + port)
     texts = [f"Through whichever replica {i}." for i in range(4)]
     assert await asyncio.gather(*(text_of(client, scripted(t)[0]) for t in texts)) == texts
     await client.close()

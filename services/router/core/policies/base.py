@@ -22,6 +22,11 @@ class Policy(Protocol):
         gateway to report it (RouteResponse.report_first_token); others spare the gateway that message."""
 
     @property
+    def reads_load(self) -> bool:
+        """The choice weighs what is booked on each worker: router replicas must then share every booking
+        (events.py ReplicaSync); a policy that does not spares them that."""
+
+    @property
     def stats(self) -> dict[str, int]:
         """Counters of the policy's own decisions, exported as meshfront_router_kv_* (kv only)."""
 
@@ -46,6 +51,7 @@ class Stateless:
     """For policies whose choice depends only on the candidates: nothing to track."""
 
     wants_first_token = False
+    reads_load = False
 
     @property
     def stats(self) -> dict[str, int]:

@@ -51,6 +51,7 @@ DEFAULT_HOTSPOT_RATIO = 3.0
 
 class KvAware:
     wants_first_token = True  # the first token ends a request's prefill load
+    reads_load = True  # active blocks and prefill tokens, of every replica's bookings
 
     def __init__(self, *, index: RadixIndex | None = None, overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
                  temperature: float = 0.0, hotspot_ratio: float = DEFAULT_HOTSPOT_RATIO,

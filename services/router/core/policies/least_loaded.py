@@ -15,6 +15,8 @@ from services.router.core.types import Candidate, Decision, RouteQuery
 
 
 class LeastLoaded(Stateless):
+    reads_load = True  # the bookings of every replica, so that two replicas do not fill the same worker
+
     def __init__(self) -> None:
         self._counter = itertools.count()
 
