@@ -85,7 +85,9 @@ def add_flags(p: Flags) -> None:
     p.add("--hotspot-ratio", default=3.0, type=float,
           help="kv: a worker above this multiple of its fair share of in-flight requests is skipped")
     p.add("--router-replica-sync", default=True, type=bool,
-          help="share bookings with other router replicas over NATS")
+          help="share with other router replicas over NATS the bookings their decisions read (every one under "
+               "a load-reading policy or a busy threshold; else those of sessions, adapters, migrations and "
+               "models with prefill workers)")
     p.add("--max-in-flight-per-worker", default=0, type=int,
           help="in-flight requests (booked by this router) that make a worker busy; when every worker "
                "of a model is busy, requests fail fast with 503 / RESOURCE_EXHAUSTED (0 = no limit)")
