@@ -7,12 +7,14 @@ request the others route: at four replicas a sixth more CPU per request (bench/R
 2026-12-03). With releases returned to the booking replica, a replica shares only the bookings the
 others' decisions read (services/router/events.py), and a round-robin fleet shares none.
 
-So the target is expanded into replicas (replica_set.py). Route calls take turns over the connected
-ones; a call that fails by transport (the replica died or restarts) goes to another one, and when none
-is connected a call waits up to ``wait_s`` (``--stage-wait-s``) for one, as ``StageCaller`` does for a
-single channel. Each replica holds its own releases and reports, which ride on its next Route or go
-together after ``releases.FLUSH_S`` (releases.py). A replica that went away took its bookings with
-it: what it booked is released nowhere else.
+So the target is expanded into replicas (replica_set.py). A Route call goes to the connected replica
+with the fewest Route calls open, equally loaded ones taking turns: a replica that falls behind (a busy
+host, a CPU quota spent) gets fewer until it catches up, where plain turns would queue its share behind
+it while the others idle. A call that fails by transport (the replica died or restarts) goes to another
+one, and when none is connected a call waits up to ``wait_s`` (``--stage-wait-s``) for one, as
+``StageCaller`` does for a single channel. Each replica holds its own releases and reports, which ride
+on its next Route or go together after ``releases.FLUSH_S`` (releases.py). A replica that went away
+took its bookings with it: what it booked is released nowhere else.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class _RouterReplica:
         self.down_until = 0.0
         self.riding = RidingReleases(_Calls(channel))
         self.booked = 0  # requests it booked that this gateway has not released yet
+        self.routing = 0  # Route calls open on it
 
     @property
     def load(self) -> int:
@@ -105,8 +108,10 @@ class ReplicaRouters:
             if not ready:  # every one refused, failed or down: any connected one (one may be back)
                 ready = [r for r in self._set.listed() if stage_wait.connected(r.channel)]
             if ready:
+                fewest = min(r.routing for r in ready)
+                tied = [r for r in ready if r.routing == fewest]
                 self._turn += 1
-                return ready[self._turn % len(ready)], deadline
+                return tied[self._turn % len(tied)], deadline
             deadline = deadline if deadline is not None else now + self._wait_s
             if not await self._set.any_connected(deadline - now):
                 log.warning("no router replica reachable for %.1f s", self._wait_s)
@@ -117,6 +122,7 @@ class ReplicaRouters:
         deadline: float | None = None
         for send in range(1, stage_wait.MAX_SENDS + 1):
             replica, deadline = await self._pick(refused, deadline)
+            replica.routing += 1
             try:
                 # Releases held for this replica ride along; if the call fails they are lost with the replica.
                 response = await replica.riding.route(req)
@@ -129,6 +135,8 @@ class ReplicaRouters:
                 refused.add(replica.address)
                 deadline = time.monotonic() + self._wait_s  # the wait for a replica counts from the failure
                 continue
+            finally:
+                replica.routing -= 1
             self._booked(req.request_id, replica)
             return response
         raise StageUnavailable.of("router")

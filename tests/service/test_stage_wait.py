@@ -166,3 +166,24 @@ async def test_a_postprocessor_replica_away_for_the_grace_makes_the_stage_unavai
     finally:
         await server.stop()
         await client.close()
+
+
+async def test_a_router_replica_with_a_call_open_gets_no_new_one_while_another_has_none():
+    """router_replicas.py: the fewest open Route calls first, so a replica that fell behind is not queued on."""
+    slow, fast = Router("slow", hold=True), Router("fast")
+    servers = [await _serve(slow, free_port()), await _serve(fast, free_port())]
+    client = ReplicaRouters("ipv4:" + ",".join(f"127.0.0.1:{s.port}" for s in servers), wait_s=5)
+    calls = []
+    try:
+        for i in range(6):
+            calls.append(asyncio.create_task(client.route(_route(f"r{i}"))))
+            await asyncio.sleep(0.1)
+        assert slow.calls == 1
+        answered = [c.result().address for c in calls if c.done()]
+        assert answered == ["fast"] * 5
+    finally:
+        for c in calls:
+            c.cancel()
+        await client.close()
+        for s in servers:
+            await s.stop()
