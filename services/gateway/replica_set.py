@@ -67,12 +67,13 @@ class ReplicaSet(Generic[R]):
         self.replicas[address] = self._make(address, mesh_tls.channel(address, options, self._tls))
 
     async def refresh(self) -> None:
-        """Resolves a dns target again when it is due (at once when no replica is known yet)."""
-        if self._dns is None or (self.replicas and time.monotonic() - self._resolved_at < REFRESH_S):
+        """Resolves a dns target again when it is due (at once while the name lists no replica)."""
+        listed = bool(self.listed())
+        if self._dns is None or (listed and time.monotonic() - self._resolved_at < REFRESH_S):
             return
         if self._resolving is None or self._resolving.done():
             self._resolving = asyncio.create_task(self._resolve(*self._dns))
-        if not self.replicas:
+        if not listed:
             await asyncio.shield(self._resolving)
 
     async def _resolve(self, host: str, port: int) -> None:

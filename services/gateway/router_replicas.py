@@ -19,6 +19,7 @@ took its bookings with it: what it booked is released nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -36,6 +37,7 @@ from services.gateway.replica_set import ReplicaSet
 
 log = logging.getLogger(__name__)
 
+RESOLVE_RETRY_S = 0.2  # how soon a dns name that resolved to no replica is asked again, while a call waits
 DOWN_S = 2.0  # a replica whose call failed by transport gets no new request for this long while others are usable
 _RELEASE_TIMEOUT_S = 5.0
 
@@ -113,7 +115,9 @@ class ReplicaRouters:
                 self._turn += 1
                 return tied[self._turn % len(tied)], deadline
             deadline = deadline if deadline is not None else now + self._wait_s
-            if not await self._set.any_connected(deadline - now):
+            if not self._set.listed() and now < deadline:  # the name resolves to no replica yet: ask again soon
+                await asyncio.sleep(min(RESOLVE_RETRY_S, deadline - now))
+            elif not await self._set.any_connected(deadline - now):
                 log.warning("no router replica reachable for %.1f s", self._wait_s)
                 raise StageUnavailable.of("router")
 

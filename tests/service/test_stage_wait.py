@@ -187,3 +187,14 @@ async def test_a_router_replica_with_a_call_open_gets_no_new_one_while_another_h
         await client.close()
         for s in servers:
             await s.stop()
+
+
+async def test_a_router_named_by_dns_is_resolved_into_its_replicas():
+    port = free_port()
+    server = await _serve(Router("by name"), port)
+    client = ReplicaRouters(f"dns:///localhost:{port}", wait_s=5)
+    try:
+        assert (await asyncio.wait_for(client.route(_route()), 10)).address == "by name"
+    finally:
+        await client.close()
+        await server.stop()
