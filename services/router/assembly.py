@@ -35,7 +35,8 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
     registry.subscribe(router.on_worker_change)
     metrics = RouterMetrics(registry=metrics_registry, ingest=ingest, policy_stats=router.policy.stats,
                             queued=router.queue.depths, sessions=lambda: len(router.sessions),
-                            disagg_decisions=router.disagg.decisions, lora_decisions=router.lora.decisions)
+                            disagg_decisions=router.disagg.decisions, lora_decisions=router.lora.decisions,
+                            booked=router.bookings.per_worker)
     router.listeners.append(metrics)
     built = Built(router, parts={"ingest": ingest, "events": None, "sync": None, "metrics": metrics})
     if ingest is not None:

@@ -57,7 +57,8 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, ingest: KvEventIngest | None = None,
                  policy_stats: dict[str, int] | None = None, queued: Callable[[], dict[str, int]] | None = None,
                  sessions: Callable[[], int] | None = None, disagg_decisions: dict[str, int] | None = None,
-                 lora_decisions: dict[tuple[str, str], int] | None = None):
+                 lora_decisions: dict[tuple[str, str], int] | None = None,
+                 booked: Callable[[], dict[str, int]] | None = None):
         self.registry = registry or CollectorRegistry()
         self.totals = PredictionTotals()
         self._open: dict[str, int] = {}  # request id -> predicted cached tokens
@@ -81,7 +82,8 @@ class RouterMetrics:
                                         registry=r)
         self.lag = Histogram(f"{_PREFIX}_kv_event_lag_seconds", "Publish-to-receive delay of KV event messages",
                              buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1, 5), registry=r)
-        r.register(_LiveCollector(ingest, self, policy_stats, queued, sessions, disagg_decisions, lora_decisions))
+        r.register(_LiveCollector(ingest, self, policy_stats, queued, sessions, disagg_decisions, lora_decisions,
+                                  booked))
 
     def on_lifecycle(self, event: LifecycleEvent, remote: bool = False) -> None:
         """Counts our own decisions; keeps every replica's predictions, so that whichever replica
@@ -128,8 +130,10 @@ class _LiveCollector:
     def __init__(self, ingest: KvEventIngest | None, metrics: RouterMetrics, policy_stats: dict[str, int] | None,
                  queued: Callable[[], dict[str, int]] | None = None, sessions: Callable[[], int] | None = None,
                  disagg_decisions: dict[str, int] | None = None,
-                 lora_decisions: dict[tuple[str, str], int] | None = None):
+                 lora_decisions: dict[tuple[str, str], int] | None = None,
+                 booked: Callable[[], dict[str, int]] | None = None):
         self._ingest = ingest
+        self._booked = booked
         self._lora_decisions = lora_decisions
         self._disagg_decisions = disagg_decisions
         self._metrics = metrics
@@ -153,6 +157,11 @@ class _LiveCollector:
         yield queued
         yield GaugeMetricFamily(f"{_PREFIX}_sessions", "Sticky sessions this replica remembers",
                                 value=self._sessions() if self._sessions else 0)
+        booked = GaugeMetricFamily(f"{_PREFIX}_booked_requests", "Requests booked per worker as this replica holds "
+                                   "them: its own, and the ones other replicas shared", labels=["worker"])
+        for worker, n in (self._booked() if self._booked else {}).items():
+            booked.add_metric([worker], n)
+        yield booked
         decisions = CounterMetricFamily(f"{_PREFIX}_disagg_decisions", "Requests this replica routed, by why they "
                                         "were split into a prefill and a decode leg or kept aggregated (disagg.py)",
                                         labels=["reason"])

@@ -50,6 +50,10 @@ class Bookings:
     def in_flight(self, worker_id: str) -> int:
         return self._in_flight.get(worker_id, 0)
 
+    def per_worker(self) -> dict[str, int]:
+        """Requests booked on each worker that has any."""
+        return dict(self._in_flight)
+
     def prompt_tokens(self, worker_id: str) -> int:
         return self._prompt_tokens.get(worker_id, 0)
 
