@@ -104,8 +104,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="postprocessor replicas (ports 9400, 9401, ...); each gateway keeps one multiplexed stream to "
                         "each and sends a request to the least busy")
     p.add_argument("--routers", type=int, default=1,
-                   help="router replicas (ports 9300, 9301, ...); they share their bookings over NATS, and each "
-                        "gateway spreads its calls over them")
+                   help="router replicas (ports 9300, 9301, ...); they share over NATS the bookings their decisions "
+                        "read, and each gateway sends a Route to the one with the fewest open and the request's "
+                        "release back to it")
     p.add_argument("--router-mode", choices=POLICY_NAMES, default="round-robin")
     p.add_argument("--trace", action="store_true",
                    help="start Arize Phoenix (from .venv-phoenix, built on first use) as the trace viewer and send it "
