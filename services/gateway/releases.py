@@ -13,20 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from meshfront.router.v1 import router_pb2
-
-from services.gateway.clients import RouterClient
 
 FLUSH_S = 0.02  # how late a release may reach the router when no Route carries it
 _Carrier = TypeVar("_Carrier", router_pb2.RouteRequest, router_pb2.ReleaseBatchRequest)
 
 
-class RidingReleases:
-    """A ``RouterClient`` over another one that sends releases with the next route."""
+class RouteCalls(Protocol):
+    """The two calls that carry what is held: a Route, or a batch of its own."""
 
-    def __init__(self, router: RouterClient, flush_s: float = FLUSH_S):
+    async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse: ...
+
+    async def release_batch(self, req: router_pb2.ReleaseBatchRequest) -> object: ...
+
+
+class RidingReleases:
+    """A ``RouterClient`` over ``RouteCalls`` that sends releases with the next route."""
+
+    def __init__(self, router: RouteCalls, flush_s: float = FLUSH_S):
         self._router = router
         self._flush_s = flush_s
         self._pending: list[router_pb2.ReleaseRequest] = []

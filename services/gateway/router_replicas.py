@@ -53,12 +53,6 @@ class _Calls:
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         return await self._stub.Route(req, metadata=call_metadata(request_id_metadata(req.request_id)))
 
-    async def release(self, req: router_pb2.ReleaseRequest) -> None:
-        await self.release_batch(router_pb2.ReleaseBatchRequest(releases=[req]))
-
-    async def report_first_token(self, report: router_pb2.FirstTokenReport) -> None:
-        await self.release_batch(router_pb2.ReleaseBatchRequest(first_tokens=[report]))
-
     async def release_batch(self, req: router_pb2.ReleaseBatchRequest) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError):
             await self._stub.ReleaseBatch(req, timeout=_RELEASE_TIMEOUT_S)
