@@ -1,22 +1,21 @@
 """Compiles a deployment's own chat template (``--chat-template``) so that a broken one fails at start.
 
-Kept free of transformers so that ``meshfront run`` can check the file before it starts anything.
-The environment has the options transformers renders with (``trim_blocks``, ``lstrip_blocks``,
-``loopcontrols``), so a template that compiles here compiles there.
+Kept light (jinja2 only) so that ``meshfront run`` can check the file before it starts anything. It
+compiles in the environment templates render in (chat_jinja.py), so a template that compiles here
+renders there.
 """
 
 from __future__ import annotations
 
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from services.preprocessor.core.chat_jinja import chat_environment
 
 
 def check_template(source: str, origin: str) -> None:
     """Raises ValueError naming ``origin`` and the line when ``source`` does not compile."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     try:
-        env.parse(source)
+        chat_environment().parse(source)
     except jinja2.TemplateSyntaxError as e:
         raise ValueError(f"chat template {origin} does not compile: {e.message} (line {e.lineno})") from None
 

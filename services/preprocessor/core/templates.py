@@ -1,8 +1,8 @@
 """Chat template rendering, exactly as transformers' ``apply_chat_template`` renders.
 
-We call transformers' own ``render_jinja_template`` (its sandboxed, cached Jinja environment with
-``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, a non-escaping ``tojson``, ``raise_exception``,
-``strftime_now`` and hardened ``dict``/``namespace``), so a prompt here is byte-identical to the one
+Templates run in transformers' environment, owned in chat_jinja.py (sandboxed, with ``trim_blocks``,
+``lstrip_blocks``, ``loopcontrols``, a non-escaping ``tojson``, ``raise_exception``, ``strftime_now``
+and hardened ``dict``/``namespace``), so a prompt here is byte-identical to the one
 ``AutoTokenizer.apply_chat_template(..., tokenize=False)`` gives. Templates only ever come from the
 model directory; a request can pass variables (``chat_template_kwargs``) but never a template.
 """
@@ -10,13 +10,12 @@ model directory; a request can pass variables (``chat_template_kwargs``) but nev
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import jinja2
-from transformers.utils.chat_template_utils import render_jinja_template
 
 from services.common.errors import InvalidRequest
+from services.preprocessor.core import chat_jinja
 
 log = logging.getLogger(__name__)
 # What a client hears when the template fails on its messages in a way the template did not explain
@@ -63,11 +62,7 @@ def render_chat(template: str, messages: list[dict], tools: list[dict] | None, s
     add_generation_prompt = bool(extra.pop("add_generation_prompt", True))
     context = {**special_tokens, **extra}
     try:
-        tool_list: list[dict | Callable[..., Any]] | None = list(tools) if tools else None
-        # transformers annotates the result as str; it returns (rendered conversations, generation spans).
-        rendered, _ = cast(tuple[list[str], Any], render_jinja_template(
-            conversations=[messages], tools=tool_list, chat_template=template,
-            add_generation_prompt=add_generation_prompt, **context))
+        return chat_jinja.render(template, messages, list(tools) if tools else None, add_generation_prompt, context)
     except jinja2.TemplateError as e:
         if type(e) is jinja2.TemplateError:  # raise_exception(): the template author's words, for the client
             raise InvalidRequest(f"chat template error: {e}", param="messages") from e
@@ -77,7 +72,6 @@ def render_chat(template: str, messages: list[dict], tools: list[dict] | None, s
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
         log.info("the chat template failed on a request's messages: %r", e)
         raise InvalidRequest(CANNOT_RENDER, param="messages") from e
-    return rendered[0]
 
 
 def prompt_opens_reasoning(prompt: str) -> bool:
