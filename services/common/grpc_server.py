@@ -58,6 +58,22 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
 
+# For a peer whose calls another can take over: workers (their streams migrate), router and
+# postprocessor replicas (the gateway asks or resumes on another). A frozen peer (SIGSTOP, a wedged
+# host) keeps its TCP connection open and simply stops talking. Pinging every second and giving up
+# 2 s later fails its calls within ~3 s instead of leaving them hanging; pings go on while a call
+# waits with no data either way (a long prefill, a Route queued for a busy model).
+PINGED_CHANNEL_OPTIONS = [
+    *(o for o in CHANNEL_OPTIONS if o[0] not in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms")),
+    ("grpc.keepalive_time_ms", 1_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    # A ping already out (gRPC's own, sent with a call's first bytes to size its window) stands in for
+    # the keepalive one, under this timeout: 60 s by default, which kept a call to a frozen peer
+    # waiting a minute whatever keepalive_timeout_ms says.
+    ("grpc.http2.ping_timeout_ms", 2_000),
+]
+
 
 def install_uvloop() -> None:
     """uvloop cuts grpc.aio CPU per message by 10-25 % (measured, mesh-cost.md)."""

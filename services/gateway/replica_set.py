@@ -21,7 +21,7 @@ import grpc
 
 from services.common import stage_wait
 from services.common import tls as mesh_tls
-from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.grpc_server import PINGED_CHANNEL_OPTIONS
 from services.common.targets import split_target
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class ReplicaSet(Generic[R]):
             self._add(address)
 
     def _add(self, address: str) -> None:
-        options: list[tuple[str, object]] = list(CHANNEL_OPTIONS)
+        options: list[tuple[str, object]] = list(PINGED_CHANNEL_OPTIONS)  # a frozen replica's calls go to others
         if self._tls is not None and self._dns is not None:
             options.append(("grpc.ssl_target_name_override", self._dns[0]))  # the cert names the Service
         self.replicas[address] = self._make(address, mesh_tls.channel(address, options, self._tls))

@@ -1,6 +1,6 @@
 """The postprocessor's ``WorkerClient``: one long-lived ``GenerateStream`` per worker, shared by all requests.
 
-A channel per worker address (an HTTP/2 connection, created on first use with the keepalive below, no
+A channel per worker address (an HTTP/2 connection, created on first use with PINGED_CHANNEL_OPTIONS' keepalive, no
 transparent retries) carries one bidi stream, on which the worker sends the tokens of every request
 that left the same engine step in one message (services/common/mux_client.py demultiplexes them). A
 stream per request (``--worker-transport unary``) cost one gRPC message per token per request on this
@@ -30,20 +30,11 @@ from services.common.errors import (
     from_rpc_error,
     from_status_proto,
 )
-from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.grpc_server import PINGED_CHANNEL_OPTIONS
 from services.common.mux_client import MuxCall, MuxStream, Wire
 
 log = logging.getLogger(__name__)
 
-# A frozen worker (SIGSTOP, a wedged host) keeps its TCP connection open and simply stops talking.
-# Pinging every second and giving up 2 s later fails its streams within ~3 s, so they migrate
-# instead of hanging; pings continue while a stream waits in a long prefill (no data either way).
-WORKER_CHANNEL_OPTIONS = [
-    *(o for o in CHANNEL_OPTIONS if o[0] not in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms")),
-    ("grpc.keepalive_time_ms", 1_000),
-    ("grpc.keepalive_timeout_ms", 2_000),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 
 
 # What the client reads: the transport's status and the worker's reason name gRPC and our wire, so they go to the
@@ -104,7 +95,7 @@ class MuxWorkerClient:
     def _wire(self, address: str) -> Wire:
         wire = self._wires.get(address)
         if wire is None:
-            channel = mesh_tls.channel(address, WORKER_CHANNEL_OPTIONS, self._tls)
+            channel = mesh_tls.channel(address, PINGED_CHANNEL_OPTIONS, self._tls)  # a frozen worker's streams migrate
             self._channels.append(channel)
             wire = self._wires[address] = _wire(worker_pb2_grpc.WorkerServiceStub(channel))
         return wire

@@ -8,6 +8,7 @@ that a round-robin fleet sends nothing over NATS, while every booking a decision
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -25,6 +26,7 @@ from services.router.events import ReplicaSync
 from services.router.server import RouterServicer
 from services.router.service import Router
 from tests.conftest import wait_for
+from tests.frozen_proxy import FrozenProxy
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
@@ -133,3 +135,26 @@ async def test_a_replica_that_died_is_passed_over_and_its_bookings_are_released_
         for rid in ("a", "b", "c0", "c1", "c2", "c3"):
             await client.release(router_pb2.ReleaseRequest(request_id=rid))
         await wait_for(lambda: fleet[1].booked == 0, 10, "the live replica's bookings released")
+
+
+async def test_a_frozen_replica_s_calls_go_to_another_within_seconds(nats_url):
+    """A replica that stops answering but keeps its connection (SIGSTOP, a wedged host) is found out by
+    the channel's pings (PINGED_CHANNEL_OPTIONS): its calls fail over in about 3 s, not after TCP's
+    or a 20 s keepalive's minutes."""
+    async with replicas(nats_url, "round-robin") as (fleet, _):
+        proxy = FrozenProxy(f"127.0.0.1:{fleet[0].server.port}")
+        await proxy.start()
+        client = ReplicaRouters(f"ipv4:{proxy.address},127.0.0.1:{fleet[1].server.port}", wait_s=5)
+        try:
+            for channel in [r.channel for r in client._set.replicas.values()]:
+                assert await stage_wait.wait_connected(channel, 5)
+            await client.route(route("before"))
+            await client.route(route("before-2"))
+            assert [r.booked for r in fleet] == [1, 1]  # both replicas took calls through their paths
+            proxy.freeze()
+            answers = await asyncio.wait_for(asyncio.gather(*(client.route(route(f"f{i}")) for i in range(4))), 10)
+            assert all(a.worker_id for a in answers)
+            assert [r.booked for r in fleet] == [1, 5]  # the frozen one never saw them
+        finally:
+            await client.close()
+            await proxy.close()
