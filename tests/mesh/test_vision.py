@@ -14,15 +14,17 @@ import http.server
 import os
 import re
 import threading
+import time
 import urllib.request
 
 import openai
 import pytest
 
 from services.launcher.plan import free_port
+from services.workers.kv_events import LOAD_INTERVAL_S
 from tests.conftest import sdk_client, stop_cleanly
 from tests.media_samples import data_url, mp4, png
-from tests.mesh.conftest import DEMO, mocker, start_mesh, wait_until
+from tests.mesh.conftest import DEMO, mocker, start_mesh
 
 pytestmark = [pytest.mark.mesh, pytest.mark.timeout(180)]
 
@@ -116,12 +118,19 @@ def index_blocks(mesh) -> dict[str, float]:
 
 def indexed(mesh, client, *parts, tail: str):
     """Sends one request and waits until the router's index holds its blocks (the worker's KV events arrived),
-    without sending anything else that could land the same prefix on a second worker."""
+    without sending anything else that could land the same prefix on a second worker.
+
+    The count must also stop changing for longer than a worker's report interval: an earlier test's blocks,
+    reported late by the same worker, could otherwise make up the +8 while this request's are still on the way.
+    """
     before = index_blocks(mesh)
     response = ask(client, *parts, tail=tail)
     worker = worker_of(response)
-    wait_until(lambda: index_blocks(mesh).get(worker, 0) >= before.get(worker, 0) + 8, 10,
-               "the request's blocks in the router's index")
+    deadline, last = time.monotonic() + 10, None
+    while (count := index_blocks(mesh).get(worker, 0)) != last or count < before.get(worker, 0) + 8:
+        assert time.monotonic() < deadline, "timed out waiting for the request's blocks in the router's index"
+        last = count
+        time.sleep(LOAD_INTERVAL_S + 0.1)
     return response
 
 
@@ -132,11 +141,12 @@ def image_part(url=None, uuid=None) -> dict:
     return part
 
 
-def ask(client, *parts, tail: str = "one", max_tokens: int = 2):
-    """The image first: every block of the prompt holds or follows it."""
+def ask(client, *parts, tail: str = "one", max_tokens: int = 2, explain: bool = False):
+    """The image first: every block of the prompt holds or follows it. ``explain``: with the routing decision."""
     content = [*parts, {"type": "text", "text": f"{TEXT} {tail}"}]
+    fields = ["worker_id", "routing"] if explain else ["worker_id"]
     return client.chat.completions.create(model=DEMO, messages=[{"role": "user", "content": content}],
-                                          max_tokens=max_tokens, extra_body={"nvext": {"extra_fields": ["worker_id"]}})
+                                          max_tokens=max_tokens, extra_body={"nvext": {"extra_fields": fields}})
 
 
 def worker_of(response) -> str:
@@ -172,8 +182,8 @@ def test_the_same_image_goes_to_the_same_worker_with_cached_tokens(vision_mesh, 
     url = data_url(CAT)
     first = indexed(vision_mesh, client, image_part(url), tail="first")
     for tail in ("two", "three", "four"):
-        again = ask(client, image_part(url), tail=tail)
-        assert worker_of(again) == worker_of(first)
+        again = ask(client, image_part(url), tail=tail, explain=True)
+        assert worker_of(again) == worker_of(first), again.model_extra["nvext"]["routing"]  # what the router saw
         assert again.usage.prompt_tokens_details.cached_tokens >= 64 + 64, again.usage
 
 
