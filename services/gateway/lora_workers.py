@@ -13,8 +13,8 @@ from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 
 from services.common import tls as mesh_tls
 from services.common.discovery import LoraAdapter
+from services.common.grpc_server import PINGED_CHANNEL_OPTIONS
 from services.gateway.core.worker_errors import worker_error
-from services.gateway.embeddings.worker_client import EMBED_CHANNEL_OPTIONS
 
 # A load reads the adapter's weights (a few seconds for a large one on a busy machine).
 CALL_TIMEOUT_S = 120.0
@@ -29,7 +29,7 @@ class GrpcLoraWorkers:
     def _stub(self, address: str) -> worker_pb2_grpc.WorkerServiceStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = mesh_tls.channel(address, EMBED_CHANNEL_OPTIONS, self._tls)
+            channel = mesh_tls.channel(address, PINGED_CHANNEL_OPTIONS, self._tls)
             self._channels.append(channel)
             stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
         return stub

@@ -14,18 +14,8 @@ import grpc
 from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 
 from services.common import tls as mesh_tls
-from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.grpc_server import PINGED_CHANNEL_OPTIONS
 from services.gateway.core.worker_errors import worker_error
-
-# A frozen worker keeps its connection open and stops answering: pinging every second and giving up
-# 2 s later fails the call within ~3 s instead of leaving the client waiting (as the postprocessor's
-# worker channels do).
-EMBED_CHANNEL_OPTIONS = [
-    *(o for o in CHANNEL_OPTIONS if o[0] not in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms")),
-    ("grpc.keepalive_time_ms", 1_000),
-    ("grpc.keepalive_timeout_ms", 2_000),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 
 
 class EmbedWorkerClient(Protocol):
@@ -41,7 +31,7 @@ class GrpcEmbedWorker:
     async def embed(self, address: str, req: worker_pb2.EmbedRequest) -> worker_pb2.EmbedResponse:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = mesh_tls.channel(address, EMBED_CHANNEL_OPTIONS, self._tls)
+            channel = mesh_tls.channel(address, PINGED_CHANNEL_OPTIONS, self._tls)  # a frozen worker fails in ~2 s
             self._channels.append(channel)
             stub = self._stubs[address] = worker_pb2_grpc.WorkerServiceStub(channel)
         try:

@@ -15,15 +15,15 @@ import grpc
 from meshfront.worker.v1 import media_pb2, media_pb2_grpc
 
 from services.common import tls as mesh_tls
+from services.common.grpc_server import PINGED_CHANNEL_OPTIONS
 from services.gateway.core.worker_errors import worker_error
-from services.gateway.embeddings.worker_client import EMBED_CHANNEL_OPTIONS
 
-# The same keepalive as the embedding workers' channels: a frozen worker fails the call within ~3 s.
+# Pinged like every channel to a worker (PINGED_CHANNEL_OPTIONS): a frozen worker fails the call within ~3 s.
 # A fixed receive window of two chunks: gRPC's default grows the window with its bandwidth estimate (BDP
 # probes), so a worker that sends faster than the client reads filled the gateway with most of a 50 MB video
 # (bench: `python -m bench media-transfer`); bounded, the worker waits and the gateway holds about two chunks.
 MEDIA_RECEIVE_WINDOW = 2 * 1024 * 1024
-MEDIA_CHANNEL_OPTIONS = [*EMBED_CHANNEL_OPTIONS, ("grpc.http2.bdp_probe", 0),
+MEDIA_CHANNEL_OPTIONS = [*PINGED_CHANNEL_OPTIONS, ("grpc.http2.bdp_probe", 0),
                          ("grpc.http2.lookahead_bytes", MEDIA_RECEIVE_WINDOW)]
 
 
