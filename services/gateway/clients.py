@@ -22,12 +22,13 @@ from meshfront.router.v1 import router_pb2
 from services.common import tls as mesh_tls
 from services.common import tracing
 from services.common.error_interceptor import request_id_metadata
-from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.grpc_server import PINGED_CHANNEL_OPTIONS
 from services.common.stage_wait import DEFAULT_WAIT_S, StageCaller
 
 # A target may list several replicas ("ipv4:10.0.0.1:9200,10.0.0.2:9200") or be a DNS name
-# resolving to many (a headless Kubernetes Service); spread calls over all of them.
-_LB_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
+# resolving to many (a headless Kubernetes Service); spread calls over all of them. Pinged: a frozen
+# replica's connection is dropped in about 2 s and its calls are sent again to another.
+_LB_OPTIONS = [*PINGED_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
 
 
 class PreprocessorClient(Protocol):

@@ -7,11 +7,12 @@ from meshfront.router.v1 import router_pb2, router_pb2_grpc
 
 from services.common import tls as mesh_tls
 from services.common.error_interceptor import request_id_metadata
-from services.common.grpc_server import CHANNEL_OPTIONS
+from services.common.grpc_server import PINGED_CHANNEL_OPTIONS
 from services.common.stage_wait import DEFAULT_WAIT_S, StageCaller
 
 # Several replicas ("ipv4:a:1,b:2") or a DNS name with many addresses: spread calls over all of them.
-_LB_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
+# Pinged: a frozen replica's connection is dropped in about 2 s.
+_LB_OPTIONS = [*PINGED_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
 # A migration is on the client's critical path: a router that does not answer soon is not waited for.
 _ROUTE_TIMEOUT_S = 5.0
 
