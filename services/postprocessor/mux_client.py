@@ -1,8 +1,9 @@
 """The postprocessor's ``WorkerClient``: one long-lived ``GenerateStream`` per worker, shared by all requests.
 
-A channel per worker address (an HTTP/2 connection, created on first use with PINGED_CHANNEL_OPTIONS' keepalive, no
-transparent retries) carries one bidi stream, on which the worker sends the tokens of every request
-that left the same engine step in one message (services/common/mux_client.py demultiplexes them). A
+A channel per worker address (an HTTP/2 connection, created on first use, pinged so that a frozen
+worker is found out in about 2 s, no transparent retries) carries one bidi stream, on which the worker
+sends the tokens of every request that left the same engine step in one message
+(services/common/mux_client.py demultiplexes them). A
 stream per request (``--worker-transport unary``) cost one gRPC message per token per request on this
 hop; it was measured against this and removed (bench/RESULTS.md).
 
@@ -34,7 +35,6 @@ from services.common.grpc_server import PINGED_CHANNEL_OPTIONS
 from services.common.mux_client import MuxCall, MuxStream, Wire
 
 log = logging.getLogger(__name__)
-
 
 
 # What the client reads: the transport's status and the worker's reason name gRPC and our wire, so they go to the
