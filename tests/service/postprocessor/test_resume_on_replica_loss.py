@@ -25,6 +25,7 @@ from services.postprocessor.service import Postprocessor
 from services.workers.mocker.config import parse_config
 from services.workers.mocker.main import build_engine
 from services.workers.server import build_server
+from tests.frozen_proxy import FrozenProxy
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
@@ -174,3 +175,33 @@ async def test_streams_of_the_one_replica_finish_on_its_restart_token_identical(
     finally:
         await client.close()
 
+
+
+async def test_streams_of_a_frozen_replica_finish_on_the_other_within_seconds(demo_model_dir, mesh):
+    """A replica that stops answering but keeps its connection (SIGSTOP, a wedged host): the channel's
+    pings (PINGED_CHANNEL_OPTIONS) give it up in about 2 s, and its streams resume on the other."""
+    worker_address, replica = mesh
+    a, b = await replica(), await replica()
+    proxies = {id(r): FrozenProxy(r.server.address) for r in (a, b)}
+    for proxy in proxies.values():
+        await proxy.start()
+    client = MuxPostprocessor(f"ipv4:{proxies[id(a)].address},{proxies[id(b)].address}")
+    try:
+        want = await run(client, request(demo_model_dir, worker_address))
+        req = request(demo_model_dir, worker_address)
+        frozen: list[Replica] = []
+
+        async def freeze() -> None:
+            (serving,) = [r for r in (a, b) if r.serves(req.request.request_id)]
+            frozen.append(serving)
+            proxies[id(serving)].freeze()
+
+        assert await asyncio.wait_for(run(client, req, freeze), 15) == want
+        (alive,) = [r for r in (a, b) if r is not frozen[0]]
+        resumed = alive.postprocessor.requests[-1]
+        assert resumed.request.request_id == req.request.request_id
+        assert CUT_AFTER <= len(resumed.resume.token_ids) < TOKENS
+    finally:
+        await client.close()
+        for proxy in proxies.values():
+            await proxy.close()
