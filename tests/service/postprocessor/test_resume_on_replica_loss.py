@@ -115,6 +115,14 @@ async def run(client: MuxPostprocessor, req, on_cut=None) -> tuple[str, int, int
     return "".join(text), tokens, finish, usage
 
 
+def assert_resumed_on(others: list[Replica], req: postprocessor_pb2.GenerateRequest) -> None:
+    """The one other replica took the stream over where the caller was, and did not start it over."""
+    (alive,) = others
+    resumed = alive.postprocessor.requests[-1]
+    assert resumed.request.request_id == req.request.request_id
+    assert CUT_AFTER <= len(resumed.resume.token_ids) < TOKENS
+
+
 async def kill(replica: Replica) -> None:
     await replica.server.server.stop(0)  # no drain: every stream on it is cut, as by a SIGKILL
 
@@ -137,11 +145,7 @@ async def test_streams_of_a_killed_replica_finish_on_the_other_token_identical(d
 
         got = await run(client, req, cut)
         assert got == want
-        # The other replica took the stream over where the caller was, and did not start it over.
-        (alive,) = [r for r in (a, b) if r is not killed[0]]
-        resumed = alive.postprocessor.requests[-1]
-        assert resumed.request.request_id == req.request.request_id
-        assert CUT_AFTER <= len(resumed.resume.token_ids) < TOKENS
+        assert_resumed_on([r for r in (a, b) if r is not killed[0]], req)
     finally:
         await client.close()
 
@@ -197,10 +201,7 @@ async def test_streams_of_a_frozen_replica_finish_on_the_other_within_seconds(de
             proxies[id(serving)].freeze()
 
         assert await asyncio.wait_for(run(client, req, freeze), 15) == want
-        (alive,) = [r for r in (a, b) if r is not frozen[0]]
-        resumed = alive.postprocessor.requests[-1]
-        assert resumed.request.request_id == req.request.request_id
-        assert CUT_AFTER <= len(resumed.resume.token_ids) < TOKENS
+        assert_resumed_on([r for r in (a, b) if r is not frozen[0]], req)
     finally:
         await client.close()
         for proxy in proxies.values():
