@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 
 from services.common import tracing
 from services.common.errors import Internal, InvalidRequest, MeshError, to_status
+from services.common.write_rounds import write_in_round
 
 # Callers that know the request id send it, so that a log line and a client's error meet.
 REQUEST_ID_KEY = "x-request-id"
@@ -158,7 +159,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             # a caller's cancel must land in this task's own await, so that the ``finally`` closes the
             # servicer's generators (and what they hold open upstream: a multiplexed call, a worker
             # sequence) at once. Iterated by grpc, a cancel during its send left them suspended until
-            # the garbage collector found them, and the worker generated on for nobody.
+            # the garbage collector found them, and the worker generated on for nobody. Each write goes
+            # out with the loop turn's other writes (services/common/write_rounds.py).
             if streamed:
                 request = _checked(request)
             elif isinstance(request, _Undecodable):
@@ -166,7 +168,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             responses = behavior(request, context)
             try:
                 async for response in responses:
-                    await context.write(response)
+                    await write_in_round(context, response)
             except grpc.aio.AbortError:
                 raise
             except grpc.aio.InternalError as e:

@@ -15,6 +15,8 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
+from services.common.write_rounds import write_in_round
+
 DOMAIN = "meshfront"
 
 log = logging.getLogger(__name__)
@@ -222,10 +224,10 @@ async def relay(responses: AsyncGenerator, context: grpc.aio.ServicerContext) ->
     turns them into the call's status. It writes with ``context.write`` rather than being a generator
     itself so that the handler task owns the stream: a caller's cancel lands here, and the ``finally``
     closes ``responses`` (aborting the work below) at once, not whenever an abandoned generator is
-    collected.
+    collected. Each write goes out with the loop turn's other writes (services/common/write_rounds.py).
     """
     try:
         async for response in responses:
-            await context.write(response)
+            await write_in_round(context, response)
     finally:
         await responses.aclose()
