@@ -8,8 +8,8 @@ one step leave tens of µs apart, and each goes to the socket alone: one ``sendm
 wake-up and ``readv`` per frame in Envoy on the other side. Written in a round, back to back, gRPC's
 HTTP/2 transport sends the frames that queue behind the first write together, and Envoy reads many
 of them at once. Measured through the all-in-one gateway at paced c=128 (bench/RESULTS.md,
-"2026-12-03, 14:40"): Envoy 3.66 -> 1.71 and the gateway 12.26 -> 8.16 CPU ms per request, and the
-inter-token latency fell with them. The floor's stand-in gateway (bench/edge_floor.py) writes in rounds
+"2026-12-03, 14:20-15:35"): Envoy 4.00 -> 1.66 and the gateway 13.35 -> 8.17 CPU ms per request, and
+the inter-token latency halved with them. The floor's stand-in gateway (bench/edge_floor.py) writes in rounds
 by construction: one ticker wakes every stream at once.
 
 What it costs: a frame waits for the rest of the loop's turn, that is for the other requests whose
