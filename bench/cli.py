@@ -54,6 +54,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "own frontend and mocker, the peer; its environment is built on first use), edge (Envoy and a "
                    "stand-in gateway streaming pre-rendered chunks at the mocker's pace: the floor; every other "
                    "shape's CPU per request is printed as a ratio to it)")
+    m.add_argument("--rounds", type=int, default=1, help="run every shape this many times, interleaved (edge, "
+                   "split, edge, split, ...), and print each round's ratios to its own floor and their median: one "
+                   "run's ratio moves by a fifth on a shared machine")
     m.add_argument("--speedup", type=_speedup, default=100.0, help="mocker --speedup-ratio; 'instant' = 0")
     m.add_argument("--paced", action="store_true", help=f"mocker at real pace (speed-up {PACED_SPEEDUP:g})")
     m.add_argument("--workers", type=int, default=2)
@@ -112,6 +115,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         bad = [s for s in args.shape if s not in known]
         if bad:
             p.error(f"unknown shape(s) {bad}; choose from {known}")
+        if args.rounds < 1:
+            p.error("--rounds must be at least 1")
         if args.paced:
             args.speedup = PACED_SPEEDUP
     return args
@@ -374,13 +379,17 @@ def main(argv: list[str] | None = None) -> int:
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
     _emit(f"# {_setting_line(args, cfg)}")
     records: list[mesh.LevelRecord] = []
+    rounds: list[list[mesh.LevelRecord]] = []
     if args.scenario == "mesh":
-        for shape in cfg.shapes:
-            records += mesh.run_shape(cfg, shape, _emit)
+        for number in range(1, args.rounds + 1):  # interleaved: every shape once per round, in the order given
+            if args.rounds > 1:
+                _emit(f"# round {number} of {args.rounds}")
+            rounds.append([record for shape in cfg.shapes for record in mesh.run_shape(cfg, shape, _emit)])
+            records += rounds[-1]
     else:
         records = _run_external(args, cfg)
     rows = [r.row for r in records]
-    floor = floor_lines(rows)
+    floor = floor_lines(rows) if len(rounds) <= 1 else rounds_lines(rounds)
     _emit("\n" + text_table(rows) + "\n\n" + LEGEND + "".join("\n" + line for line in floor))
     if args.markdown:
         _append_markdown(Path(args.markdown), command, started, args, cfg, records, floor)
@@ -394,6 +403,16 @@ def floor_lines(rows: list[Row]) -> list[str]:
     from bench.edge_floor import ratios
 
     return ratios([(r.shape, r.stats.concurrency, r.cpu_per_request) for r in rows])
+
+
+def rounds_lines(rounds: list[list[mesh.LevelRecord]]) -> list[str]:
+    """Each round's ratios to its own floor, then their median and range over the rounds."""
+    from bench.edge_floor import ratio_spread, ratios
+
+    per_round = [[(r.row.shape, r.row.stats.concurrency, r.row.cpu_per_request) for r in records]
+                 for records in rounds]
+    return [f"round {n}: {line}" for n, rows in enumerate(per_round, 1) for line in ratios(rows)] + \
+        ratio_spread(per_round)
 
 
 def _run_external(args: argparse.Namespace, cfg: mesh.MeshBenchConfig) -> list[mesh.LevelRecord]:

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import pathlib
 import signal
+import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -192,19 +193,35 @@ class EdgeFloorMesh(Mesh):
         raise RuntimeError(f"Envoy did not route to the stand-in gateway in time\n{self.all_logs()}")
 
 
-def ratios(rows: Sequence[tuple[str, int, dict[str, float]]]) -> list[str]:
-    """One line per shape and concurrency: CPU per request (total, and the front: every process except
-    workers and NATS) as a ratio to the floor's at the same concurrency. ``rows`` are (shape,
-    concurrency, CPU ms per request by group with ``total``)."""
+def ratio_values(rows: Sequence[tuple[str, int, dict[str, float]]]) -> list[tuple[str, int, float, float]]:
+    """(shape, concurrency, total ratio, front ratio) of every shape measured at a concurrency the floor was:
+    CPU per request in total, and in the front (every process except workers and NATS), over the floor's.
+    ``rows`` are (shape, concurrency, CPU ms per request by group with ``total``) of one run."""
     floor = {c: cpu for shape, c, cpu in rows if shape == FLOOR}
+    return [(shape, c, cpu["total"] / floor[c]["total"], front_ms(cpu) / front_ms(floor[c]))
+            for shape, c, cpu in rows if shape != FLOOR and c in floor]
+
+
+def ratios(rows: Sequence[tuple[str, int, dict[str, float]]]) -> list[str]:
+    """One line per shape and concurrency of ``ratio_values``."""
+    return [f"{shape} c={c}: {total:.2f}x the floor's CPU per request in total, {front:.2f}x in the front "
+            f"(without workers and NATS)" for shape, c, total, front in ratio_values(rows)]
+
+
+def ratio_spread(rounds: Sequence[Sequence[tuple[str, int, dict[str, float]]]]) -> list[str]:
+    """The ratios of several rounds, each against its own round's floor: one line per shape and concurrency
+    with the median and the range. On a shared machine one run's ratio moves by a fifth either way, so a
+    goal is read from the median of interleaved rounds, never from one run."""
+    seen: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for rows in rounds:
+        for shape, c, total, front in ratio_values(rows):
+            seen.setdefault((shape, c), []).append((total, front))
     out = []
-    for shape, c, cpu in rows:
-        if shape == FLOOR or c not in floor:
-            continue
-        base = floor[c]
-        total, front = cpu["total"] / base["total"], front_ms(cpu) / front_ms(base)
-        out.append(f"{shape} c={c}: {total:.2f}x the floor's CPU per request in total, {front:.2f}x in the front "
-                   f"(without workers and NATS)")
+    for (shape, c), values in seen.items():
+        totals, fronts = sorted(t for t, _ in values), sorted(f for _, f in values)
+        out.append(f"{shape} c={c} over {len(values)} rounds: the front {statistics.median(fronts):.2f}x the floor "
+                   f"(median; {fronts[0]:.2f}-{fronts[-1]:.2f}), in total {statistics.median(totals):.2f}x "
+                   f"({totals[0]:.2f}-{totals[-1]:.2f})")
     return out
 
 

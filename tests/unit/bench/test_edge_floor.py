@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from bench.edge_floor import Ticker, front_ms, ratios, render_chunks, step_ms
+from bench.edge_floor import Ticker, front_ms, ratio_spread, ratios, render_chunks, step_ms
 from bench.loadgen import RequestResult, SseParser
 
 pytestmark = pytest.mark.unit
@@ -58,3 +58,22 @@ def test_each_shape_is_a_ratio_to_the_floor_at_the_same_concurrency():
                      "split c=128: 2.50x the floor's CPU per request in total, 2.00x in the front (without workers "
                      "and NATS)"]
     assert front_ms({"total": 7.5, "workers": 1.4, "nats": 0.1}) == pytest.approx(6.0)
+
+
+def test_rounds_are_each_against_their_own_floor_and_summed_up_by_the_median():
+    rounds = [[("edge", 128, {"total": 4.0}), ("split", 128, {"total": 8.0, "workers": 2.0})],
+              [("edge", 128, {"total": 5.0}), ("split", 128, {"total": 8.0, "workers": 2.0})],
+              [("split", 128, {"total": 9.0, "workers": 1.0}), ("edge", 128, {"total": 4.0})]]
+    # fronts 6/4, 6/5, 8/4 = 1.50, 1.20, 2.00; totals 2.00, 1.60, 2.25
+    assert ratio_spread(rounds) == ["split c=128 over 3 rounds: the front 1.50x the floor (median; 1.20-2.00), "
+                                    "in total 2.00x (1.60-2.25)"]
+    assert ratio_spread([[("split", 128, {"total": 8.0})]]) == []  # no floor in the round: no ratio
+
+
+def test_mesh_rounds_flag():
+    from bench import cli
+
+    assert cli.parse_args(["mesh", "--shape", "edge,split", "--rounds", "3"]).rounds == 3
+    assert cli.parse_args(["mesh"]).rounds == 1
+    with pytest.raises(SystemExit):
+        cli.parse_args(["mesh", "--rounds", "0"])
