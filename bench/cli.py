@@ -394,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         _append_markdown(Path(args.markdown), command, started, args, cfg, records, floor)
     if args.json:
-        Path(args.json).write_text(json.dumps([_record_json(r) for r in records], indent=1, default=str))
+        numbered = [(n, r) for n, recs in enumerate(rounds, 1) for r in recs] or [(1, r) for r in records]
+        Path(args.json).write_text(json.dumps([{"round": n, **_record_json(r)} for n, r in numbered], indent=1,
+                                              default=str))
     return 0
 
 
