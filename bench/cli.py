@@ -378,41 +378,34 @@ def main(argv: list[str] | None = None) -> int:
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
     _emit(f"# {_setting_line(args, cfg)}")
-    records: list[mesh.LevelRecord] = []
     rounds: list[list[mesh.LevelRecord]] = []
     if args.scenario == "mesh":
         for number in range(1, args.rounds + 1):  # interleaved: every shape once per round, in the order given
             if args.rounds > 1:
                 _emit(f"# round {number} of {args.rounds}")
             rounds.append([record for shape in cfg.shapes for record in mesh.run_shape(cfg, shape, _emit)])
-            records += rounds[-1]
     else:
-        records = _run_external(args, cfg)
+        rounds = [_run_external(args, cfg)]
+    records = [r for recs in rounds for r in recs]
     rows = [r.row for r in records]
-    floor = floor_lines(rows) if len(rounds) <= 1 else rounds_lines(rounds)
+    floor = floor_lines([[r.row for r in recs] for recs in rounds])
     _emit("\n" + text_table(rows) + "\n\n" + LEGEND + "".join("\n" + line for line in floor))
     if args.markdown:
         _append_markdown(Path(args.markdown), command, started, args, cfg, records, floor)
     if args.json:
-        numbered = [(n, r) for n, recs in enumerate(rounds, 1) for r in recs] or [(1, r) for r in records]
-        Path(args.json).write_text(json.dumps([{"round": n, **_record_json(r)} for n, r in numbered], indent=1,
-                                              default=str))
+        Path(args.json).write_text(json.dumps([{"round": n, **_record_json(r)} for n, recs in enumerate(rounds, 1)
+                                               for r in recs], indent=1, default=str))
     return 0
 
 
-def floor_lines(rows: list[Row]) -> list[str]:
-    """Each shape's CPU per request against the ``edge`` floor's at the same concurrency (none without it)."""
-    from bench.edge_floor import ratios
-
-    return ratios([(r.shape, r.stats.concurrency, r.cpu_per_request) for r in rows])
-
-
-def rounds_lines(rounds: list[list[mesh.LevelRecord]]) -> list[str]:
-    """Each round's ratios to its own floor, then their median and range over the rounds."""
+def floor_lines(rounds: list[list[Row]]) -> list[str]:
+    """Each shape's CPU per request against the ``edge`` floor's at the same concurrency (none without it); with
+    several rounds, each round's against its own floor, then their median and range."""
     from bench.edge_floor import ratio_spread, ratios
 
-    per_round = [[(r.row.shape, r.row.stats.concurrency, r.row.cpu_per_request) for r in records]
-                 for records in rounds]
+    per_round = [[(r.shape, r.stats.concurrency, r.cpu_per_request) for r in rows] for rows in rounds]
+    if len(per_round) == 1:
+        return ratios(per_round[0])
     return [f"round {n}: {line}" for n, rows in enumerate(per_round, 1) for line in ratios(rows)] + \
         ratio_spread(per_round)
 
