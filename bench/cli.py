@@ -53,7 +53,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     m.add_argument("--shape", default="split,inproc", help="comma list of split, inproc, dynamo (Dynamo 1.6.1's "
                    "own frontend and mocker, the peer; its environment is built on first use), edge (Envoy and a "
                    "stand-in gateway streaming pre-rendered chunks at the mocker's pace: the floor; every other "
-                   "shape's CPU per request is printed as a ratio to it)")
+                   "shape's CPU per request is printed as a ratio to it), edge-split (the split shape's hops with "
+                   "stand-in stages that do no work: what the hops alone cost over the floor)")
     m.add_argument("--rounds", type=int, default=1, help="run every shape this many times, interleaved (edge, "
                    "split, edge, split, ...), and print each round's ratios to its own floor and their median: one "
                    "run's ratio moves by a fifth on a shared machine")
@@ -111,7 +112,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"unknown shape(s) {bad}; choose from {KV_SHAPES}")
     if args.scenario == "mesh":
         args.shape = tuple(s.strip() for s in args.shape.split(",") if s.strip())
-        known = (*mesh.SHAPES, mesh.PEER, mesh.FLOOR)
+        known = (*mesh.SHAPES, mesh.PEER, mesh.FLOOR, mesh.SPLIT_FLOOR)
         bad = [s for s in args.shape if s not in known]
         if bad:
             p.error(f"unknown shape(s) {bad}; choose from {known}")

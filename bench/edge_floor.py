@@ -150,6 +150,15 @@ class EdgeFloorMesh(Mesh):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
+    def _gateway_spec(self) -> ProcessSpec:
+        return ProcessSpec("gateway-0", [sys.executable, "-m", "bench.edge_floor", "--port", str(self.gateway_port),
+                                         "--step-ms", f"{self.step_ms:g}"], self.gateway_port,
+                           {"PYTHONUNBUFFERED": "1"})
+
+    def _stage_specs(self) -> list[ProcessSpec]:
+        """The processes behind the stand-in gateway: none here (bench/split_floor.py has three)."""
+        return []
+
     def start(self, timeout: float = 60.0) -> EdgeFloorMesh:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         envoy_yaml = self.log_dir / "envoy.yaml"
@@ -158,9 +167,8 @@ class EdgeFloorMesh(Mesh):
                                                   gateways=[("127.0.0.1", self.gateway_port)]))
         deadline = time.monotonic() + timeout
         try:
-            self.start_process(ProcessSpec("gateway-0", [sys.executable, "-m", "bench.edge_floor", "--port",
-                                                         str(self.gateway_port), "--step-ms", f"{self.step_ms:g}"],
-                                           self.gateway_port, {"PYTHONUNBUFFERED": "1"}))
+            for spec in (*self._stage_specs(), self._gateway_spec()):
+                self.start_process(spec)
             self.start_process(ProcessSpec("envoy", [str(VENV_BIN / "envoy"), "-c", str(envoy_yaml), "--concurrency",
                                                      "1", "--log-level", "warn", "--base-id", str(self.http_port)],
                                            self.http_port))

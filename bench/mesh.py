@@ -30,6 +30,7 @@ from services.launcher.processes import Mesh
 SHAPES = ("split", "inproc")
 PEER = "dynamo"  # Dynamo's own frontend and mocker, measured the same way (bench/dynamo_peer.py)
 FLOOR = "edge"  # Envoy and a stand-in gateway answering pre-rendered chunks: the design's floor (bench/edge_floor.py)
+SPLIT_FLOOR = "edge-split"  # the split shape's hops with stand-in stages and no logic (bench/split_floor.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +88,10 @@ def start_mesh(cfg: MeshBenchConfig, shape: str, log_dir: Path) -> Mesh:
         from bench.edge_floor import EdgeFloorMesh
 
         return EdgeFloorMesh(log_dir, cfg.speedup).start()
+    if shape == SPLIT_FLOOR:
+        from bench.split_floor import SplitFloorMesh
+
+        return SplitFloorMesh(log_dir, cfg.speedup).start()
     extra = ("--speedup-ratio", f"{cfg.speedup:g}", *cfg.worker_flags)
     workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", extra) for _ in range(cfg.workers)]
     plan = ephemeral_plan(workers, cfg.gateways, inproc=shape == "inproc", router_mode=cfg.router_mode,
@@ -285,7 +290,7 @@ def run_shape(cfg: MeshBenchConfig, shape: str, emit: Printer) -> list[LevelReco
     emit(f"[{shape}] mesh up at {mesh.url}: {', '.join(sorted(mesh.procs))}")
     try:
         pids = {name: p.pid for name, p in mesh.procs.items()}
-        metrics_ports = [] if shape in (PEER, FLOOR) else list(mesh.plan.metrics_ports.values())
+        metrics_ports = [] if shape in (PEER, FLOOR, SPLIT_FLOOR) else list(mesh.plan.metrics_ports.values())
         return run_async(drive(mesh.url, pids, cfg, shape, emit, check=lambda: _check_alive(mesh),
                                metrics_ports=metrics_ports))
     except BaseException:
