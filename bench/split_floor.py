@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import pathlib
 import signal
 import sys
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any
 
 import orjson
 
@@ -42,13 +44,13 @@ BLOCK_SIZE = 16
 TOKEN_ID = 1879  # any id: the stand-ins never decode it
 
 
-async def _serve(port: int, add: object) -> None:
+async def _serve(port: int, add: Callable[[Any], None]) -> None:
     """A plain grpc.aio server on 127.0.0.1 with health, ``add(server)`` adding the stand-in; until SIGTERM."""
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
     server = grpc.aio.server()
-    add(server)  # type: ignore[operator]
+    add(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -62,7 +64,7 @@ async def _serve(port: int, add: object) -> None:
     await server.stop(1)
 
 
-def preprocessor(server: object) -> None:
+def preprocessor(server: Any) -> None:
     from meshfront.preprocessor.v1 import preprocessor_pb2, preprocessor_pb2_grpc
 
     answer = preprocessor_pb2.PreprocessResponse(block_hashes=range(1, PROMPT_TOKENS // BLOCK_SIZE + 1))
@@ -79,7 +81,7 @@ def preprocessor(server: object) -> None:
     preprocessor_pb2_grpc.add_PreprocessorServiceServicer_to_server(Preprocessor(), server)
 
 
-def router(server: object) -> None:
+def router(server: Any) -> None:
     from meshfront.router.v1 import router_pb2, router_pb2_grpc
 
     answer = router_pb2.RouteResponse(address="127.0.0.1:1", worker_id="stand-in")
@@ -91,7 +93,7 @@ def router(server: object) -> None:
     router_pb2_grpc.add_RouterServiceServicer_to_server(Router(), server)
 
 
-def postprocessor(server: object, step_s: float) -> None:
+def postprocessor(server: Any, step_s: float) -> None:
     from meshfront.common.v1 import common_pb2
     from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
 
@@ -118,7 +120,7 @@ def postprocessor(server: object, step_s: float) -> None:
     postprocessor_pb2_grpc.add_PostprocessorServiceServicer_to_server(Postprocessor(), server)
 
 
-def gateway(server: object, pre: str, route: str, post: str) -> None:
+def gateway(server: Any, pre: str, route: str, post: str) -> None:
     import grpc
     from google.api import httpbody_pb2
     from meshfront.gateway.v1 import gateway_pb2_grpc
@@ -144,7 +146,7 @@ def gateway(server: object, pre: str, route: str, post: str) -> None:
         ended=lambda address: WorkerFailed("the postprocessor stand-in ended the stream"), peer="postprocessor")
     streams: list[MuxStream] = []
     rendered: dict[tuple[str, int], list[bytes]] = {}
-    ids = iter(range(1, sys.maxsize))
+    ids = itertools.count(1)
 
     class Gateway(gateway_pb2_grpc.GatewayServiceServicer):
         async def ChatCompletions(self, request: httpbody_pb2.HttpBody, context) -> None:
