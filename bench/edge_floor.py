@@ -25,7 +25,8 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import orjson
 
@@ -88,9 +89,7 @@ class Ticker:
 
 
 async def serve(host: str, port: int, interval_s: float) -> None:
-    import grpc
     from google.api import httpbody_pb2
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from meshfront.gateway.v1 import gateway_pb2_grpc
 
     ticker = Ticker(interval_s)
@@ -110,8 +109,17 @@ async def serve(host: str, port: int, interval_s: float) -> None:
                 yield frame
             yield httpbody_pb2.HttpBody(content_type="text/event-stream", data=b"".join(f.data for f in frames[-3:]))
 
+    await serve_stand_in(host, port, lambda server: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
+        FloorGateway(), server))
+
+
+async def serve_stand_in(host: str, port: int, add: Callable[[Any], None]) -> None:
+    """A plain grpc.aio server with health, ``add(server)`` adding the stand-in's servicer; until SIGTERM/SIGINT."""
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
     server = grpc.aio.server()
-    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(FloorGateway(), server)
+    add(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

@@ -25,43 +25,21 @@ Run one stand-in alone: ``python -m bench.split_floor preprocessor --port 9200``
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import pathlib
-import signal
 import sys
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import orjson
 
-from bench.edge_floor import EdgeFloorMesh, Ticker, render_chunks
+from bench.edge_floor import EdgeFloorMesh, Ticker, render_chunks, serve_stand_in
 from services.launcher.plan import ProcessSpec, free_port
 
 SPLIT_FLOOR = "edge-split"
 PROMPT_TOKENS = 208  # the bench's prompts with the demo model's chat template
 BLOCK_SIZE = 16
 TOKEN_ID = 1879  # any id: the stand-ins never decode it
-
-
-async def _serve(port: int, add: Callable[[Any], None]) -> None:
-    """A plain grpc.aio server on 127.0.0.1 with health, ``add(server)`` adding the stand-in; until SIGTERM."""
-    import grpc
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-    server = grpc.aio.server()
-    add(server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    await stop.wait()
-    await server.stop(1)
 
 
 def preprocessor(server: Any) -> None:
@@ -208,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         add = lambda server: postprocessor(server, args.step_ms / 1000.0)  # noqa: E731
     else:
         add = {"preprocessor": preprocessor, "router": router}[args.role]
-    uvloop.run(_serve(args.port, add))
+    uvloop.run(serve_stand_in("127.0.0.1", args.port, add))
 
 
 class SplitFloorMesh(EdgeFloorMesh):
