@@ -36,7 +36,6 @@ import orjson
 from bench.edge_floor import EdgeFloorMesh, Ticker, render_chunks, serve_stand_in
 from services.launcher.plan import ProcessSpec, free_port
 
-SPLIT_FLOOR = "edge-split"
 PROMPT_TOKENS = 208  # the bench's prompts with the demo model's chat template
 BLOCK_SIZE = 16
 TOKEN_ID = 1879  # any id: the stand-ins never decode it
@@ -203,8 +202,9 @@ class SplitFloorMesh(EdgeFloorMesh):
                            {"PYTHONUNBUFFERED": "1"})
 
     def _stage_specs(self) -> list[ProcessSpec]:
+        pace = {"postprocessor": ["--step-ms", f"{self.step_ms:g}"]}  # the one stand-in with a clock
         return [ProcessSpec(name, [sys.executable, "-m", "bench.split_floor", name, "--port", str(port),
-                                   "--step-ms", f"{self.step_ms:g}"], port, {"PYTHONUNBUFFERED": "1"})
+                                   *pace.get(name, [])], port, {"PYTHONUNBUFFERED": "1"})
                 for name, port in self.stage_ports.items()]
 
 
