@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
-from typing import Protocol
+import time
 
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
 
-from services.common.errors import MeshError
+from services.common.errors import InvalidRequest, MeshError, WorkerFailed
 from services.common.pump import Batch
+from services.postprocessor.attempt import WorkerCall
+from services.postprocessor.migration import WorkerRoute
 
 # Only a decode worker that could not resolve a leg's transfer parameters names this param on its error.
 TRANSFER_PARAM = "kv_transfer_params"
-
-
-class LegCall(Protocol):
-    """One leg's call on a worker (service.WorkerCall)."""
-
-    async def next_batch(self) -> Batch[worker_pb2.GenerateResponse]: ...
-
-    def cancel(self) -> None: ...
-
-    def fail(self, error: MeshError) -> None: ...
-
-
-# Feeds worker messages to the request's builder (service._ResponseBuilder.build).
-Build = Callable[[list[worker_pb2.GenerateResponse]], postprocessor_pb2.GenerateResponse | None]
-Opener = Callable[[str, worker_pb2.GenerateRequest], LegCall]
-# Runs an opened decode call through the request's builder (Postprocessor._attempt with ``call``).
-Decode = Callable[[str, common_pb2.PreprocessedRequest, LegCall],
-                  AsyncGenerator[postprocessor_pb2.GenerateResponse, None]]
 
 
 def one_token(request: common_pb2.PreprocessedRequest) -> bool:
@@ -46,3 +29,31 @@ def drop_leg_budget(messages: list[worker_pb2.GenerateResponse], request: common
         last.CopyFrom(messages[-1])
         last.finish_reason = common_pb2.FINISH_REASON_UNSPECIFIED
         messages[-1] = last
+
+
+async def first_batch(call: WorkerCall) -> Batch[worker_pb2.GenerateResponse]:
+    """The prefill leg's first batch with messages (the first of them says the attempt's order), or the one that
+    says the leg ended or failed before sending any. A cancel here (the client left during the prefill) cancels
+    the call: the worker aborts the sequence."""
+    try:
+        batch = await call.next_batch()
+        while not batch.messages and batch.error is None and not batch.ended:
+            batch = await call.next_batch()
+    except BaseException:
+        call.cancel()
+        raise
+    return batch
+
+
+def refused_transfer(error: MeshError) -> bool:
+    """A decode leg's failure that is the prefill worker's: its decode worker could not resolve the leg's transfer
+    parameters (the prefill worker's blocks or bootstrap are gone), and says so with ``param``."""
+    return error.param == TRANSFER_PARAM and isinstance(error, (WorkerFailed, InvalidRequest))
+
+
+def name_both_workers(response: postprocessor_pb2.GenerateResponse, route: WorkerRoute, since: float) -> None:
+    """Marks the decode leg's first response: both workers, and the milliseconds from ``since`` (a monotonic
+    time; 0: nothing was waited for)."""
+    response.worker_id, response.prefill_worker_id = route.worker_id, route.prefill_worker_id
+    response.kv_transfer_ms = round((time.monotonic() - since) * 1000, 3) if since else 0.0
+

@@ -22,14 +22,15 @@ the transfer, a leg failed, the first token finished the request), the blocks th
 hold are released explicitly (``KvReleaser``): nobody will pull them.
 
 That is vLLM's and the mocker's order. A prefill worker whose engine pairs by bootstrap (SGLang) announces it
-in its leg's first chunk (transfer parameters before any token); the attempt then runs in the paired order
-instead, both legs at once (disagg_paired.py).
+in its leg's first chunk (transfer parameters before any token); the attempt is then a ``PairedLegs`` instead,
+both legs at once (disagg_paired.py). The postprocessor opens the prefill leg and reads that first chunk before
+it picks the attempt's kind (service.py, ``_open_attempt``), so ``SequentialLegs`` starts from it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from meshfront.common.v1 import common_pb2
@@ -37,11 +38,14 @@ from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
 
 from services.common import tracing
-from services.common.errors import InvalidRequest, MeshError, WorkerFailed
+from services.common.errors import MeshError, WorkerFailed
 from services.common.pump import Batch
-from services.postprocessor.disagg_common import TRANSFER_PARAM, Build, Decode, LegCall, Opener, drop_leg_budget
-from services.postprocessor.disagg_paired import PairedLegs, announces_pairing
+from services.postprocessor.aggregated import CallReader
+from services.postprocessor.attempt import WorkerCall, WorkerClient
+from services.postprocessor.disagg_common import drop_leg_budget, name_both_workers, refused_transfer
 from services.postprocessor.migration import WorkerRoute, continuation
+
+PREFILL_ENDED = "the prefill worker ended the stream without a finish reason"
 
 
 class KvReleaser(Protocol):
@@ -71,107 +75,89 @@ def decode_leg(request: common_pb2.PreprocessedRequest, first: list[int], route:
     return leg
 
 
-class DisaggLegs:
-    """Runs one disaggregated attempt, in the order its prefill worker asks for (sequential unless its first
-    chunk announces the paired order, disagg_paired.py); ``blamed`` then says whose failure ended it."""
+class SequentialLegs:
+    """One attempt in the sequential order, from its prefill leg's call and first batch (read already, by whoever
+    chose the order); ``blamed`` says whose failure ended it."""
 
-    def __init__(self, open_call: Opener, decode: Decode, releaser: KvReleaser):
-        self._open = open_call
-        self._decode = decode
-        self._releaser = releaser
-        self._paired: PairedLegs | None = None
-        self._blamed = ""
+    def __init__(self, route: WorkerRoute, request: common_pb2.PreprocessedRequest, prefill_call: WorkerCall,
+                 first: Batch[worker_pb2.GenerateResponse], workers: WorkerClient, reader: CallReader,
+                 releaser: KvReleaser):
+        self.blamed = route.prefill_worker_id
+        self._route, self._request = route, request
+        self._prefill_call, self._first = prefill_call, first
+        self._workers, self._reader, self._releaser = workers, reader, releaser
+        self._before = len(reader.builder.decoder.generated_ids)  # the ids this attempt's prefill leg adds follow
 
-    @property
-    def blamed(self) -> str:
-        return self._paired.blamed if self._paired is not None else self._blamed
-
-    async def run(self, route: WorkerRoute, request: common_pb2.PreprocessedRequest,
-                  build: Build,
-                  generated: Callable[[], list[int]], finished: Callable[[], bool],
-                  ) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
-        """Yields the request's responses from both legs. ``build`` feeds worker messages to the request's
-        builder, ``generated`` is its decoder's ids so far and ``finished`` whether it ended the sequence."""
-        before = len(generated())
-        self._blamed = route.prefill_worker_id
-        call = self._open(route.prefill_address, worker_pb2.GenerateRequest(request=prefill_leg(request, route)))
+    async def responses(self) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
         try:
-            messages = await self._first(call)
-            if announces_pairing(messages[0]):
-                self._paired = PairedLegs(self._open, self._decode)
-                async for response in self._paired.run(route, request, call, messages[0], messages[1:], build,
-                                                       finished):
-                    yield response
-                return
-            messages = await self._prefill(call, messages)
+            messages = await _prefill(self._prefill_call, self._first)
         finally:
             # A cancel here (the client left mid-prefill) aborts the sequence on the worker, blocks and all.
-            call.cancel()  # a no-op once the leg ended
-        async for response in self._sequential(route, request, messages, before, build, generated, finished):
-            yield response
-
-    async def _sequential(self, route: WorkerRoute, request: common_pb2.PreprocessedRequest,
-                          messages: list[worker_pb2.GenerateResponse], before: int,
-                          build: Build,
-                          generated: Callable[[], list[int]], finished: Callable[[], bool],
-                          ) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
-        """The decode leg after the prefill leg's ``messages`` (up to its finishing one)."""
+            self._prefill_call.cancel()  # a no-op once the leg ended
         params = messages[-1].kv_transfer_params
         ended_at = time.monotonic()
         ended_ns = time.time_ns() if tracing.ENABLED else 0  # the trace's transfer span starts here
-        drop_leg_budget(messages, request)
+        drop_leg_budget(messages, self._request)
+        route, builder = self._route, self._reader.builder
         decode_call = None
         decoding = False  # the decode worker sent its first chunk: it pulled the blocks
         try:
-            response = build(messages)
-            if not finished():
-                if not params:
-                    raise WorkerFailed("the prefill worker returned no KV transfer parameters")
-                leg = decode_leg(request, generated()[before:], route, params)
+            response = builder.build(messages)
+            if builder.decoder.finish is None:
                 # Opened before the first token is handed on: the transfer overlaps the client's first chunk.
-                decode_call = self._open(route.address, worker_pb2.GenerateRequest(request=leg))
+                decode_call = self._open_decode(params)
             if response is not None:
                 yield response
             if decode_call is None:
                 return
-            self._blamed = route.worker_id
-            async for response in self._decode(route.address, leg, decode_call):
+            self.blamed = route.worker_id
+            async for response in self._reader.responses(route.address, decode_call):
                 if not decoding:
                     decoding = True
-                    response.worker_id, response.prefill_worker_id = route.worker_id, route.prefill_worker_id
-                    response.kv_transfer_ms = round((time.monotonic() - ended_at) * 1000, 3)
-                    if ended_ns:
-                        _transfer_span(request.traceparent, ended_ns, route)
+                    self._mark_first_decoded(response, ended_at, ended_ns)
                 yield response
         except MeshError as e:
-            if not decoding and e.param == TRANSFER_PARAM and isinstance(e, (WorkerFailed, InvalidRequest)):
-                self._blamed = route.prefill_worker_id  # its blocks are gone, not the decode worker
+            if not decoding and refused_transfer(e):
+                self.blamed = route.prefill_worker_id  # its blocks are gone, not the decode worker
                 raise WorkerFailed("the KV transfer from the prefill worker failed") from e
             raise
         finally:
-            if decode_call is not None:
-                decode_call.cancel()  # a no-op once the leg ended
-            if params and not decoding:
-                self._releaser.release(route, request.model, params)
+            self._end_decode(decode_call, params, decoding)
 
-    @staticmethod
-    async def _first(call: LegCall) -> list[worker_pb2.GenerateResponse]:
-        """The prefill leg's first messages (at least one)."""
-        while True:
-            batch = await call.next_batch()
-            if batch.messages:
-                return batch.messages
-            _check(batch, ended="the prefill worker ended the stream without a finish reason")
+    def _open_decode(self, params: bytes) -> WorkerCall:
+        """The decode leg's call: the request continued after the prefill leg's token, with its transfer ``params``."""
+        if not params:
+            raise WorkerFailed("the prefill worker returned no KV transfer parameters")
+        first = self._reader.builder.decoder.generated_ids[self._before:]
+        leg = decode_leg(self._request, first, self._route, params)
+        return self._workers.generate(self._route.address, worker_pb2.GenerateRequest(request=leg))
 
-    @staticmethod
-    async def _prefill(call: LegCall, messages: list[worker_pb2.GenerateResponse]) -> list[worker_pb2.GenerateResponse]:
-        """The prefill leg's messages, from ``messages`` (read already) up to and including its finishing one."""
-        while messages[-1].finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
-            batch = await call.next_batch()
-            messages.extend(batch.messages)
-            if messages[-1].finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
-                _check(batch, ended="the prefill worker ended the stream without a finish reason")
-        return messages
+    def _mark_first_decoded(self, response: postprocessor_pb2.GenerateResponse, ended_at: float,
+                            ended_ns: int) -> None:
+        """The decode leg's first response names both workers and the time since the prefill leg's end."""
+        name_both_workers(response, self._route, ended_at)
+        if ended_ns:
+            _transfer_span(self._request.traceparent, ended_ns, self._route)
+
+    def _end_decode(self, decode_call: WorkerCall | None, params: bytes, decoding: bool) -> None:
+        """Cancels the decode leg (a no-op once it ended); blocks no decode worker pulled are released."""
+        if decode_call is not None:
+            decode_call.cancel()
+        if params and not decoding:
+            self._releaser.release(self._route, self._request.model, params)
+
+
+async def _prefill(call: WorkerCall, batch: Batch[worker_pb2.GenerateResponse]) -> list[worker_pb2.GenerateResponse]:
+    """The prefill leg's messages up to and including its finishing one, from its first ``batch`` (read already)."""
+    if not batch.messages:  # then the leg ended or failed before its first message (disagg_common.first_batch)
+        _check(batch, ended=PREFILL_ENDED)
+    messages = batch.messages
+    while messages[-1].finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+        batch = await call.next_batch()
+        messages.extend(batch.messages)
+        if messages[-1].finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+            _check(batch, ended=PREFILL_ENDED)
+    return messages
 
 
 def _transfer_span(traceparent: str, started_ns: int, route: WorkerRoute) -> None:

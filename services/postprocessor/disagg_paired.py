@@ -5,7 +5,8 @@ returns its first token only after the KV went over; its decode server takes the
 output starts with that same first token (docs/engines.md, "Disaggregation"). The sequential order
 (disagg_legs.py) would wait out SGLang's bootstrap timeout. Such a prefill worker announces its bootstrap
 (host, port and the room it drew) in a first chunk of its own, before its engine sees the request
-(worker.proto, ``GenerateResponse.kv_transfer_params``); ``DisaggLegs`` then hands the attempt here:
+(worker.proto, ``GenerateResponse.kv_transfer_params``); the postprocessor, which reads the prefill leg's first
+chunk before it picks the attempt's kind (service.py, ``_open_attempt``), then makes the attempt a ``PairedLegs``:
 
 - the **decode leg** opens at once: the request as it is (the prefill leg's prompt, the request's budgets), role
   DECODE, the announced parameters;
@@ -25,15 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
 
-from services.common.errors import InvalidRequest, MeshError, WorkerFailed
+from services.common.errors import MeshError, WorkerFailed
 from services.common.pump import Batch
-from services.postprocessor.disagg_common import TRANSFER_PARAM, Build, Decode, LegCall, Opener, drop_leg_budget
+from services.postprocessor.aggregated import CallReader
+from services.postprocessor.attempt import WorkerCall, WorkerClient
+from services.postprocessor.disagg_common import drop_leg_budget, name_both_workers, refused_transfer
 from services.postprocessor.migration import WorkerRoute
 
 
@@ -58,7 +61,7 @@ class _DropFirst:
     """The decode leg's call as the decoder reads it: ``pending`` (a ``next_batch`` already asked for) first,
     and the leg's first ``drop`` tokens (and their logprobs) removed: they went out from the prefill leg."""
 
-    def __init__(self, call: LegCall, pending: asyncio.Future[Batch[worker_pb2.GenerateResponse]] | None,
+    def __init__(self, call: WorkerCall, pending: asyncio.Future[Batch[worker_pb2.GenerateResponse]] | None,
                  drop: int):
         self._call, self._pending, self._drop = call, pending, drop
 
@@ -91,29 +94,28 @@ def _tokens(batch: Batch[worker_pb2.GenerateResponse]) -> bool:
 
 
 class PairedLegs:
-    """Runs one attempt in the paired order; ``blamed`` then says whose failure ended it."""
+    """One attempt in the paired order, from its prefill leg's call and first messages (read already, by whoever
+    chose the order: the first one ``announces_pairing``); ``blamed`` says whose failure ended it."""
 
-    def __init__(self, open_call: Opener, decode: Decode):
-        self._open = open_call
-        self._decode = decode
-        self.blamed = ""
+    def __init__(self, route: WorkerRoute, request: common_pb2.PreprocessedRequest, prefill_call: WorkerCall,
+                 first: list[worker_pb2.GenerateResponse], workers: WorkerClient, reader: CallReader):
+        self.blamed = route.prefill_worker_id
+        self._route, self._request = route, request
+        self._prefill_call, self._announced, self._rest = prefill_call, first[0], first[1:]
+        self._workers, self._reader = workers, reader
         self._prefill_next: asyncio.Future[Batch[worker_pb2.GenerateResponse]] | None = None
         self._decode_next: asyncio.Future[Batch[worker_pb2.GenerateResponse]] | None = None
 
-    async def run(self, route: WorkerRoute, request: common_pb2.PreprocessedRequest, prefill_call: LegCall,
-                  announced: worker_pb2.GenerateResponse, rest: list[worker_pb2.GenerateResponse],
-                  build: Build,
-                  finished: Callable[[], bool]) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
-        """Yields the request's responses; ``prefill_call`` is the prefill leg's, which sent ``announced`` and
-        then ``rest`` (its messages of the same batch). Owns both calls: both are cancelled when it ends."""
-        self.blamed = route.prefill_worker_id
-        leg = paired_decode_leg(request, route, announced.kv_transfer_params)
-        decode_call = self._open(route.address, worker_pb2.GenerateRequest(request=leg))
-        reader: LegCall = decode_call
+    async def responses(self) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
+        """Owns both calls: both are cancelled when it ends."""
+        route, request, prefill_call, builder = self._route, self._request, self._prefill_call, self._reader.builder
+        leg = paired_decode_leg(request, route, self._announced.kv_transfer_params)
+        decode_call = self._workers.generate(route.address, worker_pb2.GenerateRequest(request=leg))
+        reader: WorkerCall = decode_call
         decoding = False  # the decode leg sent its first token
         token_at = 0.0  # when the prefill leg's token arrived (0: the decode leg's came first)
         try:
-            prefill_messages, decode_first = await self._first_token(route, prefill_call, decode_call, list(rest))
+            prefill_messages, decode_first = await self._first_token(prefill_call, decode_call)
             if decode_first is not None:
                 # The decode leg has the first token (and the KV): the prefill leg has nothing left to give.
                 prefill_call.cancel()
@@ -121,37 +123,39 @@ class PairedLegs:
             else:
                 token_at = time.monotonic()
                 drop_leg_budget(prefill_messages, request)
-                response = build(prefill_messages)
+                response = builder.build(prefill_messages)
                 reader, self._decode_next = _DropFirst(decode_call, self._decode_next, 1), None
                 if response is not None:
                     yield response
-                if finished():
+                if builder.decoder.finish is not None:
                     return
             self.blamed = route.worker_id
-            async for response in self._decode(route.address, leg, reader):
+            async for response in self._reader.responses(route.address, reader):
                 if not decoding:
                     decoding = True
-                    response.worker_id, response.prefill_worker_id = route.worker_id, route.prefill_worker_id
-                    response.kv_transfer_ms = round((time.monotonic() - token_at) * 1000, 3) if token_at else 0.0
+                    name_both_workers(response, route, token_at)
                 yield response
         except MeshError as e:
-            if not decoding and e.param == TRANSFER_PARAM and isinstance(e, (WorkerFailed, InvalidRequest)):
+            if not decoding and refused_transfer(e):
                 self.blamed = route.prefill_worker_id  # its bootstrap is gone, not the decode worker
                 raise WorkerFailed("the KV transfer from the prefill worker failed") from e
             raise
         finally:
-            for pending in (self._prefill_next, self._decode_next):
-                if pending is not None:
-                    pending.cancel()
-            prefill_call.cancel()  # a no-op once a leg ended
-            reader.cancel()
-            decode_call.cancel()
+            self._cancel_all(reader, decode_call)
 
-    async def _first_token(self, route: WorkerRoute, prefill_call: LegCall, decode_call: LegCall,
-                           prefill_messages: list[worker_pb2.GenerateResponse],
+    def _cancel_all(self, reader: WorkerCall, decode_call: WorkerCall) -> None:
+        for pending in (self._prefill_next, self._decode_next):
+            if pending is not None:
+                pending.cancel()
+        self._prefill_call.cancel()  # a no-op once a leg ended
+        reader.cancel()
+        decode_call.cancel()
+
+    async def _first_token(self, prefill_call: WorkerCall, decode_call: WorkerCall,
                            ) -> tuple[list[worker_pb2.GenerateResponse], Batch[worker_pb2.GenerateResponse] | None]:
         """Reads both legs until one has the first token: the prefill leg's messages with tokens (or a
         finish), or the decode leg's first batch with a token (then the first is whatever came before)."""
+        prefill_messages = list(self._rest)
         while not any(m.token_ids or m.finish_reason for m in prefill_messages):
             if self._prefill_next is None:
                 self._prefill_next = asyncio.ensure_future(prefill_call.next_batch())
@@ -163,7 +167,7 @@ class PairedLegs:
                 if _tokens(batch):
                     return prefill_messages, batch
                 if batch.error is not None or batch.ended:
-                    self.blamed = route.worker_id  # or the prefill worker: a refused transfer, in run
+                    self.blamed = self._route.worker_id  # or the prefill worker: a refused transfer, in responses
                     raise _leg_error(batch.error, "the decode worker ended the stream without a token")
                 continue  # the prefill leg's outcome is read next round if it is ready too
             batch, self._prefill_next = self._prefill_next.result(), None
@@ -176,7 +180,7 @@ class PairedLegs:
 class _Replay:
     """The decode leg's call after its first batch was read here: that batch again, then the call's own."""
 
-    def __init__(self, first: Batch[worker_pb2.GenerateResponse], call: LegCall):
+    def __init__(self, first: Batch[worker_pb2.GenerateResponse], call: WorkerCall):
         self._first: Batch[worker_pb2.GenerateResponse] | None = first
         self._call = call
 

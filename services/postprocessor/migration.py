@@ -8,6 +8,9 @@ appended and ``max_tokens`` / ``min_tokens`` reduced by their number, and keeps 
 decoder. The client sees one stream with no duplicated or missing token (docs/architecture.md,
 "Migration"; Dynamo's ``--migration-limit``, dynamo-frontend.md §5.5).
 
+A request is thus a loop of attempts (attempt.py), one per route: ``Postprocessor.generate`` runs one, and when
+it fails, ``Migration.move`` says where the next one runs and what it is asked, or re-raises the failure.
+
 Every other option is stateless per token on the worker (sampling knobs, stop conditions, logprobs)
 or kept here (stop strings, tool-call and reasoning parsing), so the extended prompt resumes it
 exactly. Guided decoding is not: its grammar state lives on the worker, so a guided request whose
@@ -23,9 +26,11 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from meshfront.common.v1 import common_pb2
+from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.router.v1 import router_pb2
 
 from services.common.errors import MeshError, Overloaded, WorkerFailed
+from services.postprocessor.metrics import postprocessor_metrics
 
 log = logging.getLogger(__name__)
 
@@ -151,3 +156,39 @@ class Migrator:
         except MeshError as e:
             log.warning("request %s: the migrated attempt's first token was not reported: %s", request_id,
                         e.message)
+
+
+class Migration:
+    """One request's moves from worker to worker: where its next attempt runs after a failed one, and what the
+    first response of a moved attempt carries (its new worker) and sets off (the router's first-token report)."""
+
+    def __init__(self, migrator: Migrator, original: common_pb2.PreprocessedRequest):
+        self._migrator = migrator
+        self._original = original
+        self.failed: list[str] = []  # the workers its attempts blamed, the latest last (the router avoids them)
+        self._answered = False  # a response went out: the caller has reported the request's first token
+        self._moved_to = ""  # after a move: the new worker, told to the caller with the attempt's first response
+        self._report_first_token = False  # the moved attempt's first token is for the router to hear of here
+
+    async def move(self, error: MeshError, blamed: str, generated: list[int],
+                   ) -> tuple[WorkerRoute, common_pb2.PreprocessedRequest]:
+        """The next attempt's route and request after ``error`` ended one that blames ``blamed``: the original
+        request continued after the ids ``generated`` so far. Re-raises ``error`` when the request may not move."""
+        metrics = postprocessor_metrics()
+        metrics.worker_failures.labels(error.reason).inc()
+        self.failed.append(blamed)
+        route = await self._migrator.next_route(self._original, self.failed, error, len(generated))
+        self._moved_to = route.worker_id
+        # Before any response, the caller's own first-token report will be this attempt's.
+        self._report_first_token = self._answered and route.report_first_token
+        metrics.migrations.inc()
+        return route, continuation(self._original, generated)
+
+    def first_response(self, response: postprocessor_pb2.GenerateResponse) -> None:
+        """Called with each attempt's first response, before it goes out (the later ones need nothing)."""
+        self._answered = True
+        if self._moved_to:
+            response.worker_id, self._moved_to = self._moved_to, ""
+        if self._report_first_token:
+            self._migrator.report_first_token(self._original.request_id)
+            self._report_first_token = False

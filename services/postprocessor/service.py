@@ -6,13 +6,16 @@ every group of worker messages that is ready into at most one response. The gRPC
 it; the gateway can also call it in-process (then it must ``aclose()`` the generator when it stops
 early, which cancels the worker call).
 
-Worker failures surface as ``WorkerFailed``. Unless migration is off, ``generate`` then moves the
-request to another worker (``migration.Migrator``): the prompt plus the ids the decoder kept,
-budgets reduced, fed into the same decoder, so the caller sees one uninterrupted stream.
+A request runs as a loop of attempts (attempt.py), one per route, each of the kind its route asks for:
+aggregated (aggregated.py), or a prefill leg and a decode leg in the sequential order (disagg_legs.py) or
+the paired one (disagg_paired.py). Every attempt feeds the request's one ``ResponseBuilder``
+(response_builder.py). Worker failures surface as ``WorkerFailed``; unless migration is off, the request
+then moves to another worker (``migration.Migration``): the prompt plus the ids the decoder kept, budgets
+reduced, as the next attempt, so the caller sees one uninterrupted stream.
 
 Every response names the worker token ids it accounts for (``token_ids``). When a replica of this
 service dies mid-stream, the gateway starts the request on another one with those ids as
-``resume``: ``_ResponseBuilder.replay`` runs them through a fresh decoder and parsers with their
+``resume``: ``ResponseBuilder.replay`` runs them through a fresh decoder and parsers with their
 output dropped (all of it is deterministic, so the state equals the dead replica's after its last
 response), and the sequence continues on its worker as after a migration, emitting only new output.
 """
@@ -23,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator
-from typing import Protocol
+from typing import Any
 
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
@@ -33,9 +36,9 @@ from services.common import tracing
 from services.common.discovery import ModelCard
 from services.common.errors import Internal, InvalidRequest, MeshError, StageUnavailable, WorkerFailed
 from services.common.model_files import ModelFilesResolver, ModelFilesUnavailable
-from services.common.pump import Batch
 from services.postprocessor import convert
-from services.postprocessor.core.logprobs import TokenTexts
+from services.postprocessor.aggregated import AggregatedAttempt, CallReader
+from services.postprocessor.attempt import Attempt, WorkerClient
 from services.postprocessor.core.parsers.backends import (
     ChatProcessor,
     OursChatProcessor,
@@ -43,134 +46,19 @@ from services.postprocessor.core.parsers.backends import (
     StreamingOutputParser,
 )
 from services.postprocessor.core.parsers.output import SingleToolCall
-from services.postprocessor.core.parsers.types import concat
-from services.postprocessor.core.sequence import Delta, FinishReason, SequenceDecoder
+from services.postprocessor.core.sequence import SequenceDecoder
 from services.postprocessor.core.tokenizers_cache import ModelTokenizer, TokenizerCache, TokenizerLoadError
-from services.postprocessor.disagg_legs import DisaggLegs, KvReleaser
+from services.postprocessor.disagg_common import first_batch
+from services.postprocessor.disagg_legs import KvReleaser, SequentialLegs, prefill_leg
+from services.postprocessor.disagg_paired import PairedLegs, announces_pairing
 from services.postprocessor.idle_watch import IdleWatch
 from services.postprocessor.metrics import postprocessor_metrics
-from services.postprocessor.migration import Migrator, WorkerRoute, continuation, guided
+from services.postprocessor.migration import Migration, Migrator, WorkerRoute, continuation, guided
+from services.postprocessor.response_builder import ResponseBuilder
 
 log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_TIMEOUT_S = 5.0
-
-
-class WorkerCall(Protocol):
-    """One running sequence on a worker."""
-
-    async def next_batch(self) -> Batch[worker_pb2.GenerateResponse]:
-        """Every message that arrived since the last call (at least one), and whether the stream then
-        ended cleanly or failed (``error``, a ``MeshError`` for a worker failure)."""
-
-    def cancel(self) -> None:
-        """Aborts the call (the worker stops generating); safe once it has ended."""
-
-    def fail(self, error: MeshError) -> None:
-        """Ends the call with ``error`` as its next outcome (the idle watch's verdict on a silent worker)."""
-
-
-class WorkerClient(Protocol):
-    """Opens Generate calls on workers by address."""
-
-    def generate(self, address: str, request: worker_pb2.GenerateRequest) -> WorkerCall: ...
-
-
-class _ResponseBuilder:
-    """Per-request state between worker messages and responses.
-
-    Tokens (and their logprobs) whose text is still held back are carried over to the next response
-    rather than sent in an empty one; only the first response (usage fields) and the last (finish
-    reason) go out without text.
-    """
-
-    def __init__(self, decoder: SequenceDecoder, texts: TokenTexts | None,
-                 parser: StreamingOutputParser | None = None):
-        self.decoder = decoder
-        self._texts = texts
-        self._parser = parser  # None: the text is plain content (no tools, no reasoning parser)
-        self._first = True
-        self._tokens = 0
-        self._reported = 0  # decoder.generated_ids[:_reported] were named in responses already
-        self._logprobs: list[common_pb2.TokenLogprob] = []
-
-    @property
-    def first(self) -> bool:
-        """No response was built yet (the first one carries the usage fields and goes at once)."""
-        return self._first
-
-    def replay(self, ids: list[int]) -> None:
-        """Takes in ids whose output another replica already sent (``GenerateRequest.resume``): the decoder,
-        stop-string hold-back and parsers end up as they were there after its last response, and the next
-        response carries only what follows."""
-        delta = self.decoder.step(ids)
-        if self.decoder.finish is not None or delta.tokens != len(ids):
-            # The replica that sent them would have finished the sequence with them: they are not its output.
-            raise InvalidRequest("resume.token_ids end the sequence", param="resume.token_ids")
-        if self._parser is not None and ids:
-            self._parser.feed(delta.text, ids)
-        self._first = False  # the usage fields of the first response went out already
-        self._reported = len(self.decoder.generated_ids)
-
-    def build(self, messages: list[worker_pb2.GenerateResponse]) -> postprocessor_pb2.GenerateResponse | None:
-        ids: list[int] = []
-        logprobs: list[common_pb2.TokenLogprob] = []
-        worker_finish = 0
-        for message in messages:
-            ids.extend(message.token_ids)
-            if self._texts is not None:
-                logprobs.extend(message.logprobs)
-            worker_finish = message.finish_reason or worker_finish
-        delta = self.decoder.step(ids, convert.finish_from_proto(worker_finish))
-        self._tokens += delta.tokens
-        if self._texts is not None:
-            self._logprobs.extend(logprobs[:delta.tokens])
-        if self._parser is not None:
-            return self._parsed(delta, messages, ids[:delta.tokens])
-        if not delta.text and delta.finish is None and not self._first:
-            return None
-        response = postprocessor_pb2.GenerateResponse(
-            text=delta.text, completion_tokens=self._tokens, finish_reason=convert.finish_to_proto(delta.finish),
-            stop_reason=delta.stop_reason or "")
-        return self._complete(response, messages)
-
-    def _parsed(self, delta: Delta, messages: list[worker_pb2.GenerateResponse],
-                ids: list[int]) -> postprocessor_pb2.GenerateResponse | None:
-        """The delta through the reasoning / tool-call parsers: text they hold back waits like held tokens."""
-        parser = self._parser
-        assert parser is not None
-        parsed = parser.feed(delta.text, ids) if delta.text or ids else None  # engine backends need the ids
-        if delta.finish is not None:
-            parsed = concat(parsed, parser.finish())
-        if not parsed and delta.finish is None and not self._first:
-            return None
-        finish = convert.finish_to_proto(delta.finish)
-        if delta.finish in (FinishReason.EOS, FinishReason.STOP) and parser.ends_with_tool_calls:
-            finish = common_pb2.FINISH_REASON_TOOL_CALLS
-        response = postprocessor_pb2.GenerateResponse(completion_tokens=self._tokens, finish_reason=finish,
-                                                      stop_reason=delta.stop_reason or "")
-        if parsed:
-            response.text, response.reasoning_text = parsed.content, parsed.reasoning
-            response.tool_calls.extend(postprocessor_pb2.ToolCallDelta(index=c.index, id=c.id, name=c.name,
-                                                                       arguments=c.arguments)
-                                       for c in parsed.tool_calls)
-        return self._complete(response, messages)
-
-    def _complete(self, response: postprocessor_pb2.GenerateResponse,
-                  messages: list[worker_pb2.GenerateResponse]) -> postprocessor_pb2.GenerateResponse:
-        if self._first:
-            self._first = False
-            response.cached_tokens = messages[0].cached_tokens
-            response.prompt_tokens = messages[0].prompt_tokens
-        generated = self.decoder.generated_ids
-        if len(generated) > self._reported:  # one extend per response: the ids the caller resumes from
-            response.token_ids.extend(generated[self._reported:])
-            self._reported = len(generated)
-        if self._logprobs:
-            response.logprobs.extend(convert.token_texts(self._logprobs, self._texts))  # type: ignore[arg-type]
-            self._logprobs = []
-        self._tokens = 0
-        return response
 
 
 class Postprocessor:
@@ -235,119 +123,64 @@ class Postprocessor:
         """
         if not req.worker_address:
             raise InvalidRequest("worker_address is required", param="worker_address")
-        model_dir = await self._model_dir(req.options.model_dir, req.options.model_files)
-        model = await self._tokenizer(model_dir)
-        decoder = SequenceDecoder(model.tokenizer, convert.sequence_options(req.request))
-        texts = model.texts if req.request.output.HasField("logprobs") else None
-        builder = _ResponseBuilder(decoder, texts,
-                                   output_parser(req.options, self._chat_processor, req.request, model_dir=model_dir))
+        builder = await self._builder(req)
+        reader = CallReader(builder, req.options.stream_interval, self._idle)
         route = WorkerRoute(req.worker_id, req.worker_address, req.prefill_worker_id, req.prefill_worker_address)
-        span = tracing.start_span("postprocess", req.request.traceparent, {
-            "meshfront.mesh_request_id": req.request.request_id}) if tracing.ENABLED else None
-        if span is not None:  # the workers' spans (every leg and attempt) nest under this one
-            req.request.traceparent = tracing.traceparent_of(span)
-        request, failed = req.request, []
-        if req.HasField("resume"):
-            request = _resume(req, builder)
-        moved_to = ""  # after a migration: the new worker, told to the caller with the next response
-        answered = False  # a response went out: the caller has reported the request's first token
-        report_first_token = False  # this (migrated) attempt's first token is for the router to hear of here
+        span = _start_span(req)
+        request = _resume(req, builder) if req.HasField("resume") else req.request
+        migration = Migration(self.migrator, req.request)
         metrics = postprocessor_metrics()
         metrics.in_flight.inc()
         outcome = "cancelled"  # unless it finishes or fails: the caller went away
         try:
-            while True:
-                legs = None
-                # Disaggregated: a prefill leg, then a decode leg (disagg_legs.py). Not a guided request: its
-                # grammar state, like a migration's, cannot pass from one worker to the other; its decode
-                # worker runs it whole.
-                if route.prefill_address and not guided(request):
-                    legs = self._legs(req.options.stream_interval, builder)
-                    attempt = legs.run(route, request, builder.build, lambda: decoder.generated_ids,
-                                       lambda: decoder.finish is not None)
-                else:
-                    attempt = self._attempt(route.address, request, builder, req.options.stream_interval)
+            while True:  # one attempt per route; after a failed one, the next runs where migration.move says
+                attempt = await self._open_attempt(route, request, reader)
+                responses = attempt.responses()
                 try:
-                    async for response in attempt:
-                        if moved_to:
-                            response.worker_id, moved_to = moved_to, ""
-                        if report_first_token:
-                            self.migrator.report_first_token(request.request_id)
-                            report_first_token = False
-                        answered = True
-                        yield response
+                    first = await anext(responses, None)
+                    if first is not None:
+                        migration.first_response(first)
+                        yield first
+                        async for response in responses:  # the token path: each response handed on as it is
+                            yield response
                     outcome = "finished"
                     return
                 except MeshError as e:
-                    metrics.worker_failures.labels(e.reason).inc()
-                    failed.append(legs.blamed if legs is not None else route.worker_id)
-                    outcome = "failed"
-                    route = await self.migrator.next_route(req.request, failed, e, len(decoder.generated_ids))
-                    moved_to = route.worker_id
-                    # Before any response, the caller's own first-token report will be this attempt's.
-                    report_first_token = answered and route.report_first_token
-                    metrics.migrations.inc()
+                    outcome = "failed"  # unless it moves on
+                    route, request = await migration.move(e, attempt.blamed, builder.decoder.generated_ids)
                     outcome = "cancelled"
-                    request = continuation(req.request, decoder.generated_ids)
                 finally:
-                    await attempt.aclose()  # cancels the worker call now, not when the generator is collected
+                    await responses.aclose()  # cancels the worker call now, not when the generator is collected
         finally:
             metrics.in_flight.dec()
             metrics.streams.labels(outcome).inc()
             if span is not None:
-                span.set_attributes({"meshfront.outcome": outcome, "meshfront.migrations": len(failed)})
+                span.set_attributes({"meshfront.outcome": outcome, "meshfront.migrations": len(migration.failed)})
                 tracing.end_span(span)
 
-    def _legs(self, stream_interval: int, builder: _ResponseBuilder) -> DisaggLegs:
-        return DisaggLegs(self._workers.generate,
-                          lambda address, request, call: self._attempt(address, request, builder, stream_interval,
-                                                                       call),
-                          self._kv_releaser)
+    async def _builder(self, req: postprocessor_pb2.GenerateRequest) -> ResponseBuilder:
+        """The request's decoder and output parsers, over its model's tokenizer."""
+        model_dir = await self._model_dir(req.options.model_dir, req.options.model_files)
+        model = await self._tokenizer(model_dir)
+        decoder = SequenceDecoder(model.tokenizer, convert.sequence_options(req.request))
+        texts = model.texts if req.request.output.HasField("logprobs") else None
+        return ResponseBuilder(decoder, texts,
+                               output_parser(req.options, self._chat_processor, req.request, model_dir=model_dir))
 
-    async def _attempt(self, address: str, request: common_pb2.PreprocessedRequest, builder: _ResponseBuilder,
-                       stream_interval: int = 1, call: WorkerCall | None = None,
-                       ) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
-        """Runs ``request`` on one worker, feeding ``builder``; ends when the sequence finished. ``call``: one
-        already opened for ``request`` (a decode leg's, started while its prefill leg's token went out).
-
-        Worker messages are built into a response as they come, or, with a ``stream_interval`` above 1,
-        once that many tokens are gathered (the first response, a finish and a failure never wait).
-        """
-        call = call or self._workers.generate(address, worker_pb2.GenerateRequest(request=request))
-        held: list[worker_pb2.GenerateResponse] = []  # worker messages not yet built into a response
-        held_tokens = 0  # their token count, kept as they come (summing them per batch was 10 % of a profile)
-        watched = None  # the prefill is not timed: the watch starts with the first tokens
-        try:
-            while True:
-                if watched is not None:
-                    watched.waiting()
-                batch = await call.next_batch()
-                if watched is not None:
-                    watched.got()
-                elif self._idle is not None:
-                    watched = self._idle.watch(address, call.fail)
-                messages = batch.messages
-                held.extend(messages)
-                if stream_interval > 1:
-                    held_tokens += sum(len(m.token_ids) for m in messages)
-                if held and (stream_interval <= 1 or held_tokens >= stream_interval or builder.first
-                             or batch.error is not None or batch.ended
-                             or held[-1].finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED):
-                    response = builder.build(held)
-                    held, held_tokens = [], 0
-                    if response is not None:
-                        yield response
-                    if builder.decoder.finish is not None:
-                        return
-                if batch.error is not None:
-                    raise _as_worker_error(batch.error, address)
-                if batch.ended:
-                    raise WorkerFailed("worker ended the stream without a finish reason")
-        finally:
-            # Also runs when the caller cancels or closes us: the worker must stop generating at once.
-            if watched is not None and self._idle is not None:
-                self._idle.forget(watched)
-            call.cancel()
+    async def _open_attempt(self, route: WorkerRoute, request: common_pb2.PreprocessedRequest,
+                            reader: CallReader) -> Attempt:
+        """The attempt on ``route``, of the one kind it asks for. Without a prefill worker: aggregated. With one,
+        the prefill leg opens here, and its first chunk says the order of the legs: paired when it announces
+        the pairing (SGLang), sequential otherwise (vLLM, the mocker). A guided request runs aggregated on the
+        decode worker even so: its grammar state, like a migration's, cannot pass from one worker to another."""
+        if not route.prefill_address or guided(request):
+            return AggregatedAttempt(route, request, self._workers, reader)
+        call = self._workers.generate(route.prefill_address,
+                                      worker_pb2.GenerateRequest(request=prefill_leg(request, route)))
+        first = await first_batch(call)
+        if first.messages and announces_pairing(first.messages[0]):
+            return PairedLegs(route, request, call, first.messages, self._workers, reader)
+        return SequentialLegs(route, request, call, first, self._workers, reader, self._kv_releaser)
 
     async def warm(self, card: ModelCard) -> None:
         """Loads a model's tokenizer ahead of its first request; a failure is logged, and the first
@@ -382,7 +215,17 @@ class Postprocessor:
             raise Internal("the model's tokenizer cannot be loaded") from e
 
 
-def _resume(req: postprocessor_pb2.GenerateRequest, builder: _ResponseBuilder) -> common_pb2.PreprocessedRequest:
+def _start_span(req: postprocessor_pb2.GenerateRequest) -> Any:
+    """The request's span (None while tracing is off); the workers' spans (every leg and attempt) nest under it."""
+    if not tracing.ENABLED:
+        return None
+    span = tracing.start_span("postprocess", req.request.traceparent, {
+        "meshfront.mesh_request_id": req.request.request_id})
+    req.request.traceparent = tracing.traceparent_of(span)
+    return span
+
+
+def _resume(req: postprocessor_pb2.GenerateRequest, builder: ResponseBuilder) -> common_pb2.PreprocessedRequest:
     """Takes over a sequence another replica was running when it went away: replays what that one sent,
     and returns the request that continues it on the worker it ran on (whose KV cache holds the prompt,
     and whose booking at the router stands), as a migration would."""
@@ -411,10 +254,3 @@ def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatPr
         raise Internal(str(e)) from None
     return SingleToolCall(parser) if options.single_tool_call else parser
 
-
-def _as_worker_error(error: BaseException, address: str) -> MeshError:
-    """Errors with a domain reason pass through; anything else means the worker failed."""
-    if isinstance(error, MeshError):
-        return error
-    log.warning("worker %s stream failed: %r", address, error)
-    return WorkerFailed("worker failed")
