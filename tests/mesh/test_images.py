@@ -140,6 +140,25 @@ def test_images_edit_with_a_png_upload(client):
     assert [e.type for e in events] == ["image_edit.partial_image", "image_edit.completed"]
 
 
+def test_images_edit_with_nvext_through_extra_body(client):
+    """The SDK sends extra_body's nvext in a multipart edit as nvext[seed], nvext[num_inference_steps]: the
+    seed decides the bytes, as it does for a JSON generation."""
+    def edit(seed: int) -> bytes:
+        resp = client.images.edit(model=IMAGE, image=("in.png", png(), "image/png"), prompt="a hat", size="64x64",
+                                  extra_body={"nvext": {"seed": seed, "num_inference_steps": 2}})
+        return base64.b64decode(resp.data[0].b64_json)
+
+    assert edit(11) == edit(11) != edit(12)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.images.edit(model=IMAGE, image=("in.png", png(), "image/png"), prompt="a hat",
+                           extra_body={"nvext": {"seed": 1, "bogus": 2}})
+    assert e.value.status_code == 400 and e.value.body["param"] == "nvext.bogus", e.value.body
+    with pytest.raises(openai.BadRequestError) as e:
+        client.images.edit(model=IMAGE, image=("in.png", png(), "image/png"), prompt="a hat",
+                           extra_body={"nvext": {"num_inference_steps": 101}})
+    assert e.value.body["param"] == "nvext.num_inference_steps" and "at most" in e.value.message, e.value.body
+
+
 @pytest.mark.parametrize(("kwargs", "param"), [
     ({"size": "65x64"}, "size"),
     ({"size": "4096x4096"}, "size"),

@@ -93,6 +93,21 @@ def test_create_and_poll_with_an_input_reference(client):
     assert decode(client.videos.download_content(job.id, variant="video").read())[1] == 8
 
 
+def test_create_with_nvext_through_extra_body(client):
+    """The SDK sends extra_body's nvext as the form fields nvext[num_frames] and nvext[fps] (text): read as
+    the numbers they were, so the video has 9 frames at 8 fps (seconds follows: 9/8)."""
+    job = client.videos.create_and_poll(model=VIDEO, prompt="a red fox", size="64x48", poll_interval_ms=200,
+                                        extra_body={"nvext": {"num_frames": 9, "fps": 8, "seed": 5,
+                                                              "num_inference_steps": 2}})
+    assert job.status == "completed", job
+    fmt, frames, fps, size = decode(client.videos.download_content(job.id).read())
+    assert frames == 9 and fps == 8.0 and size == (64, 48)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.videos.create(model=VIDEO, prompt="p", extra_body={"nvext": {"num_frames": 9, "bogus": 1}})
+    assert e.value.status_code == 400 and e.value.body["param"] == "nvext.bogus", e.value.body
+    assert "'nvext.bogus'" in e.value.message
+
+
 def test_list_and_delete(client):
     a = client.videos.create(model=VIDEO, prompt="one", seconds="1", size="64x48")
     b = client.videos.create(model=VIDEO, prompt="two", seconds="1", size="64x48")

@@ -18,7 +18,7 @@ import builtins
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 from services.common.errors import InvalidRequest
 
@@ -178,6 +178,11 @@ class Fields:
         if v is not None and not isinstance(v, dict):
             raise InvalidRequest(f"'{self._name(key)}' must be an object, got {_type_name(v)}", param=self._name(key))
         return v
+
+    def nested(self, key: builtins.str) -> Self | None:
+        """The object at ``key`` as a reader of this one's kind (its 400s name ``key.field``); None if absent."""
+        v = self.obj(key)
+        return None if v is None else type(self)(v, f"{self._name(key)}.")
 
     def list(self, key: builtins.str) -> list[Any] | None:
         v = self.raw(key)

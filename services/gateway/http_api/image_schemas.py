@@ -33,7 +33,8 @@ IMAGE_EDIT_REQUEST = obj({
     **_COMMON,
     "image": string("The PNG, JPEG or WebP image to edit (also sent as image[])", format="binary"),
     "mask": string("A PNG the size of image: transparent where to paint", format="binary"),
-    "nvext": string("Dynamo's extensions as a JSON object"),
+    "nvext": string("Dynamo's extensions: the nested fields nvext[seed], nvext[num_inference_steps], ... (as the "
+                     "openai SDK sends extra_body), or one JSON object as text"),
 }, "POST /v1/images/edits (multipart/form-data)", required=("model", "prompt", "image"))
 _USAGE = obj({
     "input_tokens": integer(), "output_tokens": integer(), "total_tokens": integer(),

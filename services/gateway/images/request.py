@@ -14,8 +14,9 @@ The prompt, the inline image, the size and the checks against the model's limits
 too are services/gateway/media/request_fields.py's.
 
 Generations come as JSON; edits as multipart/form-data (``image`` or repeated ``image[]``, ``mask``),
-whose text fields are read here as the JSON ones are (numbers and booleans from their text). Checks
-against the model's limits (``MediaLimits``) are ``resolve``'s.
+whose text fields are read here as the JSON ones are (numbers and booleans from their text; ``nvext`` as
+the nested fields ``nvext[seed]``, ... that the openai SDK sends for ``extra_body``, or as one JSON text).
+Checks against the model's limits (``MediaLimits``) are ``resolve``'s.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from PIL import Image, UnidentifiedImageError
 
 from services.common.discovery import MediaLimits
 from services.common.errors import InvalidRequest
-from services.gateway.core.fields import UINT32, UINT64, Fields, as_int
+from services.gateway.core.fields import UINT32, UINT64, Fields
 from services.gateway.core.request import load_json
 from services.gateway.media import request_fields
-from services.gateway.media.multipart import Form, parse_form
+from services.gateway.media.multipart import Form, FormFields, parse_form, text_object
 
 RESPONSE_FORMATS = ("b64_json", "url")
 OUTPUT_FORMATS = ("png", "jpeg", "webp")
@@ -117,14 +118,13 @@ def _read(f: Fields, *, edit: bool) -> dict[str, Any]:
                              "'stream': false", param="response_format")
     if out["partial_images"] and not out["stream"]:
         raise InvalidRequest("'partial_images' needs 'stream': true", param="partial_images")
-    out.update(_nvext(f.obj("nvext")))
+    out.update(_nvext(f.nested("nvext")))
     return out
 
 
-def _nvext(body: dict[str, Any] | None) -> dict[str, Any]:
-    if body is None:
+def _nvext(f: Fields | None) -> dict[str, Any]:
+    if f is None:
         return {}
-    f = Fields(body, prefix="nvext.")
     out = {"negative_prompt": f.str("negative_prompt") or "",
            "steps": f.int("num_inference_steps", UINT32, lo=1),
            "guidance_scale": f.float("guidance_scale", lo=0.0),
@@ -145,42 +145,26 @@ def parse_generation(raw: bytes) -> ImageRequest:
     return ImageRequest(**fields)
 
 
-# Multipart fields are text: these are read as numbers or booleans, nvext as a JSON object.
-_INT_FIELDS = ("n", "output_compression", "partial_images")
-_KNOWN_TEXT = ("model", "prompt", "n", "size", "response_format", "output_format", "output_compression", "quality",
-               "background", "stream", "partial_images", "user", "safety_identifier", "moderation", "nvext")
+# Multipart parts that are the edit's files, not text fields.
+_FILE_FIELDS = ("image", "image[]", "mask")
 
 
 def _form_body(form: Form) -> dict[str, Any]:
-    body: dict[str, Any] = {}
-    for name in sorted(form.names() - {"image", "image[]", "mask"}):
-        text = form.text(name)
-        if name in _INT_FIELDS and text is not None:
-            n = as_int(_number(text))
-            body[name] = n if n is not None else text  # not an integer: Fields names it
-        elif name == "stream" and text in ("true", "false"):
-            body[name] = text == "true"
-        elif name == "nvext" and text is not None:
-            try:
-                body[name] = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                raise InvalidRequest("'nvext' must be a JSON object", param="nvext") from None
-        else:
-            body[name] = text
+    """The edit's text fields as an object; ``nvext`` sent as one JSON text (rather than ``nvext[...]``
+    fields) is read as the object it holds."""
+    body = text_object(p for p in form.parts if p.name not in _FILE_FIELDS)
+    if isinstance(body.get("nvext"), str):
+        try:
+            body["nvext"] = orjson.loads(body["nvext"])
+        except orjson.JSONDecodeError:
+            raise InvalidRequest("'nvext' must be a JSON object", param="nvext") from None
     return body
-
-
-def _number(text: str) -> Any:
-    try:
-        return int(text)
-    except ValueError:
-        return text
 
 
 def parse_edit(raw: bytes, content_type: str) -> ImageRequest:
     """POST /v1/images/edits: multipart/form-data as ``client.images.edit(...)`` sends it."""
     form = parse_form(raw, content_type)
-    f = Fields(_form_body(form))
+    f = FormFields(_form_body(form))
     fields = _read(f, edit=True)
     f.reject_unknown()
     images = form.all("image", "image[]")

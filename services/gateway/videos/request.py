@@ -5,7 +5,8 @@ Two shapes reach POST /v1/videos (docs/media.md, "Endpoints: videos"):
 - OpenAI's job create (``client.videos.create``, always multipart from the SDK; a plain JSON body is
   read the same way): ``model``, ``prompt``, ``seconds`` ("4", or a number), ``size`` ("WxH"),
   ``input_reference`` (a file part, or JSON ``{"image_url": "data:image/...;base64,..."}``). The
-  answer is a job (jobs.py).
+  answer is a job (jobs.py). A multipart create takes ``nvext`` too, as the nested fields
+  (``nvext[num_frames]``, ...) the SDK sends for ``extra_body={"nvext": {...}}``.
 - Dynamo's synchronous ``NvCreateVideoRequest``: a JSON body that names any of ``response_format``,
   ``output_format``, ``nvext`` or ``stream`` (OpenAI's create has none of them), and every body on
   POST /v1/videos/generations. Fields: ``prompt``, ``model``, ``input_reference`` (a data URL or bare
@@ -35,7 +36,7 @@ from services.common.errors import InvalidRequest
 from services.gateway.core.fields import INT64, UINT32, Fields, check_float
 from services.gateway.core.request import load_json
 from services.gateway.media import request_fields
-from services.gateway.media.multipart import Form
+from services.gateway.media.multipart import Form, FormFields, text_object
 
 VIDEO_FORMATS = ("mp4", "mjpeg")
 RESPONSE_FORMATS = ("url", "b64_json")
@@ -137,41 +138,41 @@ def _openai_reference(v: Any) -> bytes:
     return request_fields.inline_image(url, "input_reference.image_url")
 
 
-def form_fields(form: Form) -> tuple[dict[str, str], dict[str, bytes]]:
-    """A multipart form as (text fields, file parts); a name given twice is a 400 naming it."""
+def form_fields(form: Form) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """A multipart form as (its text fields as an object, its file parts); a name given twice is a 400 naming it."""
     files: dict[str, bytes] = {}
-    texts: dict[str, str] = {}
-    for name in form.names():
-        [part, *more] = form.all(name)
+    for part in form.parts:
         if part.filename is None:
-            value = form.text(name)  # refuses a repeated or oversized field, or one that is not UTF-8
-            assert value is not None  # the name is in the form
-            texts[name] = value
-        elif more:
-            raise InvalidRequest(f"'{name}' was given {len(more) + 1} times; give it once", param=name)
-        else:
-            files[name] = part.data
+            continue
+        if part.name in files:
+            given = len(form.all(part.name))
+            raise InvalidRequest(f"'{part.name}' was given {given} times; give it once", param=part.name)
+        files[part.name] = part.data
+    texts = text_object(p for p in form.parts if p.filename is None)
     return texts, files
 
 
-def parse_openai(form: Mapping[str, str], files: Mapping[str, bytes]) -> VideoParams:
-    """OpenAI's job create from multipart: text fields in ``form``, the ``input_reference`` upload in ``files``."""
+def parse_openai(form: Mapping[str, Any], files: Mapping[str, bytes]) -> VideoParams:
+    """OpenAI's job create from multipart: text fields in ``form`` (``form_fields``' object), the
+    ``input_reference`` upload in ``files``."""
     unknown_files = sorted(k for k in files if k != "input_reference")
     if unknown_files:
         raise InvalidRequest(f"Unsupported file part(s): {', '.join(repr(k) for k in unknown_files)}",
                              param=unknown_files[0])
-    f = Fields(dict(form))
+    f = FormFields(dict(form))
     params = VideoParams(model=f.required_str("model"), prompt=request_fields.prompt(f),
                          seconds=_seconds(f.str("seconds")), size=f.str("size"),
-                         input_image=files.get("input_reference", b""))
-    if f.raw("input_reference") is not None:  # a text part of that name: an image_url object as JSON text
+                         input_image=files.get("input_reference", b""), **_nvext(f.nested("nvext")))
+    ref = f.raw("input_reference")
+    if ref is not None:  # a text part: an image_url object, as JSON text or as input_reference[image_url]
         if params.input_image:
             raise InvalidRequest("'input_reference' is given twice", param="input_reference")
-        try:
-            ref = orjson.loads(form["input_reference"])
-        except orjson.JSONDecodeError:
-            raise InvalidRequest("'input_reference' must be a file upload or a JSON object with 'image_url'",
-                                 param="input_reference") from None
+        if isinstance(ref, str):
+            try:
+                ref = orjson.loads(ref)
+            except orjson.JSONDecodeError:
+                raise InvalidRequest("'input_reference' must be a file upload or a JSON object with 'image_url'",
+                                     param="input_reference") from None
         params = dataclasses.replace(params, input_image=_openai_reference(ref))
     f.reject_unknown()
     return params
@@ -203,20 +204,25 @@ def parse_sync(raw: bytes) -> VideoParams:
     response_format = f.str("response_format", allowed=RESPONSE_FORMATS) or "url"
     output_format = f.str("output_format", allowed=VIDEO_FORMATS) or "mp4"
     stream = f.bool("stream")
-    nv = f.obj("nvext") or {}
+    nvext = _nvext(f.nested("nvext"))
     f.reject_unknown()
-    n = Fields(nv, "nvext.")
-    fps = n.float("fps", lo=0.001, hi=MAX_FPS)
-    num_frames = n.int("num_frames", UINT32, lo=1)
-    negative = n.str("negative_prompt") or ""
-    steps = n.int("num_inference_steps", UINT32, lo=1)
-    guidance = n.float("guidance_scale", lo=0.0, hi=MAX_GUIDANCE)
-    seed = n.int("seed", INT64, lo=0)
+    return VideoParams(model=model, prompt=prompt, seconds=seconds, size=size, input_image=image,
+                       output_format=output_format, response_format=response_format, stream=stream, user=user,
+                       **nvext)
+
+
+def _nvext(n: Fields | None) -> dict[str, Any]:
+    """Dynamo's extensions (either shape), as ``VideoParams`` fields; absent, the defaults."""
+    if n is None:
+        return {}
+    out = {"fps": n.float("fps", lo=0.001, hi=MAX_FPS),
+           "num_frames": n.int("num_frames", UINT32, lo=1),
+           "negative_prompt": n.str("negative_prompt") or "",
+           "steps": n.int("num_inference_steps", UINT32, lo=1),
+           "guidance_scale": n.float("guidance_scale", lo=0.0, hi=MAX_GUIDANCE),
+           "seed": n.int("seed", INT64, lo=0)}
     n.reject_unknown()
-    return VideoParams(model=model, prompt=prompt, seconds=seconds, size=size, input_image=image, fps=fps,
-                       num_frames=num_frames, negative_prompt=negative, steps=steps, guidance_scale=guidance,
-                       seed=seed, output_format=output_format, response_format=response_format, stream=stream,
-                       user=user)
+    return out
 
 
 def check_size(size: str | None, limits: MediaLimits) -> tuple[int, int]:
