@@ -28,8 +28,7 @@ class PreprocessorConfig:
     # Chat template kwargs every request starts from, e.g. {"enable_thinking": false}.
     default_chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
     hide_tools_for_tool_choice_none: bool = True
-    # --chat-template: its path and source, which replaces every model directory's template.
-    chat_template_path: str = ""
+    # --chat-template's source, which replaces every model directory's template.
     chat_template: str = ""
     tls_cert: str = ""
     tls_key: str = ""
@@ -113,7 +112,7 @@ def from_args(args: argparse.Namespace) -> PreprocessorConfig:
                              metrics_port=args.metrics_port, offload_threshold=args.offload_threshold,
                              drain_grace_s=args.drain_grace_s, default_chat_template_kwargs=defaults,
                              hide_tools_for_tool_choice_none=args.hide_tools_for_tool_choice_none,
-                             chat_template_path=args.chat_template, chat_template=template,
+                             chat_template=template,
                              tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
                              media=MediaLimits(max_bytes=args.media_max_bytes, max_items=args.media_max_items,
                                                timeout_s=args.media_fetch_timeout_s,

@@ -35,10 +35,6 @@ class PredictionTotals:
     true_positive_tokens: int = 0
 
     @property
-    def predicted_hit_rate(self) -> float:
-        return self.predicted_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    @property
     def actual_hit_rate(self) -> float:
         return self.actual_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 

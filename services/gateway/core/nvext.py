@@ -46,7 +46,6 @@ SESSION_ACTIONS = ("open", "close")
 # Unknown annotation names are echoed in a response header; these bound its size.
 MAX_ANNOTATIONS = 32
 MAX_ANNOTATION_CHARS = 256
-DEFAULT_SESSION_TIMEOUT_S = 300
 # Dynamo's data-parallel ranks and the headers that set them (accepted, not honoured).
 _DISAGG_RANKS = ("dp_rank", "prefill_dp_rank")
 DISAGG_HEADERS = ("x-dp-rank", "x-prefill-dp-rank")

@@ -71,10 +71,6 @@ def one_of(*choices: Schema, description: str = "", nullable: bool = False) -> S
     return _finish({"oneOf": list(choices)}, description, nullable)
 
 
-def any_value(description: str = "") -> Schema:
-    return _finish({}, description, False)
-
-
 def _finish(out: Schema, description: str, nullable: bool) -> Schema:
     if description:
         out["description"] = description
