@@ -1,10 +1,10 @@
 """The postprocessor as a transport-free service: proto in, proto stream out.
 
-``Postprocessor.generate`` opens the worker call, whose messages queue up as they arrive (the
-multiplexed call's own inbox), and turns
-every group of worker messages that is ready into at most one response. The gRPC server wraps
+``Postprocessor.generate`` opens the worker calls, whose messages queue up as they arrive (the
+multiplexed call's own inbox), and turns every group of worker messages that is ready into at most
+one response, as the flush rule lets them out (aggregated.py, ``FlushRule``). The gRPC server wraps
 it; the gateway can also call it in-process (then it must ``aclose()`` the generator when it stops
-early, which cancels the worker call).
+early, which cancels the worker calls).
 
 A request runs as a loop of attempts (attempt.py), one per route, each of the kind its route asks for:
 aggregated (aggregated.py), or a prefill leg and a decode leg in the sequential order (disagg_legs.py) or
