@@ -24,12 +24,14 @@ import time
 from google.api import httpbody_pb2
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
+from meshfront.router.v1 import router_pb2
 from meshfront.worker.v1 import worker_pb2
 
 from services.allinone.clients import InProcessPostprocessor
 from services.common.mux_client import MuxCall
 from services.gateway.core.nvext import NvExt
 from services.gateway.core.pipeline import Pipeline, _RoutedChoice
+from services.gateway.core.route_lease import RouteLease
 from services.gateway.core.trace import RequestTrace
 from services.gateway.openai.extensions import ResponseExtensions
 from services.gateway.openai.render import renderer_for
@@ -69,7 +71,8 @@ async def _request(pipeline: Pipeline, model_dir: str, i: int, tokens: int) -> i
     renderer = renderer_for(chat=True, request_id=f"chatcmpl-{i}", model="meshfront/demo-qwen", n_choices=1,
                             want_logprobs=False, include_usage=True,
                             nvext=ResponseExtensions(NvExt(), trace, f"r{i}"))
-    choice = _RoutedChoice(0, True, PROMPT_TOKENS, f"r{i}", gen, False, False)
+    lease = RouteLease(pipeline.leases, f"r{i}", router_pb2.RouteResponse())  # no first-token report asked
+    choice = _RoutedChoice(0, True, PROMPT_TOKENS, lease, gen)
     frames = 0
     async for deltas in pipeline._stream(choice):
         data = renderer.sse(deltas)

@@ -1,4 +1,10 @@
-"""/v1/models, /health and /live bodies, from the discovery mirror (and, for /health, the stage watch)."""
+"""/v1/models, /health and /live bodies, from the discovery mirror (and, for /health, the stage watch).
+
+As in Dynamo, the models routes content-negotiate: the ``anthropic`` SDK sends ``anthropic-version`` on
+every call, OpenAI clients never do, so one route serves both SDKs' ``models.list()`` and
+``models.retrieve()`` (``anthropic_*`` below: Anthropic's shape; one page, ``has_more`` false: a mesh
+serves a handful of models).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.common.discovery import IMAGES, VIDEOS, WorkerCard, adapter_of
+
+# The header the anthropic SDK sends on every request: the models routes answer in Anthropic's shape.
+ANTHROPIC_VERSION_HEADER = "anthropic-version"
 
 
 def _model_entry(name: str, cards: list[WorkerCard], created: int) -> dict[str, Any]:
@@ -33,6 +42,31 @@ def list_models(models: dict[str, list[WorkerCard]]) -> dict[str, Any]:
 def get_model(models: dict[str, list[WorkerCard]], name: str) -> dict[str, Any] | None:
     cards = models.get(name)
     return _model_entry(name, cards, int(time.time())) if cards else None
+
+
+def _anthropic_entry(name: str, cards: list[WorkerCard], now: float) -> dict[str, Any]:
+    entry: dict[str, Any] = {"type": "model", "id": name, "display_name": name,
+                             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "lifecycle": "active"}
+    context = max(c.model.context_length for c in cards)
+    if context:
+        entry["max_input_tokens"] = context
+    return entry
+
+
+def anthropic_list_models(models: dict[str, list[WorkerCard]]) -> dict[str, Any]:
+    now = time.time()
+    data = [_anthropic_entry(name, cards, now) for name, cards in sorted(models.items())]
+    return {"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None}
+
+
+def anthropic_get_model(models: dict[str, list[WorkerCard]], name: str) -> dict[str, Any] | None:
+    cards = models.get(name)
+    return _anthropic_entry(name, cards, time.time()) if cards else None
+
+
+def anthropic_not_found(name: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": "not_found_error", "message": f"model: {name} does not exist"}}
 
 
 def health(models: dict[str, list[WorkerCard]], warming: Sequence[str] = (),

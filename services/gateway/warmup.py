@@ -23,10 +23,10 @@ from meshfront.preprocessor.v1 import preprocessor_pb2
 
 from services.common.discovery import CHAT, COMPLETIONS, DECODE, PREFILL, ModelCard, WorkerCard, WorkerRegistry
 from services.common.errors import InvalidRequest, MeshError
+from services.gateway.core.openai_request import parse_chat, parse_completion
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess
 from services.gateway.core.trace import RouteHints
-from services.gateway.openai.request import parse_chat, parse_completion
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Parses and validates Anthropic Messages bodies into the chat request the OpenAI path runs.
 
 ``POST /v1/messages`` and ``/v1/messages/count_tokens`` both become an OpenAI ``ChatRequest``
-(services/gateway/openai/request.py), so templating, tool-call guidance, stop strings and parsing
+(services/gateway/core/openai_request.py), so templating, tool-call guidance, stop strings and parsing
 are the mesh's one chat path. Every field is read or refused: unknown ones are a 400 naming them.
 
 ``thinking`` maps onto the chat template's ``enable_thinking`` switch, which the reasoning parser

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Coroutine, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
 
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
@@ -24,6 +23,7 @@ from services.common.errors import InvalidRequest, WorkerFailed
 from services.gateway.clients import PostprocessorClient, PreprocessorClient, RouterClient
 from services.gateway.core.delta import FINISH, Delta
 from services.gateway.core.pins import named_as_sent
+from services.gateway.core.route_lease import RouteLease, RouteLeases
 from services.gateway.core.trace import RequestTrace, RouteHints, TracedPrompt
 
 _DONE = object()
@@ -37,10 +37,8 @@ class _RoutedChoice:
     index: int
     counts_prompt: bool  # the first choice of its prompt: its prompt tokens count once in usage
     prompt_len: int
-    request_id: str
+    lease: RouteLease
     gen: postprocessor_pb2.GenerateRequest
-    report_first_token: bool
-    legacy_first_token: bool  # the router predates FirstTokenReport: report with a ReleaseRequest
     record: DecisionRecord | None = None  # asked for (nvext.extra_fields "routing"): actual cached tokens go here
 
 
@@ -51,26 +49,7 @@ class Pipeline:
         self.router = router
         self.post = post
         self.stream_interval = stream_interval  # unless the request set its own (nvext.stream_interval)
-        self._background: set[asyncio.Task] = set()
-
-    def _notify_router(self, call: Coroutine[Any, Any, None]) -> None:
-        """Fire and forget: the stream must not wait on the router's bookkeeping."""
-        task = asyncio.create_task(call)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def _release(self, request_id: str) -> None:
-        self._notify_router(self.router.release(router_pb2.ReleaseRequest(request_id=request_id)))
-
-    def _report_first_token(self, c: _RoutedChoice, resp: postprocessor_pb2.GenerateResponse) -> None:
-        """Tells the router that prefill is done and what the worker had cached (its accuracy metrics)."""
-        if c.legacy_first_token:
-            self._notify_router(self.router.release(router_pb2.ReleaseRequest(
-                request_id=c.request_id, first_token=True, cached_tokens=resp.cached_tokens,
-                prompt_tokens=resp.prompt_tokens)))
-        else:
-            self._notify_router(self.router.report_first_token(router_pb2.FirstTokenReport(
-                request_id=c.request_id, cached_tokens=resp.cached_tokens, prompt_tokens=resp.prompt_tokens)))
+        self.leases = RouteLeases(router)
 
     async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, options: common_pb2.PostprocessOptions,
                      request_id: str, index: int, choice: int, worker_id: str, hints: RouteHints,
@@ -88,7 +67,7 @@ class Pipeline:
         if choice and req.sampling.HasField("seed"):
             req.sampling.seed = (req.sampling.seed + choice) % 2**64  # distinct but reproducible choices
         try:
-            route = await self.router.route(router_pb2.RouteRequest(
+            lease = await self.leases.route(router_pb2.RouteRequest(
                 request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
                 prompt_tokens=len(req.token_ids), worker_id=worker_id, session_id=hints.session_id,
                 session_action=hints.session_action, session_timeout_s=hints.session_timeout_s,
@@ -96,6 +75,7 @@ class Pipeline:
                 decode_worker_id=hints.decode_worker_id, explain=hints.explain))
         except InvalidRequest as e:  # a bad pin: named as the client sent it (the router knows only the field)
             raise named_as_sent(e, hints.pin_names) from None
+        route = lease.route
         gen.worker_address, gen.worker_id = route.address, route.worker_id
         # Disaggregated: the prefill leg's worker (empty for an aggregated request).
         gen.prefill_worker_address, gen.prefill_worker_id = route.prefill_address, route.prefill_worker_id
@@ -104,8 +84,7 @@ class Pipeline:
             trace.on_routed(index, route.worker_id, route.queue_depth, route.prefill_worker_id)
             if record is not None:
                 trace.routing[index] = record
-        return _RoutedChoice(index, choice == 0, len(req.token_ids), request_id, gen, route.report_first_token,
-                             not route.reads_first_token_reports, record)
+        return _RoutedChoice(index, choice == 0, len(req.token_ids), lease, gen, record)
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
                   worker_id: str = "", hints: RouteHints = _NO_HINTS,
@@ -142,17 +121,16 @@ class Pipeline:
                     yield batch
         finally:
             for c in choices:
-                self._release(c.request_id)
+                c.lease.release()
 
     async def _stream(self, c: _RoutedChoice) -> AsyncIterator[list[Delta]]:
         """One choice's deltas, as many as were ready together; tells the router about the first token
-        when it asked to know."""
+        (when it asked to know: ``RouteLease.report_first_token``)."""
         async for responses in self.post.generate(c.gen):
             deltas = []
             for resp in responses:
                 if resp.prompt_tokens:  # the first output (of the request, or of its migrated continuation)
-                    if c.report_first_token:
-                        self._report_first_token(c, resp)
+                    c.lease.report_first_token(resp.cached_tokens, resp.prompt_tokens)
                     if c.record is not None and c.record.actual_cached_tokens is None:
                         c.record.actual_cached_tokens = resp.cached_tokens  # the routed worker's, not a later one's
                 deltas.append(self._delta(c.index, c.counts_prompt, c.prompt_len, resp))

@@ -3,7 +3,7 @@
 Chat, completions, Anthropic Messages, Responses and KServe all end up as a ``ChatRequest`` or a
 ``CompletionRequest`` (the Anthropic, Responses and KServe parsers build one), which
 core/to_proto.py turns into the preprocessor's request. The parsers live with their front ends
-(openai/request.py, anthropic/request.py, ...); ``load_json`` is the body check they all begin with.
+(core/openai_request.py, anthropic/request.py, ...); ``load_json`` is the body check they all begin with.
 """
 
 from __future__ import annotations

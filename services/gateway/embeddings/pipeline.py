@@ -7,14 +7,13 @@ the request is routed once more (embedding is idempotent: nothing was sent to th
 
 from __future__ import annotations
 
-import asyncio
-
 from meshfront.preprocessor.v1 import preprocessor_pb2
 from meshfront.router.v1 import router_pb2
 from meshfront.worker.v1 import worker_pb2
 
 from services.common.errors import NoWorkers, WorkerFailed
 from services.gateway.clients import PreprocessorClient, RouterClient
+from services.gateway.core.route_lease import RouteLeases
 from services.gateway.embeddings.request import EmbeddingsRequest
 from services.gateway.embeddings.worker_client import EmbedWorkerClient
 
@@ -32,13 +31,7 @@ class EmbeddingsPipeline:
         self.pre = pre
         self.router = router
         self.worker = worker
-        self._background: set[asyncio.Task] = set()
-
-    def _release(self, request_id: str) -> None:
-        """Fire and forget, as for generation: the reply must not wait on the router's bookkeeping."""
-        task = asyncio.create_task(self.router.release(router_pb2.ReleaseRequest(request_id=request_id)))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.leases = RouteLeases(router)
 
     async def run(self, req: EmbeddingsRequest, request_id: str) -> worker_pb2.EmbedResponse:
         prepared = await self.pre.preprocess_embeddings(preprocess_request(req, request_id))
@@ -49,18 +42,17 @@ class EmbeddingsPipeline:
         first_failure: WorkerFailed | None = None
         for _ in range(ATTEMPTS):
             try:
-                route = await self.router.route(router_pb2.RouteRequest(
+                lease = await self.leases.route(router_pb2.RouteRequest(
                     request_id=request_id, model=req.model, prompt_tokens=tokens, exclude_worker_ids=failed))
             except NoWorkers:
                 if first_failure is not None:
                     raise first_failure from None  # no other worker: the client hears what went wrong
                 raise
-            try:
-                return await self.worker.embed(route.address, embed)
-            except WorkerFailed as e:
-                first_failure = first_failure or e
-                failed.append(route.worker_id)
-            finally:
-                self._release(request_id)
+            async with lease:
+                try:
+                    return await self.worker.embed(lease.route.address, embed)
+                except WorkerFailed as e:
+                    first_failure = first_failure or e
+                    failed.append(lease.route.worker_id)
         assert first_failure is not None
         raise first_failure

@@ -1,14 +1,14 @@
 """Schemas of the OpenAI-compatible routes: chat, completions, models, embeddings, responses, errors.
 
-Request schemas list exactly the fields the parsers accept (services/gateway/openai/request.py);
+Request schemas list exactly the fields the parsers accept (services/gateway/core/openai_request.py);
 tests/unit/gateway/test_openapi.py sends each listed field to the parser and checks that fields the
 schema does not list are refused, so the two cannot drift.
 """
 
 from __future__ import annotations
 
+from services.gateway.core.openai_fields import REASONING_EFFORTS, VERBOSITIES
 from services.gateway.http_api.schema import Schema, array, boolean, integer, map_of, number, obj, one_of, ref, string
-from services.gateway.openai.openai_fields import REASONING_EFFORTS, VERBOSITIES
 
 UINT32_MAX = 2**32 - 1
 

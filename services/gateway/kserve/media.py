@@ -26,8 +26,7 @@ from services.common.discovery import VIDEOS, ModelCard
 from services.common.errors import InvalidRequest
 from services.gateway.core.fields import INT64, check_float, check_int
 from services.gateway.kserve.tensors import Tensor, one_string, read_inputs
-from services.gateway.videos.generate import media_request
-from services.gateway.videos.request import SEED_BITS, VideoParams, check_size, resolve
+from services.gateway.media.video_spec import SEED_BITS, VideoParams, check_size, media_request, resolve
 
 INPUTS = {"prompt": ("BYTES", [1]), "negative_prompt": ("BYTES", [1]), "input_image": ("BYTES", [1])}
 OUTPUTS = {"output": ("BYTES", [-1])}

@@ -17,8 +17,8 @@ from services.gateway.kserve.media import parse_media
 from services.gateway.kserve.render import FINAL, MODEL_VERSION
 from services.gateway.kserve.request import parameter_values
 from services.gateway.kserve.tensors import bytes_output
+from services.gateway.media.runner import MediaRunner, close_events
 from services.gateway.request_metrics import RequestTracker
-from services.gateway.videos.generate import MediaRunner, close_events
 
 ENDPOINT = "kserve"
 

@@ -1,7 +1,7 @@
 """A KServe ModelInferRequest -> the gateway's parsed OpenAI request (pure: no grpc).
 
 The request is rebuilt as the OpenAI body it stands for and handed to the
-very parsers the HTTP API uses (``services/gateway/openai/request.py``), so
+very parsers the HTTP API uses (``services/gateway/core/openai_request.py``), so
 validation, defaults and error messages are the same on both paths:
 
 - ``text_input`` (BYTES [1])            -> completions ``prompt``
@@ -25,10 +25,10 @@ from typing import Any
 import orjson
 
 from services.common.errors import InvalidRequest
+from services.gateway.core.openai_request import parse_chat, parse_completion
 from services.gateway.core.request import ChatRequest, CompletionRequest
 from services.gateway.kserve.render import CHAT_OUTPUTS, TEXT_OUTPUTS
 from services.gateway.kserve.tensors import Tensor, one_bool, one_string, read_inputs, token_ids
-from services.gateway.openai.request import parse_chat, parse_completion
 
 SAMPLING_PARAMS = frozenset({
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty", "presence_penalty",

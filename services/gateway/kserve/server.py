@@ -27,7 +27,7 @@ from services.gateway.kserve import metadata, protocol
 from services.gateway.kserve.media_infer import MediaInfer
 from services.gateway.kserve.render import InferResponseBuilder, error_response
 from services.gateway.kserve.request import parse_request
-from services.gateway.videos.generate import MediaRunner
+from services.gateway.media.runner import MediaRunner
 
 log = logging.getLogger(__name__)
 # Responses waiting for a slow stream reader before the generating requests pause (backpressure).

@@ -11,7 +11,6 @@ denoising loop at the next step.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from meshfront.router.v1 import router_pb2
@@ -19,6 +18,7 @@ from meshfront.worker.v1 import media_pb2
 
 from services.common.errors import NoWorkers, WorkerFailed
 from services.gateway.clients import RouterClient
+from services.gateway.core.route_lease import RouteLease, RouteLeases
 from services.gateway.media.worker_client import MediaWorkerClient
 
 ATTEMPTS = 2
@@ -28,18 +28,12 @@ class MediaPipeline:
     def __init__(self, router: RouterClient, worker: MediaWorkerClient):
         self.router = router
         self.worker = worker
-        self._background: set[asyncio.Task] = set()
-
-    def _release(self, request_id: str) -> None:
-        """Fire and forget, as for generation: the reply must not wait on the router's bookkeeping."""
-        task = asyncio.create_task(self.router.release(router_pb2.ReleaseRequest(request_id=request_id)))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.leases = RouteLeases(router)
 
     async def _route(self, req: media_pb2.GenerateMediaRequest, failed: list[str],
-                     first_failure: WorkerFailed | None) -> router_pb2.RouteResponse:
+                     first_failure: WorkerFailed | None) -> RouteLease:
         try:
-            return await self.router.route(router_pb2.RouteRequest(
+            return await self.leases.route(router_pb2.RouteRequest(
                 request_id=req.request_id, model=req.model, prompt_tokens=0, exclude_worker_ids=failed))
         except NoWorkers:
             if first_failure is not None:
@@ -51,27 +45,26 @@ class MediaPipeline:
         failed: list[str] = []
         first_failure: WorkerFailed | None = None
         for _ in range(ATTEMPTS):
-            route = await self._route(req, failed, first_failure)
-            events = self.worker.generate(route.address, req)
-            try:
+            async with await self._route(req, failed, first_failure) as lease:
+                events = self.worker.generate(lease.route.address, req)
                 try:
-                    first = await anext(events)
-                except WorkerFailed as e:
-                    first_failure = first_failure or e
-                    failed.append(route.worker_id)
-                    continue
-                except StopAsyncIteration:
-                    raise WorkerFailed("the media worker ended its answer without a result") from None
-                yield first
-                if first.HasField("done"):
-                    return
-                async for event in events:
-                    yield event
-                    if event.HasField("done"):
+                    try:
+                        first = await anext(events)
+                    except WorkerFailed as e:
+                        first_failure = first_failure or e
+                        failed.append(lease.route.worker_id)
+                        continue
+                    except StopAsyncIteration:
+                        raise WorkerFailed("the media worker ended its answer without a result") from None
+                    yield first
+                    if first.HasField("done"):
                         return
-                raise WorkerFailed("the media worker ended its answer without a result")
-            finally:
-                await events.aclose()  # cancels the worker's call if it still runs
-                self._release(req.request_id)
+                    async for event in events:
+                        yield event
+                        if event.HasField("done"):
+                            return
+                    raise WorkerFailed("the media worker ended its answer without a result")
+                finally:
+                    await events.aclose()  # cancels the worker's call if it still runs
         assert first_failure is not None
         raise first_failure

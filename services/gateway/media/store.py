@@ -13,12 +13,12 @@ moment its TTL is over; and every message is published with a per-message TTL (N
 length plus ``DOWNLOAD_GRACE_S`` (so a download that began in time ends whole), which reclaims the
 storage without anyone reading it. The bucket's max age is a backstop at the longest TTL a gateway
 accepts. Replicas with different ``--media-url-ttl-s`` share the bucket: each
-object keeps the TTL of the gateway that stored it.
+object keeps the TTL of the gateway that stored it. NATS is reached as every store reaches it
+(services/common/nats_store.py): NATS away is a 503.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import functools
@@ -30,15 +30,12 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 
-import nats
-import nats.errors
-from nats.js import api
+from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from services.common.errors import NotFound
 from services.common.jetstream_replicas import ensure_stream, publish_through_failover, through_failover
-from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
-from services.gateway.responses_api.store import StoreUnavailable
+from services.common.nats_store import NatsStore, unavailable_on_nats_failure
 
 log = logging.getLogger(__name__)
 
@@ -71,34 +68,26 @@ def _pieces(data: bytes) -> list[bytes]:
     return [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)]
 
 
-class MediaStore:
+class MediaStore(NatsStore[JetStreamContext]):
     def __init__(self, nats_url: str, ttl_s: int, *, wait_s: float = 5.0):
-        self.nats_url = nats_url
+        super().__init__(nats_url, what="media store", client_name="gateway-media", wait_s=wait_s,
+                         call_timeout_s=wait_s)
         self.ttl_s = ttl_s
-        self.wait_s = wait_s
-        self._nc: nats.NATS | None = None
-        self._js: nats.js.JetStreamContext | None = None
-        self._ready = asyncio.Event()
 
-    async def run(self) -> None:
-        """Background: connects (retrying until NATS answers) and opens (or creates) the bucket."""
-        self._nc = await connect_retrying(self.nats_url, "gateway-media")
-        js = self._nc.jetstream(timeout=self.wait_s)
-        await retry_until_open(lambda: _open_bucket(js), "media bucket")
-        self._js = js
-        self._ready.set()
+    async def _open(self, js: JetStreamContext) -> JetStreamContext:
+        # The Object Store's stream, plus per-message TTLs.
+        def config(replicas: int) -> api.StreamConfig:
+            return api.StreamConfig(
+                name=STREAM, subjects=[f"$O.{BUCKET}.C.>", f"$O.{BUCKET}.M.>"], max_age=MAX_TTL_S + DOWNLOAD_GRACE_S,
+                discard=api.DiscardPolicy.NEW, allow_rollup_hdrs=True, allow_direct=True, allow_msg_ttl=True,
+                num_replicas=replicas)
 
-    async def _stream(self) -> nats.js.JetStreamContext:
-        try:
-            await asyncio.wait_for(self._ready.wait(), self.wait_s)
-        except TimeoutError:
-            raise StoreUnavailable(f"the media store (NATS at {self.nats_url}) is not reachable") from None
-        assert self._js is not None
-        return self._js
+        await ensure_stream(js, STREAM, config)
+        return js
 
     async def put(self, chunks: AsyncIterator[bytes], content_type: str, ttl_s: int | None = None) -> str:
         """Stores the bytes ``chunks`` yields, one chunk at a time; returns the new object's id."""
-        js = await self._stream()
+        js = await self.opened()
         ttl = self.ttl_s if ttl_s is None else ttl_s
         media_id = new_id()
         nuid = secrets.token_hex(11)  # the chunks' subject: fresh per object, as the Object Store does
@@ -106,38 +95,36 @@ class MediaStore:
         digest = hashlib.sha256()
         size = count = 0
         try:
-            async for data in chunks:
-                for piece in _pieces(data):
-                    digest.update(piece)
-                    await publish_through_failover(js, STREAM, subject, piece, timeout_s=self.wait_s,
-                                                   msg_ttl=ttl + DOWNLOAD_GRACE_S)
-                    size += len(piece)
-                    count += 1
-            expires_at = time.time() + ttl
-            info = api.ObjectInfo(
-                name=media_id, bucket=BUCKET, nuid=nuid, size=size, chunks=count,
-                mtime=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                digest="SHA-256=" + base64.urlsafe_b64encode(digest.digest()).decode(),
-                headers={CONTENT_TYPE: [content_type], EXPIRES: [f"{expires_at:.3f}"]})
-            await publish_through_failover(js, STREAM, _meta_subject(media_id), json.dumps(info.as_dict()).encode(),
-                                           timeout_s=self.wait_s, headers={api.Header.ROLLUP: "sub"},
-                                           msg_ttl=ttl + DOWNLOAD_GRACE_S)
-        except BaseException as e:
+            with unavailable_on_nats_failure("store the result"):
+                async for data in chunks:
+                    for piece in _pieces(data):
+                        digest.update(piece)
+                        await publish_through_failover(js, STREAM, subject, piece, timeout_s=self.wait_s,
+                                                       msg_ttl=ttl + DOWNLOAD_GRACE_S)
+                        size += len(piece)
+                        count += 1
+                expires_at = time.time() + ttl
+                info = api.ObjectInfo(
+                    name=media_id, bucket=BUCKET, nuid=nuid, size=size, chunks=count,
+                    mtime=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    digest="SHA-256=" + base64.urlsafe_b64encode(digest.digest()).decode(),
+                    headers={CONTENT_TYPE: [content_type], EXPIRES: [f"{expires_at:.3f}"]})
+                await publish_through_failover(js, STREAM, _meta_subject(media_id),
+                                               json.dumps(info.as_dict()).encode(), timeout_s=self.wait_s,
+                                               headers={api.Header.ROLLUP: "sub"}, msg_ttl=ttl + DOWNLOAD_GRACE_S)
+        except BaseException:
             with contextlib.suppress(Exception):  # what was published of it is garbage now
                 await js.purge_stream(STREAM, subject=subject)
-            if isinstance(e, (TimeoutError, nats.errors.Error)):
-                raise StoreUnavailable(f"could not store the result ({e or type(e).__name__})") from None
             raise
         return media_id
 
     async def _info(self, media_id: str) -> api.ObjectInfo:
-        js = await self._stream()
-        try:
-            msg = await through_failover(lambda: js.get_last_msg(STREAM, _meta_subject(media_id)), self.wait_s)
-        except NotFoundError:
-            raise _gone() from None
-        except (TimeoutError, nats.errors.Error) as e:
-            raise StoreUnavailable(f"could not read the media store ({e or type(e).__name__})") from None
+        js = await self.opened()
+        with unavailable_on_nats_failure("read the media store"):
+            try:
+                msg = await through_failover(lambda: js.get_last_msg(STREAM, _meta_subject(media_id)), self.wait_s)
+            except NotFoundError:
+                raise _gone() from None
         info = api.ObjectInfo.from_response(json.loads(msg.data or b"{}"))
         if info.deleted or float((info.headers or {}).get(EXPIRES, ["0"])[0]) <= time.time():
             raise _gone()
@@ -152,17 +139,16 @@ class MediaStore:
         return content_type, info.size or 0, self._chunks(media_id, info)
 
     async def _chunks(self, media_id: str, info: api.ObjectInfo) -> AsyncIterator[bytes]:
-        js = await self._stream()
+        js = await self.opened()
         subject, seq = _chunk_subject(info.nuid), 1
         for _ in range(info.chunks or 0):
-            try:
-                msg = await through_failover(functools.partial(js.get_msg, STREAM, seq=seq, subject=subject, next=True,
-                                                               direct=True), self.wait_s)
-            except NotFoundError:
-                # Deleted while it was being read (an expiry leaves DOWNLOAD_GRACE_S for that).
-                raise _gone() from None
-            except (TimeoutError, nats.errors.Error) as e:
-                raise StoreUnavailable(f"could not read the media store ({e or type(e).__name__})") from None
+            with unavailable_on_nats_failure("read the media store"):
+                try:
+                    msg = await through_failover(functools.partial(js.get_msg, STREAM, seq=seq, subject=subject,
+                                                                   next=True, direct=True), self.wait_s)
+                except NotFoundError:
+                    # Deleted while it was being read (an expiry leaves DOWNLOAD_GRACE_S for that).
+                    raise _gone() from None
             assert msg.seq is not None
             seq = msg.seq + 1
             yield msg.data or b""
@@ -175,34 +161,18 @@ class MediaStore:
             info = await self._info(media_id)
         except NotFound:
             return False
-        js = await self._stream()
+        js = await self.opened()
         info.deleted, info.size, info.chunks, info.digest = True, 0, 0, ""
-        try:
+        with unavailable_on_nats_failure("remove it from the media store"):
             await publish_through_failover(js, STREAM, _meta_subject(media_id), json.dumps(info.as_dict()).encode(),
                                            timeout_s=self.wait_s, headers={api.Header.ROLLUP: "sub"},
                                            msg_ttl=self.ttl_s)
             await through_failover(lambda: js.purge_stream(STREAM, subject=_chunk_subject(info.nuid)), self.wait_s)
-        except (TimeoutError, nats.errors.Error) as e:
-            raise StoreUnavailable(f"could not remove it from the media store ({e or type(e).__name__})") from None
         return True
-
-    async def close(self) -> None:
-        await close_nats(self._nc)
 
 
 def _gone() -> NotFound:
     return NotFound("No such media: it never existed, or its URL expired.", param="media_id")
-
-
-async def _open_bucket(js: nats.js.JetStreamContext) -> None:
-    # The Object Store's stream, plus per-message TTLs.
-    def config(replicas: int) -> api.StreamConfig:
-        return api.StreamConfig(
-            name=STREAM, subjects=[f"$O.{BUCKET}.C.>", f"$O.{BUCKET}.M.>"], max_age=MAX_TTL_S + DOWNLOAD_GRACE_S,
-            discard=api.DiscardPolicy.NEW, allow_rollup_hdrs=True, allow_direct=True, allow_msg_ttl=True,
-            num_replicas=replicas)
-
-    await ensure_stream(js, STREAM, config)
 
 
 def media_url(media_id: str, public_url: str, headers: dict[str, str]) -> str:

@@ -19,8 +19,8 @@ from meshfront.gateway.v1 import gateway_pb2_grpc
 
 from services.common.errors import MeshError, NotFound
 from services.gateway import models_api
-from services.gateway.anthropic import models as anthropic_models
 from services.gateway.core.errors import error_body
+from services.gateway.core.openai_request import parse_chat, parse_completion
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.request import GenerationRequest
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
@@ -38,7 +38,6 @@ from services.gateway.front_door import (
 from services.gateway.lora_api import LoraAdmin
 from services.gateway.openai.extensions import ResponseExtensions
 from services.gateway.openai.render import renderer_for
-from services.gateway.openai.request import parse_chat, parse_completion
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -90,8 +89,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     async def ListModels(self, request, context):
         async def build():
-            if anthropic_models.VERSION_HEADER in headers(context):
-                return 200, anthropic_models.list_models(self._models())
+            if models_api.ANTHROPIC_VERSION_HEADER in headers(context):
+                return 200, models_api.anthropic_list_models(self._models())
             return 200, models_api.list_models(self._models())
         return await self._json(context, build)
 
@@ -99,9 +98,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         async def build():
             # Clients escape the slash in ids like org/model; the transcoder leaves %2F as is.
             model_id = urllib.parse.unquote(request.model_id)
-            if anthropic_models.VERSION_HEADER in headers(context):
-                found = anthropic_models.get_model(self._models(), model_id)
-                return (200, found) if found else (404, anthropic_models.not_found(model_id))
+            if models_api.ANTHROPIC_VERSION_HEADER in headers(context):
+                found = models_api.anthropic_get_model(self._models(), model_id)
+                return (200, found) if found else (404, models_api.anthropic_not_found(model_id))
             entry = models_api.get_model(self._models(), model_id)
             if entry is None:
                 err = NotFound(f"The model `{model_id}` does not exist.", param="model",

@@ -6,44 +6,32 @@ record expires on its own per-message TTL (``--responses-ttl-s`` of the gateway 
 seconds, as NATS counts them). Records are zlib-compressed JSON: a conversation is mostly text and
 NATS refuses messages over its max payload (1 MiB by default).
 
-NATS is reached on its own connection, opened in the background so the gateway starts without NATS;
-a call made before NATS answers waits up to ``wait_s`` and then fails with 503 instead of hanging.
+NATS is reached as every store reaches it (services/common/nats_store.py): on its own connection,
+opened in the background so the gateway starts without NATS; a call made before NATS answers waits up
+to ``wait_s`` and then fails with 503 instead of hanging.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import zlib
 from typing import Any
 
-import grpc
-import nats
-import nats.errors
 import orjson
+from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.common.errors import MeshError
 from services.common.jetstream_replicas import open_or_create, publish_through_failover, through_failover
-from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
+from services.common.nats_store import NatsStore, unavailable_on_nats_failure
 
 log = logging.getLogger(__name__)
 
 BUCKET = "meshfront_responses"
 # What NATS accepts as a key; an id with anything else was never stored (and would be a client error).
 _KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
-
-
-class StoreUnavailable(MeshError):
-    """NATS did not answer: a 503 like every other missing dependency."""
-
-    grpc_code = grpc.StatusCode.UNAVAILABLE
-    http_status = 503
-    openai_type = "service_unavailable"
-    reason = "STORE_UNAVAILABLE"
 
 
 def encode(record: dict[str, Any]) -> bytes:
@@ -58,74 +46,44 @@ def valid_key(response_id: str) -> bool:
     return bool(_KEY.match(response_id)) and not response_id.startswith(".") and not response_id.endswith(".")
 
 
-class ResponseStore:
+class ResponseStore(NatsStore[KeyValue]):
     def __init__(self, nats_url: str, ttl_s: int, *, wait_s: float = 5.0):
-        self.nats_url = nats_url
+        super().__init__(nats_url, what="response store", client_name="gateway-responses", wait_s=wait_s,
+                         call_timeout_s=wait_s)
         self.ttl_s = ttl_s
-        self.wait_s = wait_s
-        self._nc: nats.NATS | None = None
-        self._kv: KeyValue | None = None
-        self._ready = asyncio.Event()
 
-    async def run(self) -> None:
-        """Background: connects (retrying until NATS answers) and opens the bucket."""
-        self._nc = await connect_retrying(self.nats_url, "gateway-responses")
-        nc = self._nc
-        self._kv = await retry_until_open(lambda: _open_bucket(nc), "responses bucket")
-        self._ready.set()
-
-    async def _bucket(self) -> KeyValue:
-        try:
-            await asyncio.wait_for(self._ready.wait(), self.wait_s)
-        except TimeoutError:
-            raise StoreUnavailable(f"the response store (NATS at {self.nats_url}) is not reachable") from None
-        assert self._kv is not None
-        return self._kv
+    async def _open(self, js: JetStreamContext) -> KeyValue:
+        # history 1: a record is written once; per-message TTLs are on (nats-py sets allow_msg_ttl).
+        return await open_or_create(lambda: js.key_value(BUCKET), lambda replicas: js.create_key_value(
+            KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))
 
     async def put(self, response_id: str, record: dict[str, Any]) -> None:
-        await self._bucket()
-        assert self._nc is not None
-        try:
+        js = await self.jetstream()
+        with unavailable_on_nats_failure(f"store response {response_id}", "; send 'store': false to skip storing"):
             # KeyValue.create's write, through publish_through_failover: a create retried after the dying leader
             # stored it would otherwise meet its own record and fail.
-            await publish_through_failover(self._nc.jetstream(), f"KV_{BUCKET}", f"$KV.{BUCKET}.{response_id}",
-                                           encode(record), timeout_s=self.wait_s, msg_ttl=self.ttl_s,
+            await publish_through_failover(js, f"KV_{BUCKET}", f"$KV.{BUCKET}.{response_id}", encode(record),
+                                           timeout_s=self.wait_s, msg_ttl=self.ttl_s,
                                            headers={"Nats-Expected-Last-Subject-Sequence": "0"})
-        except (TimeoutError, nats.errors.Error) as e:
-            raise StoreUnavailable(f"could not store response {response_id} ({e or type(e).__name__}); "
-                                   "send 'store': false to skip storing") from None
 
     async def get(self, response_id: str) -> dict[str, Any] | None:
         """The record, or None when there is none (never stored, expired or deleted)."""
         if not valid_key(response_id):
             return None
-        kv = await self._bucket()
-        try:
-            entry = await through_failover(lambda: kv.get(response_id), self.wait_s)
-        except KeyNotFoundError:
-            return None
-        except (TimeoutError, nats.errors.Error) as e:
-            raise StoreUnavailable(f"could not read response {response_id} ({e or type(e).__name__})") from None
+        kv = await self.opened()
+        with unavailable_on_nats_failure(f"read response {response_id}"):
+            try:
+                entry = await through_failover(lambda: kv.get(response_id), self.wait_s)
+            except KeyNotFoundError:
+                return None
         return decode(entry.value) if entry.value else None
 
     async def delete(self, response_id: str) -> bool:
         """Forgets a record; False when there was none."""
         if await self.get(response_id) is None:
             return False
-        kv = await self._bucket()
-        try:
+        kv = await self.opened()
+        with unavailable_on_nats_failure(f"delete response {response_id}"):
             # The purge marker expires too, so deleted records leave nothing behind.
             await through_failover(lambda: kv.purge(response_id, msg_ttl=self.ttl_s), self.wait_s)
-        except (TimeoutError, nats.errors.Error) as e:
-            raise StoreUnavailable(f"could not delete response {response_id} ({e or type(e).__name__})") from None
         return True
-
-    async def close(self) -> None:
-        await close_nats(self._nc)
-
-
-async def _open_bucket(nc: nats.NATS) -> KeyValue:
-    js = nc.jetstream()
-    # history 1: a record is written once; per-message TTLs are on (nats-py sets allow_msg_ttl).
-    return await open_or_create(lambda: js.key_value(BUCKET), lambda replicas: js.create_key_value(
-        KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))

@@ -8,8 +8,8 @@ the loser of a race gets ``LeaseLost`` and stops. A record expires on its own pe
 job's ``expires_at`` (the media TTL from its creation), which every read checks as well, so expiry is
 exact even between NATS's TTL sweeps.
 
-Like the response store, NATS is reached on its own connection opened in the background; a call made
-before NATS answers waits ``wait_s`` and then fails with 503.
+NATS is reached as every store reaches it (services/common/nats_store.py): on its own connection opened
+in the background; a call made before NATS answers waits ``wait_s`` and then fails with 503.
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ import re
 import time
 from typing import Any
 
-import nats
-import nats.errors
 import orjson
+from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
-from nats.js.errors import APIError, KeyNotFoundError
+from nats.js.errors import APIError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
 from services.common.jetstream_replicas import (
@@ -35,8 +34,7 @@ from services.common.jetstream_replicas import (
     publish_through_failover,
     through_failover,
 )
-from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
-from services.gateway.responses_api.store import StoreUnavailable
+from services.common.nats_store import NatsStore, unavailable_on_nats_failure
 
 log = logging.getLogger(__name__)
 
@@ -60,49 +58,30 @@ def valid_id(video_id: str) -> bool:
     return bool(_KEY.match(video_id))
 
 
-class JobStore:
+class JobStore(NatsStore[KeyValue]):
     def __init__(self, nats_url: str, *, wait_s: float = 5.0):
-        self.nats_url = nats_url
-        self.wait_s = wait_s
-        self._nc: nats.NATS | None = None
-        self._kv: KeyValue | None = None
-        self._ready = asyncio.Event()
+        super().__init__(nats_url, what="video job store", client_name="gateway-video-jobs", wait_s=wait_s,
+                         call_timeout_s=wait_s)
 
-    async def run(self) -> None:
-        """Background: connects (retrying until NATS answers) and opens the bucket."""
-        self._nc = await connect_retrying(self.nats_url, "gateway-video-jobs")
-        nc = self._nc
-        self._kv = await retry_until_open(lambda: _open_bucket(nc), "video jobs bucket")
-        self._ready.set()
-
-    @property
-    def ready(self) -> bool:
-        return self._ready.is_set()
-
-    async def _bucket(self) -> KeyValue:
-        try:
-            await asyncio.wait_for(self._ready.wait(), self.wait_s)
-        except TimeoutError:
-            raise StoreUnavailable(f"the video job store (NATS at {self.nats_url}) is not reachable") from None
-        assert self._kv is not None
-        return self._kv
+    async def _open(self, js: JetStreamContext) -> KeyValue:
+        # history 1: only the job's latest state matters; per-message TTLs are on (nats-py sets allow_msg_ttl).
+        return await open_or_create(lambda: js.key_value(BUCKET), lambda replicas: js.create_key_value(
+            KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))
 
     async def _publish(self, video_id: str, record: dict[str, Any], last: int) -> int:
         """Writes ``record`` if the key is still at revision ``last`` (0: absent); its TTL ends at expires_at."""
-        await self._bucket()
-        assert self._nc is not None
+        js = await self.jetstream()
         ttl = max(1, math.ceil(record["expires_at"] - time.time()))
         headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
-        try:
-            ack = await publish_through_failover(self._nc.jetstream(), f"KV_{BUCKET}", f"$KV.{BUCKET}.{video_id}",
-                                                 orjson.dumps(record), timeout_s=self.wait_s, headers=headers,
-                                                 msg_ttl=ttl)
-        except APIError as e:
-            if e.err_code in WRONG_LAST:
-                raise LeaseLost(video_id) from None
-            raise StoreUnavailable(f"could not store video job {video_id} ({e})") from None
-        except (TimeoutError, nats.errors.Error) as e:
-            raise StoreUnavailable(f"could not store video job {video_id} ({e or type(e).__name__})") from None
+        with unavailable_on_nats_failure(f"store video job {video_id}"):
+            try:
+                ack = await publish_through_failover(js, f"KV_{BUCKET}", f"$KV.{BUCKET}.{video_id}",
+                                                     orjson.dumps(record), timeout_s=self.wait_s, headers=headers,
+                                                     msg_ttl=ttl)
+            except APIError as e:
+                if e.err_code in WRONG_LAST:
+                    raise LeaseLost(video_id) from None
+                raise
         return ack.seq
 
     async def create(self, record: dict[str, Any]) -> JobEntry:
@@ -117,13 +96,12 @@ class JobStore:
         """The job, or None when there is none (never created, expired or deleted)."""
         if not valid_id(video_id):
             return None
-        kv = await self._bucket()
-        try:
-            entry = await through_failover(lambda: kv.get(video_id), self.wait_s)
-        except KeyNotFoundError:
-            return None
-        except (TimeoutError, nats.errors.Error) as e:
-            raise StoreUnavailable(f"could not read video job {video_id} ({e or type(e).__name__})") from None
+        kv = await self.opened()
+        with unavailable_on_nats_failure(f"read video job {video_id}"):
+            try:
+                entry = await through_failover(lambda: kv.get(video_id), self.wait_s)
+            except KeyNotFoundError:
+                return None
         if not entry.value:
             return None
         record = orjson.loads(entry.value)
@@ -134,30 +112,17 @@ class JobStore:
 
     async def all(self) -> list[JobEntry]:
         """Every live job (the list endpoint and the takeover sweep read the whole bucket: jobs are few)."""
-        kv = await self._bucket()
-        try:
-            keys = await through_failover(kv.keys, self.wait_s)
-        except nats.js.errors.NoKeysError:
-            return []
-        except (TimeoutError, nats.errors.Error) as e:
-            raise StoreUnavailable(f"could not list video jobs ({e or type(e).__name__})") from None
+        kv = await self.opened()
+        with unavailable_on_nats_failure("list video jobs"):
+            try:
+                keys = await through_failover(kv.keys, self.wait_s)
+            except NoKeysError:
+                return []
         entries = await asyncio.gather(*(self.get(k) for k in keys))
         return [e for e in entries if e is not None]
 
     async def delete(self, video_id: str) -> None:
-        kv = await self._bucket()
-        try:
+        kv = await self.opened()
+        with unavailable_on_nats_failure(f"delete video job {video_id}"):
             # The purge marker expires too, so deleted jobs leave nothing behind.
             await through_failover(lambda: kv.purge(video_id, msg_ttl=60), self.wait_s)
-        except (TimeoutError, nats.errors.Error) as e:
-            raise StoreUnavailable(f"could not delete video job {video_id} ({e or type(e).__name__})") from None
-
-    async def close(self) -> None:
-        await close_nats(self._nc)
-
-
-async def _open_bucket(nc: nats.NATS) -> KeyValue:
-    js = nc.jetstream()
-    # history 1: only the job's latest state matters; per-message TTLs are on (nats-py sets allow_msg_ttl).
-    return await open_or_create(lambda: js.key_value(BUCKET), lambda replicas: js.create_key_value(
-        KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))

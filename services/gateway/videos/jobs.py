@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from services.common.errors import MeshError, NoWorkers, Overloaded
-from services.gateway.videos.generate import CONTENT_TYPES, MediaBlobs, MediaRunner, VideoRun, media_request
+from services.gateway.media.runner import CONTENT_TYPES, MediaBlobs, MediaRunner, VideoRun
+from services.gateway.media.video_spec import VideoSpec, media_request
 from services.gateway.videos.job_store import JobEntry, JobStore, LeaseLost
-from services.gateway.videos.request import VideoSpec
 
 log = logging.getLogger(__name__)
 

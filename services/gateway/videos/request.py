@@ -14,94 +14,32 @@ Two shapes reach POST /v1/videos (docs/media.md, "Endpoints: videos"):
   ``output_format`` (mp4 | mjpeg, default mp4), ``stream``, and ``nvext``: ``fps``, ``num_frames``,
   ``negative_prompt``, ``num_inference_steps``, ``guidance_scale``, ``seed``.
 
-Both parse into ``VideoParams`` (what the client gave); ``resolve`` then checks it against the model's
-``MediaLimits`` and fills the defaults, giving the ``VideoSpec`` a job runs. ``seconds``, ``fps`` and
-``num_frames`` must agree: num_frames = round(seconds * fps); two given that disagree are a 400 naming
-both, and the one left out follows from the others. The prompt, the inline image, the size and the checks
-against the model's limits that the Images API makes too are services/gateway/media/request_fields.py's.
+Both parse into ``VideoParams`` (what the client gave); services/gateway/media/video_spec.py's ``resolve``
+then checks it against the model's ``MediaLimits`` and fills the defaults, giving the ``VideoSpec`` a job
+runs. The prompt, the inline image, the size and the checks against the model's limits that the Images API
+makes too are services/gateway/media/request_fields.py's.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import secrets
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
-from services.common.discovery import MediaLimits
 from services.common.errors import InvalidRequest
 from services.gateway.core.fields import INT64, UINT32, Fields, check_float
 from services.gateway.core.request import load_json
 from services.gateway.media import request_fields
 from services.gateway.media.multipart import Form, FormFields, text_object
+from services.gateway.media.video_spec import MAX_FPS, VideoParams
 
 VIDEO_FORMATS = ("mp4", "mjpeg")
 RESPONSE_FORMATS = ("url", "b64_json")
 # What makes a JSON body on POST /v1/videos Dynamo's synchronous shape rather than an OpenAI job.
 SYNC_MARKERS = ("response_format", "output_format", "nvext", "stream")
-MAX_FPS = 120.0
 MAX_GUIDANCE = 100.0
-# A seed the gateway draws fits int64 (JSON readers in other languages, the job record), well inside uint64.
-SEED_BITS = 62
-
-
-@dataclasses.dataclass(frozen=True)
-class VideoParams:
-    """One request as the client gave it (None: not given), before the model's limits are applied."""
-
-    model: str
-    prompt: str
-    seconds: float | None = None
-    size: str | None = None
-    input_image: bytes = b""
-    fps: float | None = None
-    num_frames: int | None = None
-    negative_prompt: str = ""
-    steps: int | None = None
-    guidance_scale: float | None = None
-    seed: int | None = None
-    output_format: str = "mp4"
-    response_format: str = "url"
-    stream: bool = False
-    user: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class VideoSpec:
-    """A checked request with every default filled: what the worker is asked for (and a job stores)."""
-
-    model: str
-    prompt: str
-    width: int
-    height: int
-    fps: float
-    num_frames: int
-    steps: int
-    seed: int
-    output_format: str = "mp4"
-    negative_prompt: str = ""
-    guidance_scale: float | None = None
-    input_image: bytes = b""
-
-    @property
-    def seconds(self) -> float:
-        return self.num_frames / self.fps
-
-    @property
-    def size(self) -> str:
-        return f"{self.width}x{self.height}"
-
-    def to_record(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["input_image"] = base64.b64encode(self.input_image).decode()
-        return d
-
-    @classmethod
-    def from_record(cls, d: dict[str, Any]) -> VideoSpec:
-        return cls(**{**d, "input_image": base64.b64decode(d["input_image"])})
 
 
 def is_sync_shape(body: bytes, content_type: str) -> bool:
@@ -223,51 +161,3 @@ def _nvext(n: Fields | None) -> dict[str, Any]:
            "seed": n.int("seed", INT64, lo=0)}
     n.reject_unknown()
     return out
-
-
-def check_size(size: str | None, limits: MediaLimits) -> tuple[int, int]:
-    """(width, height) of a "WxH" size within the model's limits; the model's default when None."""
-    if size is None:
-        return limits.default_width, limits.default_height
-    w, h = request_fields.parse_size(size)
-    request_fields.check_size(w, h, limits)
-    return w, h
-
-
-def _timing(p: VideoParams, limits: MediaLimits) -> tuple[float, int]:
-    """(fps, num_frames) from whichever of seconds, fps and num_frames were given; they must agree."""
-    seconds, fps, frames = p.seconds, p.fps, p.num_frames
-    if seconds is not None and fps is not None and frames is not None:
-        if frames != round(seconds * fps):
-            raise InvalidRequest(f"'seconds' ({seconds:g}), 'nvext.fps' ({fps:g}) and 'nvext.num_frames' ({frames}) "
-                                 f"disagree: num_frames must be round(seconds * fps) = {round(seconds * fps)}",
-                                 param="nvext.num_frames")
-    elif seconds is not None and frames is not None:
-        fps = frames / seconds
-        if fps > MAX_FPS:
-            raise InvalidRequest(f"'seconds' ({seconds:g}) and 'nvext.num_frames' ({frames}) make {fps:g} fps; "
-                                 f"at most {MAX_FPS:g}", param="nvext.num_frames")
-    else:
-        fps = fps if fps is not None else limits.default_fps
-        if frames is None:
-            frames = round(seconds * fps) if seconds is not None else limits.default_frames
-    if frames < 1:
-        raise InvalidRequest(f"'seconds' ({seconds:g}) at {fps:g} fps is less than one frame", param="seconds")
-    if frames > limits.max_frames:
-        param = "nvext.num_frames" if p.num_frames is not None else "seconds"
-        raise InvalidRequest(f"{frames} frames ({frames / fps:g} s at {fps:g} fps) is more than this model's "
-                             f"{limits.max_frames}", param=param)
-    return fps, frames
-
-
-def resolve(p: VideoParams, limits: MediaLimits) -> VideoSpec:
-    """Checks ``p`` against the model's limits and fills what it left out (the seed too: drawn here)."""
-    width, height = check_size(p.size, limits)
-    fps, frames = _timing(p, limits)
-    steps = request_fields.check_steps(p.steps if p.steps is not None else limits.default_steps, limits)
-    request_fields.check_output_format(p.output_format, limits)
-    request_fields.check_input_image(p.input_image, limits, "input_reference")
-    seed = p.seed if p.seed is not None else secrets.randbits(SEED_BITS)
-    return VideoSpec(model=p.model, prompt=p.prompt, width=width, height=height, fps=fps, num_frames=frames,
-                     steps=steps, seed=seed, output_format=p.output_format, negative_prompt=p.negative_prompt,
-                     guidance_scale=p.guidance_scale, input_image=p.input_image)

@@ -24,19 +24,12 @@ from services.common.errors import InvalidRequest, MeshError, NotFound
 from services.gateway.core.errors import sse_error_frame
 from services.gateway.front_door import JSON, OPENAI, SSE, Models, check_model, headers, unexpected
 from services.gateway.media.base64_stream import Base64Stream
+from services.gateway.media.runner import CONTENT_TYPES, MediaBlobs, MediaRunner, VideoRun
+from services.gateway.media.video_spec import VideoParams, VideoSpec, media_request, resolve
 from services.gateway.request_metrics import RequestTracker
 from services.gateway.videos import render
-from services.gateway.videos.generate import CONTENT_TYPES, MediaBlobs, MediaRunner, VideoRun, media_request
 from services.gateway.videos.jobs import VideoJobs
-from services.gateway.videos.request import (
-    VideoParams,
-    VideoSpec,
-    is_sync_shape,
-    parse_openai,
-    parse_openai_json,
-    parse_sync,
-    resolve,
-)
+from services.gateway.videos.request import is_sync_shape, parse_openai, parse_openai_json, parse_sync
 
 log = logging.getLogger(__name__)
 # (body, content type) -> (text fields, file parts): services/gateway/media/multipart.py.

@@ -22,7 +22,7 @@ import orjson
 
 from services.common.errors import InvalidRequest
 
-# The gateway owns validation (services/gateway/openai/request.py and core/media.py, for every API it
+# The gateway owns validation (services/gateway/core/openai_request.py and core/media.py, for every API it
 # speaks): what reaches the preprocessor is well-formed, and this module only normalises it for the
 # template. Text-like parts keep their text under these keys; media parts become placeholders.
 _TEXT_KEYS = {"text": "text", "refusal": "refusal"}

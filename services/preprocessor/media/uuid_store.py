@@ -15,13 +15,13 @@ Stream ``MESHFRONT_MEDIA_UUIDS``:
 Bounded by ``--media-uuid-ttl-s`` (max age) and ``--media-uuid-store-bytes`` (max bytes, oldest dropped
 first), both set by the replica that creates the stream. An item whose chunks were dropped before its
 description reads as a miss: every read is checked against the content hash. The store never fails a
-request: NATS away or a write refused is logged, and a read that cannot be made is a miss (the client is
-told to send the media again). Reads and writes wait out a leader election (``through_failover``).
+request: NATS away or a write refused (``StoreUnavailable``, as for every store: services/common/nats_store.py)
+is logged, and a read that cannot be made is a miss (the client is told to send the media again). Reads and
+writes wait out a leader election (``through_failover``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import functools
@@ -31,13 +31,11 @@ import logging
 import secrets
 import time
 
-import nats
-import nats.errors
-from nats.js import api
+from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from services.common.jetstream_replicas import ensure_stream, publish_through_failover, through_failover
-from services.common.nats_connection import close_nats, connect_retrying, retry_until_open
+from services.common.nats_store import NatsStore, StoreUnavailable, unavailable_on_nats_failure
 from services.preprocessor.media import decode
 from services.preprocessor.media.resolve import Resolved, content_hash
 
@@ -58,7 +56,7 @@ def _chunk_subject(nuid: str) -> str:
     return f"{_PREFIX}.C.{nuid}"
 
 
-class SharedUuids:
+class SharedUuids(NatsStore[JetStreamContext]):
     """The replicas' common uuid -> media map (``get``/``put``).
 
     NATS is reached on the first use, by a background task that keeps trying; a request waits for it at most
@@ -67,37 +65,20 @@ class SharedUuids:
     """
 
     def __init__(self, nats_url: str, ttl_s: float, max_bytes: int, *, connect_s: float = 1.0):
-        self.nats_url = nats_url
+        super().__init__(nats_url, what="media uuid store", client_name="preprocessor-uuids", wait_s=connect_s,
+                         call_timeout_s=_TRY_S)
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
-        self.connect_s = connect_s
-        self._nc: nats.NATS | None = None
-        self._opening: asyncio.Task[nats.js.JetStreamContext] | None = None
         self._written: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()
 
-    async def _stream(self) -> nats.js.JetStreamContext:
-        if self._opening is None:
-            self._opening = asyncio.ensure_future(self._connect())
-        if self._opening.done():
-            return self._opening.result()
-        try:
-            return await asyncio.wait_for(asyncio.shield(self._opening), self.connect_s)
-        except TimeoutError:
-            raise TimeoutError(f"NATS at {self.nats_url} not reached in {self.connect_s:g} s") from None
-
-    async def _connect(self) -> nats.js.JetStreamContext:
-        self._nc = await connect_retrying(self.nats_url, "preprocessor-uuids")
-        js = self._nc.jetstream(timeout=_TRY_S)
-        await retry_until_open(lambda: self._open(js), "media uuid stream")
-        return js
-
-    async def _open(self, js: nats.js.JetStreamContext) -> None:
+    async def _open(self, js: JetStreamContext) -> JetStreamContext:
         def config(replicas: int) -> api.StreamConfig:
             return api.StreamConfig(name=STREAM, subjects=[f"{_PREFIX}.>"], max_age=self.ttl_s,
                                     max_bytes=self.max_bytes, discard=api.DiscardPolicy.OLD,
                                     allow_rollup_hdrs=True, allow_direct=True, num_replicas=replicas)
 
         await ensure_stream(js, STREAM, config)
+        return js
 
     async def put(self, uuid: str, item: Resolved) -> None:
         """Stores ``item`` under ``uuid`` unless this replica stored the same content there lately."""
@@ -107,17 +88,18 @@ class SharedUuids:
         if len(item.content) > self.max_bytes:
             return
         try:
-            js = await self._stream()
-            nuid = secrets.token_hex(11)
-            pieces = [item.content[i:i + CHUNK] for i in range(0, len(item.content), CHUNK)]
-            for piece in pieces:
-                await publish_through_failover(js, STREAM, _chunk_subject(nuid), piece, timeout_s=_TRY_S)
-            meta = {"modality": item.modality, "content_hash": item.content_hash, "size": len(item.content),
-                    "chunks": len(pieces), "nuid": nuid, "info": dataclasses.asdict(item.info)}
-            await publish_through_failover(js, STREAM, _meta_subject(uuid), json.dumps(meta).encode(), timeout_s=_TRY_S,
-                                           headers={api.Header.ROLLUP: "sub"})
-        except (TimeoutError, nats.errors.Error, OSError) as e:
-            log.warning("media uuid %r not shared with the other preprocessors (%s)", uuid, e or type(e).__name__)
+            js = await self.opened()
+            with unavailable_on_nats_failure(f"share media uuid {uuid!r}"):
+                nuid = secrets.token_hex(11)
+                pieces = [item.content[i:i + CHUNK] for i in range(0, len(item.content), CHUNK)]
+                for piece in pieces:
+                    await publish_through_failover(js, STREAM, _chunk_subject(nuid), piece, timeout_s=_TRY_S)
+                meta = {"modality": item.modality, "content_hash": item.content_hash, "size": len(item.content),
+                        "chunks": len(pieces), "nuid": nuid, "info": dataclasses.asdict(item.info)}
+                await publish_through_failover(js, STREAM, _meta_subject(uuid), json.dumps(meta).encode(),
+                                               timeout_s=_TRY_S, headers={api.Header.ROLLUP: "sub"})
+        except StoreUnavailable as e:
+            log.warning("media uuid %r not shared with the other preprocessors (%s)", uuid, e.message)
             return
         self._written[uuid] = (item.content_hash, time.monotonic())
         self._written.move_to_end(uuid)
@@ -127,29 +109,30 @@ class SharedUuids:
     async def get(self, uuid: str) -> Resolved | None:
         """The item stored under ``uuid``, or None (never stored, expired, dropped for room, or NATS away)."""
         try:
-            js = await self._stream()
-            msg = await through_failover(lambda: js.get_last_msg(STREAM, _meta_subject(uuid), direct=True), _TRY_S)
-            meta = json.loads(msg.data or b"{}")
-            parts: list[bytes] = []
-            seq = 1
-            for _ in range(meta["chunks"]):
-                chunk = await through_failover(functools.partial(
-                    js.get_msg, STREAM, seq=seq, subject=_chunk_subject(meta["nuid"]), next=True, direct=True), _TRY_S)
-                assert chunk.seq is not None
-                seq = chunk.seq + 1
-                parts.append(chunk.data or b"")
-        except NotFoundError:
+            js = await self.opened()
+            with unavailable_on_nats_failure(f"read media uuid {uuid!r}"):
+                try:
+                    meta, content = await self._read(js, uuid)
+                except NotFoundError:
+                    return None
+        except StoreUnavailable as e:
+            log.warning("media uuid %r: the shared store cannot be read (%s)", uuid, e.message)
             return None
-        except (TimeoutError, nats.errors.Error, OSError) as e:
-            log.warning("media uuid %r: the shared store cannot be read (%s)", uuid, e or type(e).__name__)
-            return None
-        content = b"".join(parts)
         if len(content) != meta["size"] or content_hash(content) != meta["content_hash"]:
             return None  # its first chunks were dropped for room before its description
         return Resolved(meta["modality"], content, meta["content_hash"], decode.Decoded(**meta["info"]))
 
-    async def close(self) -> None:
-        if self._opening is not None and not self._opening.done():
-            self._opening.cancel()
-        await close_nats(self._nc)
-        self._nc, self._opening = None, None
+    @staticmethod
+    async def _read(js: JetStreamContext, uuid: str) -> tuple[dict, bytes]:
+        """(the item's description, its bytes); ``NotFoundError`` when there is none."""
+        msg = await through_failover(lambda: js.get_last_msg(STREAM, _meta_subject(uuid), direct=True), _TRY_S)
+        meta = json.loads(msg.data or b"{}")
+        parts: list[bytes] = []
+        seq = 1
+        for _ in range(meta["chunks"]):
+            chunk = await through_failover(functools.partial(
+                js.get_msg, STREAM, seq=seq, subject=_chunk_subject(meta["nuid"]), next=True, direct=True), _TRY_S)
+            assert chunk.seq is not None
+            seq = chunk.seq + 1
+            parts.append(chunk.data or b"")
+        return meta, b"".join(parts)

@@ -7,9 +7,9 @@ import os
 import pytest
 
 from services.common.errors import NotFound
+from services.common.nats_store import StoreUnavailable
 from services.gateway.media import store as media_store
 from services.gateway.media.store import MediaStore
-from services.gateway.responses_api.store import StoreUnavailable
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 async def started(url: str, ttl_s: int = 60) -> tuple[MediaStore, asyncio.Task]:
     store = MediaStore(url, ttl_s)
     task = asyncio.create_task(store.run())
-    await wait_for(store._ready.is_set, 10, "the store to open its bucket")
+    await wait_for(lambda: store.ready, 10, "the store to open its bucket")
     return store, task
 
 

@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from services.gateway.responses_api.store import ResponseStore, StoreUnavailable
+from services.common.nats_store import StoreUnavailable
+from services.gateway.responses_api.store import ResponseStore
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
@@ -16,7 +17,7 @@ RECORD = {"response": {"id": "resp_1", "output": [{"type": "message", "content":
 async def started(url: str, ttl_s: int = 60) -> tuple[ResponseStore, asyncio.Task]:
     store = ResponseStore(url, ttl_s)
     task = asyncio.create_task(store.run())
-    await wait_for(store._ready.is_set, 10, "the store to open its bucket")
+    await wait_for(lambda: store.ready, 10, "the store to open its bucket")
     return store, task
 
 

@@ -90,7 +90,7 @@ async def test_media_stored_while_its_leader_is_elected_is_stored(cluster):
     store = MediaStore(cluster_url(cluster), 60)
     task = asyncio.create_task(store.run())
     try:
-        await wait_for(store._ready.is_set, 20, "the media store to open its bucket")
+        await wait_for(lambda: store.ready, 20, "the media store to open its bucket")
         await kill_leader(cluster, MEDIA_STREAM)
         data = bytes(range(256)) * 5000  # three chunks
 

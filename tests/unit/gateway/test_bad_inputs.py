@@ -9,9 +9,9 @@ import pytest
 
 from services.common.errors import InvalidRequest
 from services.gateway.anthropic.request import parse_messages
+from services.gateway.core.openai_request import parse_chat, parse_completion
 from services.gateway.kserve import protocol
 from services.gateway.kserve.request import parse_request
-from services.gateway.openai.request import parse_chat, parse_completion
 
 pytestmark = pytest.mark.unit
 

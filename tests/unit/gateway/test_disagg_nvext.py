@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from services.gateway.core.openai_request import parse_chat
 from services.gateway.core.trace import RequestTrace
 from services.gateway.openai.extensions import ResponseExtensions
-from services.gateway.openai.request import parse_chat
 
 pytestmark = pytest.mark.unit
 

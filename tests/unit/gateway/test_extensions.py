@@ -8,10 +8,10 @@ import orjson
 import pytest
 
 from services.common.errors import InvalidRequest
+from services.gateway.core.openai_request import parse_chat, parse_completion
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess
 from services.gateway.core.trace import RequestTrace, TracedPrompt
 from services.gateway.openai.extensions import ResponseExtensions
-from services.gateway.openai.request import parse_chat, parse_completion
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(8)).decode()
 

@@ -10,6 +10,7 @@ import pytest
 from services.common.discovery import MediaLimits
 from services.common.errors import InvalidRequest
 from services.gateway.images import request as images
+from services.gateway.media import video_spec
 from services.gateway.videos import request as videos
 
 pytestmark = pytest.mark.unit
@@ -24,7 +25,7 @@ def both(**body) -> list[InvalidRequest]:
     """The 400 each front end gives ``body`` (parsed, then checked against LIMITS)."""
     out = []
     for parse, resolve in ((images.parse_generation, lambda r: images.resolve(r, LIMITS, "r")),
-                           (videos.parse_sync, lambda r: videos.resolve(r, LIMITS))):
+                           (videos.parse_sync, lambda r: video_spec.resolve(r, LIMITS))):
         with pytest.raises(InvalidRequest) as e:
             resolve(parse(orjson.dumps({"model": "m", "prompt": "a cat", **body})))
         out.append(e.value)

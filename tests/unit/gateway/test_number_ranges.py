@@ -14,8 +14,8 @@ import pytest
 
 from services.common.errors import InvalidRequest
 from services.gateway.core.fields import FLOAT32_MAX, UINT32, check_float, check_int, token_ids
+from services.gateway.core.openai_request import parse_chat, parse_completion
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess
-from services.gateway.openai.request import parse_chat, parse_completion
 
 pytestmark = pytest.mark.unit
 

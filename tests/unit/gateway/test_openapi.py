@@ -17,10 +17,10 @@ from google.api import annotations_pb2, http_pb2
 from google.protobuf import descriptor_pb2
 
 from services.common.errors import InvalidRequest
+from services.gateway.core.openai_request import parse_chat, parse_completion
 from services.gateway.http_api import openai_schemas
 from services.gateway.http_api.openapi import document, document_bytes
 from services.gateway.http_api.routes import ENDPOINTS
-from services.gateway.openai.request import parse_chat, parse_completion
 from services.launcher.envoy_config import DESCRIPTOR, ENVOY_YAML
 from tests.conftest import require_module
 

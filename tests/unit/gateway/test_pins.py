@@ -11,11 +11,11 @@ import pytest
 
 from services.common.errors import InvalidRequest
 from services.gateway.anthropic.request import parse_messages
+from services.gateway.core.openai_request import parse_chat, parse_completion
 from services.gateway.core.pins import named_as_sent
 from services.gateway.core.request import GenerationRequest
 from services.gateway.kserve import protocol
 from services.gateway.kserve.request import parse_request
-from services.gateway.openai.request import parse_chat, parse_completion
 from services.gateway.responses_api.conversation import to_chat
 from services.gateway.responses_api.request import parse_responses
 

@@ -17,9 +17,9 @@ from meshfront.router.v1 import router_pb2
 
 from services.allinone.clients import InProcessPreprocessor
 from services.common.discovery import ModelCard
+from services.gateway.core.openai_request import parse_chat
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.to_proto import chat_to_preprocess, postprocess_options
-from services.gateway.openai.request import parse_chat
 from services.models import default_test_model_dir
 from services.preprocessor.service import Preprocessor
 

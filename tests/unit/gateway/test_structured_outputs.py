@@ -4,8 +4,8 @@ import orjson
 import pytest
 
 from services.common.errors import InvalidRequest
+from services.gateway.core.openai_request import parse_chat, parse_completion
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess
-from services.gateway.openai.request import parse_chat, parse_completion
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ import orjson
 import pytest
 from meshfront.common.v1 import common_pb2
 
+from services.gateway.core.openai_request import parse_chat
 from services.gateway.core.to_proto import chat_to_preprocess
-from services.gateway.openai.request import parse_chat
 
 pytestmark = pytest.mark.unit
 

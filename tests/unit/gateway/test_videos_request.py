@@ -12,16 +12,9 @@ from services.common.discovery import CHAT, COMPLETIONS, IMAGES, VIDEOS, MediaLi
 from services.common.errors import InvalidRequest, NotFound
 from services.gateway.http_api.videos_schemas import VIDEO_CREATE_REQUEST, VIDEO_NVEXT
 from services.gateway.media.base64_stream import Base64Stream
+from services.gateway.media.video_spec import VideoParams, VideoSpec, resolve
 from services.gateway.videos.render import SyncBody
-from services.gateway.videos.request import (
-    VideoParams,
-    VideoSpec,
-    is_sync_shape,
-    parse_openai,
-    parse_openai_json,
-    parse_sync,
-    resolve,
-)
+from services.gateway.videos.request import is_sync_shape, parse_openai, parse_openai_json, parse_sync
 from services.gateway.videos.server import check_video_model
 
 pytestmark = pytest.mark.unit

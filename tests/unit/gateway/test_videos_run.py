@@ -7,8 +7,8 @@ import pytest
 from meshfront.worker.v1 import media_pb2
 
 from services.common.errors import WorkerFailed
-from services.gateway.videos.generate import VideoRun, media_request
-from services.gateway.videos.request import VideoSpec
+from services.gateway.media.runner import VideoRun
+from services.gateway.media.video_spec import VideoSpec, media_request
 
 pytestmark = pytest.mark.unit
 

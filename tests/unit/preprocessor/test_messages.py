@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from services.common.errors import InvalidRequest
-from services.gateway.openai.request import parse_chat
+from services.gateway.core.openai_request import parse_chat
 from services.preprocessor.core.messages import normalise_messages, normalise_tools
 
 pytestmark = pytest.mark.unit

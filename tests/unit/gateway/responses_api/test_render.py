@@ -5,10 +5,10 @@ import pytest
 from meshfront.postprocessor.v1 import postprocessor_pb2
 
 from services.common.errors import WorkerFailed
+from services.common.nats_store import StoreUnavailable
 from services.gateway.core.delta import Delta
 from services.gateway.responses_api.render import ResponseObjectBuilder, ResponsesRenderer, echo_fields, sse
 from services.gateway.responses_api.request import parse_responses
-from services.gateway.responses_api.store import StoreUnavailable
 
 pytestmark = pytest.mark.unit
 

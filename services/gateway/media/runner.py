@@ -1,10 +1,12 @@
-"""One video generation over the media spine: the worker request, and its event stream read as it comes.
+"""A media generation as its callers see it: the runner (route, call the worker, release), the store
+its outputs go to, and one video's event stream read as it comes.
 
 ``VideoRun`` wraps the pipeline's events (progress, then the video's chunks, then done) so that a
 caller takes them in order without ever holding more than one chunk: ``progress()`` yields the
 denoising progress until the first chunk arrives, ``chunks()`` then yields the video's bytes, and
 ``done`` holds the worker's closing report. The spine's pieces are named by what they do here
-(``MediaRunner``, ``MediaBlobs``) so this module needs no more of them than it uses.
+(``MediaRunner``, ``MediaBlobs``) so a caller (the Videos API, KServe's media models) needs no more of them
+than it uses.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from typing import Protocol
 from meshfront.worker.v1 import media_pb2
 
 from services.common.errors import WorkerFailed
-from services.gateway.videos.request import VideoSpec
 
 # As the media worker encodes them (services/workers/media/encode.py): MJPEG frames travel in an AVI.
 CONTENT_TYPES = {"mp4": "video/mp4", "mjpeg": "video/x-msvideo"}
@@ -41,17 +42,6 @@ async def close_events(events: AsyncIterator[media_pb2.GenerateMediaResponse]) -
     """Closes a generation left early, which cancels the worker's call (MediaPipeline.run is a generator)."""
     if isinstance(events, AsyncGenerator):
         await events.aclose()
-
-
-def media_request(spec: VideoSpec, request_id: str) -> media_pb2.GenerateMediaRequest:
-    req = media_pb2.GenerateMediaRequest(
-        request_id=request_id, model=spec.model, kind=media_pb2.MEDIA_KIND_VIDEO, prompt=spec.prompt,
-        negative_prompt=spec.negative_prompt, width=spec.width, height=spec.height, n=1,
-        num_inference_steps=spec.steps, seed=spec.seed, input_image=spec.input_image,
-        output_format=spec.output_format, num_frames=spec.num_frames, fps=spec.fps)
-    if spec.guidance_scale is not None:
-        req.guidance_scale = spec.guidance_scale
-    return req
 
 
 class VideoRun:

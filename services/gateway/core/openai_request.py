@@ -15,10 +15,10 @@ from services.gateway.core import tools as tools_checks
 from services.gateway.core.fields import INT32, INT64, UINT32, UINT64, Fields, IntType, token_ids
 from services.gateway.core.media import Media, check_content_parts
 from services.gateway.core.nvext import parse_nvext
+from services.gateway.core.openai_fields import parse_openai_options
 from services.gateway.core.request import ChatRequest, CompletionRequest, GenerationRequest, Sampling, load_json
-from services.gateway.openai.openai_fields import parse_openai_options
-from services.gateway.openai.structured import parse_structured_outputs
-from services.gateway.openai.vendor import parse_vendor_chat_fields
+from services.gateway.core.structured import parse_structured_outputs
+from services.gateway.core.vendor import parse_vendor_chat_fields
 
 MAX_N = 128
 MAX_STOP = 32
