@@ -20,9 +20,9 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from services.common.discovery import ModelCard, WorkerCard
+from services.router.assembly import build_router
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent
-from services.router.core.policies import build_policy
 from services.router.metrics import RouterMetrics
 from services.router.service import Router
 
@@ -44,7 +44,7 @@ def requests_events(n: int, prompt_tokens: int) -> list[tuple[LifecycleEvent, ..
 def replica(policy: str) -> Router:
     cards = [WorkerCard(f"w{i}", "127.0.0.1:1", ModelCard("m", "/m", block_size=BLOCK)) for i in range(WORKERS)]
     # kv as a router runs it by default: indexing the workers' KV events (no ingest: the approximate mode).
-    router = Router(lambda _m: cards, build_policy(policy, ingest=KvEventIngest() if policy == "kv" else None))
+    router = build_router(lambda _m: cards, policy, ingest=KvEventIngest() if policy == "kv" else None)
     router.listeners.append(RouterMetrics(registry=CollectorRegistry(), policy_stats=router.policy.stats,
                                           queued=router.queue.depths, sessions=lambda: len(router.sessions),
                                           disagg_decisions=router.disagg.decisions,

@@ -2,6 +2,7 @@
 
 Used by the router's own process (main.py) and by the all-in-one process (services/allinone), so
 both shapes honour every router flag (``--router-mode kv`` indexes workers' KV events in both).
+``build_router`` (a router for a --router-mode, its policy wired) is the tests' way to make one too.
 """
 
 from __future__ import annotations
@@ -12,11 +13,33 @@ from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
 from services.common.overload import BusyThreshold
 from services.router.config import RouterConfig
+from services.router.core.conditional import DisaggSettings
 from services.router.core.kv_ingest import KvEventIngest
-from services.router.core.policies import KvSettings, build_policy
+from services.router.core.policies import KV_MODE, KvSettings, build_policy, kv_policy
+from services.router.core.policies.kv_aware import KvAware
 from services.router.events import KvEventSubscriber, ReplicaSync
 from services.router.metrics import RouterMetrics
-from services.router.service import Router
+from services.router.service import Router, WorkerLookup
+
+
+def kv_router(workers_for: WorkerLookup, policy: KvAware, busy: BusyThreshold | None = None,
+              queue_timeout_s: float = 0.0, disagg: DisaggSettings | None = None) -> Router:
+    """A router choosing by the kv ``policy``, which also serves as its view of caches and load (Router ``kv``)
+    and hears its lifecycle: every booking, first token and release, first among the listeners (before the
+    metrics and the replica sync the caller adds), so its per-request load moves with the bookings."""
+    router = Router(workers_for, policy, busy=busy, queue_timeout_s=queue_timeout_s, disagg=disagg, kv=policy)
+    router.listeners.insert(0, policy)
+    return router
+
+
+def build_router(workers_for: WorkerLookup, mode: str, kv: KvSettings | None = None,
+                 ingest: KvEventIngest | None = None, busy: BusyThreshold | None = None,
+                 queue_timeout_s: float = 0.0, disagg: DisaggSettings | None = None) -> Router:
+    """A router choosing by ``mode`` (--router-mode); kv with ``kv`` (default settings when None), reading
+    ``ingest`` (core/policies ``kv_policy``)."""
+    if mode == KV_MODE:
+        return kv_router(workers_for, kv_policy(kv or KvSettings(), ingest), busy, queue_timeout_s, disagg)
+    return Router(workers_for, build_policy(mode), busy=busy, queue_timeout_s=queue_timeout_s, disagg=disagg)
 
 
 def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: CollectorRegistry = REGISTRY) -> Built[Router]:
@@ -26,14 +49,15 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
     (its NATS subscriber), ``sync`` (replica sync), ``metrics``. ``metrics_registry`` defaults to the
     process registry, so that /metrics also has process_* and python_gc_* like every service.
     """
-    ingest = KvEventIngest() if cfg.router_mode == "kv" and cfg.kv_events else None
+    ingest = KvEventIngest() if cfg.router_mode == KV_MODE and cfg.kv_events else None
     kv = KvSettings(overlap_weight=cfg.kv_overlap_weight, temperature=cfg.router_temperature,
                     hotspot_ratio=cfg.hotspot_ratio, ttl_s=cfg.router_ttl_secs)
-    router = Router(registry.workers_for, build_policy(cfg.router_mode, kv, ingest),
-                    busy=BusyThreshold(cfg.max_in_flight_per_worker), queue_timeout_s=cfg.queue_timeout_s,
-                    disagg=cfg.disagg)
+    router = build_router(registry.workers_for, cfg.router_mode, kv, ingest,
+                          busy=BusyThreshold(cfg.max_in_flight_per_worker), queue_timeout_s=cfg.queue_timeout_s,
+                          disagg=cfg.disagg)
     registry.subscribe(router.on_worker_change)
-    metrics = RouterMetrics(registry=metrics_registry, ingest=ingest, policy_stats=router.policy.stats,
+    metrics = RouterMetrics(registry=metrics_registry, ingest=ingest,
+                            policy_stats=router.kv.stats if router.kv is not None else None,
                             queued=router.queue.depths, sessions=lambda: len(router.sessions),
                             disagg_decisions=router.disagg.decisions, lora_decisions=router.lora.decisions,
                             booked=router.bookings.per_worker)

@@ -9,7 +9,7 @@ decides whether a prefill worker runs the prompt first, and which:
   a 503 instead);
 - a prefill pin: split there; a worker pin alone (``backend_instance_id``): aggregated on it;
 - otherwise the prefill worker with the fewest prefill tokens in front of this prompt (its uncached
-  part there, by the policy's overlaps, plus the tokens already waiting there), then
+  part there, by the kv policy's overlaps, plus the tokens already waiting there), then
   conditional disaggregation (core/conditional.py) may keep the request on its decode worker.
 
 A split request is booked twice: its decode worker under its own id (the prompt arrives by
@@ -39,8 +39,8 @@ from services.router.core.conditional import (
     SplitInput,
     decide,
 )
-from services.router.core.policies.base import Policy
 from services.router.core.policies.direct import PIN_PARAM, check_pin, printable
+from services.router.core.policies.kv_aware import KvAware
 from services.router.core.types import Candidate
 
 PREFILL_PIN_PARAM = "nvext.prefill_worker_id"
@@ -99,11 +99,12 @@ def _refuse_prefill_worker(pin: str, model: str, every: Sequence[Candidate], par
 
 
 class Disagg:
-    """The disaggregation half of a routing decision; the router owns the bookings and the policy."""
+    """The disaggregation half of a routing decision; the router owns the bookings and the policy. ``kv``: the
+    kv policy's view of caches and load, when it is the router's policy (else the bookings alone count)."""
 
-    def __init__(self, settings: DisaggSettings, policy: Policy, busy: BusyThreshold):
+    def __init__(self, settings: DisaggSettings, kv: KvAware | None, busy: BusyThreshold):
         self.settings = settings
-        self._policy = policy
+        self._kv = kv
         self._busy = busy
         self.decisions: dict[str, int] = {}  # reason -> requests this replica routed so (metrics.py)
 
@@ -116,12 +117,13 @@ class Disagg:
         return any(c.role == PREFILL for c in every)
 
     def least_decode_load(self, candidates: Sequence[Candidate]) -> Candidate:
-        """The fewest active blocks (the policy's count, else the booked prompt), then sequences, then id."""
+        """The fewest active blocks (the kv policy's count, else the booked prompt), then sequences, then id."""
         return min(candidates, key=lambda c: (self.active_blocks(c), c.in_flight, c.worker_id))
 
     def active_blocks(self, c: Candidate) -> int:
-        known = self._policy.active_blocks(c.worker_id)
-        return known if known is not None else math.ceil(c.booked_prompt_tokens / max(c.block_size, 1))
+        if self._kv is not None:
+            return self._kv.active_blocks(c.worker_id)
+        return math.ceil(c.booked_prompt_tokens / max(c.block_size, 1))
 
     def shape(self, req: router_pb2.RouteRequest, every: Sequence[Candidate], decode: Candidate,
               decode_overlap: int) -> Shape:
@@ -140,7 +142,7 @@ class Disagg:
             return Shape(decode, decode_overlap, NO_PREFILL_WORKERS)
         if req.worker_id and not req.prefill_worker_id:
             return Shape(decode, decode_overlap, PINNED_WORKER)
-        overlaps = self._policy.overlaps(req.block_hashes)
+        overlaps = self._kv.overlaps(req.block_hashes) if self._kv is not None else {}
         decode_overlap = max(decode_overlap, overlaps.get(decode.worker_id, 0))
         available = self._available(req, prefill_pool)
         if req.prefill_worker_id:

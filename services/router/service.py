@@ -24,6 +24,7 @@ from services.router.core.bookings import Bookings
 from services.router.core.conditional import DisaggSettings
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent, LifecycleListener
 from services.router.core.policies import DEFAULT_MODE, Policy, build_policy, policy_name
+from services.router.core.policies.kv_aware import KvAware
 from services.router.core.sessions import SessionAffinity
 from services.router.core.types import Candidate, Decision, RouteQuery
 from services.router.core.wait_queue import WaitQueue
@@ -38,24 +39,28 @@ WorkerLookup = Callable[[str], Sequence[WorkerCard]]
 class Router:
     """Chooses a worker per request with one policy and books it until release.
 
-    ``policy`` comes from ``build_policy`` (round-robin when not given).
+    ``policy`` comes from ``build_policy`` (round-robin when not given). ``kv``: the kv policy, when it is
+    the one choosing (assembly.py ``kv_router`` passes it as both): its view of the workers' caches and load
+    weighs the disaggregated pair, fills the explain view, and makes the router ask for first-token reports
+    (the first token ends a request's prefill load there). It hears the lifecycle as a listener.
     """
 
     def __init__(self, workers_for: WorkerLookup, policy: Policy | None = None,
                  busy: BusyThreshold | None = None, queue_timeout_s: float = 0.0,
-                 disagg: DisaggSettings | None = None):
+                 disagg: DisaggSettings | None = None, kv: KvAware | None = None):
         self._workers_for = workers_for
         self.policy = policy or build_policy(DEFAULT_MODE)
+        self.kv = kv
         self._pinned = build_policy("direct")
         self.bookings = Bookings()
         self.busy = busy or BusyThreshold()
         # Which requests run as a prefill and a decode leg, on which pair (disagg.py).
-        self.disagg = Disagg(disagg or DisaggSettings(), self.policy, self.busy)
-        # The policy hears every booking change first (kv keeps per-request load beside the bookings);
-        # then the metrics and the replica sync, which the assembly appends. See core/lifecycle.py.
-        # LoRA adapters: the workers' adapter limit and runtime loading (lora.py); it counts bookings too.
+        self.disagg = Disagg(disagg or DisaggSettings(), kv, self.busy)
+        # Who hears every booking change (core/lifecycle.py), in order. LoRA adapters: the workers' adapter
+        # limit and runtime loading (lora.py) count bookings. The assembly subscribes the others: the kv policy
+        # first (its per-request load beside the bookings), then the metrics and the replica sync.
         self.lora = AdapterRouting(workers_for)
-        self.listeners: list[LifecycleListener] = [self.policy, self.lora]
+        self.listeners: list[LifecycleListener] = [self.lora]
         self.sessions = SessionAffinity()
         # Requests waiting for a busy model (0: none wait; every worker busy fails at once with 503).
         self.queue_timeout_s = queue_timeout_s
@@ -67,7 +72,8 @@ class Router:
         if card is None:
             self.bookings.drop_worker(worker_id)
             self.sessions.drop_worker(worker_id)
-            self.policy.drop_worker(worker_id)
+            if self.kv is not None:
+                self.kv.drop_worker(worker_id)
             self.lora.drop_worker(worker_id)
         self._drain_queue()  # a new worker is free capacity; a gone one may fail its waiters
 
@@ -157,7 +163,7 @@ class Router:
         predicted = self._book(req, query, shape, self._replicates(req, every, base is not None))
         response = router_pb2.RouteResponse(worker_id=chosen.worker_id, address=chosen.address,
                                             overlap_blocks=shape.decode_overlap,
-                                            report_first_token=self.policy.wants_first_token,
+                                            report_first_token=self.kv is not None,
                                             reads_first_token_reports=True, disaggregation_reason=shape.reason)
         if shape.prefill is not None:
             response.prefill_worker_id, response.prefill_address = shape.prefill.worker_id, shape.prefill.address
@@ -190,8 +196,8 @@ class Router:
 
     def _booked_view(self, candidates: list[Candidate], query: RouteQuery) -> tuple[CandidateScore, ...]:
         """Each candidate as the router saw it when the policy kept no view of its own (it scores nothing, or a
-        pin or session chose): the bookings, and the overlap the policy expects (kv), else 0."""
-        overlaps = self.policy.overlaps(query.block_hashes)
+        pin or session chose): the bookings, and the overlap the kv policy expects, else 0."""
+        overlaps = self.kv.overlaps(query.block_hashes) if self.kv is not None else {}
         return tuple(CandidateScore(c.worker_id, overlaps.get(c.worker_id, 0), c.in_flight, c.booked_prompt_tokens)
                      for c in candidates)
 

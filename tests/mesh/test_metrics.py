@@ -110,12 +110,12 @@ def test_every_process_froze_its_start_up_heap(mesh):
 def test_kv_mode_router_names_match_the_doc():
     """The kv-only names without a kv mesh: the router's metrics over a kv policy and event ingest."""
     from services.router.core.kv_ingest import KvEventIngest
-    from services.router.core.policies import build_policy
+    from services.router.core.policies import kv_policy
     from services.router.metrics import RouterMetrics
 
     ingest = KvEventIngest()
     registry = CollectorRegistry()
-    RouterMetrics(registry, ingest=ingest, policy_stats=build_policy("kv").stats)
+    RouterMetrics(registry, ingest=ingest, policy_stats=kv_policy().stats)
     exported = {n: f.type for n, f in parse(generate_latest(registry).decode()).items()}
     docs = documented()["meshfront_router_"]
     assert exported == {n: kind for n, (kind, _) in docs.items()}

@@ -1,8 +1,9 @@
 """A request's life as the router sees it: booked on a worker, first token (prefill done), freed.
 
 Every change is one ``LifecycleEvent``. The router applies events to its bookings and sessions,
-then tells its listeners, in order: its policy (kv keeps each request's blocks and prefill; the
-stateless policies ignore events), the telemetry, which compares the predicted overlap with the
+then tells its listeners (``Router.listeners``), in order: the kv policy when it is the one choosing
+(it keeps each request's blocks and prefill; services/router/assembly.py ``kv_router`` subscribes it),
+the LoRA placement's adapter counts, the telemetry, which compares the predicted overlap with the
 cached tokens the worker reported, and the replica sync, which publishes the events this replica
 made so that every other replica applies the same change (then all replicas hold the same load, and
 a Release that lands on another replica still frees the booking). Listeners see the replicas'

@@ -10,6 +10,7 @@ import pytest
 
 from services.common.discovery import ModelCard, WorkerCard
 from services.common.hashing import block_hashes
+from services.router.assembly import build_router
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.lifecycle import LifecycleEvent
 from services.router.core.policies import build_policy
@@ -111,7 +112,7 @@ async def test_events_drive_index_gap_resync_join_and_leave(nats_url):
 
 async def test_replica_sync_shares_bookings(nats_url):
     cards = [card("w0"), card("w1")]
-    routers = [Router(lambda _m: cards, build_policy("kv")) for _ in range(2)]
+    routers = [build_router(lambda _m: cards, "kv") for _ in range(2)]
     syncs = [ReplicaSync(nats_url, r.apply) for r in routers]
     for r, s in zip(routers, syncs, strict=True):
         await s.start()

@@ -21,7 +21,7 @@ from services.common.discovery import ModelCard, WorkerCard
 from services.common.grpc_server import GrpcServer
 from services.gateway.router_replicas import ReplicaRouters
 from services.launcher.plan import free_port
-from services.router.core.policies import build_policy
+from services.router.assembly import build_router
 from services.router.events import ReplicaSync
 from services.router.server import RouterServicer
 from services.router.service import Router
@@ -48,7 +48,7 @@ async def replicas(nats_url: str, mode: str, n: int = 2) -> AsyncIterator[tuple[
     started: list[Replica] = []
     try:
         for _ in range(n):
-            router = Router(lambda _m: CARDS, build_policy(mode))
+            router = build_router(lambda _m: CARDS, mode)
             sync = ReplicaSync(nats_url, router.apply)
             await sync.start()
             router.listeners.append(sync)

@@ -12,6 +12,7 @@ from prometheus_client import generate_latest
 from services.common.discovery import ModelCard, WorkerCard
 from services.common.hashing import block_hashes
 from services.gateway.core.pipeline import decision_record
+from services.router.assembly import build_router
 from services.router.core.lifecycle import FIRST_TOKEN, LifecycleEvent
 from services.router.core.policies import build_policy
 from services.router.metrics import RouterMetrics
@@ -34,7 +35,7 @@ def _route(router: Router, rid: str, explain: bool = True, **kw) -> router_pb2.R
 
 def test_kv_records_every_candidates_overlap_load_and_score_and_the_prediction():
     cards = _cards(3)
-    router = Router(lambda _m: cards, build_policy("kv"))
+    router = build_router(lambda _m: cards, "kv")
     first = _route(router, "a")  # approximate mode: the chosen worker now holds the prompt (and runs it)
     second = _route(router, "b")
     d = second.decision
@@ -51,7 +52,7 @@ def test_kv_records_every_candidates_overlap_load_and_score_and_the_prediction()
 
 
 def test_no_record_unless_asked():
-    router = Router(lambda _m: _cards(2), build_policy("kv"))
+    router = build_router(lambda _m: _cards(2), "kv")
     assert not _route(router, "a", explain=False).HasField("decision")
 
 
@@ -67,7 +68,7 @@ def test_policies_that_do_not_score_record_booked_load_and_a_pin_says_so():
 
 
 def test_the_gateway_reads_the_record_and_renders_it_plainly():
-    router = Router(lambda _m: _cards(2), build_policy("kv"))
+    router = build_router(lambda _m: _cards(2), "kv")
     _route(router, "a", explain=False)
     record = decision_record(_route(router, "b").decision)
     assert record.actual_cached_tokens is None

@@ -14,10 +14,11 @@ from services.common.discovery import BOTH, DECODE, PREFILL, ModelCard, WorkerCa
 from services.common.errors import InvalidRequest, NoWorkers, Overloaded
 from services.common.hashing import block_hashes, sequence_hashes
 from services.common.overload import BusyThreshold
+from services.router import assembly
+from services.router.assembly import build_router
 from services.router.core.conditional import DisaggSettings
 from services.router.core.index import RadixIndex
 from services.router.core.kv_ingest import KvEventIngest
-from services.router.core.policies import build_policy
 from services.router.core.policies.kv_aware import KvAware
 from services.router.disagg import prefill_leg_id
 from services.router.metrics import RouterMetrics
@@ -45,7 +46,7 @@ def kv_router(cards=PAIR, settings: DisaggSettings | None = None,
               busy: BusyThreshold | None = None) -> tuple[Router, RadixIndex]:
     index = RadixIndex()
     policy = KvAware(index=index, approximate=False, rng=random.Random(0))
-    return Router(lambda model: cards, policy, busy=busy, disagg=settings), index
+    return assembly.kv_router(lambda model: cards, policy, busy=busy, disagg=settings), index
 
 
 def cache(index: RadixIndex, worker: str, local: list[int]) -> None:
@@ -158,7 +159,7 @@ def kv_router_after_a_finished_request(worker: str = "d1") -> Router:
     """A kv router fed by KV events, whose ``worker`` still last reported the 40 blocks of a request that has
     since ended (reports come every 0.5 s; the release at once)."""
     ingest = KvEventIngest()
-    router = Router(lambda model: PAIR, build_policy("kv", ingest=ingest))
+    router = build_router(lambda model: PAIR, "kv", ingest=ingest)
     route(router, "old", hashes(99, blocks=40), decode_worker_id=worker)
     report(ingest, worker, 1, 40)
     release(router, "old")
@@ -168,7 +169,7 @@ def kv_router_after_a_finished_request(worker: str = "d1") -> Router:
 @pytest.mark.parametrize("make", [
     lambda: kv_router()[0],
     kv_router_after_a_finished_request,
-    *(lambda mode=mode: Router(lambda model: PAIR, build_policy(mode))
+    *(lambda mode=mode: build_router(lambda model: PAIR, mode)
       for mode in ("round-robin", "random", "least-loaded")),
 ], ids=["kv", "kv-stale-report", "round-robin", "random", "least-loaded"])
 @pytest.mark.parametrize("same_prompt", [False, True], ids=["distinct", "same"])
@@ -190,7 +191,7 @@ def test_a_report_counts_the_blocks_the_bookings_do_not_explain_until_the_next_o
     """A worker's report above the router's bookings (output blocks, load placed by others) adds to its load;
     bookings made after it add on top at once; the next report replaces it."""
     ingest = KvEventIngest()
-    router = Router(lambda model: PAIR, build_policy("kv", ingest=ingest))
+    router = build_router(lambda model: PAIR, "kv", ingest=ingest)
     route(router, "a", hashes(1, blocks=10), decode_worker_id="d1")
     report(ingest, "d1", 1, 25)  # 10 booked + 15 the router did not place
     assert router.policy.active_blocks("d1") == 25

@@ -12,13 +12,13 @@ from meshfront.router.v1 import router_pb2
 
 from services.common.discovery import ModelCard, WorkerCard
 from services.common.hashing import block_hashes, sequence_hashes
+from services.router.assembly import build_router
 from services.router.core.index import RadixIndex
 from services.router.core.lifecycle import LifecycleEvent
-from services.router.core.policies import build_policy
+from services.router.core.policies import kv_policy
 from services.router.core.policies.kv_aware import KvAware
 from services.router.core.types import Candidate, RouteQuery
 from services.router.metrics import RouterMetrics
-from services.router.service import Router
 
 pytestmark = pytest.mark.unit
 
@@ -45,7 +45,7 @@ def route(policy: KvAware, rid: str, local, candidates=WORKERS) -> str:
 
 
 def test_registered_by_name():
-    assert isinstance(build_policy("kv"), KvAware)
+    assert isinstance(kv_policy(), KvAware)
 
 
 def test_prefers_the_worker_holding_the_prefix():
@@ -149,7 +149,7 @@ def test_unique_prompts_spread_like_round_robin():
 
 
 def test_approximate_mode_learns_from_its_own_decisions():
-    policy = build_policy("kv")  # no event ingest given: approximate
+    policy = kv_policy()  # no event ingest given: approximate
     assert policy.approximate is not None
     first = route(policy, "r1", prompt(3, 1))
     policy.free("r1")
@@ -163,7 +163,7 @@ def _card(wid: str) -> WorkerCard:
 
 def test_router_lifecycle_release_first_token_and_replica_apply():
     cards = [_card(f"w{i}") for i in range(2)]
-    routers = [Router(lambda _m: cards, build_policy("kv")) for _ in range(2)]
+    routers = [build_router(lambda _m: cards, "kv") for _ in range(2)]
     metrics = RouterMetrics()
     routers[0].listeners.append(metrics)
     sent: list[LifecycleEvent] = []
@@ -204,7 +204,7 @@ def test_a_first_token_report_ends_the_prefill_whichever_way_it_comes(form):
     """FirstTokenReport on a Route or a ReleaseBatch, or (from a gateway that predates it) the deprecated
     ReleaseRequest.first_token: the kv policy, a lifecycle listener, ends the request's prefill load."""
     cards = [_card("w0")]
-    router = Router(lambda _m: cards, build_policy("kv"))
+    router = build_router(lambda _m: cards, "kv")
     metrics = RouterMetrics()
     router.listeners.append(metrics)
     local = prompt(1, 1)
@@ -228,7 +228,7 @@ def test_a_first_token_report_ends_the_prefill_whichever_way_it_comes(form):
 
 
 def test_a_batch_applies_first_tokens_before_the_releases_it_carries():
-    router = Router(lambda _m: [_card("w0")], build_policy("kv"))
+    router = build_router(lambda _m: [_card("w0")], "kv")
     metrics = RouterMetrics()
     router.listeners.append(metrics)
 

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from services.common.discovery import PREFILL, ModelCard, WorkerCard
 from services.common.overload import BusyThreshold
+from services.router.assembly import build_router
 from services.router.core.lifecycle import LifecycleEvent
 from services.router.core.policies import build_policy
 from services.router.events import ReplicaSync
@@ -37,7 +38,7 @@ class _Published(ReplicaSync):
 
 
 def _fleet(mode: str = "round-robin", cards=CARDS, **router_kw) -> tuple[Router, _Published]:
-    router = Router(lambda _m: cards, build_policy(mode), **router_kw)
+    router = build_router(lambda _m: cards, mode, **router_kw)
     sync = _Published(router)
     router.listeners.append(sync)
     return router, sync

@@ -1,8 +1,10 @@
-"""Routing policies: one file each, one interface (base.py), all built here by ``build_policy``.
+"""Routing policies: one file each, one interface (base.py ``Policy``), all built here.
 
 A policy gets the live candidates for a model (never empty) and the query, and returns a Decision.
 State a policy needs lives in its own instance (a counter, an RNG, kv's per-request load); load the
-router booked lives in the candidates it is given.
+router booked lives in the candidates it is given. ``build_policy`` builds the policies that need
+nothing else; kv, which also hears the request lifecycle, is built by ``kv_policy`` and wired into
+its router by services/router/assembly.py ``kv_router`` (``build_router`` builds a router for any mode).
 """
 
 from __future__ import annotations
@@ -17,16 +19,20 @@ from services.router.core.policies.least_loaded import LeastLoaded
 from services.router.core.policies.random_choice import RandomChoice
 from services.router.core.policies.round_robin import RoundRobin
 
-__all__ = ["DEFAULT_MODE", "POLICY_NAMES", "KvSettings", "Policy", "build_policy", "policy_name"]
+__all__ = ["DEFAULT_MODE", "KV_MODE", "POLICY_NAMES", "KvSettings", "Policy", "build_policy", "kv_policy",
+           "policy_name"]
 
-POLICY_NAMES = ("round-robin", "random", "least-loaded", "direct", "kv")
+KV_MODE = "kv"
+# Each --router-mode whose policy only chooses, and its class (built with no arguments). kv is kv_policy's.
+_CHOOSERS: dict[str, type[Policy]] = {"round-robin": RoundRobin, "random": RandomChoice,
+                                      "least-loaded": LeastLoaded, "direct": Direct}
+POLICY_NAMES = (*_CHOOSERS, KV_MODE)
 DEFAULT_MODE = "round-robin"
-_NAME_OF = {RoundRobin: "round-robin", RandomChoice: "random", LeastLoaded: "least-loaded", Direct: "direct",
-            KvAware: "kv"}
+_NAME_OF: dict[type, str] = {cls: name for name, cls in _CHOOSERS.items()} | {KvAware: KV_MODE}
 
 
 def policy_name(policy: Policy) -> str:
-    """The --router-mode name of a policy built by ``build_policy`` (a decision record names it)."""
+    """The --router-mode name of a policy built by ``build_policy`` or ``kv_policy`` (a decision record names it)."""
     return _NAME_OF[type(policy)]
 
 
@@ -41,23 +47,24 @@ class KvSettings:
     ttl_s: float = 120.0  # approximate mode: how long a block the router predicted stays predicted
 
 
-def build_policy(mode: str, kv: KvSettings = KvSettings(), ingest: KvEventIngest | None = None) -> Policy:
-    """The policy named ``mode`` (--router-mode). kv reads the workers' KV events through ``ingest``,
-    or, without one (--no-kv-events), predicts caches from its own decisions (approximate mode)."""
-    if mode == "round-robin":
-        return RoundRobin()
-    if mode == "random":
-        return RandomChoice()
-    if mode == "least-loaded":
-        return LeastLoaded()
-    if mode == "direct":
-        return Direct()
-    if mode == "kv":
-        if ingest is None:
-            return KvAware(overlap_weight=kv.overlap_weight, temperature=kv.temperature,
-                           hotspot_ratio=kv.hotspot_ratio, approximate=True, ttl_s=kv.ttl_s)
-        policy = KvAware(overlap_weight=kv.overlap_weight, temperature=kv.temperature,
-                         hotspot_ratio=kv.hotspot_ratio, index=ingest.index, approximate=False)
-        ingest.load_listeners.append(policy.note_report)  # the workers' own block counts refine the bookings
-        return policy
+def build_policy(mode: str) -> Policy:
+    """The policy named ``mode`` (--router-mode) among those that only choose. kv is ``kv_policy``'s: a kv
+    policy its router does not tell about bookings would weigh no load."""
+    if mode in _CHOOSERS:
+        return _CHOOSERS[mode]()
+    if mode == KV_MODE:
+        raise ValueError("the kv policy hears its router's lifecycle: build it with services.router.assembly "
+                         "build_router (or kv_policy and kv_router)")
     raise ValueError(f"unknown router mode {mode!r}; choose one of {', '.join(POLICY_NAMES)}")
+
+
+def kv_policy(kv: KvSettings = KvSettings(), ingest: KvEventIngest | None = None) -> KvAware:
+    """The kv policy. It reads the workers' KV events through ``ingest``, or, without one (--no-kv-events),
+    predicts caches from its own decisions (approximate mode)."""
+    if ingest is None:
+        return KvAware(overlap_weight=kv.overlap_weight, temperature=kv.temperature,
+                       hotspot_ratio=kv.hotspot_ratio, approximate=True, ttl_s=kv.ttl_s)
+    policy = KvAware(overlap_weight=kv.overlap_weight, temperature=kv.temperature,
+                     hotspot_ratio=kv.hotspot_ratio, index=ingest.index, approximate=False)
+    ingest.load_listeners.append(policy.note_report)  # the workers' own block counts refine the bookings
+    return policy

@@ -50,7 +50,13 @@ DEFAULT_HOTSPOT_RATIO = 3.0
 
 
 class KvAware:
-    wants_first_token = True  # the first token ends a request's prefill load
+    """The kv policy, and the router's view of workers' caches and load (``overlaps``, ``active_blocks``).
+
+    Beyond ``choose`` it tracks every request's blocks and prefill: it hears the router's lifecycle as a
+    listener (``on_lifecycle``: book, first token, free), subscribed at assembly (assembly.py ``kv_router``),
+    and the router asks the gateway for first-token reports because of it (the first token ends a prefill).
+    """
+
     reads_load = True  # active blocks and prefill tokens, of every replica's bookings
 
     def __init__(self, *, index: RadixIndex | None = None, overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,

@@ -10,11 +10,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from services.router.core.policies.base import Stateless
 from services.router.core.types import Candidate, Decision, RouteQuery
 
 
-class LeastLoaded(Stateless):
+class LeastLoaded:
     reads_load = True  # the bookings of every replica, so that two replicas do not fill the same worker
 
     def __init__(self) -> None:

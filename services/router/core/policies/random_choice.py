@@ -8,11 +8,12 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from services.router.core.policies.base import Stateless
 from services.router.core.types import Candidate, Decision, RouteQuery
 
 
-class RandomChoice(Stateless):
+class RandomChoice:
+    reads_load = False
+
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()
 

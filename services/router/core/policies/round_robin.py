@@ -8,11 +8,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from services.router.core.policies.base import Stateless
 from services.router.core.types import Candidate, Decision, RouteQuery
 
 
-class RoundRobin(Stateless):
+class RoundRobin:
+    reads_load = False
+
     def __init__(self) -> None:
         self._counter = itertools.count()
 
