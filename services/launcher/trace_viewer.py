@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.request
 
-from services.launcher.engine_env import PHOENIX
+from services.launcher.engine_env import BASE_LINK, PHOENIX
 from services.launcher.plan import ProcessSpec
 
 UI_PORT, OTLP_PORT = 6006, 4317
@@ -23,7 +23,8 @@ def phoenix_spec(run_dir: pathlib.Path, ui_port: int = UI_PORT, otlp_port: int =
     """Phoenix on loopback; its SQLite store under ``run_dir``."""
     work = run_dir / f"phoenix-{ui_port}"
     work.mkdir(parents=True, exist_ok=True)
-    return ProcessSpec("phoenix", [str(PHOENIX.venv / "bin" / "phoenix"), "serve"], ui_port, {
+    # Phoenix's own script, from the environment's base: it needs nothing of this checkout.
+    return ProcessSpec("phoenix", [str(PHOENIX.venv / BASE_LINK / "bin" / "phoenix"), "serve"], ui_port, {
         "PHOENIX_HOST": "127.0.0.1", "PHOENIX_PORT": str(ui_port), "PHOENIX_GRPC_PORT": str(otlp_port),
         "PHOENIX_WORKING_DIR": str(work), "PHOENIX_TELEMETRY_ENABLED": "false", "PYTHONUNBUFFERED": "1"})
 

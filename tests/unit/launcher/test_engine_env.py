@@ -1,6 +1,9 @@
-"""The engine environments: pins shared with the mesh, a stamp that notices changed inputs."""
+"""The engine environments: pins shared with the mesh, a cached base named by its inputs, a layer per checkout."""
 
 from __future__ import annotations
+
+import dataclasses
+import subprocess
 
 import pytest
 
@@ -26,20 +29,56 @@ def test_worker_dependencies_are_pinned_as_in_the_mesh_lock():
     assert worker and {name: lock.get(name) for name in worker} == worker
 
 
-def test_the_stamp_records_every_input(tmp_path, monkeypatch):
-    env = engine_env.EngineEnv("x", tmp_path / "venv", (engine_env.Step("s", ("{pip}", "install", "a==1")),), "json")
-    (tmp_path / "venv").mkdir()
-    assert not env.is_ready()
-    env.stamp.write_text(env.inputs_hash())
-    assert env.is_ready()
-    changed = engine_env.EngineEnv("x", env.venv, (engine_env.Step("s", ("{pip}", "install", "a==2")),), "json")
-    assert not changed.is_ready()
+def test_the_base_is_named_by_every_input_and_not_by_the_checkout(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine_env, "CACHE", tmp_path / "cache")
+    step = engine_env.Step("s", ("{pip}", "install", "a==1"))
+    env = engine_env.EngineEnv("x", tmp_path / "a" / "venv", (step,), "json")
+    other_clone = dataclasses.replace(env, venv=tmp_path / "b" / "venv")
+    assert env.base == other_clone.base and env.base.parent == tmp_path / "cache"
+    changed = dataclasses.replace(env, steps=(engine_env.Step("s", ("{pip}", "install", "a==2")),))
+    assert changed.base != env.base
+    pins = tmp_path / "pins.txt"
+    pins.write_text("a==1\n")
+    pinned = dataclasses.replace(env, inputs=(pins,))
+    before = pinned.base
+    pins.write_text("a==2\n")
+    assert pinned.base != before
 
 
-def test_a_failed_step_names_itself_and_shows_its_output(tmp_path):
+def _marker_env(tmp_path, venv, log) -> engine_env.EngineEnv:
+    """An environment whose one step writes a module into its base and counts its runs in ``log``."""
+    write = ("import pathlib, sys; "
+             "pathlib.Path(sys.argv[1], 'lib', f'python{sys.version_info[0]}.{sys.version_info[1]}', "
+             "'site-packages', 'marker_mod.py').write_text('X = 1'); "
+             "open(sys.argv[2], 'a').write('built\\n')")
+    return engine_env.EngineEnv("x", venv, (engine_env.Step("writing the marker", (
+        "{python}", "-c", write, "{base}", str(log))),), "marker_mod", inputs=())
+
+
+def test_a_base_is_built_once_and_every_checkout_layers_itself_on_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine_env, "CACHE", tmp_path / "cache")
+    log = tmp_path / "builds.log"
+    first = _marker_env(tmp_path, tmp_path / "clone-a" / ".venv-x", log)
+    second = dataclasses.replace(first, venv=tmp_path / "clone-b" / ".venv-x")
+    (first.base / "lib").mkdir(parents=True)  # a build that died half-way (no stamp): built again, from scratch
+    lines: list[str] = []
+    python = engine_env.ensure_env(first, say=lines.append)
+    assert first.is_ready() and not second.is_ready()
+    assert engine_env.ensure_env(second, say=lines.append) == second.python
+    assert log.read_text() == "built\n"  # the second checkout reused the base
+    # The checkout's python sees the base's packages and this checkout, and installs nothing of its own.
+    out = subprocess.run([str(python), "-c", "import marker_mod, services; print(marker_mod.X, services.__file__)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1", str(engine_env.ROOT / "services" / "__init__.py")]
+    assert not (first.venv / "bin" / "pip").exists()
+    assert (first.venv / engine_env.BASE_LINK).resolve() == first.base
+
+
+def test_a_failed_step_names_itself_and_shows_its_output(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine_env, "CACHE", tmp_path / "cache")
     env = engine_env.EngineEnv("x", tmp_path / "venv", (engine_env.Step("failing on purpose", (
-        "{python}", "-c", "import sys; print('the reason'); sys.exit(3)")),), "json")
-    lines = []
+        "{python}", "-c", "import sys; print('the reason'); sys.exit(3)")),), "json", inputs=())
+    lines: list[str] = []
     with pytest.raises(engine_env.EngineEnvError, match=r"(?s)failing on purpose failed \(exit 3\).*the reason"):
         engine_env.ensure_env(env, say=lines.append)
     assert not env.is_ready() and any("creating the virtual environment" in line for line in lines)
