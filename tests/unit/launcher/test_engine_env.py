@@ -46,10 +46,14 @@ def test_the_base_is_named_by_every_input_and_not_by_the_checkout(tmp_path, monk
 
 
 def _marker_env(tmp_path, venv, log) -> engine_env.EngineEnv:
-    """An environment whose one step writes a module into its base and counts its runs in ``log``."""
-    write = ("import pathlib, sys; "
-             "pathlib.Path(sys.argv[1], 'lib', f'python{sys.version_info[0]}.{sys.version_info[1]}', "
-             "'site-packages', 'marker_mod.py').write_text('X = 1'); "
+    """An environment whose one step writes a module and a console script into its base (as pip would) and
+    counts its runs in ``log``."""
+    write = ("import pathlib, sys; base = pathlib.Path(sys.argv[1]); "
+             "(base / 'lib' / f'python{sys.version_info[0]}.{sys.version_info[1]}' / 'site-packages' / "
+             "'marker_mod.py').write_text('X = 1'); "
+             "script = base / 'bin' / 'where'; "
+             "script.write_text(f'#!{base}/bin/python\\nimport sys, marker_mod; print(sys.executable)\\n'); "
+             "script.chmod(0o755); "
              "open(sys.argv[2], 'a').write('built\\n')")
     return engine_env.EngineEnv("x", venv, (engine_env.Step("writing the marker", (
         "{python}", "-c", write, "{base}", str(log))),), "marker_mod", inputs=())
@@ -71,6 +75,9 @@ def test_a_base_is_built_once_and_every_checkout_layers_itself_on_it(tmp_path, m
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == ["1", str(engine_env.ROOT / "services" / "__init__.py")]
     assert not (first.venv / "bin" / "pip").exists()
+    # The base's Python commands run on the layer's interpreter.
+    where = subprocess.run([str(first.venv / "bin" / "where")], capture_output=True, text=True, check=True).stdout
+    assert where.strip() == str(python)
     assert (first.venv / engine_env.BASE_LINK).resolve() == first.base
 
 
