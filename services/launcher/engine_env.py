@@ -256,7 +256,7 @@ def _link_commands(base_bin: Path, layer_bin: Path) -> None:
     shebang = f"#!{base_bin / 'python'}".encode()
     for command in base_bin.iterdir():
         target = layer_bin / command.name
-        if target.exists() or command.name.startswith(("pip", "activate", "Activate")):
+        if target.exists() or command.is_dir() or command.name.startswith(("pip", "activate", "Activate")):
             continue
         with open(command, "rb") as f:
             head = f.read(len(shebang) + 1)
