@@ -1,9 +1,18 @@
 """The front door every front end shares: headers, the model check, the abort, and one request's lifecycle.
 
-A front end (openai/, anthropic/, responses_api/, embeddings/, kserve/) brings three things: its
-``request.py`` (body -> request type), its ``render.py`` (a ``Renderer``: deltas -> its wire shape) and
-its ``server.py``, whose RPC hands ``serve_generation`` a ``start`` callable that parses, checks and
-starts the pipeline. Everything else happens here, once:
+A front end (openai/, anthropic/, responses_api/, embeddings/, images/, videos/, kserve/) brings three
+things: its ``request.py`` (body -> request type), its ``render.py`` (its wire shape) and its
+``server.py``, whose RPCs hand the front door a callable that parses, checks and starts the request.
+The lifecycle comes in three shapes, one per kind of answer:
+
+- ``generation_rpc`` / ``serve_generation``: token deltas through a ``Renderer`` (chat, completions,
+  Responses, Messages, KServe's text models);
+- ``stream_rpc`` / ``serve_stream``: any answer that is bytes in pieces (``Streamed``: an image or
+  video answer, a stored file);
+- ``unary_rpc`` / ``serve_unary``: one request, one message (``Reply``: embeddings, a token count, a
+  video job, KServe's media models).
+
+Everything else happens here, once:
 
 - before the first byte, an error aborts the call in the caller's shape (``ErrorShape``): for HTTP,
   a gRPC status plus ``x-meshfront-status`` / ``x-meshfront-body`` trailers that Envoy's Lua filter
@@ -12,8 +21,9 @@ starts the pipeline. Everything else happens here, once:
 - a streamed one sends its first bytes with its first tokens (so routing and worker-start failures
   keep a real status), then one frame per batch, then the end; a failure after the first byte is the
   renderer's in-band error frame, since the status is already sent;
-- a bug (any other exception) is logged and answered as a 500 in the same shape;
-- the request's metrics (``RequestTracker``) are recorded exactly once, however it ends.
+- a bug (any other exception) is logged and answered as a 500 in the same shape (``as_mesh_error``);
+- the request's metrics (``RequestTracker``) are recorded exactly once, however it ends; requests the
+  metrics do not count (a download, a token count) run the same lifecycle untracked.
 
 Nothing here runs per token: one ``if`` per batch, and the renderer's pre-rendered bytes go out as
 they are.
@@ -26,7 +36,7 @@ import functools
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -37,7 +47,7 @@ from services.common.discovery import IMAGES, VIDEOS, WorkerCard
 from services.common.errors import Internal, InvalidRequest, MeshError, NotFound, Overloaded, to_status
 from services.gateway.core import errors as openai_errors
 from services.gateway.core.delta import Delta
-from services.gateway.request_metrics import RequestTracker
+from services.gateway.request_metrics import RequestTracker, tracker
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -126,6 +136,19 @@ def unexpected(what: str, request_id: str) -> Internal:
     """A bug: logged with its traceback, answered as a 500 that names nothing internal."""
     log.exception("%s failed on request %s", what, request_id)
     return Internal("internal error in the gateway")
+
+
+def as_mesh_error(e: Exception, what: str, request_id: str) -> MeshError:
+    """What the caller hears of ``e``: a domain error as it is, anything else as a bug (``unexpected``)."""
+    return e if isinstance(e, MeshError) else unexpected(what, request_id)
+
+
+def new_request(endpoint: str) -> str:
+    """A request's id, named on its trace with its endpoint."""
+    request_id = uuid.uuid4().hex
+    if tracing.ENABLED:
+        tracing.set_attributes({tracing.MESH_REQUEST_ID_ATTRIBUTE: request_id, "meshfront.endpoint": endpoint})
+    return request_id
 
 
 class Renderer(Protocol):
@@ -221,15 +244,13 @@ async def serve_generation(servicer: Any, start: Start, endpoint: str, shape: Er
     names it in the metrics. ``context`` None: the caller is one request of a multiplexed stream
     (KServe's ModelStreamInfer), so an early error is raised to it instead of ending the call.
     """
-    request_id = uuid.uuid4().hex
-    if tracing.ENABLED:
-        tracing.set_attributes({tracing.MESH_REQUEST_ID_ATTRIBUTE: request_id, "meshfront.endpoint": endpoint})
+    request_id = new_request(endpoint)
     with RequestTracker(endpoint) as track:
         err: MeshError
         try:
             gen, out = await _begin(servicer, start, request, context, request_id, track)
         except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
-            err = e if isinstance(e, MeshError) else unexpected(endpoint, request_id)
+            err = as_mesh_error(e, endpoint, request_id)
             track.fail(err)
             await shape.abort(context, err)
         renderer = gen.renderer
@@ -272,3 +293,117 @@ def generation_rpc(start: Start, endpoint: str, shape: ErrorShape = OPENAI) -> A
     the error interceptor drives with ``context.write``.
     """
     return functools.partialmethod(serve_generation, start, endpoint, shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """A unary request's answer: the RPC's message, and the token counts its metrics record."""
+
+    message: Any
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+# Called by an ``Answer`` once the request is checked and about to run, with its model (for the metrics).
+Started = Callable[[str], None]
+# (servicer, request, context, request_id, started) -> the reply: parses, checks, calls ``started``, runs.
+Answer = Callable[[Any, Any, Any, str, Started], Awaitable[Reply]]
+
+
+async def serve_unary(servicer: Any, answer: Answer, endpoint: str, shape: ErrorShape, counted: bool,
+                      request: Any, context: grpc.aio.ServicerContext | None) -> Any:
+    """One unary request from start to end; returns the RPC's message. Any failure aborts the call in
+    ``shape`` (``context`` None: raised, as for one request of a KServe stream)."""
+    request_id = new_request(endpoint)
+    with tracker(endpoint, counted) as track:
+        try:
+            reply = await answer(servicer, request, context, request_id,
+                                 lambda model: track.start(model, False))
+        except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
+            err = as_mesh_error(e, endpoint, request_id)
+            track.fail(err)
+            await shape.abort(context, err)
+        track.finish(reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
+        return reply.message
+
+
+def unary_rpc(answer: Answer, endpoint: str, shape: ErrorShape = OPENAI, *, counted: bool = True) -> Any:
+    """A servicer's unary RPC method (in its class body) that answers with ``answer``; ``counted`` False:
+    a request the metrics do not count (``endpoint`` then names it in the log alone)."""
+    return functools.partialmethod(serve_unary, answer, endpoint, shape, counted)
+
+
+# Each HttpBody carries at most this much: Envoy's transcoder writes each into the one HTTP body as it
+# comes, so a large image or video never sits whole in one message.
+MESSAGE_BYTES = 512 * 1024
+
+
+def _pieces(data: bytes) -> list[bytes]:
+    return [data[i:i + MESSAGE_BYTES] for i in range(0, len(data), MESSAGE_BYTES)] or [b""]
+
+
+@dataclasses.dataclass
+class Streamed:
+    """A started streamed answer: what a stream's ``start`` returns once the request is parsed, checked
+    and running. Nothing of ``body`` runs before the front door asks for its first piece."""
+
+    body: AsyncGenerator[bytes, None]
+    content_type: str
+    model: str = ""
+    # An event stream: its first bytes count as its first token, and a failure after them is the
+    # ``sse_error`` event. Otherwise a failure after the first bytes can only cut the body off.
+    sse: bool = False
+    sse_error: Callable[[MeshError], bytes] | None = None
+    # (prompt, completion, cached) tokens once the body has ended.
+    tokens: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
+
+
+StreamStart = Callable[[Any, Any, Any, str], Awaitable[Streamed]]
+
+
+async def serve_stream(servicer: Any, start: StreamStart, endpoint: str, shape: ErrorShape, counted: bool,
+                       request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[httpbody_pb2.HttpBody]:
+    """One streamed answer from start to end; yields its HttpBody messages (the first with the content type).
+
+    The response is held back until the answer's first bytes, so that a failure before them (routing, a
+    worker that fails, an input the worker refuses, a file not found) is a real status in ``shape``. A
+    client that hangs up closes the body, which closes what it reads from (a worker's call stops).
+    """
+    request_id = new_request(endpoint)
+    with tracker(endpoint, counted) as track:
+        err: MeshError
+        try:
+            answer = await start(servicer, request, context, request_id)
+            track.start(answer.model, answer.sse)
+            first = await anext(answer.body, b"")
+        except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
+            err = as_mesh_error(e, endpoint, request_id)
+            track.fail(err)
+            await shape.abort(context, err)
+        try:
+            if answer.sse:
+                track.first_token()
+            for i, piece in enumerate(_pieces(first)):
+                yield httpbody_pb2.HttpBody(content_type=answer.content_type if i == 0 else "", data=piece)
+            async for data in answer.body:
+                for piece in _pieces(data):
+                    yield httpbody_pb2.HttpBody(data=piece)
+            track.finish(*answer.tokens())
+            return
+        except Exception as e:  # noqa: BLE001 - reported like any other failure after the first byte
+            err = as_mesh_error(e, f"{endpoint} answer", request_id)
+        finally:
+            await answer.body.aclose()  # cancels the worker's call if it still runs
+        track.fail(err, mid_stream=True)
+        log.warning("request %s failed after its first bytes: %s", request_id, err.message)
+        if answer.sse_error is not None:
+            yield httpbody_pb2.HttpBody(data=answer.sse_error(err))
+            return
+        await shape.abort(context, err)  # a body already begun is cut off: the client sees a broken transfer
+
+
+def stream_rpc(start: StreamStart, endpoint: str, shape: ErrorShape = OPENAI, *, counted: bool = True) -> Any:
+    """A servicer's streamed RPC method (in its class body) that serves the answer ``start`` begins; an
+    async generator function, as ``generation_rpc``'s are."""
+    return functools.partialmethod(serve_stream, start, endpoint, shape, counted)

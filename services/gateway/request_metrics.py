@@ -69,3 +69,30 @@ class RequestTracker:
             model=self._model, endpoint=self.endpoint, stream=self._stream, status=self._status,
             reason=self._reason, started=self._started, duration_s=time.monotonic() - self._arrived,
             prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, itl_s=self._itl))
+
+
+class Untracked:
+    """A request the metrics do not count (a download, a token count): the same calls, nothing recorded."""
+
+    def __enter__(self) -> Untracked:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def start(self, model: str, stream: bool) -> None:
+        pass
+
+    def first_token(self) -> None:
+        pass
+
+    def finish(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> None:
+        pass
+
+    def fail(self, err: MeshError, *, mid_stream: bool = False) -> None:
+        pass
+
+
+def tracker(endpoint: str, counted: bool) -> RequestTracker | Untracked:
+    """``endpoint``'s tracker, or ``Untracked`` for a request the metrics do not count."""
+    return RequestTracker(endpoint) if counted else Untracked()

@@ -2,19 +2,16 @@
 
 The front door (services/gateway/front_door.py) runs the request's lifecycle in Anthropic's error
 shape (``ANTHROPIC``): statuses and bodies before the first byte, Anthropic's in-band ``error``
-event after it, a bug as a 500 ``api_error``.
+event after it, a bug as a 500 ``api_error``. ``CountTokens`` is the front door's unary shape.
 """
 
 from __future__ import annotations
-
-import uuid
 
 import grpc
 import orjson
 from google.api import httpbody_pb2
 from meshfront.gateway.v1 import anthropic_pb2_grpc
 
-from services.common.errors import MeshError
 from services.gateway.anthropic import errors
 from services.gateway.anthropic.render import MessageRenderer
 from services.gateway.anthropic.request import parse_count_tokens, parse_messages
@@ -25,10 +22,12 @@ from services.gateway.front_door import (
     ErrorShape,
     Generation,
     Models,
+    Reply,
+    Started,
     check_model,
     generation_rpc,
     headers,
-    unexpected,
+    unary_rpc,
 )
 
 # /v1/messages' abort: Anthropic's status and body for Envoy; 529 tells the SDK to retry.
@@ -41,21 +40,15 @@ class AnthropicServicer(anthropic_pb2_grpc.AnthropicServiceServicer):
         self._pipeline = pipeline
         self._models = models
 
-    async def CountTokens(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
+    async def _count_tokens(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext, rid: str,
+                            started: Started) -> Reply:
         """The prompt's real token count: the preprocessor renders and tokenizes it as for generation."""
-        rid = uuid.uuid4().hex
-        try:
-            # x-api-key and anthropic-version arrive with the headers too; as in Dynamo, neither is checked.
-            req = parse_count_tokens(request.data, headers(context))
-            check_model(self._models(), req.model)
-            prepared = await self._pipeline.pre.preprocess(chat_to_preprocess(req, rid))
-            return httpbody_pb2.HttpBody(content_type=JSON,
-                                         data=orjson.dumps({"input_tokens": len(prepared.request.token_ids)}))
-        except MeshError as e:
-            err: MeshError = e
-        except Exception:  # noqa: BLE001 - a bug still gets Anthropic's shape, and is logged
-            err = unexpected("count_tokens", rid)
-        await ANTHROPIC.abort(context, err)
+        # x-api-key and anthropic-version arrive with the headers too; as in Dynamo, neither is checked.
+        req = parse_count_tokens(request.data, headers(context))
+        check_model(self._models(), req.model)
+        prepared = await self._pipeline.pre.preprocess(chat_to_preprocess(req, rid))
+        return Reply(httpbody_pb2.HttpBody(content_type=JSON,
+                                           data=orjson.dumps({"input_tokens": len(prepared.request.token_ids)})))
 
     async def _start_message(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext,
                              rid: str) -> Generation:
@@ -68,3 +61,5 @@ class AnthropicServicer(anthropic_pb2_grpc.AnthropicServiceServicer):
         return Generation(req.model, req.stream, renderer, stream)
 
     CreateMessage = generation_rpc(_start_message, "messages", ANTHROPIC)
+    # Not a generation: /metrics does not count it (``counted``), as it never has.
+    CountTokens = unary_rpc(_count_tokens, "count_tokens", ANTHROPIC, counted=False)

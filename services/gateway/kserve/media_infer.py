@@ -1,24 +1,25 @@
 """One KServe request to a media model: parse (media.py), generate over the media spine, one response.
 
 The outputs are gathered whole (a tensor response is one message; the gateway's gRPC limit, 64 MiB,
-bounds it), one BYTES element per output. Metrics count it under endpoint ``kserve`` like text requests.
+bounds it), one BYTES element per output. The front door's unary shape (services/gateway/front_door.py
+``serve_unary``) runs its lifecycle in KServe's error shape (the status alone); metrics count it under
+endpoint ``kserve`` like text requests.
 """
 
 from __future__ import annotations
 
-import uuid
+import functools
 from collections.abc import Callable
 
 from services.common.discovery import ModelCard
-from services.common.errors import MeshError, WorkerFailed
-from services.gateway.front_door import GRPC, unexpected
+from services.common.errors import WorkerFailed
+from services.gateway.front_door import GRPC, Reply, Started, serve_unary
 from services.gateway.kserve import protocol
 from services.gateway.kserve.media import parse_media
 from services.gateway.kserve.render import FINAL, MODEL_VERSION
 from services.gateway.kserve.request import parameter_values
 from services.gateway.kserve.tensors import bytes_output
 from services.gateway.media.runner import MediaRunner, close_events
-from services.gateway.request_metrics import RequestTracker
 
 ENDPOINT = "kserve"
 
@@ -30,23 +31,18 @@ class MediaInfer:
 
     async def infer(self, request, card: ModelCard, context, *, decoupled: bool):
         """The response; an error aborts ``context`` (ModelInfer) or is raised (a ModelStreamInfer request)."""
-        rid = uuid.uuid4().hex
-        with RequestTracker(ENDPOINT) as track:
-            try:
-                self._check_model(request.model_name, request.model_version)
-                req = parse_media(request, card, parameter_values(request.parameters), rid)
-                track.start(card.name, False)
-                resp = await self._generate(request, req)
-                if decoupled:
-                    resp.parameters[FINAL].bool_param = True
-                track.finish(0, 0, 0)
-                return resp
-            except MeshError as e:
-                err: MeshError = e
-            except Exception:  # noqa: BLE001 - a bug still gets a status, and is logged
-                err = unexpected("kserve media", rid)
-            track.fail(err)
-            await GRPC.abort(context, err)
+        answer = functools.partial(MediaInfer._answer, card=card, decoupled=decoupled)
+        return await serve_unary(self, answer, ENDPOINT, GRPC, True, request, context)
+
+    async def _answer(self, request, context, rid: str, started: Started, *, card: ModelCard,
+                      decoupled: bool) -> Reply:
+        self._check_model(request.model_name, request.model_version)
+        req = parse_media(request, card, parameter_values(request.parameters), rid)
+        started(card.name)
+        resp = await self._generate(request, req)
+        if decoupled:
+            resp.parameters[FINAL].bool_param = True
+        return Reply(resp)
 
     async def _generate(self, request, req):
         outputs = [bytearray() for _ in range(req.n)]

@@ -28,7 +28,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
@@ -130,7 +130,7 @@ class MediaStore(NatsStore[JetStreamContext]):
             raise _gone()
         return info
 
-    async def open(self, media_id: str) -> tuple[str, int, AsyncIterator[bytes]]:
+    async def open(self, media_id: str) -> tuple[str, int, AsyncGenerator[bytes, None]]:
         """(content type, size, the bytes chunk by chunk); ``NotFound`` for an unknown, expired or deleted id."""
         if not _ID.match(media_id):
             raise _gone()
@@ -138,7 +138,7 @@ class MediaStore(NatsStore[JetStreamContext]):
         content_type = (info.headers or {}).get(CONTENT_TYPE, ["application/octet-stream"])[0]
         return content_type, info.size or 0, self._chunks(media_id, info)
 
-    async def _chunks(self, media_id: str, info: api.ObjectInfo) -> AsyncIterator[bytes]:
+    async def _chunks(self, media_id: str, info: api.ObjectInfo) -> AsyncGenerator[bytes, None]:
         js = await self.opened()
         subject, seq = _chunk_subject(info.nuid), 1
         for _ in range(info.chunks or 0):

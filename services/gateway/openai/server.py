@@ -17,7 +17,7 @@ import orjson
 from google.api import httpbody_pb2
 from meshfront.gateway.v1 import gateway_pb2_grpc
 
-from services.common.errors import MeshError, NotFound
+from services.common.errors import NotFound
 from services.gateway import models_api
 from services.gateway.core.errors import error_body
 from services.gateway.core.openai_request import parse_chat, parse_completion
@@ -29,11 +29,13 @@ from services.gateway.front_door import (
     JSON,
     Generation,
     Models,
-    abort_http,
+    Reply,
+    Started,
     check_model,
     generation_rpc,
     headers,
     http_trailers,
+    unary_rpc,
 )
 from services.gateway.lora_api import LoraAdmin
 from services.gateway.openai.extensions import ResponseExtensions
@@ -109,22 +111,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             return 200, entry
         return await self._json(context, build)
 
-    async def LoadLoraAdapter(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
-        return await self._lora_change(request, context, load=True)
-
-    async def UnloadLoraAdapter(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext):
-        return await self._lora_change(request, context, load=False)
-
-    async def _lora_change(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext, *,
-                           load: bool) -> httpbody_pb2.HttpBody:
+    async def _lora_change(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext, rid: str,
+                           started: Started, *, load: bool) -> Reply:
         """vLLM's answer: a text/plain line; errors in OpenAI's envelope (services/gateway/lora_api.py)."""
-        try:
-            if self._lora is None:
-                raise NotFound("LoRA adapters cannot be loaded through this gateway.")
-            text = await (self._lora.load(request.data) if load else self._lora.unload(request.data))
-        except MeshError as e:
-            await abort_http(context, e)
-        return httpbody_pb2.HttpBody(content_type="text/plain; charset=utf-8", data=text.encode())
+        if self._lora is None:
+            raise NotFound("LoRA adapters cannot be loaded through this gateway.")
+        text = await (self._lora.load(request.data) if load else self._lora.unload(request.data))
+        return Reply(httpbody_pb2.HttpBody(content_type="text/plain; charset=utf-8", data=text.encode()))
+
+    # Administration, not generation: /metrics does not count it (``counted``), as it never has.
+    LoadLoraAdapter = unary_rpc(functools.partial(_lora_change, load=True), "lora load", counted=False)
+    UnloadLoraAdapter = unary_rpc(functools.partial(_lora_change, load=False), "lora unload", counted=False)
 
     async def Health(self, request, context):
         async def build():

@@ -15,10 +15,20 @@ import orjson
 from google.api import httpbody_pb2
 from meshfront.gateway.v1 import responses_pb2_grpc
 
-from services.common.errors import MeshError, NotFound
+from services.common.errors import NotFound
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.to_proto import chat_to_preprocess, postprocess_options
-from services.gateway.front_door import JSON, Generation, Models, abort_http, check_model, generation_rpc, headers
+from services.gateway.front_door import (
+    JSON,
+    Generation,
+    Models,
+    Reply,
+    Started,
+    check_model,
+    generation_rpc,
+    headers,
+    unary_rpc,
+)
 from services.gateway.responses_api.conversation import output_as_input, to_chat
 from services.gateway.responses_api.render import ResponseObjectBuilder, ResponsesRenderer, echo_fields
 from services.gateway.responses_api.request import ResponsesRequest, parse_responses
@@ -65,20 +75,18 @@ class ResponsesServicer(responses_pb2_grpc.ResponsesServiceServicer):
 
     CreateResponse = generation_rpc(_start_response, "responses")
 
-    async def GetResponse(self, request, context: grpc.aio.ServicerContext) -> httpbody_pb2.HttpBody:
-        try:
-            record = await self._store.get(request.response_id)
-            if record is None:
-                raise _not_found(request.response_id)
-        except MeshError as e:
-            await abort_http(context, e)
-        return httpbody_pb2.HttpBody(content_type=JSON, data=orjson.dumps(record["response"]))
+    async def _get(self, request, context: grpc.aio.ServicerContext, request_id: str, started: Started) -> Reply:
+        record = await self._store.get(request.response_id)
+        if record is None:
+            raise _not_found(request.response_id)
+        return Reply(httpbody_pb2.HttpBody(content_type=JSON, data=orjson.dumps(record["response"])))
 
-    async def DeleteResponse(self, request, context: grpc.aio.ServicerContext) -> httpbody_pb2.HttpBody:
-        try:
-            if not await self._store.delete(request.response_id):
-                raise _not_found(request.response_id)
-        except MeshError as e:
-            await abort_http(context, e)
-        return httpbody_pb2.HttpBody(content_type=JSON, data=orjson.dumps(
-            {"id": request.response_id, "object": "response.deleted", "deleted": True}))
+    async def _delete(self, request, context: grpc.aio.ServicerContext, request_id: str, started: Started) -> Reply:
+        if not await self._store.delete(request.response_id):
+            raise _not_found(request.response_id)
+        return Reply(httpbody_pb2.HttpBody(content_type=JSON, data=orjson.dumps(
+            {"id": request.response_id, "object": "response.deleted", "deleted": True})))
+
+    # Reads of the store, not generations: /metrics does not count them (``counted``), as it never has.
+    GetResponse = unary_rpc(_get, "response get", counted=False)
+    DeleteResponse = unary_rpc(_delete, "response delete", counted=False)

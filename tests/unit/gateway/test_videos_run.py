@@ -1,4 +1,4 @@
-"""One video generation's events read in order (videos/generate.py VideoRun): progress until the first chunk,
+"""One video generation's events read in order (media/runner.py VideoRun): progress until the first chunk,
 the chunks, then done; a worker stream out of that order is WorkerFailed, never a truncated video."""
 
 from __future__ import annotations
