@@ -45,7 +45,8 @@ def replica(policy: str) -> Router:
     cards = [WorkerCard(f"w{i}", "127.0.0.1:1", ModelCard("m", "/m", block_size=BLOCK)) for i in range(WORKERS)]
     # kv as a router runs it by default: indexing the workers' KV events (no ingest: the approximate mode).
     router = build_router(lambda _m: cards, policy, ingest=KvEventIngest() if policy == "kv" else None)
-    router.listeners.append(RouterMetrics(registry=CollectorRegistry(), policy_stats=router.policy.stats,
+    router.listeners.append(RouterMetrics(registry=CollectorRegistry(),
+                                          policy_stats=router.kv.stats if router.kv is not None else None,
                                           queued=router.queue.depths, sessions=lambda: len(router.sessions),
                                           disagg_decisions=router.disagg.decisions,
                                           lora_decisions=router.lora.decisions))
