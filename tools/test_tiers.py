@@ -92,10 +92,12 @@ class Runner:
         self.plan, self.jobs, self.pytest_args = plan, jobs, pytest_args
         self.by_name = {t.name: t for t in plan}
         self.changed = threading.Condition()
+        self.printing = threading.Lock()
         self.t0 = time.monotonic()
 
     def say(self, line: str) -> None:
-        print(f"[{time.monotonic() - self.t0:6.0f} s] {line}", flush=True)
+        with self.printing:  # tiers end on their own threads: one line at a time
+            print(f"[{time.monotonic() - self.t0:6.0f} s] {line}", flush=True)
 
     def run(self) -> int:
         LOGS.mkdir(parents=True, exist_ok=True)
