@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from services.cli import COMMANDS
-from services.launcher.engine_env import ENGINES
+from services.launcher.engine_env import ENGINES, MESH
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.deploy
@@ -184,14 +184,15 @@ def test_documented_build_tags_are_the_images_the_manifests_run(kind):
 
 # -- the media worker image (meshfront diffusers: the mesh's own pins, torch first) ----------------------------
 
-def _makefile_torch_pin() -> str:
-    (pin,) = re.findall(r"pip install -q (torch==[0-9.]+)", (ROOT / "Makefile").read_text())
+def _venv_torch_pin() -> str:
+    """The torch that `make venv` installs first (the mesh environment's steps)."""
+    (pin,) = [arg for step in MESH.steps for arg in step.argv if arg.startswith("torch==")]
     return pin
 
 
-def test_the_media_image_installs_the_makefiles_torch_then_the_lock():
+def test_the_media_image_installs_the_venvs_torch_then_the_lock():
     installs = pip_installs(MEDIA_DOCKERFILE)
-    assert installs[0][0] == _makefile_torch_pin(), installs  # torch first, as `make venv` does
+    assert installs[0][0] == _venv_torch_pin(), installs  # torch first, as `make venv` does
     assert installs[1] == ["-r", "requirements/lock.txt"], installs
     assert "requirements/lock.txt" in copy_sources(MEDIA_DOCKERFILE)
     meshfront = [args for args in installs if "." in args]
