@@ -32,7 +32,7 @@ BIN = ROOT / ".venv" / "bin"
 NOT_RUN = -1000
 # The mesh tests that start Phoenix (.venv-phoenix) or SGLang's chat processor (.venv-sglang).
 MESH_WITH_ENVS = ("tests/mesh/test_tracing.py", "tests/mesh/test_chat_processor_sglang.py")
-ENGINE_ENV_PYTEST = ("-m", "pytest", "-o", "addopts=-ra --strict-markers --import-mode=importlib")
+ENGINE_ENV_PYTEST = ("-m", "pytest", "--durations=15", "-o", "addopts=-ra --strict-markers --import-mode=importlib")
 
 
 @dataclasses.dataclass
@@ -53,7 +53,8 @@ class Tier:
 
 
 def tiers() -> list[Tier]:
-    py, pytest = str(BIN / "python"), [str(BIN / "python"), "-m", "pytest"]
+    # Every pytest tier lists its slowest tests in its log, so a test that grows shows where.
+    py, pytest = str(BIN / "python"), [str(BIN / "python"), "-m", "pytest", "--durations=15"]
     env = [py, "-m", "services.launcher.engine_env"]
     lint = [["buf", "lint"], ["buf", "breaking", "protos", "--against", "tools/released-protos.binpb"],
             ["ruff", "check", "."], ["mypy"], ["python", "tools/codegen.py", "--check"],
@@ -63,14 +64,15 @@ def tiers() -> list[Tier]:
         Tier("env-vllm", [*env, "vllm"], pytest=False, takes_slot=False),
         Tier("env-phoenix", [*env, "phoenix"], pytest=False, takes_slot=False),
         Tier("env-sglang", [*env, "sglang"], pytest=False, takes_slot=False),
-        Tier("lint", ["bash", "-c", " && ".join(shlex.join([str(BIN / a[0]), *a[1:]]) for a in lint)], pytest=False),
+        # The rest longest first, so the longest tiers (engine, mesh) are not the last to start.
+        Tier("engine", [*pytest, "tests/engine"], needs=("env-vllm",)),
         # By directory, not by marker: each pytest collects (imports) only its own tests.
-        Tier("unit", [*pytest, "tests/unit"]),
-        Tier("service+deploy", [*pytest, "tests/service", "tests/deploy"]),
         Tier("mesh", [*pytest, "tests/mesh", *(f"--ignore={f}" for f in MESH_WITH_ENVS)]),
+        Tier("service+deploy", [*pytest, "tests/service", "tests/deploy"]),
+        Tier("unit", [*pytest, "tests/unit"]),
+        Tier("lint", ["bash", "-c", " && ".join(shlex.join([str(BIN / a[0]), *a[1:]]) for a in lint)], pytest=False),
         # The mesh tests that run a process from another environment wait for it; the rest of the tier does not.
         Tier("mesh-envs", [*pytest, *MESH_WITH_ENVS], needs=("env-phoenix", "env-sglang")),
-        Tier("engine", [*pytest, "tests/engine"], needs=("env-vllm",)),
         # The adapters checked against the engines' own classes, each in its engine's environment (SGLang cannot
         # run a model on a CPU; this is where its adapter is tested), and our tool-call and reasoning parsers
         # against the engines' on every golden stream (test_*_parser_oracle.py, about a minute each).
@@ -82,6 +84,13 @@ def tiers() -> list[Tier]:
         Tier("engine-env-sglang", [".venv-sglang/bin/python", *ENGINE_ENV_PYTEST, "tests/engine_env/sglang"],
              needs=("env-sglang",)),
     ]
+
+
+def summary(log: str) -> str:
+    """pytest's last "== N passed in T ==" line (engines log after it), or the log's last line."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    pytest_lines = [line for line in lines if line.startswith("=") and " in " in line and line.endswith("=")]
+    return (pytest_lines or lines or [""])[-1].strip("= ")
 
 
 class Runner:
@@ -133,8 +142,7 @@ class Runner:
         tier.ended = time.monotonic()
         text = tier.log.read_text(errors="replace")
         if returncode == 0:
-            last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
-            self.say(f"{tier.name}: passed in {tier.ended - tier.started:.0f} s ({last.strip('= ')})")
+            self.say(f"{tier.name}: passed in {tier.ended - tier.started:.0f} s ({summary(text)})")
         else:
             self.say(f"{tier.name}: FAILED (exit {returncode}) in {tier.ended - tier.started:.0f} s; "
                      f"its log:\n{text}\n[end of {tier.name}'s log]")
