@@ -97,7 +97,10 @@ def test_greedy_output_through_the_two_legs_equals_vllms_aggregated_output(disag
     mesh_logprobs = [lp.logprob for lp in done.choices[0].logprobs.content]
     ids, logprobs = offline_generate_logprobs(vllm_python, str(tiny_lm_dir), prompt_ids, n)
     assert tok.decode(ids) == done.choices[0].message.content
-    assert mesh_logprobs == pytest.approx(logprobs, abs=1e-3)
+    # Within the engine's own precision: vLLM runs the tiny model in bfloat16 on a CPU, and a decode over
+    # transferred KV rounds a few logits one step (2^-6 at these magnitudes) off the aggregated run's, the same
+    # token either way (seen on a machine where the offline reference repeats itself exactly).
+    assert mesh_logprobs == pytest.approx(logprobs, abs=2**-6 + 1e-3)
     # The legs ran where they should: one token on the prefill worker, the rest on the decode worker, which
     # loaded the prompt's full blocks through the connector instead of computing them.
     def delta(worker: str, name: str) -> float:
