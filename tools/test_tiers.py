@@ -94,8 +94,8 @@ def summary(log: str) -> str:
 
 
 class Runner:
-    """Starts tiers in plan order as slots free up; a tier waits for what it needs, and an environment build
-    takes no slot (it is mostly downloading and unpacking, and the tiers that need it wait anyway)."""
+    """Starts tiers in plan order as slots free up; a tier waits for what it needs in its place, and an
+    environment build takes no slot (it is mostly downloading and unpacking, and the tiers that need it wait)."""
 
     def __init__(self, plan: list[Tier], jobs: int, pytest_args: list[str]):
         self.plan, self.jobs, self.pytest_args = plan, jobs, pytest_args
@@ -113,12 +113,17 @@ class Runner:
         waiting, running = list(self.plan), list[Tier]()
         with self.changed:
             while waiting or any(t.returncode is None for t in running):
+                held = 0  # slots kept by waiting tiers
                 for tier in list(waiting):
                     needs = [self.by_name[n] for n in tier.needs if n in self.by_name]
-                    if any(n.returncode is None for n in needs):
-                        continue
-                    busy = sum(1 for t in running if t.returncode is None and t.takes_slot)
+                    busy = held + sum(1 for t in running if t.returncode is None and t.takes_slot)
                     if tier.takes_slot and busy >= self.jobs:
+                        continue
+                    if any(n.returncode is None for n in needs):
+                        # It keeps its place: a later tier must not take the slot it starts in once its
+                        # environment is ready (seconds from the cache; while a cold build runs, the build
+                        # has the cores anyway).
+                        held += tier.takes_slot
                         continue
                     waiting.remove(tier)
                     failed = [n.name for n in needs if n.returncode != 0]
