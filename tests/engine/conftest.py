@@ -89,7 +89,7 @@ def offline_generate_logprobs(python: str, model_dir: str, prompt_ids: list[int]
         "from vllm.inputs import TokensPrompt\n"
         "if __name__ == '__main__':\n"
         "    model_dir, ids, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])\n"
-        "    llm = LLM(model=model_dir, max_model_len=4096, gpu_memory_utilization=0.1)\n"
+        "    llm = LLM(model=model_dir, max_model_len=4096, gpu_memory_utilization=0.1, enforce_eager=True)\n"
         "    out = llm.generate(TokensPrompt(prompt_token_ids=ids), SamplingParams(\n"
         "        temperature=0, max_tokens=n, ignore_eos=True, detokenize=False, logprobs=0))[0].outputs[0]\n"
         "    lps = [position[i].logprob for i, position in zip(out.token_ids, out.logprobs)]\n"

@@ -37,7 +37,7 @@ OFFLINE = (
     "    model_dir, adapter, name, ids, n, rank = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), "
     "int(sys.argv[5]), int(sys.argv[6])\n"
     "    llm = LLM(model=model_dir, max_model_len=4096, gpu_memory_utilization=0.1, enable_lora=True,\n"
-    "              max_lora_rank=rank, max_loras=2)\n"
+    "              max_lora_rank=rank, max_loras=2, enforce_eager=True)\n"
     "    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=False)\n"
     "    base = llm.generate(TokensPrompt(prompt_token_ids=ids), params)[0].outputs[0].token_ids\n"
     "    lora = llm.generate(TokensPrompt(prompt_token_ids=ids), params,\n"
