@@ -70,19 +70,19 @@ def tiers() -> list[Tier]:
         Tier("mesh", [*pytest, "tests/mesh", *(f"--ignore={f}" for f in MESH_WITH_ENVS)]),
         Tier("service+deploy", [*pytest, "tests/service", "tests/deploy"]),
         Tier("unit", [*pytest, "tests/unit"]),
-        Tier("lint", ["bash", "-c", " && ".join(shlex.join([str(BIN / a[0]), *a[1:]]) for a in lint)], pytest=False),
-        # The mesh tests that run a process from another environment wait for it; the rest of the tier does not.
-        Tier("mesh-envs", [*pytest, *MESH_WITH_ENVS], needs=("env-phoenix", "env-sglang")),
         # The adapters checked against the engines' own classes, each in its engine's environment (SGLang cannot
         # run a model on a CPU; this is where its adapter is tested), and our tool-call and reasoning parsers
         # against the engines' on every golden stream (test_*_parser_oracle.py, about a minute each).
         Tier("engine-env-vllm", [".venv-vllm/bin/python", *ENGINE_ENV_PYTEST, "tests/engine_env/vllm"],
              needs=("env-vllm",)),
+        Tier("lint", ["bash", "-c", " && ".join(shlex.join([str(BIN / a[0]), *a[1:]]) for a in lint)], pytest=False),
+        Tier("engine-env-sglang", [".venv-sglang/bin/python", *ENGINE_ENV_PYTEST, "tests/engine_env/sglang"],
+             needs=("env-sglang",)),
+        # The mesh tests that run a process from another environment wait for it; the rest of the tier does not.
+        Tier("mesh-envs", [*pytest, *MESH_WITH_ENVS], needs=("env-phoenix", "env-sglang")),
         # Its own process: its conftest puts vLLM-Omni's source on the path, which the vLLM checks must not see.
         Tier("engine-env-omni", [".venv-vllm/bin/python", *ENGINE_ENV_PYTEST, "tests/engine_env/vllm_omni"],
              needs=("env-vllm",)),
-        Tier("engine-env-sglang", [".venv-sglang/bin/python", *ENGINE_ENV_PYTEST, "tests/engine_env/sglang"],
-             needs=("env-sglang",)),
     ]
 
 
