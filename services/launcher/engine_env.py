@@ -270,6 +270,8 @@ def _link_commands(base_bin: Path, layer_bin: Path) -> None:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
+    # Not services/models/build.py's lock: that module imports the model code, and this one must run on the
+    # system's python before .venv exists.
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
