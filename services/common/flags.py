@@ -39,7 +39,8 @@ class Flags(Protocol):
     """What a service's ``add_flags`` needs: a ``FlagParser`` or one stage of a composed one."""
 
     def add(self, flag: str, *, default: Any = None, type: Any = str, help: str = "",
-            choices: Sequence[Any] | None = None, env: str | None = None) -> None: ...
+            choices: Sequence[Any] | None = None, env: str | None = None, aliases: Sequence[str] = (),
+            dynamo_env: str = "") -> None: ...
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -64,9 +65,15 @@ class FlagParser:
     """An argparse wrapper that gives every flag an env twin."""
 
     def __init__(self, service: str, description: str, env: Mapping[str, str] | None = None, *,
-                 allow_abbrev: bool = True):
+                 allow_abbrev: bool = True, default_overrides: Mapping[str, Any] | None = None):
         self.service = service
         self._env = os.environ if env is None else env
+        # flag -> the default this composition gives it instead of the service's own (``meshfront frontend``
+        # takes Dynamo's defaults: services/frontend/config.py)
+        self._default_overrides = dict(default_overrides or {})
+        # dest -> where its value came from when not the default: "env NAME" (filled by ``add``) or "flag"
+        # (filled by ``parse``); ``--check-config`` prints it
+        self.sources: dict[str, str] = {}
         # allow_abbrev=False where unknown flags pass through to an engine: argparse would otherwise
         # take vLLM's --model for an abbreviation of our --model-dir.
         self._parser = OneLineParser(prog=f"meshfront {service}", description=description,
@@ -78,24 +85,36 @@ class FlagParser:
         return f"MESHFRONT_{self.service.upper()}_{flag.lstrip('-').replace('-', '_').upper()}"
 
     def add(self, flag: str, *, default: Any = None, type: Any = str, help: str = "",
-            choices: Sequence[Any] | None = None, env: str | None = None, owner: str = "") -> None:
-        """Adds ``flag``; ``env`` overrides the twin's name for flags shared by all services."""
+            choices: Sequence[Any] | None = None, env: str | None = None, owner: str = "",
+            aliases: Sequence[str] = (), dynamo_env: str = "") -> None:
+        """Adds ``flag``; ``env`` overrides the twin's name for flags shared by all services.
+
+        ``aliases`` are other spellings of the flag (Dynamo's deprecated ones: ``--kv-events`` for
+        ``--router-kv-events``; a boolean's ``--no-`` forms come with each). ``dynamo_env`` is the flag's
+        Dynamo env twin (``DYN_ROUTER_MODE``), read when the Meshfront twin is not set."""
         owner = owner or self.service
-        if flag in self.owners:
-            raise FlagCollision(f"{flag} of {owner} collides with {flag} of {self.owners[flag]}: resolve it "
-                                "explicitly where the services are composed")
-        self.owners[flag] = owner
+        for name in (flag, *aliases):
+            if name in self.owners:
+                raise FlagCollision(f"{name} of {owner} collides with {name} of {self.owners[name]}: resolve it "
+                                    "explicitly where the services are composed")
+            self.owners[name] = owner
+        default = self._default_overrides.get(flag, default)
         env_name = env or self.env_name(flag)
-        if env_name in self._env:
-            default = self._from_env(flag, env_name, self._env[env_name], type, choices)
-        kwargs: dict[str, Any] = {"default": default, "help": f"{help} [env {env_name}; default {default!r}]"}
+        twins = [env_name, *([dynamo_env] if dynamo_env else [])]
+        for twin in twins:
+            if twin in self._env:
+                default = self._from_env(flag, twin, self._env[twin], type, choices)
+                self.sources[_dest(flag)] = f"env {twin}"
+                break
+        kwargs: dict[str, Any] = {"default": default, "dest": _dest(flag),
+                                  "help": f"{help} [env {' or '.join(twins)}; default {default!r}]"}
         if type is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = type
             if choices is not None:
                 kwargs["choices"] = choices
-        self._target(owner).add_argument(flag, **kwargs)
+        self._target(owner).add_argument(flag, *aliases, **kwargs)
 
     def _target(self, owner: str) -> Any:
         if owner == self.service:
@@ -144,7 +163,18 @@ class FlagParser:
         return args
 
     def parse(self, argv: Sequence[str] | None) -> argparse.Namespace:
-        return self._check_env(self._parser.parse_args(argv))
+        args = self._check_env(self._parser.parse_args(argv))
+        self._note_given(argv)
+        return args
+
+    def _note_given(self, argv: Sequence[str] | None) -> None:
+        """Marks the flags on the command line as "flag" in ``sources`` (argparse does not say which values it
+        parsed and which are defaults). Runs after a successful parse, so every option string is a real one."""
+        known = self._parser._option_string_actions  # noqa: SLF001 - argparse's own option table
+        for token in argv if argv is not None else []:
+            action = known.get(token.split("=", 1)[0]) if token.startswith("-") else None
+            if action is not None and action.dest not in ("help", argparse.SUPPRESS):
+                self.sources[action.dest] = "flag"
 
     def parse_known(self, argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         """Parses this parser's flags and returns the others untouched (an engine's, passed through)."""
@@ -170,13 +200,14 @@ class StageFlags:
         return f"MESHFRONT_{self.service.upper()}_{flag.lstrip('-').replace('-', '_').upper()}"
 
     def add(self, flag: str, *, default: Any = None, type: Any = str, help: str = "",
-            choices: Sequence[Any] | None = None, env: str | None = None) -> None:
+            choices: Sequence[Any] | None = None, env: str | None = None, aliases: Sequence[str] = (),
+            dynamo_env: str = "") -> None:
         if flag in self._fixed:
             value, why = self._fixed[flag]
             self.parser.fix(flag, value, self.service, why)
             return
         self.parser.add(flag, default=default, type=type, help=help, choices=choices,
-                        env=env or self.env_name(flag), owner=self.service)
+                        env=env or self.env_name(flag), owner=self.service, aliases=aliases, dynamo_env=dynamo_env)
         self.offered.append(flag)
 
 
