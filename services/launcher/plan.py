@@ -111,6 +111,11 @@ class MeshPlan:
     nats_route_ports: list[int] = dataclasses.field(default_factory=list)
     # An OTLP/gRPC collector ("http://127.0.0.1:4317"): every process and Envoy send it their spans (tracing on).
     otlp_endpoint: str = ""
+    # A NATS the plan does not start (``meshfront frontend`` joins the one its workers registered in): every
+    # process gets this URL and ``specs`` starts no nats-server.
+    external_nats_url: str = ""
+    # The address Envoy's listener binds (``--http-host``); the processes behind it stay on loopback.
+    http_host: str = "127.0.0.1"
 
     def process_flags(self, name: str) -> list[str]:
         """Flags the plan gives the process called ``name``: its metrics port and the --tls-* set."""
@@ -172,6 +177,8 @@ class MeshPlan:
     @property
     def nats_url(self) -> str:
         """Every node's URL: a client fails over to another node when its own goes away."""
+        if self.external_nats_url:
+            return self.external_nats_url
         return ",".join(f"nats://127.0.0.1:{p}" for p in self.nats_ports)
 
     @property
@@ -296,7 +303,7 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
     env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     if plan.otlp_endpoint:  # spans leave every half second (the SDK's default is 5 s): a trace shows up at once
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT=plan.otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="500")
-    out = nats_specs(plan)
+    out = [] if plan.external_nats_url else nats_specs(plan)
     for i, (w, port) in enumerate(zip(plan.workers, plan.worker_ports, strict=True)):
         out.append(ProcessSpec(f"{w.kind}-{i}", worker_argv(w.kind, "--port", str(port), "--model-dir", w.model_dir,
                                                             "--model-name", w.model_name, *common, *w.extra,
@@ -336,7 +343,7 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
         out.append(ProcessSpec(f"gateway-{i}", _py(gateway_module, "--port", str(port), *common, *stage,
                                                    *plan.process_flags(f"gateway-{i}")), port, env))
     envoy_yaml = plan.run_dir / f"envoy-{plan.http_port}.yaml"
-    envoy_yaml.write_text(envoy_config.render(listen_host="127.0.0.1", listen_port=plan.http_port,
+    envoy_yaml.write_text(envoy_config.render(listen_host=plan.http_host, listen_port=plan.http_port,
                                               admin_port=plan.admin_port, tls=plan.tls,
                                               upstream_tls=_envoy_upstream_tls(plan),
                                               gateways=[("127.0.0.1", p) for p in plan.gateway_ports],
