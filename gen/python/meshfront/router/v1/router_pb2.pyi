@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouteRequest(_message.Message):
-    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "first_tokens", "session_id", "session_action", "session_timeout_s", "priority_jump_s", "prefill_worker_id", "decode_worker_id", "explain")
+    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "first_tokens", "session_id", "session_action", "session_timeout_s", "priority_jump_s", "prefill_worker_id", "decode_worker_id", "explain", "affinity_session_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class RouteRequest(_message.Message):
     PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DECODE_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    AFFINITY_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -38,7 +39,8 @@ class RouteRequest(_message.Message):
     prefill_worker_id: str
     decode_worker_id: str
     explain: bool
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ..., prefill_worker_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., explain: _Optional[bool] = ...) -> None: ...
+    affinity_session_id: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ..., prefill_worker_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., explain: _Optional[bool] = ..., affinity_session_id: _Optional[str] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
     __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token", "reads_first_token_reports", "queue_depth", "prefill_worker_id", "prefill_address", "prefill_overlap_blocks", "disaggregation_reason", "decision")
