@@ -38,13 +38,17 @@ def main_module(command: str) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in {"-h", "--help"}:
-        print("usage: meshfront {run,trace," + ",".join(COMMANDS) + "} [flags]  (each command has --help)")
+        print("usage: meshfront {run,frontend,trace," + ",".join(COMMANDS) + "} [flags]  (each command has --help)")
         sys.exit(0 if args else 2)
     command, rest = args[0], args[1:]
     if command == "run":
         from services.launcher.run import main as run_main
 
         sys.exit(run_main(rest))
+    if command == "frontend":  # Dynamo's python -m dynamo.frontend, its flags and DYN_* twins
+        from services.frontend.main import main as frontend_main
+
+        sys.exit(frontend_main(rest))
     if command == "trace":  # a request's span tree from the trace viewer (meshfront run --trace)
         from services.launcher.trace_cli import main as trace_main
 

@@ -166,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--free-ports", action="store_true",
                    help="internal ports (NATS, gateways, stages, workers, Envoy admin) on free ports instead "
                    "of 4222 and 9100-9901; --http-port stays as given (a second mesh beside a running one)")
+    p.add_argument("--nats-port", type=int, default=0,
+                   help="the NATS port (default 4222, or a free one with --free-ports): where a `meshfront frontend` "
+                        "elsewhere finds these workers (--nats-url nats://HOST:PORT)")
     p.add_argument("--run-dir", default="", help=f"NATS store and Envoy config (default {ROOT / '.run'})")
     return p
 
@@ -263,7 +266,7 @@ def _check_files(args: argparse.Namespace) -> None:
 
 
 def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float,
-                         models: frozenset[str] = frozenset()) -> None:
+                         models: frozenset[str] = frozenset(), nats_url: str = "") -> None:
     """Prints the URL once /health answers 200 and lists every model in ``models`` (the embedding worker
     loads torch and its weights after the mocker workers are long registered)."""
     deadline = time.monotonic() + timeout_s
@@ -273,8 +276,9 @@ def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float,
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=1, context=context) as r:  # noqa: S310 - ours
                 if r.status == 200 and models <= set(json.loads(r.read()).get("models", {})):
+                    frontend = f"  another frontend: meshfront frontend --nats-url {nats_url}\n" if nats_url else ""
                     print(f"\n  Meshfront is up: {url}/v1  (OpenAI API and KServe gRPC on this port)\n"
-                          f"  try: curl {url}/v1/models\n  Ctrl-C stops everything.\n", flush=True)
+                          f"  try: curl {url}/v1/models\n{frontend}  Ctrl-C stops everything.\n", flush=True)
                     return
         except (OSError, ValueError):
             pass
@@ -339,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     scheme = "https" if plan.tls else "http"
     threading.Thread(target=_announce_when_ready, args=(f"{scheme}://127.0.0.1:{args.http_port}", stop,
                                                         READY_TIMEOUT_S[args.worker_kind],
-                                                        frozenset(w.model_name for w in plan.workers)),
+                                                        frozenset(w.model_name for w in plan.workers),
+                                                        plan.nats_url),
                      daemon=True).start()
     if viewer is not None:
         threading.Thread(target=trace_viewer.announce_when_up, args=(f"http://127.0.0.1:{viewer.ready_port}", stop),
@@ -398,6 +403,8 @@ def _placement(args: argparse.Namespace) -> dict:
                  "nats_route_ports": [free_port() for _ in range(args.nats_cluster)],
                  **{k: free_port() for k in ("admin_port", "nats_port", "preprocessor_port", "router_port",
                                              "postprocessor_port")}}
+    if args.nats_port:
+        ports["nats_port"] = args.nats_port
     if args.run_dir:
         ports["run_dir"] = pathlib.Path(args.run_dir).resolve()
     return ports
