@@ -41,7 +41,7 @@ def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.Mesh
     workers = MuxWorkerClient(tls)
     releaser = GrpcKvReleaser(tls, registry.workers_for)  # the prefill worker's card says who releases
     model_files = ModelFilesResolver(cfg.nats_url)  # the tokenizer comes from NATS: no model volume needed
-    postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit),
+    postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit, cfg.migration_max_seq_len),
                                   idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor,
                                   kv_releaser=releaser, model_files=model_files)
     closers.append(warm_each_new_model(registry, postprocessor.warm))

@@ -32,12 +32,15 @@ class PostprocessorConfig:
     tls_ca: str = ""
     # How long a migration waits for an unreachable router (one restarting) before the request fails.
     router_wait_s: float = DEFAULT_WAIT_S
+    migration_max_seq_len: int | None = None  # None: no limit
 
     def validate(self) -> None:
         """Raises ValueError listing every invalid setting."""
         errors = common_errors(self.port, self.drain_grace_s)
         if self.migration_limit < 0:
             errors.append(f"--migration-limit {self.migration_limit} must be >= 0")
+        if self.migration_max_seq_len is not None and self.migration_max_seq_len < 1:
+            errors.append(f"--migration-max-seq-len {self.migration_max_seq_len} must be >= 1 (unset: no limit)")
         if self.stream_idle_timeout_s < 0:
             errors.append(f"--stream-idle-timeout-s {self.stream_idle_timeout_s:g} must be >= 0 (0 = off)")
         if self.chat_processor not in CHAT_PROCESSORS:
@@ -64,7 +67,12 @@ def add_flags(p: Flags) -> None:
     p.add("--stream-idle-timeout-s", default=DEFAULT_IDLE_TIMEOUT_S, type=float,
           help="silence after a worker's first tokens that counts as a frozen worker (the stream migrates; 0: off)")
     p.add("--migration-limit", default=DEFAULT_MIGRATION_LIMIT, type=int,
-          help="how many times one request may move to another worker after its worker failed (0: never)")
+          help="how many times one request may move to another worker after its worker failed (0: never)",
+          dynamo_env="DYN_MIGRATION_LIMIT")
+    p.add("--migration-max-seq-len", default=None, type=int, dynamo_env="DYN_MIGRATION_MAX_SEQ_LEN",
+          help="a request whose prompt + generated tokens exceed this is not migrated when its worker fails "
+               "(it fails as without migration; counted in meshfront_postprocessor_migration_max_seq_len_exceeded"
+               "_total); unset: no limit")
     p.add("--chat-processor", default=DEFAULT_CHAT_PROCESSOR,
           help=f"whose tool-call and reasoning parsers to use: {' | '.join(CHAT_PROCESSORS)} "
                "(vllm and sglang need that extra installed; see docs/parsers.md)")

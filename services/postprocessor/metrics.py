@@ -15,6 +15,7 @@ class PostprocessorMetrics:
     worker_failures: Counter
     migrations: Counter
     resumes: Counter
+    migration_max_seq_len_exceeded: Counter
 
 
 @functools.cache  # once per process: the all-in-one process and tests build several postprocessors
@@ -26,4 +27,8 @@ def postprocessor_metrics() -> PostprocessorMetrics:
         worker_failures=Counter(f"{p}worker_failures", "Worker streams that failed, by reason", ["reason"]),
         migrations=Counter(f"{p}migrations", "Requests moved to another worker after a failure"),
         resumes=Counter(f"{p}resumes", "Requests taken over mid-stream from a replica that went away"),
+        migration_max_seq_len_exceeded=Counter(
+            f"{p}migration_max_seq_len_exceeded",
+            "Requests not migrated after a worker failure because prompt + generated tokens exceeded "
+            "--migration-max-seq-len", ["model"]),
     )

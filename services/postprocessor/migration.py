@@ -87,11 +87,15 @@ class Migrator:
     Args:
         router: where to ask for another worker; None disables migration.
         limit: how many times one request may move (0 disables migration).
+        max_seq_len: a request whose prompt + generated tokens exceed this is no longer moved (None: no limit;
+            Dynamo's ``--migration-max-seq-len``).
     """
 
-    def __init__(self, router: RouterClient | None, limit: int = DEFAULT_MIGRATION_LIMIT):
+    def __init__(self, router: RouterClient | None, limit: int = DEFAULT_MIGRATION_LIMIT,
+                 max_seq_len: int | None = None):
         self._router = router
         self.limit = limit
+        self.max_seq_len = max_seq_len
         self.migrations = 0
         self._reports: set[asyncio.Task] = set()  # first-token reports on their way (held: not collected)
 
@@ -117,6 +121,12 @@ class Migrator:
             raise error
         if len(failed) > self.limit:
             log.warning("request %s: migration limit %d reached", request.request_id, self.limit)
+            raise error
+        if self.max_seq_len is not None and len(request.token_ids) + generated > self.max_seq_len:
+            # Checked here, at the failure, not per token: the token path pays nothing for the limit.
+            log.warning("request %s not migrated: %d prompt + %d generated tokens exceed --migration-max-seq-len %d",
+                        request.request_id, len(request.token_ids), generated, self.max_seq_len)
+            postprocessor_metrics().migration_max_seq_len_exceeded.labels(request.model).inc()
             raise error
         assert self._router is not None
         try:

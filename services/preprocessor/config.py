@@ -78,6 +78,7 @@ def add_flags(p: Flags) -> None:
           help='JSON object of chat template kwargs under every request\'s own, e.g. \'{"enable_thinking": false}\' '
                "for a deployment whose default thinking mode is off")
     p.add("--hide-tools-for-tool-choice-none", default=True, type=bool,
+          aliases=("--exclude-tools-when-tool-choice-none",), dynamo_env="DYN_EXCLUDE_TOOLS_WHEN_TOOL_CHOICE_NONE",
           help="tool_choice none hides the tools from the chat template (Dynamo's default)")
     p.add("--chat-template", default="",
           help="Jinja chat template file used instead of the model directory's (every model this "

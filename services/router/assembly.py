@@ -17,6 +17,7 @@ from services.router.core.conditional import DisaggSettings
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.policies import KV_MODE, KvSettings, build_policy, kv_policy
 from services.router.core.policies.kv_aware import KvAware
+from services.router.core.worker_gate import WorkerGate
 from services.router.events import KvEventSubscriber, ReplicaSync
 from services.router.metrics import RouterMetrics
 from services.router.service import Router, WorkerLookup
@@ -45,16 +46,17 @@ def build_router(workers_for: WorkerLookup, mode: str, kv: KvSettings | None = N
 def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: CollectorRegistry = REGISTRY) -> Built[Router]:
     """The router over ``registry`` (subscribed to it; the caller starts it after building).
 
-    Parts: ``ingest`` (the KV event ingest, None outside kv mode or with --no-kv-events), ``events``
+    Parts: ``ingest`` (the KV event ingest, None outside kv mode or with --no-router-kv-events), ``events``
     (its NATS subscriber), ``sync`` (replica sync), ``metrics``. ``metrics_registry`` defaults to the
     process registry, so that /metrics also has process_* and python_gc_* like every service.
     """
-    ingest = KvEventIngest() if cfg.router_mode == KV_MODE and cfg.kv_events else None
+    ingest = KvEventIngest() if cfg.router_mode == KV_MODE and cfg.router_kv_events else None
     kv = KvSettings(overlap_weight=cfg.kv_overlap_weight, temperature=cfg.router_temperature,
                     hotspot_ratio=cfg.hotspot_ratio, ttl_s=cfg.router_ttl_secs)
     router = build_router(registry.workers_for, cfg.router_mode, kv, ingest,
                           busy=BusyThreshold(cfg.max_in_flight_per_worker), queue_timeout_s=cfg.queue_timeout_s,
                           disagg=cfg.disagg)
+    router.gate = WorkerGate(cfg.router_min_initial_workers)  # before the registry's first cards reach it
     registry.subscribe(router.on_worker_change)
     metrics = RouterMetrics(registry=metrics_registry, ingest=ingest,
                             policy_stats=router.kv.stats if router.kv is not None else None,
@@ -76,4 +78,3 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
         built.closers.append(sync.close)
         built.parts["sync"] = sync
     return built
-

@@ -24,7 +24,7 @@ class RouterConfig:
     max_in_flight_per_worker: int
     kv_overlap_weight: float = 5.0
     router_temperature: float = 0.0
-    kv_events: bool = True
+    router_kv_events: bool = True
     router_ttl_secs: float = 120.0
     hotspot_ratio: float = 3.0
     router_replica_sync: bool = True
@@ -36,6 +36,7 @@ class RouterConfig:
     router_conditional_disagg: bool = False
     router_conditional_disagg_config: str = ""
     enforce_disagg: bool = False
+    router_min_initial_workers: int = 0
 
     @property
     def disagg(self) -> DisaggSettings:
@@ -57,6 +58,8 @@ class RouterConfig:
             errors.append(f"--kv-overlap-weight {self.kv_overlap_weight:g} must be >= 0")
         if self.hotspot_ratio < 1:
             errors.append(f"--hotspot-ratio {self.hotspot_ratio:g} must be >= 1 (a multiple of a fair share)")
+        if self.router_min_initial_workers < 0:
+            errors.append(f"--router-min-initial-workers {self.router_min_initial_workers} must be >= 0 (0 = no wait)")
         if self.router_ttl_secs <= 0:
             errors.append(f"--router-ttl-secs {self.router_ttl_secs:g} must be > 0")
         try:
@@ -76,31 +79,42 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
 
 def add_flags(p: Flags) -> None:
     """The router's own flags (not the common ones); the all-in-one process offers them too."""
-    p.add("--router-mode", default="round-robin", choices=POLICY_NAMES, help="routing policy")
+    p.add("--router-mode", default="round-robin", choices=POLICY_NAMES, help="routing policy",
+          dynamo_env="DYN_ROUTER_MODE")
     p.add("--kv-overlap-weight", default=5.0, type=float, help="kv: weight of prefill blocks against decode load")
-    p.add("--router-temperature", default=0.0, type=float, help="kv: 0 = cheapest worker; > 0 = softmax sampling")
-    p.add("--kv-events", default=True, type=bool,
-          help="kv: index workers' KV events (--no-kv-events: predict from own decisions, approximate mode)")
-    p.add("--router-ttl-secs", default=120.0, type=float, help="kv approximate mode: life of a predicted block")
+    p.add("--router-temperature", default=0.0, type=float, help="kv: 0 = cheapest worker; > 0 = softmax sampling",
+          dynamo_env="DYN_ROUTER_TEMPERATURE")
+    # Dynamo's spelling; ours (--kv-events) stays an alias and keeps its env twin, so deployments that set
+    # MESHFRONT_ROUTER_KV_EVENTS go on working.
+    p.add("--router-kv-events", default=True, type=bool, aliases=("--kv-events",), env="MESHFRONT_ROUTER_KV_EVENTS",
+          dynamo_env="DYN_ROUTER_USE_KV_EVENTS",
+          help="kv: index workers' KV events (--no-router-kv-events: predict from own decisions, approximate mode)")
+    p.add("--router-ttl-secs", default=120.0, type=float, help="kv approximate mode: life of a predicted block",
+          dynamo_env="DYN_ROUTER_TTL_SECS")
     p.add("--hotspot-ratio", default=3.0, type=float,
           help="kv: a worker above this multiple of its fair share of in-flight requests is skipped")
     p.add("--router-replica-sync", default=True, type=bool,
           help="share with other router replicas over NATS the bookings their decisions read (every one under "
                "a load-reading policy or a busy threshold; else those of sessions, adapters, migrations and "
-               "models with prefill workers)")
+               "models with prefill workers)", dynamo_env="DYN_ROUTER_REPLICA_SYNC")
     p.add("--max-in-flight-per-worker", default=0, type=int,
           help="in-flight requests (booked by this router) that make a worker busy; when every worker "
                "of a model is busy, requests fail fast with 503 / RESOURCE_EXHAUSTED (0 = no limit)")
     p.add("--router-conditional-disagg", default=False, type=bool,
           help="with prefill workers: a request may run aggregated on its decode worker instead of split, as "
-               "--router-conditional-disagg-config decides (Dynamo's flag)")
+               "--router-conditional-disagg-config decides (Dynamo's flag)", dynamo_env="DYN_ROUTER_CONDITIONAL_DISAGG")
     p.add("--router-conditional-disagg-config", default="",
           help="JSON object (Dynamo's keys): policy isl_bounding|prefill_load|isl_or_load, eff_isl_threshold "
                "(2048), eff_isl_ratio_threshold (0.7), prefill_busy_threshold, decode_busy_threshold; and "
-               "max_local_prefill_length (0: off). docs/architecture.md, 'Disaggregated prefill and decode'")
+               "max_local_prefill_length (0: off). docs/architecture.md, 'Disaggregated prefill and decode'",
+          dynamo_env="DYN_ROUTER_CONDITIONAL_DISAGG_CONFIG")
     p.add("--enforce-disagg", default=False, type=bool,
           help="never run a request aggregated for want of a prefill worker (none registered, all busy or "
-               "excluded): fail it with 503 instead (Dynamo's flag)")
+               "excluded): fail it with 503 instead (Dynamo's flag; Dynamo 1.6.1 accepts and ignores it)",
+          dynamo_env="DYN_ENFORCE_DISAGG")
+    p.add("--router-min-initial-workers", default=0, type=int, dynamo_env="DYN_ROUTER_MIN_INITIAL_WORKERS",
+          help="at start: hold Route calls and report NOT_SERVING until this many workers are registered; "
+               "open for good from then on (0 = no wait)")
     p.add("--queue-timeout-s", default=0.0, type=float,
           help="with --max-in-flight-per-worker: how long a request may wait for a busy model, served in "
                "priority order (nvext.agent_hints.priority), before the 503 (0 = fail at once)")

@@ -18,6 +18,8 @@ from services.router.service import Router
 def _serve(router: Built[Router], server: GrpcServer) -> None:
     servicer = RouterServicer(router.service, router.parts["metrics"].route_duration)
     router_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server.server)
+    if not router.service.gate.is_open:  # --router-min-initial-workers: not SERVING before the workers are
+        server.ready_when(router.service.gate.wait)
 
 
 # The router's metrics (services/router/metrics.py) are registered by its build.

@@ -28,6 +28,7 @@ from services.router.core.policies.kv_aware import KvAware
 from services.router.core.sessions import SessionAffinity
 from services.router.core.types import Candidate, Decision, RouteQuery
 from services.router.core.wait_queue import WaitQueue
+from services.router.core.worker_gate import WorkerGate
 from services.router.disagg import Disagg, Shape, check_pins, is_prefill_leg, prefill_leg_id
 from services.router.lora import AdapterRouting
 from services.router.route_trace import route_attributes
@@ -67,8 +68,12 @@ class Router:
         self.queue: WaitQueue[router_pb2.RouteResponse] = WaitQueue()
         # Router replicas share every booking when a decision here weighs what is booked (see _replicates).
         self.shares_load = self.policy.reads_load or self.busy.enabled
+        # --router-min-initial-workers: Route calls wait until that many workers registered (core/worker_gate.py);
+        # open unless the assembly sets one up.
+        self.gate = WorkerGate()
 
     def on_worker_change(self, worker_id: str, card: WorkerCard | None) -> None:
+        self.gate.on_worker_change(worker_id, card is not None)
         if card is None:
             self.bookings.drop_worker(worker_id)
             self.sessions.drop_worker(worker_id)
@@ -89,6 +94,8 @@ class Router:
                           c.total_kv_blocks, c.max_num_batched_tokens) for c in cards]
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
+        if not self.gate.is_open:  # still starting: too few workers registered to route on yet
+            await self.gate.wait()
         if not tracing.ENABLED:
             return await self._route(req)
         with tracing.span("route", {"meshfront.model": req.model,

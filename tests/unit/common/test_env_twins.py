@@ -77,7 +77,7 @@ def test_an_env_twin_that_is_not_of_the_flags_type_is_one_line_and_exit_2(env, v
 @pytest.mark.parametrize(("raw", "value"), [("1", True), ("true", True), ("On", True), ("0", False),
                                             ("false", False), ("no", False)])
 def test_boolean_env_twins(raw, value):
-    assert router_config.parse_config([], {"MESHFRONT_ROUTER_KV_EVENTS": raw}).kv_events is value
+    assert router_config.parse_config([], {"MESHFRONT_ROUTER_KV_EVENTS": raw}).router_kv_events is value
 
 
 def test_an_argparse_error_is_one_line_naming_the_command(capsys):
