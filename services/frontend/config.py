@@ -191,6 +191,7 @@ def parse(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> F
     """Parses and checks ``argv`` and the env twins. Raises ConfigError (one line) for a refused flag or value, a
     bad combination or a bad stage setting; argparse exits 2 itself for an unknown flag or a bad type."""
     env = os.environ if env is None else env
+    _refuse_values(argv or [], env)
     p = parser(env)
     args = p.parse(argv)
     settings: dict[str, Setting] = {}
@@ -213,6 +214,19 @@ def parse(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> F
     return cfg
 
 
+def _refuse_values(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    """A refused value of an honoured flag, on the command line or in its Dynamo env twin: refused with its
+    reason before argparse would call it merely an invalid choice."""
+    twins = {f.flag: f.env for f in dynamo_flags() if f.flag in REFUSED_VALUES}
+    for flag, refused in REFUSED_VALUES.items():
+        given = [env.get(twins[flag], "")]
+        given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+        given += [a.split("=", 1)[1] for a in argv if a.startswith(f"{flag}=")]
+        for value in given:
+            if value in refused:
+                raise ConfigError(f"{flag} {value}: not supported by Meshfront: {refused[value]}")
+
+
 def _refuse(flag: str, value: Any) -> None:
     text = str(value)
     if text not in REFUSED[flag].accepts:
@@ -221,11 +235,6 @@ def _refuse(flag: str, value: Any) -> None:
 
 def _check(cfg: FrontendConfig) -> None:
     """Values and combinations no single stage can judge, then every stage's own checks."""
-    for flag, values in REFUSED_VALUES.items():
-        name = flag.lstrip("-").replace("-", "_")
-        value = str(cfg.settings[name].value)
-        if value in values:
-            raise ConfigError(f"{flag} {value}: not supported by Meshfront: {values[value]}")
     if bool(cfg.tls_cert_path) != bool(cfg.tls_key_path):
         raise ConfigError("--tls-cert-path and --tls-key-path must be provided together")
     if cfg.tls_client_ca_cert_path and not cfg.tls_cert_path:
