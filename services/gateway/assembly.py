@@ -27,10 +27,11 @@ from services.common import tls as mesh_tls
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer
+from services.common.namespace import Namespace
 from services.common.stage_wait import DEFAULT_WAIT_S
 from services.gateway import clients, frontend_metrics
 from services.gateway.anthropic.server import AnthropicServicer
-from services.gateway.config import GatewayConfig
+from services.gateway.config import ApiSwitches, GatewayConfig
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.edge.replicas import ReplicaMetrics
 from services.gateway.edge.server import EdgeServicer
@@ -46,6 +47,7 @@ from services.gateway.media.pipeline import MediaPipeline
 from services.gateway.media.server import MediaFilesServicer
 from services.gateway.media.store import MediaStore, media_url
 from services.gateway.media.worker_client import GrpcMediaWorker
+from services.gateway.openai.dispatch import ChatOutput
 from services.gateway.openai.server import GatewayServicer
 from services.gateway.postprocessor_mux import MuxPostprocessor
 from services.gateway.releases import RidingReleases
@@ -84,6 +86,8 @@ class Gateway:
     public_url: str = ""
     # /v1/load_lora_adapter and /v1/unload_lora_adapter across the workers (None: both answer 404).
     lora_workers: GrpcLoraWorkers | None = None
+    # --reasoning-field-name, --enable-anthropic-api, --kserve-grpc-server and the others (config.py).
+    api: ApiSwitches = ApiSwitches()
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -94,11 +98,15 @@ class Gateway:
                                         warming=lambda: self.warmup.warming if not self.warmup.ready.is_set() else [],
                                         unavailable=lambda: self.stages.unavailable,
                                         lora=LoraAdmin(self.registry.models, self.lora_workers)
-                                        if self.lora_workers is not None else None)
+                                        if self.lora_workers is not None else None,
+                                        chat=ChatOutput(self.api.reasoning_field_name,
+                                                        tool_dispatch=self.api.enable_streaming_tool_dispatch,
+                                                        reasoning_dispatch=self.api.enable_streaming_reasoning_dispatch))
         self.kserve = kserve.KServeServicer(self.pipeline, self.registry.models, lambda: self.draining,
                                             media=self.media)
         self.responses = ResponsesServicer(self.pipeline, self.registry.models, self.response_store)
-        self.anthropic = AnthropicServicer(self.pipeline, self.registry.models)
+        self.anthropic = AnthropicServicer(self.pipeline, self.registry.models, enabled=self.api.enable_anthropic_api,
+                                           strip_preamble=self.api.strip_anthropic_preamble)
         self.edge = EdgeServicer(self.metrics)
         self.embeddings_servicer = EmbeddingsServicer(self.embeddings, self.registry.models)
         self.media_files = MediaFilesServicer(self.media_store)
@@ -123,7 +131,7 @@ class Gateway:
         media_pb2_grpc.add_MediaFilesServiceServicer_to_server(self.media_files, server.server)
         images_pb2_grpc.add_ImagesServiceServicer_to_server(self.images, server.server)
         videos_pb2_grpc.add_VideosServiceServicer_to_server(self.videos, server.server)
-        kserve.add_to_server(self.kserve, server.server)
+        kserve.add_to_server(self.kserve, server.server, enabled=self.api.kserve_grpc_server)
         server.on_drain(self.start_drain)
         server.ready_when(self.warmup.ready.wait)
         self._server = server
@@ -171,22 +179,24 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
         post = mux_post = MuxPostprocessor(cfg.postprocessor, tls, cfg.stage_wait_s)
         probes["postprocessor"] = mux_post.unreachable
         closers.append(mux_post.close)
-    store = ResponseStore(cfg.nats_url, cfg.responses_ttl_s)
+    namespace = Namespace.of(cfg.namespace)  # its stores and replica subjects (services/common/namespace.py)
+    store = ResponseStore(cfg.nats_url, cfg.responses_ttl_s, namespace=namespace)
     # Every request family exists from the first scrape; /metrics at the edge gathers all replicas'.
     recorder = frontend_metrics.configure(cfg.metrics_prefix)
-    metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry)
+    metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry,
+                             namespace=namespace)
     embed_workers = GrpcEmbedWorker(tls)
     media_workers = GrpcMediaWorker(tls)
     lora_workers = GrpcLoraWorkers(tls)
-    media_store = MediaStore(cfg.nats_url, cfg.media_url_ttl_s)
+    media_store = MediaStore(cfg.nats_url, cfg.media_url_ttl_s, namespace=namespace)
     media = MediaPipeline(route, media_workers)
-    job_store = JobStore(cfg.nats_url)
+    job_store = JobStore(cfg.nats_url, namespace=namespace)
     jobs = VideoJobs(job_store, media_store, media, cfg.media_url_ttl_s)
     gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
                       metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers),
                       media=media, media_store=media_store, video_jobs=jobs,
                       stage_probes=probes, stage_wait_s=cfg.stage_wait_s, public_url=cfg.public_url,
-                      lora_workers=lora_workers)
+                      lora_workers=lora_workers, api=cfg.api_switches())
     # The video jobs close first: each running one hands its lease back through the stores still open.
     return Built(gateway, background=[store.run, media_store.run, job_store.run, jobs.sweep, metrics.run,
                                       gateway.warmup.run, gateway.watch_stages],

@@ -14,6 +14,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
+from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
 from services.common.stage_wait import DEFAULT_WAIT_S
 from services.common.targets import split_target
 from services.gateway.core.nvext import MAX_STREAM_INTERVAL
@@ -24,6 +25,21 @@ DEFAULT_RESPONSES_TTL_S = 3600
 DEFAULT_MEDIA_URL_TTL_S = 3600
 # The longest a generated image or video stays behind its URL (the media bucket's max age).
 MAX_MEDIA_URL_TTL_S = 7 * 24 * 3600
+# The chat completion field that carries reasoning (--reasoning-field-name): vLLM's and Dynamo's name, or the
+# one OpenAI-compatible clients such as OpenRouter's read.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiSwitches:
+    """Dynamo's switches over the gateway's APIs (``add_api_switches``); the defaults are Meshfront's."""
+
+    reasoning_field_name: str = REASONING_FIELDS[0]
+    enable_anthropic_api: bool = True
+    strip_anthropic_preamble: bool = True
+    kserve_grpc_server: bool = True
+    enable_streaming_tool_dispatch: bool = False
+    enable_streaming_reasoning_dispatch: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +55,10 @@ class GatewayConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    # --namespace / --namespace-prefix (services/common/namespace.py): whose workers it sees, where its own
+    # NATS subjects and stores live.
+    namespace: str = DEFAULT_NAMESPACE
+    namespace_prefix: str = ""
     # How long a stored Responses API response (and the conversation behind it) stays in NATS.
     responses_ttl_s: int = DEFAULT_RESPONSES_TTL_S
     # How long a generated image or video stays behind its URL (response_format "url").
@@ -51,6 +71,21 @@ class GatewayConfig:
     drain_grace_s: float = 10.0
     # How long a request waits for an unreachable preprocessor, router or postprocessor (a restart).
     stage_wait_s: float = DEFAULT_WAIT_S
+    # The API switches Dynamo's frontend has (docs/openai-extensions.md, "Gateway switches").
+    reasoning_field_name: str = REASONING_FIELDS[0]
+    enable_anthropic_api: bool = True
+    strip_anthropic_preamble: bool = True
+    kserve_grpc_server: bool = True
+    enable_streaming_tool_dispatch: bool = False
+    enable_streaming_reasoning_dispatch: bool = False
+
+    def api_switches(self) -> ApiSwitches:
+        return ApiSwitches(reasoning_field_name=self.reasoning_field_name,
+                           enable_anthropic_api=self.enable_anthropic_api,
+                           strip_anthropic_preamble=self.strip_anthropic_preamble,
+                           kserve_grpc_server=self.kserve_grpc_server,
+                           enable_streaming_tool_dispatch=self.enable_streaming_tool_dispatch,
+                           enable_streaming_reasoning_dispatch=self.enable_streaming_reasoning_dispatch)
 
     def validate(self) -> None:
         errors = common_errors(self.port, self.drain_grace_s)
@@ -108,9 +143,35 @@ def add_flags(p: Flags) -> None:
     p.add("--stream-interval", default=1, type=int,
           help="tokens gathered into one streamed event unless a request sets nvext.stream_interval (1: every "
                "engine step as it comes; more: fewer messages and less CPU per request, coarser streaming)")
-    p.add("--metrics-prefix", default=DEFAULT_PREFIX,
+    p.add("--metrics-prefix", default=DEFAULT_PREFIX, dynamo_env="DYN_METRICS_PREFIX",
           help=f"names of the request metrics (--metrics-port and /metrics at the edge): {DEFAULT_PREFIX} for "
                "ours, dynamo_frontend (or any other prefix) for Dynamo's frontend families and labels")
+    add_api_switches(p)
+
+
+def add_api_switches(p: Flags) -> None:
+    """Dynamo's switches over the gateway's APIs, under Dynamo's names and env twins."""
+    p.add("--reasoning-field-name", default=REASONING_FIELDS[0], choices=REASONING_FIELDS,
+          dynamo_env="DYN_REASONING_FIELD_NAME",
+          help="the /v1/chat/completions field that carries the model's reasoning, in stream deltas and in the "
+               "message")
+    p.add("--enable-anthropic-api", default=True, type=bool, dynamo_env="DYN_ENABLE_ANTHROPIC_API",
+          help="serve the Anthropic Messages API (/v1/messages, /v1/messages/count_tokens); off: both answer 404 "
+               "in Anthropic's error shape")
+    p.add("--strip-anthropic-preamble", default=True, type=bool, dynamo_env="DYN_STRIP_ANTHROPIC_PREAMBLE",
+          help="drop Claude Code's billing line (x-anthropic-billing-header: ..., different in every session) from "
+               "the start of a /v1/messages system prompt, so that sessions share a cacheable prompt prefix")
+    p.add("--kserve-grpc-server", default=True, type=bool, dynamo_env="DYN_KSERVE_GRPC_SERVER",
+          help="serve KServe v2 gRPC (inference.GRPCInferenceService) beside HTTP on the same port (Dynamo starts "
+               "it instead of HTTP); off: its calls answer UNIMPLEMENTED")
+    p.add("--enable-streaming-tool-dispatch", default=False, type=bool,
+          dynamo_env="DYN_ENABLE_STREAMING_TOOL_DISPATCH",
+          help="streamed /v1/chat/completions: an 'event: tool_call_dispatch' SSE event with each tool call once "
+               "it is complete (the next call starts or the choice finishes), before the chunk that shows it so")
+    p.add("--enable-streaming-reasoning-dispatch", default=False, type=bool,
+          dynamo_env="DYN_ENABLE_STREAMING_REASONING_DISPATCH",
+          help="streamed /v1/chat/completions: one 'event: reasoning_dispatch' SSE event per choice with the whole "
+               "reasoning once it ends (content or a tool call follows, or the choice finishes)")
 
 
 def from_args(args: argparse.Namespace) -> GatewayConfig:

@@ -26,6 +26,8 @@ from services.gateway.core.pins import read_pins
 from services.gateway.core.request import ChatRequest, Sampling, load_json
 
 MAX_STOP_SEQUENCES = 32  # the preprocessor's limit on stop strings
+# Claude Code opens its system prompt with this line (cc_version=...; cch=<per-session hash>;).
+BILLING_HEADER = "x-anthropic-billing-header:"
 MIN_THINKING_BUDGET = 1024
 _SERVICE_TIERS = ("auto", "standard_only")
 
@@ -38,6 +40,22 @@ def _stop_sequences(f: Fields) -> list[str]:
         raise InvalidRequest(f"'stop_sequences' may hold at most {MAX_STOP_SEQUENCES} strings; got {len(stops)}",
                              param="stop_sequences")
     return stops
+
+
+def strip_billing_preamble(system: str) -> str:
+    """``system`` without Claude Code's billing line (``--strip-anthropic-preamble``), as Dynamo strips it.
+
+    The line differs in every session, so at the very start of the prompt it would leave sessions no
+    common token prefix for the workers' prefix cache (and the KV router) to reuse. A prompt that starts
+    with it (after leading whitespace) loses everything up to and including its first newline; one that
+    is nothing but the line, or does not start with it, is left as it is.
+    """
+    trimmed = system.lstrip()
+    if trimmed.startswith(BILLING_HEADER):
+        newline = trimmed.find("\n")
+        if newline >= 0:
+            return trimmed[newline + 1:]
+    return system
 
 
 def _metadata(f: Fields) -> None:
@@ -114,11 +132,15 @@ def _output_config(f: Fields) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     return response_format, kwargs
 
 
-def _chat(f: Fields, headers: dict[str, str], *, counting: bool) -> ChatRequest:
+def _chat(f: Fields, headers: dict[str, str], *, counting: bool, strip_preamble: bool) -> ChatRequest:
     """The fields both endpoints share, and for ``/v1/messages`` the generation ones."""
     model = f.str("model", required=True)
     assert model is not None  # required=True raised otherwise
     messages = content.to_chat_messages(f.raw("system"), f.list("messages"))
+    if strip_preamble and messages[0]["role"] == "system":  # only the top-level system prompt has that role
+        messages[0]["content"] = strip_billing_preamble(messages[0]["content"])
+        if not messages[0]["content"]:
+            del messages[0]  # as for an absent system prompt: the template's default applies
     tools = content.to_chat_tools(f.list("tools"))
     tool_choice, parallel = content.to_chat_tool_choice(f.raw("tool_choice"), tools)
     sampling = Sampling()
@@ -144,11 +166,13 @@ def _chat(f: Fields, headers: dict[str, str], *, counting: bool) -> ChatRequest:
                        response_format=response_format)
 
 
-def parse_messages(raw: bytes, headers: dict[str, str] | None = None) -> ChatRequest:
-    """A ``POST /v1/messages`` body."""
-    return _chat(Fields(load_json(raw)), headers or {}, counting=False)
+def parse_messages(raw: bytes, headers: dict[str, str] | None = None, *, strip_preamble: bool = False) -> ChatRequest:
+    """A ``POST /v1/messages`` body; ``strip_preamble``: without Claude Code's billing line."""
+    return _chat(Fields(load_json(raw)), headers or {}, counting=False, strip_preamble=strip_preamble)
 
 
-def parse_count_tokens(raw: bytes, headers: dict[str, str] | None = None) -> ChatRequest:
-    """A ``POST /v1/messages/count_tokens`` body: the prompt fields only, as Anthropic takes them."""
-    return _chat(Fields(load_json(raw)), headers or {}, counting=True)
+def parse_count_tokens(raw: bytes, headers: dict[str, str] | None = None, *,
+                       strip_preamble: bool = False) -> ChatRequest:
+    """A ``POST /v1/messages/count_tokens`` body: the prompt fields only, as Anthropic takes them; stripped
+    as ``/v1/messages`` strips it, so that the count is that of the prompt generation would run."""
+    return _chat(Fields(load_json(raw)), headers or {}, counting=True, strip_preamble=strip_preamble)

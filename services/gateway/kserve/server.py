@@ -176,13 +176,25 @@ class KServeServicer:
                     await task
 
 
-def add_to_server(servicer: KServeServicer, server: grpc.aio.Server) -> None:
-    """Registers the servicer for every RPC in protos/inference (others answer UNIMPLEMENTED)."""
+# Every KServe call's answer while it is off (--no-kserve-grpc-server).
+KSERVE_OFF = ("KServe v2 gRPC (inference.GRPCInferenceService) is off on this gateway; start it with "
+              "--kserve-grpc-server (env DYN_KSERVE_GRPC_SERVER=true)")
+
+
+async def _off(request, context: grpc.aio.ServicerContext) -> None:
+    """Any KServe RPC while the protocol is off: UNIMPLEMENTED, as for a service never registered, but saying
+    which flag serves it (a bare "Method not found!" would send the operator looking for a routing fault)."""
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, KSERVE_OFF)
+
+
+def add_to_server(servicer: KServeServicer, server: grpc.aio.Server, *, enabled: bool = True) -> None:
+    """Registers the servicer for every RPC in protos/inference (others answer UNIMPLEMENTED); not
+    ``enabled``: every RPC answers UNIMPLEMENTED naming the flag, and the servicer is never called."""
     handlers = {}
     for name, (req_cls, resp_cls, client_streaming, server_streaming) in protocol.METHODS.items():
         kind = {(False, False): grpc.unary_unary_rpc_method_handler,
                 (True, True): grpc.stream_stream_rpc_method_handler}[(client_streaming, server_streaming)]
-        handlers[name] = kind(getattr(servicer, name), request_deserializer=req_cls.FromString,
+        handlers[name] = kind(getattr(servicer, name) if enabled else _off, request_deserializer=req_cls.FromString,
                               response_serializer=resp_cls.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(protocol.SERVICE, handlers),))
     if hasattr(server, "add_registered_method_handlers"):

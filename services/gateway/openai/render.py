@@ -37,11 +37,11 @@ def _chat_logprobs(items: Sequence[Any]) -> dict[str, Any]:
                                           for a in t.top]} for t in items]}
 
 
-def _message(text: str, c: _ChoiceOutput) -> dict[str, Any]:
+def _message(text: str, c: _ChoiceOutput, reasoning_field: str) -> dict[str, Any]:
     """The non-stream assistant message: content is null when the reply is only tool calls."""
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not c.tool_calls else None}
     if c.reasoning:
-        message["reasoning_content"] = "".join(c.reasoning)
+        message[reasoning_field] = "".join(c.reasoning)
     if c.tool_calls:
         message["tool_calls"] = joined_tool_calls(c.tool_calls)
     return message
@@ -212,12 +212,20 @@ class _ChunkRenderer:
 
 
 class ChatRenderer(_ChunkRenderer):
-    """/v1/chat/completions: chunks carry a ``delta`` (role first, then content, reasoning, tool calls)."""
+    """/v1/chat/completions: chunks carry a ``delta`` (role first, then content, reasoning, tool calls).
+
+    ``reasoning_field`` names the field reasoning travels in (the gateway's ``--reasoning-field-name``):
+    only chunks and bodies that carry reasoning read it, so the text fast path is the same either way.
+    """
 
     _object = "chat.completion.chunk"
     _body_object = "chat.completion"
     _text_key = b',"delta":{"content":'
     _text_close = b"}"
+
+    def __init__(self, *, reasoning_field: str = "reasoning_content", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.reasoning_field = reasoning_field
 
     def _chunk_choice(self, d: Delta) -> dict[str, Any]:
         choice = self.choices[d.index]
@@ -228,7 +236,7 @@ class ChatRenderer(_ChunkRenderer):
         if text or not choice.started:
             delta["content"] = text
         if d.reasoning:
-            delta["reasoning_content"] = d.reasoning
+            delta[self.reasoning_field] = d.reasoning
         if d.tool_calls:
             delta["tool_calls"] = [tool_call_chunk(c) for c in d.tool_calls]
         choice.started = True
@@ -237,7 +245,7 @@ class ChatRenderer(_ChunkRenderer):
                 "logprobs": _chat_logprobs(d.logprobs) if self.want_logprobs and d.logprobs else None}
 
     def _body_choice(self, index: int, text: str, c: _ChoiceOutput) -> dict[str, Any]:
-        return {"index": index, "message": _message(text, c),
+        return {"index": index, "message": _message(text, c, self.reasoning_field),
                 "logprobs": _chat_logprobs(c.logprobs) if self.want_logprobs else None}
 
 

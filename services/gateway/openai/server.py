@@ -38,15 +38,18 @@ from services.gateway.front_door import (
     unary_rpc,
 )
 from services.gateway.lora_api import LoraAdmin
+from services.gateway.openai.dispatch import PLAIN_CHAT, ChatOutput
 from services.gateway.openai.extensions import ResponseExtensions
-from services.gateway.openai.render import renderer_for
+from services.gateway.openai.render import CompletionRenderer
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self, pipeline: Pipeline, models: Models,
                  draining: Callable[[], bool] = lambda: False, warming: Callable[[], list[str]] = lambda: [],
-                 unavailable: Callable[[], list[str]] = lambda: [], lora: LoraAdmin | None = None):
+                 unavailable: Callable[[], list[str]] = lambda: [], lora: LoraAdmin | None = None,
+                 chat: ChatOutput = PLAIN_CHAT):
         self._pipeline = pipeline
+        self._chat = chat  # the gateway's switches over chat answers (--reasoning-field-name, dispatch events)
         self._lora = lora  # /v1/load_lora_adapter and /v1/unload_lora_adapter (None: 404 for both)
         self._models = models
         self._draining = draining
@@ -71,9 +74,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             echo = {"n_per_prompt": req.n, "echo_prompts": [p for p in completion.prompts if isinstance(p, str)]
                     if completion.echo else None}
         ext = ResponseExtensions(req.nvext, trace, rid)
-        renderer = renderer_for(chat=chat, request_id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}", model=req.model,
-                                n_choices=len(prep) * req.n, want_logprobs=req.sampling.logprobs is not None,
-                                include_usage=req.include_usage, nvext=ext, **echo)
+        common: dict[str, Any] = dict(request_id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}", model=req.model,
+                                      n_choices=len(prep) * req.n, want_logprobs=req.sampling.logprobs is not None,
+                                      include_usage=req.include_usage, nvext=ext)
+        renderer = self._chat.renderer(req.stream, **common) if chat else CompletionRenderer(**common, **echo)
         stream = self._pipeline.run(prep, req.n, req.worker_id, req.route_hints(), trace,
                                     options=postprocess_options(req, prep[0]))
         return Generation(req.model, req.stream, renderer, stream, extras=ext)
