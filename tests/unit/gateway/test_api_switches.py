@@ -7,6 +7,8 @@ tests/mesh/test_gateway_switches.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 from meshfront.postprocessor.v1 import postprocessor_pb2
@@ -157,7 +159,7 @@ def _chunks(data: bytes) -> list[dict]:
 
 
 def test_only_the_switched_on_events_and_the_chunks_stay_the_plain_renderers():
-    kw = dict(request_id="c", model="m", n_choices=1, want_logprobs=False, include_usage=True)
+    kw: dict[str, Any] = dict(request_id="c", model="m", n_choices=1, want_logprobs=False, include_usage=True)
     deltas = [Delta(0, reasoning="hm", prompt_tokens=3, counts_prompt=True, completion_tokens=1),
               Delta(0, tool_calls=[tool_call(0, "{}", "call_a", "f")], completion_tokens=1),
               Delta(0, finish_reason="tool_calls")]
