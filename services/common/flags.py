@@ -40,7 +40,7 @@ class Flags(Protocol):
 
     def add(self, flag: str, *, default: Any = None, type: Any = str, help: str = "",
             choices: Sequence[Any] | None = None, env: str | None = None, aliases: Sequence[str] = (),
-            dynamo_env: str = "") -> None: ...
+            dynamo_env: str = "", repeatable: bool = False) -> None: ...
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -86,12 +86,14 @@ class FlagParser:
 
     def add(self, flag: str, *, default: Any = None, type: Any = str, help: str = "",
             choices: Sequence[Any] | None = None, env: str | None = None, owner: str = "",
-            aliases: Sequence[str] = (), dynamo_env: str = "") -> None:
+            aliases: Sequence[str] = (), dynamo_env: str = "", repeatable: bool = False) -> None:
         """Adds ``flag``; ``env`` overrides the twin's name for flags shared by all services.
 
         ``aliases`` are other spellings of the flag (Dynamo's deprecated ones: ``--kv-events`` for
         ``--router-kv-events``; a boolean's ``--no-`` forms come with each). ``dynamo_env`` is the flag's
-        Dynamo env twin (``DYN_ROUTER_MODE``), read when the Meshfront twin is not set."""
+        Dynamo env twin (``DYN_ROUTER_MODE``), read when the Meshfront twin is not set. ``repeatable``: the
+        value is a tuple, one item per use of the flag (Dynamo's ``action="append"``); an env twin holds the
+        items whitespace-separated, and giving the flag at all replaces them (the flag wins, as elsewhere)."""
         owner = owner or self.service
         for name in (flag, *aliases):
             if name in self.owners:
@@ -103,13 +105,19 @@ class FlagParser:
         twins = [env_name, *([dynamo_env] if dynamo_env else [])]
         for twin in twins:
             if twin in self._env:
-                default = self._from_env(flag, twin, self._env[twin], type, choices)
+                default = (self._from_env(flag, twin, self._env[twin], type, choices) if not repeatable
+                           else self._items_from_env(flag, twin, self._env[twin], type, choices))
                 self.sources[_dest(flag)] = f"env {twin}"
                 break
         kwargs: dict[str, Any] = {"default": default, "dest": _dest(flag),
                                   "help": f"{help} [env {' or '.join(twins)}; default {default!r}]"}
         if type is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif repeatable:
+            kwargs.update(action=_Repeated, type=type, default=tuple(default or ()) if not isinstance(
+                default, _InvalidEnv) else default, metavar=flag.lstrip("-").split("-")[-1].upper())
+            if choices is not None:
+                kwargs["choices"] = choices
         else:
             kwargs["type"] = type
             if choices is not None:
@@ -154,6 +162,13 @@ class FlagParser:
         if choices is not None and value not in choices:
             return _InvalidEnv(f"{where}: invalid choice (choose from {', '.join(map(repr, choices))})")
         return value
+
+    @classmethod
+    def _items_from_env(cls, flag: str, env_name: str, raw: str, type_: Any,
+                        choices: Sequence[Any] | None) -> tuple[Any, ...] | _InvalidEnv:
+        """A repeatable flag's env twin: whitespace-separated items, each checked as one use of the flag."""
+        items = [cls._from_env(flag, env_name, item, type_, choices) for item in raw.split()]
+        return next((i for i in items if isinstance(i, _InvalidEnv)), tuple(items))
 
     def _check_env(self, args: argparse.Namespace) -> argparse.Namespace:
         """An env twin's bad value is an error unless its flag was given (the flag wins)."""
@@ -201,14 +216,24 @@ class StageFlags:
 
     def add(self, flag: str, *, default: Any = None, type: Any = str, help: str = "",
             choices: Sequence[Any] | None = None, env: str | None = None, aliases: Sequence[str] = (),
-            dynamo_env: str = "") -> None:
+            dynamo_env: str = "", repeatable: bool = False) -> None:
         if flag in self._fixed:
             value, why = self._fixed[flag]
             self.parser.fix(flag, value, self.service, why)
             return
         self.parser.add(flag, default=default, type=type, help=help, choices=choices,
-                        env=env or self.env_name(flag), owner=self.service, aliases=aliases, dynamo_env=dynamo_env)
+                        env=env or self.env_name(flag), owner=self.service, aliases=aliases, dynamo_env=dynamo_env,
+                        repeatable=repeatable)
         self.offered.append(flag)
+
+
+class _Repeated(argparse.Action):
+    """A repeatable flag's values as a tuple. The first use replaces the default (an env twin's items), where
+    argparse's ``append`` would add to it: the flag wins over its env twin, as every other flag's does."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        current = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, (*(() if current is self.default else current), values))
 
 
 class _Refused(argparse.Action):
