@@ -173,7 +173,7 @@ class FrontendConfig:
 def _argv(flag: str, value: Any) -> list[str]:
     if isinstance(value, bool):
         return [flag if value else f"--no-{flag[2:]}"]
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [a for v in value for a in (flag, str(v))]
     return [] if value is None else [f"{flag}={value}"]
 
