@@ -8,7 +8,7 @@ One parser holds:
   same names;
 - this command's own flags: the edge (``--http-host``, ``--http-port``, ``--tls-*-path``), the shape
   (``--split``, ``--dyn-preprocess-workers``), ``-i``, ``--version``, ``--check-config``, ``--dump-config-to``,
-  the static model (``--model-name``/``--model-path``) and the flags that only say how to map others;
+  ``--model-name`` (the model ``-i`` chats with) and the flags that only say how to map others;
 - every refused Dynamo flag (services/frontend/refusals.py), under all its spellings and env twin.
 
 Under this command a flag's default is Dynamo's (``DYNAMO_DEFAULTS``: migration off, the Anthropic API and
@@ -65,13 +65,6 @@ def _model_name(value: str) -> str:
     return value.strip()
 
 
-def _model_path(value: str) -> str:
-    """Dynamo's validate_model_path: an existing directory."""
-    if not os.path.isdir(value):
-        raise argparse.ArgumentTypeError(f"model-path must be a valid directory on disk, got: {value}")
-    return os.path.abspath(value)
-
-
 def _frontend_flags(p: FlagParser) -> None:
     """This command's own flags (Dynamo's spellings and env twins where Dynamo has them)."""
     p.add("--interactive", default=False, type=bool, aliases=("-i",), dynamo_env="DYN_INTERACTIVE",
@@ -91,12 +84,7 @@ def _frontend_flags(p: FlagParser) -> None:
     p.add("--check-config", default=False, type=bool,
           help="print the resolved configuration (each setting's value and where it came from) and exit 0")
     p.add("--model-name", default=None, type=_model_name, dynamo_env="DYN_MODEL_NAME",
-          help="a static model: serve it under this name from --model-path's tokenizer and template, whatever "
-               "its workers' cards say; with -i, the model to chat with")
-    p.add("--model-path", default=None, type=_model_path, dynamo_env="DYN_MODEL_PATH",
-          help="the static model's directory (tokenizer.json, template, config.json)")
-    p.add("--kv-cache-block-size", default=0, type=int, dynamo_env="DYN_KV_CACHE_BLOCK_SIZE",
-          help="the static model's KV block size (default: its workers' cards')")
+          help="with -i, the model to chat with (default: the first listed); validated as Dynamo validates it")
     p.add("--dyn-chat-processor", default="dynamo", choices=tuple(CHAT_PROCESSORS), dynamo_env="DYN_CHAT_PROCESSOR",
           help="whose renderer and parsers: dynamo = Meshfront's own; vllm or sglang run from that engine's "
                "environment (implies --split)")
@@ -248,13 +236,6 @@ def _check(cfg: FrontendConfig) -> None:
     _check_host(cfg.http_host)
     if cfg.dyn_preprocess_workers < 0:
         raise ConfigError(f"--dyn-preprocess-workers {cfg.dyn_preprocess_workers} must be >= 0")
-    if cfg.kv_cache_block_size and not cfg.model_path:
-        raise ConfigError("--kv-cache-block-size sets the static model's block size: it needs --model-path "
-                          "(discovered workers' cards carry their own)")
-    if cfg.kv_cache_block_size < 0:
-        raise ConfigError(f"--kv-cache-block-size {cfg.kv_cache_block_size} must be positive")
-    if cfg.model_path and not cfg.model_name:
-        raise ConfigError("--model-path needs --model-name: the name the static model is served under")
     if cfg.interactive and cfg.kserve_grpc_server:
         raise ConfigError("--interactive and --kserve-grpc-server are different modes: choose one")
     for name, module in STAGES.items():

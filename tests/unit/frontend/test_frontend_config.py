@@ -54,7 +54,6 @@ def test_split_and_preprocess_workers_shape_the_plan(tmp_path):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--tls-cert-path", "/etc/hostname"], "--tls-cert-path and --tls-key-path must be provided together"),
-    (["--kv-cache-block-size", "32"], "needs --model-path"),
     (["--interactive", "--kserve-grpc-server"], "different modes"),
     (["--migration-limit", "-1"], "postprocessor"),
     (["--http-host", "no-such-host.invalid"], "--http-host no-such-host.invalid"),
