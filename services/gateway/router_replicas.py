@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Container
 
 import grpc
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
@@ -39,6 +40,11 @@ log = logging.getLogger(__name__)
 
 RESOLVE_RETRY_S = 0.2  # how soon a dns name that resolved to no replica is asked again, while a call waits
 DOWN_S = 2.0  # a replica whose call failed by transport gets no new request for this long while others are usable
+# The pause before a request goes again to a replica it just failed on by transport, doubled at each such failure
+# (bounded by the wait for a replica). A connection that is closing (GOAWAY) can still read READY for a moment: sent
+# again at once, a request spent every one of its sends on it in a burst and failed with 503 while the router was
+# restarting, the case the wait is for (tests/service/test_stage_wait.py).
+RETRY_BACKOFF_S = 0.25
 _RELEASE_TIMEOUT_S = 5.0
 
 
@@ -94,7 +100,7 @@ class ReplicaRouters:
         """No listed replica is connected now (for /health; cheap)."""
         return self._set.unreachable()
 
-    async def _pick(self, refused: set[str], deadline: float | None) -> tuple[_RouterReplica, float | None]:
+    async def _pick(self, refused: Container[str], deadline: float | None) -> tuple[_RouterReplica, float | None]:
         """The next connected replica not ``refused``, and the deadline of the wait for one, which starts when
         one is first needed and none is connected; raises ``StageUnavailable`` when none connected by then."""
         while True:
@@ -116,10 +122,15 @@ class ReplicaRouters:
                 raise StageUnavailable.of("router")
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
-        refused: set[str] = set()
+        refused: dict[str, int] = {}  # replica address -> this request's sends that failed on it by transport
         deadline: float | None = None
         for send in range(1, stage_wait.MAX_SENDS + 1):
             replica, deadline = await self._pick(refused, deadline)
+            failed_here = refused.get(replica.address, 0)
+            if failed_here and deadline is not None:  # no other replica to try: this one again, after a pause
+                await asyncio.sleep(max(0.0, min(RETRY_BACKOFF_S * 2 ** (failed_here - 1),
+                                                 deadline - time.monotonic())))
+                replica, deadline = await self._pick(refused, deadline)  # it may have gone away meanwhile: wait
             replica.routing += 1
             try:
                 # Releases held for this replica ride along; if the call fails they are lost with the replica.
@@ -130,7 +141,7 @@ class ReplicaRouters:
                 log.warning("Route to router %s failed (%s; send %d of %d): %s", replica.address, e.code().name,
                             send, stage_wait.MAX_SENDS, e.details())
                 replica.down_until = time.monotonic() + DOWN_S
-                refused.add(replica.address)
+                refused[replica.address] = refused.get(replica.address, 0) + 1
                 deadline = time.monotonic() + self._wait_s  # the wait for a replica counts from the failure
                 continue
             finally:

@@ -27,18 +27,25 @@ pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 
 class Router(router_pb2_grpc.RouterServiceServicer):
-    """Answers Route with its ``name`` as the address; ``hold`` keeps calls waiting; ``error`` is raised."""
+    """Answers Route with its ``name`` as the address; ``hold`` keeps calls waiting; ``error`` is raised;
+    ``closing_s``: for that long after the first call, every call fails as on a connection that is closing
+    (UNAVAILABLE without our ErrorInfo), while the channel stays READY."""
 
-    def __init__(self, name: str, hold: bool = False, error: Exception | None = None):
+    def __init__(self, name: str, hold: bool = False, error: Exception | None = None, closing_s: float = 0.0):
         self.name = name
         self.hold = hold
         self.error = error
+        self.closing_s = closing_s
         self.calls = 0
+        self.call_times: list[float] = []
         self.arrived = asyncio.Event()
 
     async def Route(self, request, context):
         self.calls += 1
+        self.call_times.append(time.monotonic())
         self.arrived.set()
+        if self.call_times[-1] - self.call_times[0] < self.closing_s:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "GOAWAY received")
         if self.error is not None:
             raise self.error
         if self.hold:
@@ -85,6 +92,25 @@ async def test_a_call_its_stage_died_under_is_sent_again_once_the_stage_is_back(
         server = await _serve(second, port)
         assert (await asyncio.wait_for(call, 10)).address == "second"
         assert (first.calls, second.calls) == (1, 1)
+    finally:
+        await server.stop()
+        await client.close()
+
+
+async def test_sends_that_fail_on_a_connection_still_reading_ready_are_spaced_not_spent_in_a_burst():
+    """The flake of test_a_call_its_stage_died_under_is_sent_again_once_the_stage_is_back, made deterministic: the
+    dying router's connection fails every call for a moment while the channel reads READY. Sent again at once, the
+    request spent its three sends in a few milliseconds and was a 503; with the backoff the last one is sent after
+    the connection is through (router_replicas.py, RETRY_BACKOFF_S)."""
+    port = free_port()
+    router = Router("after the burst", closing_s=0.5)
+    server = await _serve(router, port)
+    client = ReplicaRouters(f"127.0.0.1:{port}", wait_s=10)
+    try:
+        assert (await asyncio.wait_for(client.route(_route()), 10)).address == "after the burst"
+        assert router.calls == 3
+        gaps = [b - a for a, b in zip(router.call_times, router.call_times[1:], strict=False)]
+        assert gaps[0] >= 0.2 and gaps[1] >= 0.4  # doubled, from RETRY_BACKOFF_S = 0.25 (less the timer's slack)
     finally:
         await server.stop()
         await client.close()
