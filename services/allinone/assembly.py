@@ -12,6 +12,7 @@ from services.common import tls as mesh_tls
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
 from services.gateway import assembly as gateway_assembly
+from services.gateway import frontend_metrics
 from services.gateway.assembly import Gateway
 from services.postprocessor import assembly as postprocessor_assembly
 from services.postprocessor.service import Postprocessor
@@ -52,4 +53,6 @@ def build(cfg: AllInOneConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls |
                                      preprocessor=InProcessPreprocessor(preprocessor.service),
                                      router=InProcessRouter(router.service),
                                      postprocessor=InProcessPostprocessor(postprocessor.service))
+    # The postprocessor is in this process: Dynamo's model_migration_limit can say its --migration-limit.
+    frontend_metrics.recorder().watch(registry.models, cfg.postprocessor.migration_limit)
     return AllInOne(gateway, preprocessor, router, postprocessor)

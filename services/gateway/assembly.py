@@ -183,6 +183,7 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     store = ResponseStore(cfg.nats_url, cfg.responses_ttl_s, namespace=namespace)
     # Every request family exists from the first scrape; /metrics at the edge gathers all replicas'.
     recorder = frontend_metrics.configure(cfg.metrics_prefix)
+    recorder.watch(registry.models)  # Dynamo's model and per-worker families read the cards when scraped
     metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry,
                              namespace=namespace)
     embed_workers = GrpcEmbedWorker(tls)

@@ -68,7 +68,8 @@ class RequestTracker:
         self._recorder.ended(Outcome(
             model=self._model, endpoint=self.endpoint, stream=self._stream, status=self._status,
             reason=self._reason, started=self._started, duration_s=time.monotonic() - self._arrived,
-            prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, itl_s=self._itl))
+            prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, itl_s=self._itl,
+            first_token=self._first is not None))
 
 
 class Untracked:

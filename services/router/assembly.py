@@ -17,6 +17,7 @@ from services.router.core.conditional import DisaggSettings
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.policies import KV_MODE, KvSettings, build_policy, kv_policy
 from services.router.core.policies.kv_aware import KvAware
+from services.router.core.sessions import SessionAffinity
 from services.router.core.worker_gate import WorkerGate
 from services.router.events import KvEventSubscriber, ReplicaSync
 from services.router.metrics import RouterMetrics
@@ -57,6 +58,8 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
                           busy=BusyThreshold(cfg.max_in_flight_per_worker), queue_timeout_s=cfg.queue_timeout_s,
                           disagg=cfg.disagg)
     router.gate = WorkerGate(cfg.router_min_initial_workers)  # before the registry's first cards reach it
+    router.sessions = SessionAffinity(affinity_ttl_s=cfg.router_session_affinity_ttl_secs,
+                                      mode=cfg.router_session_affinity_mode)
     registry.subscribe(router.on_worker_change)
     metrics = RouterMetrics(registry=metrics_registry, ingest=ingest,
                             policy_stats=router.kv.stats if router.kv is not None else None,

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
 from services.router.core.conditional import DisaggSettings, parse_settings
 from services.router.core.policies import POLICY_NAMES
+from services.router.core.sessions import AFFINITY_MODES, MAX_AFFINITY_TTL_S, SOFT
 
 DEFAULT_PORT = 9300
 
@@ -37,6 +38,8 @@ class RouterConfig:
     router_conditional_disagg_config: str = ""
     enforce_disagg: bool = False
     router_min_initial_workers: int = 0
+    router_session_affinity_ttl_secs: int = 0
+    router_session_affinity_mode: str = SOFT
 
     @property
     def disagg(self) -> DisaggSettings:
@@ -60,6 +63,9 @@ class RouterConfig:
             errors.append(f"--hotspot-ratio {self.hotspot_ratio:g} must be >= 1 (a multiple of a fair share)")
         if self.router_min_initial_workers < 0:
             errors.append(f"--router-min-initial-workers {self.router_min_initial_workers} must be >= 0 (0 = no wait)")
+        if not 0 <= self.router_session_affinity_ttl_secs <= MAX_AFFINITY_TTL_S:
+            errors.append(f"--router-session-affinity-ttl-secs {self.router_session_affinity_ttl_secs} must be "
+                          f"between 1 and {MAX_AFFINITY_TTL_S} (0 = header session affinity off)")
         if self.router_ttl_secs <= 0:
             errors.append(f"--router-ttl-secs {self.router_ttl_secs:g} must be > 0")
         try:
@@ -115,6 +121,14 @@ def add_flags(p: Flags) -> None:
     p.add("--router-min-initial-workers", default=0, type=int, dynamo_env="DYN_ROUTER_MIN_INITIAL_WORKERS",
           help="at start: hold Route calls and report NOT_SERVING until this many workers are registered; "
                "open for good from then on (0 = no wait)")
+    p.add("--router-session-affinity-ttl-secs", default=0, type=int, dynamo_env="DYN_ROUTER_SESSION_AFFINITY_TTL_SECS",
+          help="bind requests carrying an X-Dynamo-Session-ID header to one worker for this idle life in seconds "
+               "(shared with router replicas); 0 = the header is ignored, as Dynamo ignores it when the flag is "
+               "omitted (nvext.session_control sessions stick either way)")
+    p.add("--router-session-affinity-mode", default=SOFT, choices=AFFINITY_MODES,
+          dynamo_env="DYN_ROUTER_SESSION_AFFINITY_MODE",
+          help="when a session's worker is busy: soft = route this request elsewhere, keeping the binding; hard = "
+               "keep it on that worker (it waits with --queue-timeout-s, else 503); Dynamo's default is hard")
     p.add("--queue-timeout-s", default=0.0, type=float,
           help="with --max-in-flight-per-worker: how long a request may wait for a busy model, served in "
                "priority order (nvext.agent_hints.priority), before the 503 (0 = fail at once)")

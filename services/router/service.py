@@ -188,11 +188,13 @@ class Router:
         """The (decode) worker: the pinned one, the session's, or the policy's (decode load alone when the
         request will be split unconditionally: see Disagg.plain_decode), and which of them chose it."""
         pin = query.pinned_worker_id
-        sticky = self.sessions.worker_for(req.session_id) if req.session_id and not pin else None
-        if sticky is not None and self.queue_timeout_s > 0 and sticky not in req.exclude_worker_ids \
+        session, _ = self.sessions.key(req.session_id, req.affinity_session_id, req.session_timeout_s)
+        sticky = self.sessions.worker_for(session) if session and not pin else None
+        if sticky is not None and self.sessions.hard and sticky not in req.exclude_worker_ids \
                 and all(c.worker_id != sticky for c in candidates) and any(c.worker_id == sticky for c in serving):
-            # The session's worker is busy and requests may wait: wait for it (its KV holds the session).
-            raise Overloaded(f"The worker of session {req.session_id!r} is busy.", code="overloaded")
+            # Hard affinity and the session's worker is busy: wait for it in the queue (its KV holds the
+            # session), or a 503 without one. Soft affinity lets the policy choose below (core/sessions.py).
+            raise Overloaded(f"The worker of session {session!r} is busy.", code="overloaded")
         if sticky is not None and any(c.worker_id == sticky for c in candidates):
             return Decision(sticky), BY_SESSION
         if pin:  # a pin wins in every mode (as in Dynamo); 'direct' only differs in requiring one
@@ -214,7 +216,8 @@ class Router:
         the busy threshold, a model with prefill workers), or read this request's state (a session's binding,
         an adapter's slot), and for a migration: the postprocessor's Route may land on another replica than
         the one that first booked the request, where the gateway's release goes."""
-        return (self.shares_load or bool(req.session_id) or adapter or bool(req.exclude_worker_ids)
+        session, _ = self.sessions.key(req.session_id, req.affinity_session_id, req.session_timeout_s)
+        return (self.shares_load or bool(session) or adapter or bool(req.exclude_worker_ids)
                 or any(c.role == PREFILL for c in every))
 
     def _book(self, req: router_pb2.RouteRequest, query: RouteQuery, shape: Shape, replicate: bool) -> int:
@@ -224,6 +227,7 @@ class Router:
         if leg in self.bookings:  # routed again (a migration): the old pair's prefill leg is over
             self.apply(LifecycleEvent(FREE, leg))
         decode, prefill, prompt = shape.decode, shape.prefill, req.prompt_tokens
+        session, timeout_s = self.sessions.key(req.session_id, req.affinity_session_id, req.session_timeout_s)
         if prefill is None:
             overlap, predicted = shape.decode_overlap, min(prompt, shape.decode_overlap * decode.block_size)
         else:
@@ -231,8 +235,8 @@ class Router:
             # report (the prefill leg's) measures the prefill worker's cache: the prediction it scores is that one.
             overlap, predicted = len(query.block_hashes), min(prompt, shape.prefill_overlap * prefill.block_size)
         self.apply(LifecycleEvent(BOOK, req.request_id, decode.worker_id, req.model, query.block_hashes, prompt,
-                                  overlap, predicted, session_id=req.session_id, session_action=req.session_action,
-                                  session_timeout_s=req.session_timeout_s, replicate=replicate))
+                                  overlap, predicted, session_id=session, session_action=req.session_action,
+                                  session_timeout_s=timeout_s, replicate=replicate))
         if prefill is not None:  # booked with the tokens it computes: the prefill queue others are weighed by
             self.apply(LifecycleEvent(BOOK, leg, prefill.worker_id, req.model, query.block_hashes,
                                       prompt - predicted, shape.prefill_overlap, predicted, replicate=replicate))

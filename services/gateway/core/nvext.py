@@ -19,6 +19,8 @@ Every field Dynamo defines is accepted with its type checked. What applies to a 
   ahead while it waits for a busy model (the router's queue);
 - ``session_control``: ``session_id`` is a sticky routing key; ``action: close`` ends the session
   when the request finishes; ``timeout`` is its idle life in seconds.
+- the ``X-Dynamo-Session-ID`` header: Dynamo's session key, which the router binds only under its
+  ``--router-session-affinity-ttl-secs`` (services/router/core/sessions.py); ``session_control`` wins.
 
 What only means something with data-parallel ranks or another engine feature
 (``dp_rank``, ``prefill_dp_rank``,
@@ -49,6 +51,9 @@ MAX_ANNOTATION_CHARS = 256
 # Dynamo's data-parallel ranks and the headers that set them (accepted, not honoured).
 _DISAGG_RANKS = ("dp_rank", "prefill_dp_rank")
 DISAGG_HEADERS = ("x-dp-rank", "x-prefill-dp-rank")
+SESSION_HEADER = "x-dynamo-session-id"
+# A session key is remembered by every router replica: a bound on its size bounds theirs.
+MAX_SESSION_ID_CHARS = 256
 
 
 @dataclasses.dataclass
@@ -65,6 +70,7 @@ class NvExt:
     session_id: str = ""
     session_action: str = ""
     session_timeout_s: int = 0
+    affinity_session_id: str = ""  # the X-Dynamo-Session-ID header
     stream_interval: int = 0  # tokens the postprocessor gathers per response; 0: the deployment's default
     ignored: list[str] = dataclasses.field(default_factory=list)  # accepted, named in the response header
 
@@ -112,6 +118,14 @@ def _session_control(ext: Fields, out: NvExt) -> None:
     s.reject_unknown()
 
 
+def _session_header(headers: dict[str, str]) -> str:
+    value = headers.get(SESSION_HEADER, "").strip()
+    if len(value) > MAX_SESSION_ID_CHARS:
+        raise InvalidRequest(f"header '{SESSION_HEADER}' holds at most {MAX_SESSION_ID_CHARS} characters",
+                             param=SESSION_HEADER)
+    return value
+
+
 def parse_nvext(raw: dict[str, Any] | None, headers: dict[str, str]) -> NvExt:
     """Reads ``nvext`` (None: absent) and Dynamo's routing headers; raises a 400 naming a bad field."""
     out = NvExt()
@@ -153,6 +167,7 @@ def parse_nvext(raw: dict[str, Any] | None, headers: dict[str, str]) -> NvExt:
         out.ignored.append("nvext.request_timestamp_ms")
     _agent_hints(ext, out)
     _session_control(ext, out)
+    out.affinity_session_id = _session_header(headers)
     ext.reject_unknown()
     out.ignored += [h for h in DISAGG_HEADERS if h in headers]
     return out

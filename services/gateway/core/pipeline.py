@@ -25,6 +25,7 @@ from services.gateway.core.delta import FINISH, Delta
 from services.gateway.core.pins import named_as_sent
 from services.gateway.core.route_lease import RouteLease, RouteLeases
 from services.gateway.core.trace import RequestTrace, RouteHints, TracedPrompt
+from services.gateway.worker_metrics import ChoiceLoad, worker_view
 
 _DONE = object()
 _NO_HINTS = RouteHints()
@@ -39,6 +40,7 @@ class _RoutedChoice:
     prompt_len: int
     lease: RouteLease
     gen: postprocessor_pb2.GenerateRequest
+    load: ChoiceLoad  # its load on its workers, as Dynamo's per-worker families show it (worker_metrics.py)
     record: DecisionRecord | None = None  # asked for (nvext.extra_fields "routing"): actual cached tokens go here
 
 
@@ -50,6 +52,7 @@ class Pipeline:
         self.post = post
         self.stream_interval = stream_interval  # unless the request set its own (nvext.stream_interval)
         self.leases = RouteLeases(router)
+        self.workers = worker_view()
 
     async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, options: common_pb2.PostprocessOptions,
                      request_id: str, index: int, choice: int, worker_id: str, hints: RouteHints,
@@ -67,12 +70,14 @@ class Pipeline:
         if choice and req.sampling.HasField("seed"):
             req.sampling.seed = (req.sampling.seed + choice) % 2**64  # distinct but reproducible choices
         try:
-            lease = await self.leases.route(router_pb2.RouteRequest(
-                request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
-                prompt_tokens=len(req.token_ids), worker_id=worker_id, session_id=hints.session_id,
-                session_action=hints.session_action, session_timeout_s=hints.session_timeout_s,
-                priority_jump_s=hints.priority_jump_s, prefill_worker_id=hints.prefill_worker_id,
-                decode_worker_id=hints.decode_worker_id, explain=hints.explain))
+            with self.workers.routing():
+                lease = await self.leases.route(router_pb2.RouteRequest(
+                    request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
+                    prompt_tokens=len(req.token_ids), worker_id=worker_id, session_id=hints.session_id,
+                    session_action=hints.session_action, session_timeout_s=hints.session_timeout_s,
+                    priority_jump_s=hints.priority_jump_s, prefill_worker_id=hints.prefill_worker_id,
+                    decode_worker_id=hints.decode_worker_id, explain=hints.explain,
+                    affinity_session_id=hints.affinity_session_id))
         except InvalidRequest as e:  # a bad pin: named as the client sent it (the router knows only the field)
             raise named_as_sent(e, hints.pin_names) from None
         route = lease.route
@@ -84,7 +89,9 @@ class Pipeline:
             trace.on_routed(index, route.worker_id, route.queue_depth, route.prefill_worker_id)
             if record is not None:
                 trace.routing[index] = record
-        return _RoutedChoice(index, choice == 0, len(req.token_ids), lease, gen, record)
+        load = self.workers.choice(req.model, route.worker_id, route.prefill_worker_id, len(req.token_ids),
+                                   len(prepared.block_hashes))
+        return _RoutedChoice(index, choice == 0, len(req.token_ids), lease, gen, load, record)
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
                   worker_id: str = "", hints: RouteHints = _NO_HINTS,
@@ -121,20 +128,30 @@ class Pipeline:
                     yield batch
         finally:
             for c in choices:
+                c.load.ended(0)  # a choice whose stream never ran (its own end came first otherwise)
                 c.lease.release()
 
     async def _stream(self, c: _RoutedChoice) -> AsyncIterator[list[Delta]]:
         """One choice's deltas, as many as were ready together; tells the router about the first token
         (when it asked to know: ``RouteLease.report_first_token``)."""
-        async for responses in self.post.generate(c.gen):
-            deltas = []
-            for resp in responses:
-                if resp.prompt_tokens:  # the first output (of the request, or of its migrated continuation)
-                    c.lease.report_first_token(resp.cached_tokens, resp.prompt_tokens)
-                    if c.record is not None and c.record.actual_cached_tokens is None:
-                        c.record.actual_cached_tokens = resp.cached_tokens  # the routed worker's, not a later one's
-                deltas.append(self._delta(c.index, c.counts_prompt, c.prompt_len, resp))
-            yield deltas
+        generated = 0
+        try:
+            async for responses in self.post.generate(c.gen):
+                deltas = []
+                for resp in responses:
+                    delta = self._delta(c.index, c.counts_prompt, c.prompt_len, resp)
+                    if delta.worker_id:  # a migration or a decode leg's start, told before the output it carries
+                        c.load.moved(delta.worker_id, delta.prefill_worker_id)
+                    if delta.prompt_tokens:  # the first output (of the request, or of its migrated continuation)
+                        c.lease.report_first_token(resp.cached_tokens, resp.prompt_tokens)
+                        c.load.first_output(resp.prompt_tokens)
+                        if c.record is not None and c.record.actual_cached_tokens is None:
+                            c.record.actual_cached_tokens = resp.cached_tokens  # the routed worker's, not a later one's
+                    generated += delta.completion_tokens
+                    deltas.append(delta)
+                yield deltas
+        finally:
+            c.load.ended(generated)
 
     @staticmethod
     def _delta(index: int, counts_prompt: bool, prompt_len: int, resp: postprocessor_pb2.GenerateResponse) -> Delta:

@@ -28,6 +28,7 @@ class RouteHints:
     explain: bool = False  # nvext.extra_fields "routing": the router returns its decision record
     # (field, header): the pins the client set with a header, which the router's errors must name (core/pins.py).
     pin_names: tuple[tuple[str, str], ...] = ()
+    affinity_session_id: str = ""  # the X-Dynamo-Session-ID header (RouteRequest.affinity_session_id)
 
 
 @dataclasses.dataclass

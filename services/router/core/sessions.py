@@ -9,6 +9,14 @@ pick, so a conversation's growing prefix stays in one KV cache; a worker that is
 
 Bindings ride on the router's lifecycle events, so router replicas learn each other's (a client's
 requests may reach any replica).
+
+Dynamo's header sessions (``X-Dynamo-Session-ID``, RouteRequest.affinity_session_id) are the same bindings
+under Dynamo's rules: bound only when ``--router-session-affinity-ttl-secs`` is set (affinity is off when it is
+omitted, as Dynamo's help says), for that idle life. ``--router-session-affinity-mode`` says what a binding
+does when its worker is busy, for every session: ``soft`` (Meshfront's default) passes it over for this request
+(a preference the policy may override), ``hard`` (Dynamo's default) keeps the request on it: it waits for the
+worker in the router's queue (``--queue-timeout-s``) or fails with 503. A worker the request already failed
+on (a migration) is passed over in both modes: the binding cannot bring it back.
 """
 
 from __future__ import annotations
@@ -18,6 +26,10 @@ import time
 from collections.abc import Callable
 
 DEFAULT_TIMEOUT_S = 300.0
+HARD, SOFT = "hard", "soft"
+AFFINITY_MODES = (HARD, SOFT)
+# Dynamo's bound on --router-session-affinity-ttl-secs (one year).
+MAX_AFFINITY_TTL_S = 31_536_000
 # Bound on remembered sessions; the least recently used go first beyond it.
 MAX_SESSIONS = 100_000
 
@@ -30,11 +42,27 @@ class _Session:
 
 
 class SessionAffinity:
-    def __init__(self, clock: Callable[[], float] = time.monotonic, max_sessions: int = MAX_SESSIONS):
+    """``affinity_ttl_s``: the idle life of header sessions (0: they are not bound); ``mode``: HARD or SOFT."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, max_sessions: int = MAX_SESSIONS,
+                 affinity_ttl_s: int = 0, mode: str = SOFT):
+        if mode not in AFFINITY_MODES:
+            raise ValueError(f"session affinity mode {mode!r} is not one of {', '.join(AFFINITY_MODES)}")
         self._clock = clock
         self._max = max_sessions
+        self.affinity_ttl_s = affinity_ttl_s
+        self.hard = mode == HARD
         self._sessions: dict[str, _Session] = {}  # insertion order = least recently used first
         self._closing: dict[str, str] = {}  # request id -> session to end when it is released
+
+    def key(self, session_id: str, affinity_session_id: str, timeout_s: int) -> tuple[str, int]:
+        """The request's session and its idle timeout (0: the session's own): ``nvext.session_control`` or
+        ``prompt_cache_key`` first, else the header's session while header affinity is on, else none ("")."""
+        if session_id:
+            return session_id, timeout_s
+        if affinity_session_id and self.affinity_ttl_s:
+            return affinity_session_id, self.affinity_ttl_s
+        return "", 0
 
     def worker_for(self, session_id: str) -> str | None:
         """The live session's worker, or None."""

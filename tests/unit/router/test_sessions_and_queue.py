@@ -11,7 +11,7 @@ from services.common.discovery import ModelCard, WorkerCard
 from services.common.errors import ModelNotFound, Overloaded
 from services.common.overload import BusyThreshold
 from services.router.core.lifecycle import BOOK, LifecycleEvent
-from services.router.core.sessions import SessionAffinity
+from services.router.core.sessions import HARD, SOFT, SessionAffinity
 from services.router.service import Router
 
 pytestmark = pytest.mark.unit
@@ -134,3 +134,86 @@ def test_waiters_fail_when_the_model_goes_away():
         with pytest.raises(ModelNotFound):
             await waiter
     asyncio.run(main())
+
+
+def header_router(mode: str, ttl_s: int = 60, clock=None, **kw) -> Router:
+    """A router with Dynamo's header session affinity on (--router-session-affinity-ttl-secs, -mode)."""
+    router = Router(lambda model: CARDS, **kw)
+    router.sessions = SessionAffinity(clock=clock or (lambda: 0.0), affinity_ttl_s=ttl_s, mode=mode)
+    return router
+
+
+def test_a_header_session_binds_only_while_header_affinity_is_on():
+    async def main():
+        off = Router(lambda model: CARDS)  # Meshfront's default, as Dynamo's with the TTL omitted: ignored
+        assert len({(await off.route(req(f"o{i}", affinity_session_id="h"))).worker_id for i in range(3)}) == 3
+        assert len(off.sessions) == 0
+        on = header_router(SOFT)
+        assert len({(await on.route(req(f"n{i}", affinity_session_id="h"))).worker_id for i in range(4)}) == 1
+        # nvext.session_control's key wins over the header's when both are given
+        mixed = (await on.route(req("m", session_id="sc", affinity_session_id="h"))).worker_id
+        assert on.sessions.worker_for("sc") == mixed and on.sessions.worker_for("h") is not None
+    asyncio.run(main())
+
+
+def test_a_header_session_lives_for_the_affinity_ttl_renewed_by_each_request():
+    async def main():
+        now = [0.0]
+        router = header_router(SOFT, ttl_s=10, clock=lambda: now[0])
+        home = (await router.route(req("a", affinity_session_id="h"))).worker_id
+        now[0] = 9.0
+        assert (await router.route(req("b", affinity_session_id="h"))).worker_id == home  # renewed until 19
+        now[0] = 18.9
+        assert router.sessions.worker_for("h") == home
+        now[0] = 19.0
+        assert router.sessions.worker_for("h") is None  # expired: the next request binds afresh
+        rebound = (await router.route(req("c", affinity_session_id="h"))).worker_id
+        assert router.sessions.worker_for("h") == rebound
+    asyncio.run(main())
+
+
+def test_soft_affinity_passes_a_busy_worker_over_and_hard_affinity_does_not():
+    async def main():
+        soft = header_router(SOFT, busy=BusyThreshold(1), queue_timeout_s=5)
+        home = (await soft.route(req("a", affinity_session_id="h"))).worker_id
+        moved = await asyncio.wait_for(soft.route(req("b", affinity_session_id="h")), 1)  # no wait for home
+        assert moved.worker_id != home and soft.sessions.worker_for("h") == home
+
+        hard = header_router(HARD, busy=BusyThreshold(1))  # no queue: a 503 at once
+        home = (await hard.route(req("a", affinity_session_id="h"))).worker_id
+        with pytest.raises(Overloaded, match="session 'h' is busy"):
+            await hard.route(req("b", affinity_session_id="h"))
+        assert hard.bookings.in_flight(home) == 1 and len(hard.bookings) == 1  # nothing booked elsewhere
+
+        queued = header_router(HARD, busy=BusyThreshold(1), queue_timeout_s=5)  # a queue: it waits for home
+        home = (await queued.route(req("a", affinity_session_id="h"))).worker_id
+        waiter = asyncio.create_task(queued.route(req("b", affinity_session_id="h")))
+        await asyncio.sleep(0.01)
+        assert not waiter.done() and queued.queue.waiting("m") == 1
+        await release(queued, "a")
+        assert (await waiter).worker_id == home
+    asyncio.run(main())
+
+
+def test_a_migration_leaves_a_hard_sessions_failed_worker():
+    async def main():
+        router = header_router(HARD)
+        home = (await router.route(req("a", affinity_session_id="h"))).worker_id
+        await release(router, "a")
+        moved = await router.route(req("a", affinity_session_id="h", exclude_worker_ids=[home]))
+        assert moved.worker_id != home
+    asyncio.run(main())
+
+
+def test_affinity_flags_take_dynamos_names_and_env_twins():
+    from services.router.config import parse_config
+
+    cfg = parse_config([], {"DYN_ROUTER_SESSION_AFFINITY_TTL_SECS": "600", "DYN_ROUTER_SESSION_AFFINITY_MODE": "hard"})
+    assert (cfg.router_session_affinity_ttl_secs, cfg.router_session_affinity_mode) == (600, HARD)
+    defaults = parse_config([], {})
+    assert (defaults.router_session_affinity_ttl_secs, defaults.router_session_affinity_mode) == (0, SOFT)
+    with pytest.raises(ValueError, match="--router-session-affinity-ttl-secs -1 must be between 1 and 31536000"):
+        parse_config(["--router-session-affinity-ttl-secs", "-1"], {})
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(["--router-session-affinity-mode", "sticky"], {})
+    assert exit_.value.code == 2
