@@ -101,6 +101,7 @@ def test_the_openai_sdk_reads_the_stream_and_hands_each_event_over_as_an_item(cl
     chunks = [c for c in items if c.model_extra == {}]
     extras = [c.model_extra for c in items if c.model_extra]
     assert [sorted(e) for e in extras] == [["index", "reasoning_content"], ["choice_index", "tool_call"]]
+    assert all(c.object is None and c.choices is None for c in items if c.model_extra)  # what a client skips
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
     assert json.loads("".join(tc.function.arguments or "" for tc in calls)) == ARGS
