@@ -274,6 +274,20 @@ def add_common_flags(p: FlagParser, *, port: int) -> None:
     p.add("--tls-key", default="", env="MESHFRONT_TLS_KEY", help="PEM private key of --tls-cert")
     p.add("--tls-ca", default="", env="MESHFRONT_TLS_CA",
           help="PEM CA: require client certificates it signed and trust only it for outgoing calls (mTLS)")
+    add_nats_tls_flags(p)
+
+
+def add_nats_tls_flags(p: Flags) -> None:
+    """TLS on the process's NATS connections (services/common/nats_tls.py): Dynamo's flags, whose env twins are
+    Dynamo's names, not ``DYN_``-prefixed (one pod env configures a Dynamo frontend and every Meshfront process)."""
+    p.add("--nats-tls-ca-cert-path", default="", env="NATS_TLS_CA_CERT_PATH",
+          help="PEM CA the NATS server's certificate is verified against (turns TLS to NATS on)")
+    p.add("--nats-tls-insecure", default=False, type=bool, env="NATS_TLS_INSECURE",
+          help="TLS to NATS without verifying the server's certificate (local development only)")
+    p.add("--nats-tls-client-cert-path", default="", env="NATS_TLS_CLIENT_CERT_PATH",
+          help="PEM client certificate presented to the NATS server (mTLS; with --nats-tls-client-key-path)")
+    p.add("--nats-tls-client-key-path", default="", env="NATS_TLS_CLIENT_KEY_PATH",
+          help="PEM private key of --nats-tls-client-cert-path")
 
 
 def common_errors(port: int, drain_grace_s: float) -> list[str]:

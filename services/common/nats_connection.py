@@ -4,6 +4,11 @@ Every process (stages, gateway stores, workers, the router's event feeds) connec
 reconnects, waits for NATS when it starts first, retries opening a JetStream bucket while NATS restarts,
 and closes its connection at shutdown without ever hanging the stop. Worker discovery
 (services/common/discovery.py) is one user among many.
+
+TLS: the process's start hands its one client context to ``use_tls`` (services/common/nats_tls.py makes it
+from the ``--nats-tls-*`` flags); every later connection then speaks TLS and refuses a server that answers in
+cleartext, as does a connection to a ``tls://`` URL. A TLS failure is logged as an error that names the flag
+to fix, once per connection, while the connection keeps retrying (the server may get its certificate fixed).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -23,16 +29,80 @@ from services.common.jetstream_replicas import nats_servers
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# The process's TLS client context for NATS (None: cleartext unless a URL says tls://). A module setting made
+# once at start, not a parameter: a process has one NATS identity, as it has one log configuration, and a
+# dozen classes open NATS connections (discovery, the stores, the router's feeds, the worker's publisher);
+# threading the context through all their constructors would carry one value that never differs among them.
+_tls: ssl.SSLContext | None = None
+
+
+class NatsTlsRefused(ConnectionError):
+    """TLS is on, and the NATS server answered without offering it (no ``tls_required`` in its INFO)."""
+
+
+class _QuietSslEof(logging.Filter):
+    """Drops asyncio's "returning true from eof_received() has no effect when using ssl", logged at every close
+    of a TLS connection by nats-py's transport (an asyncio StreamReaderProtocol, which returns True there to
+    keep the socket half-open; under TLS asyncio just closes it, which is what a NATS close wants anyway)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+_QUIET_SSL_EOF = _QuietSslEof()
+
+
+def use_tls(context: ssl.SSLContext | None) -> None:
+    """Every later ``connect`` of this process uses ``context``; called once at process start (service_main,
+    the worker entry) after logging is set up."""
+    global _tls
+    _tls = context
+    if context is not None and context.verify_mode == ssl.CERT_NONE:
+        log.warning("TLS to NATS does not verify the server's certificate (--nats-tls-insecure): development only")
+
 
 async def connect(url: str, name: str, *, no_echo: bool = False) -> nats.NATS:
     """Connects with unlimited reconnects so a NATS outage never kills a service. ``no_echo``: the server does
-    not deliver this connection's own messages to its own subscriptions (a peer group on one subject)."""
+    not deliver this connection's own messages to its own subscriptions (a peer group on one subject).
+
+    Raises:
+        NatsTlsRefused: TLS is on (``use_tls``, a ``tls://`` URL) and the server offers none."""
+    servers = nats_servers(url)
+    reported: set[str] = set()
 
     async def on_error(e: Exception) -> None:
-        log.warning("nats: %s", e)
+        if not isinstance(e, ssl.SSLError):
+            log.warning("nats: %s", e)
+            return
+        # nats-py retries a failed handshake every half second, forever: the cause once as an error, then quietly.
+        detail = e.verify_message if isinstance(e, ssl.SSLCertVerificationError) else ""
+        text = f"nats: TLS with {url} failed: {e.reason or e}{f' ({detail})' if detail else ''}; {_tls_hint(e)}"
+        log.log(logging.DEBUG if text in reported else logging.ERROR, text)
+        reported.add(text)
 
-    return await nats.connect(nats_servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                              connect_timeout=2, allow_reconnect=True, error_cb=on_error, no_echo=no_echo)
+    secure = _tls is not None or any(s.startswith("tls://") for s in servers)
+    if secure:
+        logging.getLogger("asyncio").addFilter(_QUIET_SSL_EOF)  # once: a filter is added only if absent
+    nc = await nats.connect(servers, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                            connect_timeout=2, allow_reconnect=True, error_cb=on_error, no_echo=no_echo, tls=_tls)
+    # nats-py upgrades to TLS only when the server asks for it: a server (or a man in the middle) that does not
+    # would get this process's traffic in cleartext although TLS was asked for. The server's INFO says which.
+    if secure and not nc._server_info.get("tls_required"):  # nats-py keeps INFO private
+        await close_nats(nc)
+        raise NatsTlsRefused(f"the NATS server at {url} does not offer TLS, which this process requires "
+                             "(--nats-tls-* or a tls:// URL)")
+    return nc
+
+
+def _tls_hint(e: ssl.SSLError) -> str:
+    """Which flag fixes a failed handshake."""
+    if isinstance(e, ssl.SSLCertVerificationError):
+        return ("the server's certificate is not trusted: --nats-tls-ca-cert-path (env NATS_TLS_CA_CERT_PATH) "
+                "names the CA that signed it")
+    if "ALERT_" in (e.reason or ""):  # the server's alert about our side: no client certificate, or one it distrusts
+        return ("the server wants a client certificate it trusts: --nats-tls-client-cert-path and "
+                "--nats-tls-client-key-path (env NATS_TLS_CLIENT_CERT_PATH, NATS_TLS_CLIENT_KEY_PATH)")
+    return "check the --nats-tls-* flags against the server's TLS settings"
 
 
 def stop_if_cancelled() -> None:
@@ -58,7 +128,8 @@ async def connect_retrying(url: str, name: str, stop: asyncio.Event | None = Non
             if stop is not None and stop.is_set():
                 raise
             stop_if_cancelled()
-            log.info("waiting for NATS at %s (%s)", url, e)
+            log.log(logging.ERROR if isinstance(e, NatsTlsRefused) else logging.INFO, "waiting for NATS at %s (%s)",
+                    url, e)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 

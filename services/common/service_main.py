@@ -4,9 +4,11 @@
 
 1. parse ``argv`` (flags and env twins); a bad value, whether argparse or the config's ``validate``
    finds it, is one line on stderr (``meshfront router: --queue-timeout-s -5 must be >= 0``) and exit
-   status 2, before anything binds or connects;
-2. logging, then ``/metrics`` (``--metrics-port``) with every family of the service registered, so
-   the first scrape has every documented name;
+   status 2, before anything binds or connects; so is a TLS file that cannot be read (``--tls-*``,
+   ``--nats-tls-*``);
+2. logging and the process's NATS TLS (``nats_connection.use_tls``), then ``/metrics``
+   (``--metrics-port``) with every family of the service registered, so the first scrape has every
+   documented name;
 3. the worker registry (the NATS discovery mirror), and the service's own ``build`` over it;
 4. one gRPC server with one drain grace (``--drain-grace-s``), to which the service adds its servicer;
 5. start: background work, then the registry (and, where the spec asks, its first view of the
@@ -27,8 +29,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
+from services.common import nats_connection, nats_tls, tracing
 from services.common import tls as mesh_tls
-from services.common import tracing
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.metrics import serve_metrics
@@ -116,12 +118,15 @@ def parse_or_exit(name: str, parse: Callable[[Sequence[str]], C], argv: Sequence
 
 def main(spec: ServiceSpec[C, Any], argv: Sequence[str] | None = None) -> None:
     """Runs the service of ``spec`` until SIGTERM/SIGINT; ``argv`` defaults to the process's own."""
-    cfg = parse_or_exit(spec.name, spec.parse, sys.argv[1:] if argv is None else list(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cfg = parse_or_exit(spec.name, spec.parse, argv)
     try:
         tls = mesh_tls.from_config(cfg)
+        nats_context = nats_tls.context(nats_tls.from_argv(argv))
     except (ValueError, OSError) as e:  # a --tls-* pair half given, a file that cannot be read
         bad_value(spec.name, e)
     setup_logging(cfg.log_level)
+    nats_connection.use_tls(nats_context)
     tracing.configure(spec.name)  # on only when the environment names an OTLP collector
     run(lambda: serve(spec, cfg, tls))
 

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from services.common import model_files, tracing
+from services.common import model_files, nats_connection, nats_tls, tracing
 from services.common.discovery import KV_RELEASE_BY_PREFILL, LoraAdapter, Registrar, WorkerCard
 from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.kv_events import KvEventListener
@@ -119,9 +119,11 @@ def main(kind: WorkerKind[C, P], argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         cfg = kind.parse(argv)  # fail fast, with every problem listed, before anything loads
+        nats_context = nats_tls.context(nats_tls.from_argv(argv))  # the worker's NATS identity (its card)
     except ValueError as e:
         bad_value(kind.name, e)
     setup_logging(kind.log_level(cfg))
+    nats_connection.use_tls(nats_context)
     tracing.configure(kind.name)  # on only when the environment names an OTLP collector
     try:
         prepared = kind.prepare(cfg)
