@@ -96,6 +96,15 @@ class AllInOneConfig:
     def tls_ca(self) -> str:
         return self.gateway.tls_ca
 
+    # One --namespace and --namespace-prefix (common flags) for every stage.
+    @property
+    def namespace(self) -> str:
+        return self.gateway.namespace
+
+    @property
+    def namespace_prefix(self) -> str:
+        return self.gateway.namespace_prefix
+
 
 def parser(env: Mapping[str, str] | None = None) -> FlagParser:
     p = FlagParser("allinone", "The gateway with the preprocessor, router and postprocessor in its process; "

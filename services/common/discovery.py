@@ -27,10 +27,13 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from services.common.assembly import cancel_within
 from services.common.jetstream_replicas import nats_servers, open_or_create
 from services.common.liveness import Change, LiveWorkers
+from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
+from services.common.namespace import EVERY_NAMESPACE, DiscoveryFilter, Namespace, split_worker_key
 from services.common.nats_connection import close_nats, connect_retrying, stop_if_cancelled
 
 log = logging.getLogger(__name__)
 
+# One bucket for every namespace, keys ``<namespace>.<worker_id>`` (services/common/namespace.py).
 BUCKET = "meshfront_workers"
 DEFAULT_TTL_S = 6.0
 # A JetStream cluster elects a new leader for a stream 4-9 s after losing the node that led it, and no card
@@ -159,6 +162,8 @@ class WorkerCard:
     # Which worker of a disaggregated pair frees the KV blocks this one holds as a prefill worker for a decode
     # leg that will not come (KV_RELEASE_BY_*): the engine's choice, fixed at registration.
     kv_release_by: str = KV_RELEASE_BY_PREFILL
+    # The namespace it registered in (services/common/namespace.py): its KV events' and dumps' subjects.
+    namespace: str = DEFAULT_NAMESPACE
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))
@@ -202,6 +207,7 @@ class Registrar:
         # Set by ``update``: the next heartbeat goes out now rather than after the period.
         self._changed = asyncio.Event()
         self._published = 0  # cards put so far, so that ``update`` can wait for its own
+        self.key = Namespace(card.namespace).worker_key(card.worker_id)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="registrar")
@@ -219,7 +225,7 @@ class Registrar:
     async def _run(self) -> None:
         self._nc = await connect_retrying(self.nats_url, f"worker-{self.card.worker_id}")
         js = self._nc.jetstream()
-        subject = f"$KV.{BUCKET}.{self.card.worker_id}"
+        subject = f"$KV.{BUCKET}.{self.key}"
         ready = False
         while True:
             self._changed.clear()
@@ -253,7 +259,7 @@ class Registrar:
             # Deregister at once rather than waiting for the TTL; bounded, NATS may be going down too.
             with contextlib.suppress(Exception):
                 kv = await asyncio.wait_for(open_bucket(self._nc, self.ttl_s), 1.0)
-                await asyncio.wait_for(kv.purge(self.card.worker_id), 1.0)
+                await asyncio.wait_for(kv.purge(self.key), 1.0)
         await close_nats(self._nc)
 
 
@@ -275,12 +281,16 @@ class WorkerRegistry:
     ``(worker_id, card)`` on add or change and ``(worker_id, None)`` on removal.
     The mirror keeps its last state while NATS is down, so routing to known
     workers goes on, and resynchronises when NATS returns. What counts as live
-    is ``LiveWorkers``'s call, not only the bucket's.
+    is ``LiveWorkers``'s call, not only the bucket's. ``namespaces`` says whose workers are seen (one
+    namespace's keys are all it watches when exact); ``workers`` is keyed by worker id, so ids must be unique
+    across the namespaces one registry sees (the default ``<kind>-<8 hex>`` is).
     """
 
-    def __init__(self, nats_url: str, name: str, ttl_s: float | None = None):
+    def __init__(self, nats_url: str, name: str, ttl_s: float | None = None, *,
+                 namespaces: DiscoveryFilter = EVERY_NAMESPACE):
         self.nats_url = nats_url
         self.name = name
+        self.namespaces = namespaces
         self.workers: dict[str, WorkerCard] = {}
         self._live = LiveWorkers(ttl_s if ttl_s is not None else discovery_ttl_s(nats_url))
         self._by_model: dict[str, list[WorkerCard]] = {}
@@ -347,7 +357,7 @@ class WorkerRegistry:
             self._live.restart_silence()
             try:
                 reconnects = self._nc.stats["reconnects"]
-                watcher = await (await open_bucket(self._nc)).watchall()
+                watcher = await (await open_bucket(self._nc)).watch(self.namespaces.keys)
                 try:
                     await self._follow(watcher, reconnects)
                 finally:
@@ -390,8 +400,16 @@ class WorkerRegistry:
                     self._live.restart_silence()  # nobody can be heard while NATS is away
 
     def _take(self, entry: KeyValue.Entry, *, handed_over: bool) -> None:
+        namespace, worker_id = split_worker_key(entry.key)
+        if not self.namespaces.admits(namespace):
+            return  # a prefix filter watches every key (see DiscoveryFilter.keys)
+        known = self.workers.get(worker_id)
+        if known is not None and known.namespace != namespace:
+            log.error("worker id %s is registered in namespaces %s and %s; ignoring it in %s",
+                      worker_id, known.namespace, namespace, namespace)
+            return
         if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
-            self._apply(self._live.left(entry.key))
+            self._apply(self._live.left(worker_id))
             return
         try:
             card = WorkerCard.from_json(entry.value)
@@ -401,7 +419,7 @@ class WorkerRegistry:
         # The server's timestamp of this heartbeat: a datetime, though nats-py's Entry annotates it int.
         created: Any = entry.created
         written = created.timestamp()
-        self._apply(self._live.heard(entry.key, card, written, handed_over=handed_over))
+        self._apply(self._live.heard(worker_id, card, written, handed_over=handed_over))
 
     async def close(self) -> None:
         if self._task:

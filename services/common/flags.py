@@ -21,6 +21,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from services.common import namespace
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -258,12 +260,24 @@ def config_from(cls: type[C], args: argparse.Namespace) -> C:
     return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
 
 
-def add_common_flags(p: FlagParser, *, port: int) -> None:
-    """Flags every service has: where it listens, how it drains, where NATS is, how it logs."""
+def add_common_flags(p: FlagParser, *, port: int, namespace_prefix: bool = True) -> None:
+    """Flags every service has: where it listens, how it drains, where NATS is, how it logs, which namespace
+    it lives in (services/common/namespace.py). ``namespace_prefix``: the service watches workers, so it takes
+    Dynamo's discovery prefix too (a worker registers in one namespace and watches nobody)."""
     p.add("--host", default="127.0.0.1", help="address to listen on")
     p.add("--port", default=port, type=int, help="gRPC port (0 picks a free one)")
     p.add("--nats-url", default="nats://127.0.0.1:4222", env="MESHFRONT_NATS_URL",
           help="NATS server URL, or every node of a cluster comma-separated")
+    p.add("--namespace", default=namespace.DEFAULT, type=namespace.namespace_name, env="MESHFRONT_NAMESPACE",
+          dynamo_env="DYN_NAMESPACE",
+          help="the mesh's namespace in NATS: workers register in it, a stage keeps its stores and subjects in it "
+               "and sees only its workers (exact match; empty or 'dynamo': every namespace's workers, stores in "
+               "'dynamo'); letters, digits, '_' and '-', at most 64")
+    if namespace_prefix:
+        p.add("--namespace-prefix", default="", type=namespace.namespace_prefix, env="MESHFRONT_NAMESPACE_PREFIX",
+              dynamo_env="DYN_NAMESPACE_PREFIX",
+              help="see the workers of every namespace starting with this (wins over --namespace for discovery; "
+                   "the stage's own stores stay in --namespace)")
     p.add("--log-level", default="INFO", env="MESHFRONT_LOG_LEVEL", help="logging level")
     p.add("--metrics-port", default=0, type=int, help="Prometheus metrics port (0 = off)")
     p.add("--drain-grace-s", default=10.0, type=float,

@@ -5,9 +5,11 @@ A worker's engine reports cache changes to a ``KvEventListener`` (``stored`` / `
 messages, and services/router/events.py (with services/router/core/kv_ingest.py) applies them.
 Both sides meet here and nowhere else, so neither service imports the other.
 
-Subjects: ``meshfront.kv.events.<model>.<worker_id>`` (the model name with every character that NATS
-subjects reserve replaced by ``_``) carries one message per engine tick; ``meshfront.kv.dump.<worker_id>``
-(NATS request-reply) answers "which blocks do you hold?". Message shape::
+Subjects: ``meshfront.kv.events.<namespace>.<model>.<worker_id>`` (the model name with every character that
+NATS subjects reserve replaced by ``_``; the worker's namespace, services/common/namespace.py, so that a router
+of one namespace subscribes to its own workers' alone) carries one message per engine tick;
+``meshfront.kv.dump.<namespace>.<worker_id>`` (NATS request-reply) answers "which blocks do you hold?".
+Message shape::
 
     {"worker_id": str, "model": str, "seq": int, "published_at_ms": int,
      "events": [{"stored": {"parent_hash": int | None, "blocks": [{"block_hash": int, "tokens_hash": int}]}}
@@ -25,6 +27,8 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Protocol
+
+from services.common.namespace import Namespace
 
 EVENTS_PREFIX = "meshfront.kv.events"
 DUMP_PREFIX = "meshfront.kv.dump"
@@ -57,12 +61,12 @@ def subject_token(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", name) or "_"
 
 
-def events_subject(model: str, worker_id: str) -> str:
-    return f"{EVENTS_PREFIX}.{subject_token(model)}.{subject_token(worker_id)}"
+def events_subject(namespace: Namespace, model: str, worker_id: str) -> str:
+    return f"{namespace.subject(EVENTS_PREFIX)}.{subject_token(model)}.{subject_token(worker_id)}"
 
 
-def dump_subject(worker_id: str) -> str:
-    return f"{DUMP_PREFIX}.{subject_token(worker_id)}"
+def dump_subject(namespace: Namespace, worker_id: str) -> str:
+    return f"{namespace.subject(DUMP_PREFIX)}.{subject_token(worker_id)}"
 
 
 def stored_event(blocks: Sequence[StoredBlock], parent_hash: int | None) -> dict:

@@ -1,10 +1,12 @@
 """A model's tokenizer, template and config files, shared through NATS so that no stage but the worker needs them.
 
 A worker that registers publishes the small files the stages read (``STAGE_FILES``: the tokenizer, its
-config, the chat template, the model's config) to the JetStream Object Store ``meshfront_model_files``,
-content-addressed: each file is an object named by the SHA-256 of its bytes, and a manifest (name -> digest
-of each file) is an object named by the SHA-256 of its own canonical JSON. The card carries that manifest
-digest (``ModelCard.model_files``); the preprocessor and postprocessor, which used to open the card's
+config, the chat template, the model's config) to the JetStream Object Store ``meshfront_model_files_<namespace>``
+(its ``--namespace``'s: services/common/namespace.py), content-addressed: each file is an object named by the
+SHA-256 of its bytes, and a manifest (name -> digest of each file) is an object named by the SHA-256 of its own
+canonical JSON. The card carries where that manifest is (``ModelCard.model_files``, a reference
+``<namespace>/<digest>``: a stage may see several namespaces' workers, and the postprocessor is handed the
+reference alone, in a request's options); the preprocessor and postprocessor, which used to open the card's
 ``model_dir`` on their own disk (a volume shared with the workers), now turn the digest into a directory
 of their own (``ModelFilesResolver``):
 
@@ -34,11 +36,12 @@ from nats.js.api import ObjectStoreConfig
 from nats.js.errors import ObjectNotFoundError
 
 from services.common.jetstream_replicas import open_or_create
+from services.common.namespace import DEFAULT_NAMESPACE, Namespace
 from services.common.nats_connection import close_nats, connect_retrying
 
 log = logging.getLogger(__name__)
 
-BUCKET = "meshfront_model_files"
+BUCKET = "meshfront_model_files"  # then _<namespace>
 # What the stages read from a model directory (services/preprocessor/core/artifacts.py, the postprocessor's
 # tokenizer, the engines' parser backends through transformers' tokenizer loading).
 STAGE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -74,6 +77,29 @@ def model_files_digest(model_dir: str | Path) -> str:
     return _sha256(manifest_bytes(files)) if "tokenizer.json" in files else ""
 
 
+def reference(namespace: Namespace, digest: str) -> str:
+    """What a card carries for files of manifest ``digest`` published in ``namespace``; empty: none."""
+    return f"{namespace.name}/{digest}" if digest else ""
+
+
+def model_files_reference(namespace: Namespace, model_dir: str | Path) -> str:
+    """The reference a card of a worker in ``namespace`` carries for ``model_dir``'s files."""
+    return reference(namespace, model_files_digest(model_dir))
+
+
+def split_reference(ref: str) -> tuple[Namespace, str]:
+    """(namespace, manifest digest) of a card's reference; a bare digest (a card written before namespaces)
+    is the default namespace's.
+
+    Raises:
+        ModelFilesUnavailable: the namespace part is not a namespace name."""
+    name, slash, digest = ref.rpartition("/")
+    try:
+        return (Namespace(name) if slash else DEFAULT_NAMESPACE), digest
+    except ValueError as e:
+        raise ModelFilesUnavailable(f"model files reference {ref!r}: {e}") from None
+
+
 def parse_manifest(raw: bytes, digest: str) -> dict[str, str]:
     """File name -> SHA-256 from a manifest fetched by ``digest``, checked against it."""
     if _sha256(raw) != digest:
@@ -88,20 +114,21 @@ def parse_manifest(raw: bytes, digest: str) -> dict[str, str]:
     return {name: entry["sha256"] for name, entry in names.items()}
 
 
-async def _object_store(js: nats.js.JetStreamContext):
-    return await open_or_create(lambda: js.object_store(BUCKET), lambda replicas: js.create_object_store(
-        BUCKET, ObjectStoreConfig(
+async def _object_store(js: nats.js.JetStreamContext, namespace: Namespace):
+    bucket = namespace.bucket(BUCKET)
+    return await open_or_create(lambda: js.object_store(bucket), lambda replicas: js.create_object_store(
+        bucket, ObjectStoreConfig(
             description="Model tokenizer, template and config files, content-addressed (docs/architecture.md)",
             replicas=replicas)))
 
 
-async def publish(js: nats.js.JetStreamContext, model_dir: str | Path) -> str:
-    """Stores ``model_dir``'s stage files and their manifest (objects already there are kept); returns the
-    manifest's digest, which equals ``model_files_digest(model_dir)``."""
+async def publish(js: nats.js.JetStreamContext, model_dir: str | Path, namespace: Namespace) -> str:
+    """Stores ``model_dir``'s stage files and their manifest in ``namespace``'s store (objects already there are
+    kept); returns the reference to them, which equals ``model_files_reference(namespace, model_dir)``."""
     files = read_stage_files(model_dir)
     manifest = manifest_bytes(files)
     digest = _sha256(manifest)
-    store = await _object_store(js)
+    store = await _object_store(js, namespace)
     for data in (*files.values(), manifest):
         name = _sha256(data)
         try:
@@ -110,12 +137,13 @@ async def publish(js: nats.js.JetStreamContext, model_dir: str | Path) -> str:
         except ObjectNotFoundError:
             pass
         await store.put(name, data)
-    return digest
+    return reference(namespace, digest)
 
 
-async def fetch(js: nats.js.JetStreamContext, digest: str) -> dict[str, bytes]:
-    """The files of manifest ``digest``, each checked against its SHA-256."""
-    store = await _object_store(js)
+async def fetch(js: nats.js.JetStreamContext, ref: str) -> dict[str, bytes]:
+    """The files a card's reference names, each checked against its SHA-256."""
+    namespace, digest = split_reference(ref)
+    store = await _object_store(js, namespace)
     try:
         manifest = parse_manifest((await store.get(digest)).data or b"", digest)
         files = {}
@@ -125,7 +153,8 @@ async def fetch(js: nats.js.JetStreamContext, digest: str) -> dict[str, bytes]:
                 raise ModelFilesUnavailable(f"{name} of model files {digest} does not match its digest")
             files[name] = data
     except ObjectNotFoundError as e:
-        raise ModelFilesUnavailable(f"model files {digest} are not in the {BUCKET} object store ({e})") from None
+        raise ModelFilesUnavailable(f"model files {digest} are not in the {namespace.bucket(BUCKET)} object store "
+                                    f"({e})") from None
     return files
 
 
@@ -153,7 +182,10 @@ def default_cache_root() -> Path:
 
 
 class ModelFilesResolver:
-    """Turns a card's (``model_dir``, ``model_files``) into a directory on this host, once per digest."""
+    """Turns a card's (``model_dir``, ``model_files``) into a directory on this host, once per digest.
+
+    ``model_files`` is the card's reference (``<namespace>/<digest>``, see ``reference``): the files are fetched
+    from that namespace's store, whichever namespace this stage lives in."""
 
     def __init__(self, nats_url: str, cache_root: Path | None = None, *, timeout_s: float = 30.0):
         self.nats_url = nats_url
@@ -168,7 +200,7 @@ class ModelFilesResolver:
         return model_dir if not digest else self._resolved.get((model_dir, digest))
 
     async def local_dir(self, model_dir: str, digest: str) -> str:
-        """A directory holding the files of ``digest`` (``model_dir`` itself for a card without one).
+        """A directory holding the files of reference ``digest`` (``model_dir`` itself for a card without one).
 
         Raises:
             ModelFilesUnavailable: the files are neither here nor in the Object Store."""
@@ -181,7 +213,8 @@ class ModelFilesResolver:
                 found = self._resolved[(model_dir, digest)] = await self._resolve(model_dir, digest)
             return found
 
-    async def _resolve(self, model_dir: str, digest: str) -> str:
+    async def _resolve(self, model_dir: str, ref: str) -> str:
+        digest = split_reference(ref)[1]
         if model_dir and await asyncio.to_thread(model_files_digest, model_dir) == digest:
             return model_dir  # the worker's own directory is here (one machine, or a shared volume)
         cached = self.cache_root / digest
@@ -189,7 +222,7 @@ class ModelFilesResolver:
             return str(cached)
         log.info("fetching model files %s (%s) from NATS", digest[:12], model_dir)
         try:
-            files = await asyncio.wait_for(fetch(await self._jetstream(), digest), self.timeout_s)
+            files = await asyncio.wait_for(fetch(await self._jetstream(), ref), self.timeout_s)
         except (TimeoutError, nats.errors.Error) as e:
             raise ModelFilesUnavailable(f"cannot fetch model files {digest} from NATS ({e or type(e).__name__})") \
                 from None

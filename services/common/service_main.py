@@ -34,6 +34,7 @@ from services.common import tls as mesh_tls
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.metrics import serve_metrics
+from services.common.namespace import DiscoveryFilter
 
 
 class ServiceConfig(Protocol):
@@ -66,6 +67,12 @@ class ServiceConfig(Protocol):
 
     @property
     def tls_ca(self) -> str: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def namespace_prefix(self) -> str: ...
 
 
 class Service(Protocol):
@@ -135,7 +142,7 @@ async def serve(spec: ServiceSpec[C, S], cfg: C, tls: mesh_tls.MeshTls | None) -
     serve_metrics(cfg.metrics_port, cfg.host)
     if spec.metrics is not None:
         spec.metrics()
-    registry = WorkerRegistry(cfg.nats_url, spec.name)
+    registry = WorkerRegistry(cfg.nats_url, spec.name, namespaces=DiscoveryFilter(cfg.namespace, cfg.namespace_prefix))
     try:
         service = spec.build(cfg, registry, tls)
     except spec.unavailable as e:

@@ -15,6 +15,7 @@ import sys
 import urllib.parse
 from collections.abc import Sequence
 
+from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
 from services.launcher import envoy_config
 from services.launcher.engine_env import ENGINES
 
@@ -82,6 +83,8 @@ class MeshPlan:
     # PEM certificate and key: Envoy's listener speaks TLS (HTTP and gRPC) instead of cleartext.
     tls_cert: str = ""
     tls_key: str = ""
+    # PEM CA (with tls_cert): the listener requires a client certificate it signed (``--tls-client-ca``).
+    tls_client_ca: str = ""
     # Preprocessor replicas: the gateway spreads calls over all of them. Replicas after the first listen on
     # extra_preprocessor_ports (default: the ports right after preprocessor_port).
     preprocessors: int = 1
@@ -116,6 +119,9 @@ class MeshPlan:
     external_nats_url: str = ""
     # The address Envoy's listener binds (``--http-host``); the processes behind it stay on loopback.
     http_host: str = "127.0.0.1"
+    # Every process's --namespace (services/common/namespace.py): two plans on one NATS (external_nats_url)
+    # with different namespaces see none of each other's workers, events or stored objects.
+    namespace: str = DEFAULT_NAMESPACE
 
     def process_flags(self, name: str) -> list[str]:
         """Flags the plan gives the process called ``name``: its metrics port and the --tls-* set."""
@@ -299,7 +305,7 @@ def allinone_stage_args(plan: MeshPlan) -> list[str]:
 
 def specs(plan: MeshPlan) -> list[ProcessSpec]:
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    common = ["--nats-url", plan.nats_url, "--log-level", plan.log_level]
+    common = ["--nats-url", plan.nats_url, "--log-level", plan.log_level, "--namespace", plan.namespace]
     env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     if plan.otlp_endpoint:  # spans leave every half second (the SDK's default is 5 s): a trace shows up at once
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT=plan.otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="500")
@@ -345,6 +351,7 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
     envoy_yaml = plan.run_dir / f"envoy-{plan.http_port}.yaml"
     envoy_yaml.write_text(envoy_config.render(listen_host=plan.http_host, listen_port=plan.http_port,
                                               admin_port=plan.admin_port, tls=plan.tls,
+                                              tls_client_ca=plan.tls_client_ca,
                                               upstream_tls=_envoy_upstream_tls(plan),
                                               gateways=[("127.0.0.1", p) for p in plan.gateway_ports],
                                               otlp=_otlp_address(plan.otlp_endpoint)))

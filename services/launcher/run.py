@@ -24,6 +24,7 @@ import threading
 import time
 import urllib.request
 
+from services.common import namespace
 from services.gateway.frontend_metrics import check_prefix
 from services.launcher import media_demos, trace_viewer
 from services.launcher.demo_lora import check_demo_lora, demo_lora_flags
@@ -170,6 +171,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="the NATS port (default 4222, or a free one with --free-ports): where a `meshfront frontend` "
                         "elsewhere finds these workers (--nats-url nats://HOST:PORT)")
     p.add_argument("--run-dir", default="", help=f"NATS store and Envoy config (default {ROOT / '.run'})")
+    p.add_argument("--namespace", default=namespace.DEFAULT, type=namespace.namespace_name,
+                   help="every process's --namespace (DYN_NAMESPACE): the workers register in it and the stages "
+                        "see only them and keep their stores in it, so meshes on one NATS stay apart")
     return p
 
 
@@ -326,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
                     service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES},
                     preprocessors=args.preprocessors, routers=args.routers, postprocessors=args.postprocessors,
-                    nats_cluster=args.nats_cluster, **ports)
+                    nats_cluster=args.nats_cluster, namespace=args.namespace, **ports)
     # A fresh JetStream store per launch; a restarted NATS keeps it (-sd), so discovery survives it.
     for store in plan.nats_dirs:
         shutil.rmtree(store, ignore_errors=True)

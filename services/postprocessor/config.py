@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
+from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
 from services.common.stage_wait import DEFAULT_WAIT_S
 from services.postprocessor.core.parsers.backends import CHAT_PROCESSORS, DEFAULT_CHAT_PROCESSOR
 from services.postprocessor.migration import DEFAULT_MIGRATION_LIMIT
@@ -30,6 +31,10 @@ class PostprocessorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    # --namespace / --namespace-prefix (services/common/namespace.py): whose workers it sees, where its own
+    # NATS subjects and stores live.
+    namespace: str = DEFAULT_NAMESPACE
+    namespace_prefix: str = ""
     # How long a migration waits for an unreachable router (one restarting) before the request fails.
     router_wait_s: float = DEFAULT_WAIT_S
     migration_max_seq_len: int | None = None  # None: no limit

@@ -11,6 +11,7 @@ import dataclasses
 from services.common.assembly import Built
 from services.common.discovery import ModelCard, WorkerRegistry
 from services.common.model_files import ModelFilesResolver
+from services.common.namespace import Namespace
 from services.common.warmup import warm_each_new_model
 from services.preprocessor.config import PreprocessorConfig
 from services.preprocessor.core.renderers import load_chat_renderer
@@ -36,7 +37,8 @@ def build(cfg: PreprocessorConfig, registry: WorkerRegistry) -> Built[Preprocess
         return dataclasses.replace(card, input_modalities=tuple(m for m in card.input_modalities if m in common))
 
     model_files = ModelFilesResolver(cfg.nats_url)  # tokenizer and template from NATS: no model volume needed
-    shared_uuids = (SharedUuids(cfg.nats_url, cfg.media.uuid_ttl_s, cfg.media.uuid_store_bytes)
+    shared_uuids = (SharedUuids(cfg.nats_url, cfg.media.uuid_ttl_s, cfg.media.uuid_store_bytes,
+                                namespace=Namespace.of(cfg.namespace))
                     if cfg.media.uuid_store_bytes else None)
     preprocessor = Preprocessor(model_card, offload_threshold=cfg.offload_threshold,
                                 default_template_kwargs=cfg.default_chat_template_kwargs,

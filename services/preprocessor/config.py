@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors
+from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
 from services.preprocessor.core.renderers import CHAT_PROCESSORS, DEFAULT_CHAT_PROCESSOR
 from services.preprocessor.core.template_check import read_chat_template
 from services.preprocessor.media.limits import MediaLimits
@@ -33,6 +34,10 @@ class PreprocessorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    # --namespace / --namespace-prefix (services/common/namespace.py): whose workers it sees, where its own
+    # NATS subjects and stores live.
+    namespace: str = DEFAULT_NAMESPACE
+    namespace_prefix: str = ""
     # Bounds on fetching and decoding chat media (--media-*).
     media: MediaLimits = MediaLimits()
     # Who renders and tokenizes chats: ours, or an engine's own renderer (services/preprocessor/core/renderers).
@@ -115,6 +120,7 @@ def from_args(args: argparse.Namespace) -> PreprocessorConfig:
                              hide_tools_for_tool_choice_none=args.hide_tools_for_tool_choice_none,
                              chat_template=template,
                              tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+                             namespace=args.namespace, namespace_prefix=args.namespace_prefix,
                              media=MediaLimits(max_bytes=args.media_max_bytes, max_items=args.media_max_items,
                                                timeout_s=args.media_fetch_timeout_s,
                                                max_redirects=args.media_max_redirects,

@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
+from services.common.namespace import Namespace
 from services.common.overload import BusyThreshold
 from services.router.config import RouterConfig
 from services.router.core.conditional import DisaggSettings
@@ -69,15 +70,17 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
     router.listeners.append(metrics)
     built = Built(router, parts={"ingest": ingest, "events": None, "sync": None, "metrics": metrics})
     if ingest is not None:
-        events = KvEventSubscriber(cfg.nats_url, ingest, lambda w: w in registry.workers, metrics.observe_lag)
+        events = KvEventSubscriber(cfg.nats_url, ingest, lambda w: w in registry.workers, metrics.observe_lag,
+                                   namespaces=registry.namespaces)
         registry.subscribe(events.on_worker_change)
         built.background.append(events.start)  # NATS may come up after us
         built.closers.append(events.close)
         built.parts["events"] = events
     if cfg.router_replica_sync:
-        sync = ReplicaSync(cfg.nats_url, router.apply)
+        sync = ReplicaSync(cfg.nats_url, router.apply, namespace=Namespace.of(cfg.namespace))
         router.listeners.append(sync)
         built.background.append(sync.start)
         built.closers.append(sync.close)
         built.parts["sync"] = sync
     return built
+

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
+from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
 from services.router.core.conditional import DisaggSettings, parse_settings
 from services.router.core.policies import POLICY_NAMES
 from services.router.core.sessions import AFFINITY_MODES, MAX_AFFINITY_TTL_S, SOFT
@@ -33,6 +34,10 @@ class RouterConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    # --namespace / --namespace-prefix (services/common/namespace.py): whose workers it sees, where its own
+    # NATS subjects and stores live.
+    namespace: str = DEFAULT_NAMESPACE
+    namespace_prefix: str = ""
     drain_grace_s: float = 10.0
     router_conditional_disagg: bool = False
     router_conditional_disagg_config: str = ""

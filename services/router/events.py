@@ -1,13 +1,14 @@
 """NATS glue of the KV-aware router: workers' KV events in, dumps on demand, replica sync.
 
-``KvEventSubscriber`` feeds every worker's event messages (``meshfront.kv.events.>``, fan-out: each
-router replica gets all of them) to ``KvEventIngest`` and fetches a worker's full block set by
-NATS request-reply when the ingest asks (a gap, an unknown parent) and when discovery reports a
-worker for the first time. The subscription is open before any dump is requested, so nothing
-published in between is lost. A worker that leaves discovery is dropped from the index at once;
-messages from workers discovery does not know are ignored (their dump comes when they register).
+``KvEventSubscriber`` feeds every worker's event messages (``meshfront.kv.events.<namespace>.>``, fan-out:
+each router replica gets all of them; ``meshfront.kv.events.>`` when the router sees several namespaces) to
+``KvEventIngest`` and fetches a worker's full block set by NATS request-reply when the ingest asks (a gap, an
+unknown parent) and when discovery reports a worker for the first time. The subscription is open before any
+dump is requested, so nothing published in between is lost. A worker that leaves discovery is dropped from the
+index at once; messages from workers discovery does not know, or sent in another namespace than the one their
+card names, are ignored (their dump comes when they register).
 
-``ReplicaSync`` publishes this router's booking changes on ``meshfront.router.lifecycle`` and
+``ReplicaSync`` publishes this router's booking changes on ``meshfront.router.lifecycle.<namespace>`` and
 applies the other replicas' ones, so every replica holds the same load and a Release that lands on
 another replica still frees the booking. Each replica pays for every event the others send, so only
 bookings the router marks ``replicate`` go out (a round-robin fleet with no sessions, adapters or
@@ -34,13 +35,14 @@ from nats.aio.client import Client as NatsClient
 
 from services.common.discovery import WorkerCard
 from services.common.kv_events import EVENTS_PREFIX, dump_subject
+from services.common.namespace import DEFAULT_NAMESPACE, EVERY_NAMESPACE, DiscoveryFilter, Namespace
 from services.common.nats_connection import close_nats, connect_retrying, flush_in_order, stop_if_cancelled
 from services.router.core.kv_ingest import KvEventIngest, Verdict
 from services.router.core.lifecycle import BOOK, FREE, LifecycleEvent
 
 log = logging.getLogger(__name__)
 
-LIFECYCLE_SUBJECT = "meshfront.router.lifecycle"
+LIFECYCLE_SUBJECT = "meshfront.router.lifecycle"  # then the router's namespace
 DUMP_TIMEOUT_S = 2.0
 DUMP_RETRY_S = 0.5
 DUMP_ATTEMPTS = 10
@@ -52,10 +54,14 @@ LagObserver = Callable[[float], None]
 
 class KvEventSubscriber:
     def __init__(self, nats_url: str, ingest: KvEventIngest, is_known: Callable[[str], bool],
-                 on_lag: LagObserver | None = None):
+                 on_lag: LagObserver | None = None, *, namespaces: DiscoveryFilter = EVERY_NAMESPACE):
+        """``namespaces``: the router's discovery filter; one namespace's events are all it is sent when exact."""
         self.nats_url = nats_url
         self.ingest = ingest
         self._is_known = is_known
+        self.subscription = namespaces.subjects(EVENTS_PREFIX)
+        # worker id -> its namespace (its card's): where its dumps are asked, which events are its own
+        self._namespace_of: dict[str, Namespace] = {}
         self._on_lag = on_lag or (lambda _s: None)
         self._nc: NatsClient | None = None
         self._dumping: dict[str, asyncio.Task] = {}
@@ -64,7 +70,7 @@ class KvEventSubscriber:
 
     async def start(self) -> None:
         self._nc = nc = await connect_retrying(self.nats_url, "router-kv-events")
-        await nc.subscribe(f"{EVENTS_PREFIX}.>", cb=self._on_message)
+        await nc.subscribe(self.subscription, cb=self._on_message)
         await flush_in_order(nc)
         self.ready.set()
         for worker_id in self._waiting_for_nats:
@@ -76,8 +82,11 @@ class KvEventSubscriber:
             task = self._dumping.pop(worker_id, None)
             if task is not None:
                 task.cancel()
+            self._namespace_of.pop(worker_id, None)
             self.ingest.drop_worker(worker_id)
-        elif card.model.is_media:
+            return
+        self._namespace_of[worker_id] = Namespace(card.namespace)
+        if card.model.is_media:
             return  # no KV cache, no events, no dump to ask for
         elif self.ingest.needs_dump(worker_id):
             self.ingest.begin_sync(worker_id)
@@ -93,7 +102,7 @@ class KvEventSubscriber:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             log.warning("malformed KV event message on %s", msg.subject)
             return
-        if not self._is_known(worker_id):
+        if not self._is_known(worker_id) or not self._own(worker_id, msg.subject):
             return
         sent = data.get("published_at_ms")
         if sent:
@@ -107,6 +116,12 @@ class KvEventSubscriber:
         if verdict is Verdict.RESYNC:
             self._fetch_dump(worker_id)
 
+    def _own(self, worker_id: str, subject: str) -> bool:
+        """Whether ``subject`` is in the namespace ``worker_id`` registered in (not another namespace's worker
+        that took the same id, seen through a wider subscription)."""
+        namespace = self._namespace_of.get(worker_id)
+        return namespace is None or subject.startswith(f"{namespace.subject(EVENTS_PREFIX)}.")
+
     def _fetch_dump(self, worker_id: str) -> None:
         task = self._dumping.get(worker_id)
         if task is not None and not task.done():
@@ -119,7 +134,8 @@ class KvEventSubscriber:
                 return
             assert self._nc is not None  # dumps are fetched only once connected (see start)
             try:
-                reply = await self._nc.request(dump_subject(worker_id), b"", timeout=DUMP_TIMEOUT_S)
+                subject = dump_subject(self._namespace_of.get(worker_id, DEFAULT_NAMESPACE), worker_id)
+                reply = await self._nc.request(subject, b"", timeout=DUMP_TIMEOUT_S)
                 data = orjson.loads(reply.data)
             except asyncio.CancelledError:
                 raise
@@ -147,8 +163,10 @@ class ReplicaSync:
     """Shares booking changes between router replicas over NATS (a ``LifecycleListener``)."""
 
     def __init__(self, nats_url: str, apply: Callable[[LifecycleEvent, bool], None], router_id: str = "",
-                 lazy_flush_s: float = LAZY_FLUSH_S):
+                 lazy_flush_s: float = LAZY_FLUSH_S, *, namespace: Namespace = DEFAULT_NAMESPACE):
+        """``namespace``: the router's own (``--namespace``); its replicas share bookings in it alone."""
         self.nats_url = nats_url
+        self.subject = namespace.subject(LIFECYCLE_SUBJECT)
         self.lazy_flush_s = lazy_flush_s
         self.router_id = router_id or f"router-{secrets.token_hex(4)}"
         self._apply = apply
@@ -162,7 +180,7 @@ class ReplicaSync:
     async def start(self) -> None:
         # no_echo: a replica's own messages would come back to it, costing a one-router mesh as much as a peer.
         self._nc = nc = await connect_retrying(self.nats_url, self.router_id, no_echo=True)
-        await nc.subscribe(LIFECYCLE_SUBJECT, cb=self._on_message)
+        await nc.subscribe(self.subject, cb=self._on_message)
         await flush_in_order(nc)  # the subscription is live before we publish or report ready
 
     def on_lifecycle(self, event: LifecycleEvent, remote: bool = False) -> None:
@@ -203,14 +221,14 @@ class ReplicaSync:
             outbox, self._outbox = self._outbox, []
             # NATS away: the other replicas miss these bookings until the workers' own load reports correct them.
             with contextlib.suppress(nats.errors.Error):
-                await self._nc.publish(LIFECYCLE_SUBJECT, b"[" + b",".join(outbox) + b"]")
+                await self._nc.publish(self.subject, b"[" + b",".join(outbox) + b"]")
 
     async def _on_message(self, msg) -> None:
         self.messages_received += 1
         try:
             items = orjson.loads(msg.data)
         except orjson.JSONDecodeError as e:  # not a replica's: this one's bookings do not change
-            log.warning("a message on %s is not JSON (%s); ignored", LIFECYCLE_SUBJECT, e)
+            log.warning("a message on %s is not JSON (%s); ignored", self.subject, e)
             return
         for item in items:
             try:

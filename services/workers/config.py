@@ -11,6 +11,8 @@ from pathlib import Path
 from services.common.discovery import BOTH, DECODE, PREFILL
 from services.common.flags import FlagParser, add_common_flags, common_errors
 from services.common.hub import is_hub_id, model_flag_errors, resolve_model
+from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
+from services.common.namespace import Namespace
 from services.common.parser_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
 from services.workers.model_dir import read_model_info
 
@@ -44,6 +46,13 @@ class WorkerConfig:
     drain_grace_s: float = 10.0
     # --disaggregation-mode: "prefill", "decode" or "agg" (Dynamo's names); registered as the card's role.
     disaggregation_mode: str = AGG
+    # --namespace: the worker registers, publishes its KV events and model files in it (empty: the default).
+    namespace: str = DEFAULT_NAMESPACE
+
+    @property
+    def scope(self) -> Namespace:
+        """The namespace it registers in (services/common/namespace.py)."""
+        return Namespace.of(self.namespace)
 
     @property
     def role(self) -> str:
@@ -83,7 +92,7 @@ def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregatio
     ``disaggregation``: the kind can run one leg of a disaggregated request (the mocker, vLLM,
     SGLang), so it offers --disaggregation-mode; the others always register as BOTH.
     """
-    add_common_flags(p, port=0)
+    add_common_flags(p, port=0, namespace_prefix=False)  # a worker registers in one namespace, watches none
     p.add("--model-dir", default="", help="model directory (tokenizer.json, config.json, weights)")
     p.add("--model", default="", help="a Hugging Face id (org/name) instead of --model-dir: downloaded into the "
                                        "Hugging Face cache (HF_HOME, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE) and served "
@@ -140,6 +149,7 @@ def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_leng
         drain_grace_s=args.drain_grace_s,
         # Kinds without the flag (add_worker_flags(disaggregation=False)) run whole requests.
         disaggregation_mode=args.disaggregation_mode if "disaggregation_mode" in args else AGG,
+        namespace=args.namespace,
     )
 
 

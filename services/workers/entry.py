@@ -36,6 +36,7 @@ from services.common.discovery import KV_RELEASE_BY_PREFILL, LoraAdapter, Regist
 from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.kv_events import KvEventListener
 from services.common.metrics import serve_metrics
+from services.common.namespace import Namespace
 from services.common.service_main import bad_value
 from services.workers.config import WorkerConfig
 from services.workers.engine import Engine
@@ -66,7 +67,8 @@ class KvEvents:
 
     def listener(self, worker: WorkerConfig) -> KvEventListener | None:
         if worker.register and self.publisher is None:
-            self.publisher = KvEventPublisher(worker.nats_url, worker.worker_id, worker.model_name)
+            self.publisher = KvEventPublisher(worker.nats_url, worker.worker_id, worker.model_name,
+                                              namespace=worker.scope)
         return self.publisher
 
 
@@ -173,10 +175,10 @@ def _model_files_publisher(card: WorkerCard) -> Callable[[Any], Awaitable[None]]
         return None
 
     async def publish(js: Any) -> None:
-        published = await model_files.publish(js, card.model.model_dir)
+        published = await model_files.publish(js, card.model.model_dir, Namespace(card.namespace))
         if published != card.model.model_files:  # the files changed on disk since the card was made
             raise RuntimeError(f"the files in {card.model.model_dir} changed while the worker started; restart it")
-        log.info("published the files of %s (%s) to NATS", card.model.name, published[:12])
+        log.info("published the files of %s (%s) to NATS", card.model.name, published)
 
     return publish
 

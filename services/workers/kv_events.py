@@ -8,13 +8,14 @@ field names (``block_hash`` = the engine's own hash, here the sequence hash; ``t
 local hash of the block's tokens, which routers navigate by). The wire format (subjects, message and
 event shapes) lives in services/common/kv_events.py, shared with the routers.
 
-A router that lost track (a gap, or it just started) asks on ``meshfront.kv.dump.<worker_id>``
+A router that lost track (a gap, or it just started) asks on ``meshfront.kv.dump.<namespace>.<worker_id>``
 (NATS request-reply, so the worker API needs no new RPC). The publisher mirrors its own events,
 so it answers from that mirror: the pending events are flushed first and the reply says which
 ``seq`` the block set is current as of, so the router can replay later messages on top of it.
 
-Subjects: ``meshfront.kv.events.<model>.<worker_id>`` (the model name with every character that
-NATS subjects reserve replaced by ``_``), ``meshfront.kv.dump.<worker_id>``.
+Subjects: ``meshfront.kv.events.<namespace>.<model>.<worker_id>`` (the model name with every character that
+NATS subjects reserve replaced by ``_``), ``meshfront.kv.dump.<namespace>.<worker_id>``: the worker's own
+namespace (``--namespace``, services/common/namespace.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from services.common.kv_events import (
     stored_event,
     subject_token,
 )
+from services.common.namespace import DEFAULT_NAMESPACE, Namespace
 from services.common.nats_connection import close_nats, connect_retrying
 
 log = logging.getLogger(__name__)
@@ -104,11 +106,13 @@ class BlockMirror:
 class KvEventPublisher:
     """Implements ``KvEventListener`` (services/common/kv_events.py); ``start`` connects, ``close`` stops."""
 
-    def __init__(self, nats_url: str, worker_id: str, model: str, load: LoadReader | None = None):
+    def __init__(self, nats_url: str, worker_id: str, model: str, load: LoadReader | None = None, *,
+                 namespace: Namespace = DEFAULT_NAMESPACE):
         self.nats_url = nats_url
         self.worker_id = worker_id
         self.model = model
-        self.subject = events_subject(model, worker_id)
+        self.namespace = namespace
+        self.subject = events_subject(namespace, model, worker_id)
         self.mirror = BlockMirror()
         self.seq = 0
         self.messages = 0
@@ -157,7 +161,7 @@ class KvEventPublisher:
 
     async def _run(self) -> None:
         nc = await connect_retrying(self.nats_url, f"kv-events-{self.worker_id}")
-        await nc.subscribe(dump_subject(self.worker_id), cb=self._answer_dump)
+        await nc.subscribe(dump_subject(self.namespace, self.worker_id), cb=self._answer_dump)
         self._nc = nc
         self.connected.set()
         while True:

@@ -13,7 +13,7 @@ from services.common import tls as mesh_tls
 from services.common.discovery import KV_RELEASE_BY_PREFILL, LoraAdapter, ModelCard, WorkerCard
 from services.common.errors import relay
 from services.common.grpc_server import GrpcServer
-from services.common.model_files import model_files_digest
+from services.common.model_files import model_files_reference
 from services.common.mux_session import MuxSession, MuxSessions
 from services.workers.config import WorkerConfig
 from services.workers.engine import Engine
@@ -56,13 +56,13 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
                       block_size=cfg.block_size, tool_call_parser=cfg.tool_call_parser,
                       reasoning_parser=cfg.reasoning_parser, input_modalities=cfg.input_modalities,
                       lora_adapters=adapters.adapters if adapters is not None else (),
-                      model_files=model_files_digest(cfg.model_dir))
+                      model_files=model_files_reference(cfg.scope, cfg.model_dir))
     lora = adapters.settings if adapters is not None else None
     return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind,
                       total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,
                       role=cfg.role, max_loras=lora.max_loras if lora is not None else 0,
                       lora_runtime_loading=lora.runtime_loading if lora is not None else False,
-                      kv_release_by=kv_release_by)
+                      kv_release_by=kv_release_by, namespace=cfg.scope.name)
 
 
 def worker_grpc_server(cfg: WorkerConfig) -> GrpcServer:

@@ -20,7 +20,8 @@ import openai
 import pytest
 
 from services.common.discovery import BUCKET as WORKERS_BUCKET
-from services.gateway.media.store import STREAM as MEDIA_STREAM
+from services.common.namespace import DEFAULT_NAMESPACE
+from services.gateway.media.store import BUCKET as MEDIA_BUCKET
 from services.gateway.responses_api.store import BUCKET as RESPONSES_BUCKET
 from services.gateway.videos.job_store import BUCKET as VIDEO_JOBS_BUCKET
 from tests.conftest import sdk_client, stop_cleanly
@@ -28,8 +29,10 @@ from tests.mesh.conftest import DEMO, mocker, start_mesh, wait_until
 
 pytestmark = [pytest.mark.mesh, pytest.mark.timeout(180)]
 
-STREAMS = {"workers": f"KV_{WORKERS_BUCKET}", "responses": f"KV_{RESPONSES_BUCKET}",
-           "video jobs": f"KV_{VIDEO_JOBS_BUCKET}", "media": MEDIA_STREAM}
+# The mesh's namespace is the default one (services/common/namespace.py); the worker bucket is every namespace's.
+STREAMS = {"workers": f"KV_{WORKERS_BUCKET}", "responses": f"KV_{DEFAULT_NAMESPACE.bucket(RESPONSES_BUCKET)}",
+           "video jobs": f"KV_{DEFAULT_NAMESPACE.bucket(VIDEO_JOBS_BUCKET)}",
+           "media": f"OBJ_{DEFAULT_NAMESPACE.bucket(MEDIA_BUCKET)}"}
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 
 from services.common.discovery import IMAGES, VIDEOS, MediaLimits, ModelCard, WorkerCard
 from services.common.kv_events import dump_subject
+from services.common.namespace import DEFAULT_NAMESPACE
 from services.common.warmup import warm_each_new_model
 from services.gateway.warmup import Warmup
 from services.router.core.kv_ingest import KvEventIngest
@@ -84,7 +85,7 @@ async def test_a_kv_router_asks_no_media_worker_for_its_kv_dump(nats_url):
         await msg.respond(b'{"seq": 0, "blocks": []}')
 
     for card in (TEXT, IMAGE, VIDEO):
-        await nc.subscribe(dump_subject(card.worker_id), cb=answer)
+        await nc.subscribe(dump_subject(DEFAULT_NAMESPACE, card.worker_id), cb=answer)
     await nc.flush()
     sub = KvEventSubscriber(nats_url, KvEventIngest(), lambda _w: True)
     await sub.start()
@@ -93,7 +94,7 @@ async def test_a_kv_router_asks_no_media_worker_for_its_kv_dump(nats_url):
             sub.on_worker_change(card.worker_id, card)
         await wait_for(lambda: asked, 5, "the text worker's dump request")
         await asyncio.sleep(0.3)
-        assert asked == [dump_subject("text-1")]
+        assert asked == [dump_subject(DEFAULT_NAMESPACE, "text-1")]
     finally:
         await sub.close()
         await nc.close()

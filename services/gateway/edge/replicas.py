@@ -1,12 +1,13 @@
 """Gathers every gateway replica's frontend metrics over NATS for the edge's /metrics.
 
 Envoy sends a scrape of /metrics to any one gateway (least-request balancing). That gateway asks its
-peers on ``meshfront.gateway.metrics`` and merges their replies with its own (exposition.py), so a
+peers on ``meshfront.gateway.metrics.<namespace>`` and merges their replies with its own (exposition.py), so a
 scraper sees the same coherent set whichever replica answers. Peers announce themselves every
-``heartbeat_s`` on ``meshfront.gateway.presence``: a scrape waits for every peer heard from within
+``heartbeat_s`` on ``meshfront.gateway.presence.<namespace>``: a scrape waits for every peer heard from within
 ``peer_ttl_s`` and no longer than ``wait_s``; a single gateway answers at once. Without NATS a
 gateway answers with its own families only. Answers are zlib-compressed JSON: a model's families
-are a few KiB, and NATS caps a message at 1 MiB by default.
+are a few KiB, and NATS caps a message at 1 MiB by default. The namespace is the gateway's ``--namespace``
+(services/common/namespace.py): another mesh's gateways on the same NATS are not this one's replicas.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import orjson
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
+from services.common.namespace import DEFAULT_NAMESPACE, Namespace
 from services.common.nats_connection import close_nats, connect_retrying
 from services.gateway.edge.exposition import Snapshot, render, snapshot
 
 log = logging.getLogger(__name__)
 
-GATHER_SUBJECT = "meshfront.gateway.metrics"
-PRESENCE_SUBJECT = "meshfront.gateway.presence"
+GATHER_SUBJECT = "meshfront.gateway.metrics"  # then .<namespace>
+PRESENCE_SUBJECT = "meshfront.gateway.presence"  # then .<namespace>
 HEARTBEAT_S = 2.0
 PEER_TTL_S = 3 * HEARTBEAT_S
 # A live peer starved of CPU may answer late; a dead one costs a scrape this much, once.
@@ -37,8 +39,10 @@ WAIT_S = 3.0
 
 class ReplicaMetrics:
     def __init__(self, nats_url: str, replica: str, registry: CollectorRegistry, *, heartbeat_s: float = HEARTBEAT_S,
-                 peer_ttl_s: float = PEER_TTL_S, wait_s: float = WAIT_S):
+                 peer_ttl_s: float = PEER_TTL_S, wait_s: float = WAIT_S, namespace: Namespace = DEFAULT_NAMESPACE):
         self.replica = replica
+        self.gather_subject = namespace.subject(GATHER_SUBJECT)
+        self.presence_subject = namespace.subject(PRESENCE_SUBJECT)
         self.heartbeat_s = heartbeat_s
         self.peer_ttl_s = peer_ttl_s
         self.wait_s = wait_s
@@ -51,11 +55,11 @@ class ReplicaMetrics:
         """Background: connect, answer peers' gathers, announce ourselves until cancelled."""
         nc = await connect_retrying(self._url, f"gateway-metrics-{self.replica}")
         self._nc = nc
-        await nc.subscribe(GATHER_SUBJECT, cb=self._answer)
-        await nc.subscribe(PRESENCE_SUBJECT, cb=self._heard)
+        await nc.subscribe(self.gather_subject, cb=self._answer)
+        await nc.subscribe(self.presence_subject, cb=self._heard)
         while True:
             with contextlib.suppress(nats.errors.Error):  # NATS down: the client reconnects on its own
-                await nc.publish(PRESENCE_SUBJECT, self.replica.encode())
+                await nc.publish(self.presence_subject, self.replica.encode())
             await asyncio.sleep(self.heartbeat_s)
 
     async def close(self) -> None:
@@ -73,7 +77,7 @@ class ReplicaMetrics:
             # heartbeat, and until then its scrapes would hold its own series alone (Envoy sends a new
             # replica requests, and scrapes, before that). Once per newcomer, so no echo storm.
             with contextlib.suppress(nats.errors.Error):
-                await self._nc.publish(PRESENCE_SUBJECT, self.replica.encode())
+                await self._nc.publish(self.presence_subject, self.replica.encode())
 
     async def _answer(self, msg: Msg) -> None:
         if msg.data.decode() == self.replica or not msg.reply:  # our own gather: answered locally
@@ -102,7 +106,7 @@ class ReplicaMetrics:
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox, cb=collect)
         try:
-            await nc.publish(GATHER_SUBJECT, self.replica.encode(), reply=inbox)
+            await nc.publish(self.gather_subject, self.replica.encode(), reply=inbox)
             deadline = time.monotonic() + self.wait_s
             while not expected <= snapshots.keys():
                 left = deadline - time.monotonic()

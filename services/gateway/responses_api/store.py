@@ -25,11 +25,12 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from services.common.jetstream_replicas import open_or_create, publish_through_failover, through_failover
+from services.common.namespace import DEFAULT_NAMESPACE, Namespace
 from services.common.nats_store import NatsStore, unavailable_on_nats_failure
 
 log = logging.getLogger(__name__)
 
-BUCKET = "meshfront_responses"
+BUCKET = "meshfront_responses"  # then _<namespace>: one bucket per namespace
 # What NATS accepts as a key; an id with anything else was never stored (and would be a client error).
 _KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
 
@@ -47,22 +48,23 @@ def valid_key(response_id: str) -> bool:
 
 
 class ResponseStore(NatsStore[KeyValue]):
-    def __init__(self, nats_url: str, ttl_s: int, *, wait_s: float = 5.0):
+    def __init__(self, nats_url: str, ttl_s: int, *, wait_s: float = 5.0, namespace: Namespace = DEFAULT_NAMESPACE):
         super().__init__(nats_url, what="response store", client_name="gateway-responses", wait_s=wait_s,
                          call_timeout_s=wait_s)
         self.ttl_s = ttl_s
+        self.bucket = namespace.bucket(BUCKET)
 
     async def _open(self, js: JetStreamContext) -> KeyValue:
         # history 1: a record is written once; per-message TTLs are on (nats-py sets allow_msg_ttl).
-        return await open_or_create(lambda: js.key_value(BUCKET), lambda replicas: js.create_key_value(
-            KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))
+        return await open_or_create(lambda: js.key_value(self.bucket), lambda replicas: js.create_key_value(
+            KeyValueConfig(bucket=self.bucket, history=1, replicas=replicas)))
 
     async def put(self, response_id: str, record: dict[str, Any]) -> None:
         js = await self.jetstream()
         with unavailable_on_nats_failure(f"store response {response_id}", "; send 'store': false to skip storing"):
             # KeyValue.create's write, through publish_through_failover: a create retried after the dying leader
             # stored it would otherwise meet its own record and fail.
-            await publish_through_failover(js, f"KV_{BUCKET}", f"$KV.{BUCKET}.{response_id}", encode(record),
+            await publish_through_failover(js, f"KV_{self.bucket}", f"$KV.{self.bucket}.{response_id}", encode(record),
                                            timeout_s=self.wait_s, msg_ttl=self.ttl_s,
                                            headers={"Nats-Expected-Last-Subject-Sequence": "0"})
 

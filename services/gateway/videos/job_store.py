@@ -1,4 +1,5 @@
-"""Video jobs in a NATS JetStream key-value bucket (``meshfront_video_jobs``), shared by every gateway replica.
+"""Video jobs in a NATS JetStream key-value bucket (``meshfront_video_jobs_<namespace>``), shared by every gateway
+replica of the namespace.
 
 A record is the job's JSON: what the client sees (status, progress, timestamps, error), what it runs
 (the checked ``VideoSpec``, its input image kept in the media store), where its video went (a media
@@ -34,11 +35,12 @@ from services.common.jetstream_replicas import (
     publish_through_failover,
     through_failover,
 )
+from services.common.namespace import DEFAULT_NAMESPACE, Namespace
 from services.common.nats_store import NatsStore, unavailable_on_nats_failure
 
 log = logging.getLogger(__name__)
 
-BUCKET = "meshfront_video_jobs"
+BUCKET = "meshfront_video_jobs"  # then _<namespace>
 _KEY = re.compile(r"^video_[A-Za-z0-9_-]{1,64}$")
 
 
@@ -59,14 +61,15 @@ def valid_id(video_id: str) -> bool:
 
 
 class JobStore(NatsStore[KeyValue]):
-    def __init__(self, nats_url: str, *, wait_s: float = 5.0):
+    def __init__(self, nats_url: str, *, wait_s: float = 5.0, namespace: Namespace = DEFAULT_NAMESPACE):
         super().__init__(nats_url, what="video job store", client_name="gateway-video-jobs", wait_s=wait_s,
                          call_timeout_s=wait_s)
+        self.bucket = namespace.bucket(BUCKET)
 
     async def _open(self, js: JetStreamContext) -> KeyValue:
         # history 1: only the job's latest state matters; per-message TTLs are on (nats-py sets allow_msg_ttl).
-        return await open_or_create(lambda: js.key_value(BUCKET), lambda replicas: js.create_key_value(
-            KeyValueConfig(bucket=BUCKET, history=1, replicas=replicas)))
+        return await open_or_create(lambda: js.key_value(self.bucket), lambda replicas: js.create_key_value(
+            KeyValueConfig(bucket=self.bucket, history=1, replicas=replicas)))
 
     async def _publish(self, video_id: str, record: dict[str, Any], last: int) -> int:
         """Writes ``record`` if the key is still at revision ``last`` (0: absent); its TTL ends at expires_at."""
@@ -75,7 +78,7 @@ class JobStore(NatsStore[KeyValue]):
         headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
         with unavailable_on_nats_failure(f"store video job {video_id}"):
             try:
-                ack = await publish_through_failover(js, f"KV_{BUCKET}", f"$KV.{BUCKET}.{video_id}",
+                ack = await publish_through_failover(js, f"KV_{self.bucket}", f"$KV.{self.bucket}.{video_id}",
                                                      orjson.dumps(record), timeout_s=self.wait_s, headers=headers,
                                                      msg_ttl=ttl)
             except APIError as e:

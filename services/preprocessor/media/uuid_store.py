@@ -6,11 +6,12 @@ stays in front: a hit there costs no NATS round trip. Entries are keyed by the u
 processor cache and Dynamo key them (the uuid is the client's name for the content) and as the per-replica
 cache always has.
 
-Stream ``MESHFRONT_MEDIA_UUIDS``:
+Stream ``MESHFRONT_MEDIA_UUIDS_<namespace>`` (one per namespace, services/common/namespace.py):
 
-- ``meshfront.media_uuids.M.<sha256 of the uuid>``: the item's description (JSON: modality, content hash,
-  size, chunk count, chunk subject, the decoded measurements), rolled up so the last write wins;
-- ``meshfront.media_uuids.C.<nuid>``: its bytes in 512 KiB chunks (NATS's default max payload is 1 MiB).
+- ``meshfront.media_uuids.<namespace>.M.<sha256 of the uuid>``: the item's description (JSON: modality, content
+  hash, size, chunk count, chunk subject, the decoded measurements), rolled up so the last write wins;
+- ``meshfront.media_uuids.<namespace>.C.<nuid>``: its bytes in 512 KiB chunks (NATS's default max payload is
+  1 MiB).
 
 Bounded by ``--media-uuid-ttl-s`` (max age) and ``--media-uuid-store-bytes`` (max bytes, oldest dropped
 first), both set by the replica that creates the stream. An item whose chunks were dropped before its
@@ -35,25 +36,18 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from services.common.jetstream_replicas import ensure_stream, publish_through_failover, through_failover
+from services.common.namespace import DEFAULT_NAMESPACE, Namespace
 from services.common.nats_store import NatsStore, StoreUnavailable, unavailable_on_nats_failure
 from services.preprocessor.media import decode
 from services.preprocessor.media.resolve import Resolved, content_hash
 
 log = logging.getLogger(__name__)
 
-STREAM = "MESHFRONT_MEDIA_UUIDS"
-_PREFIX = "meshfront.media_uuids"
+STREAM = "MESHFRONT_MEDIA_UUIDS"  # then _<namespace>
+_PREFIX = "meshfront.media_uuids"  # then .<namespace>
 CHUNK = 512 * 1024
 _TRY_S = 2.0  # one NATS call; a leader election is waited out in tries of this length
 _RECENT = 4096  # uuids this replica wrote lately: the same item sent again is not written again
-
-
-def _meta_subject(uuid: str) -> str:
-    return f"{_PREFIX}.M.{hashlib.sha256(uuid.encode()).hexdigest()}"
-
-
-def _chunk_subject(nuid: str) -> str:
-    return f"{_PREFIX}.C.{nuid}"
 
 
 class SharedUuids(NatsStore[JetStreamContext]):
@@ -64,21 +58,30 @@ class SharedUuids(NatsStore[JetStreamContext]):
     that second at most, never a failure or a pile of connection attempts.
     """
 
-    def __init__(self, nats_url: str, ttl_s: float, max_bytes: int, *, connect_s: float = 1.0):
+    def __init__(self, nats_url: str, ttl_s: float, max_bytes: int, *, connect_s: float = 1.0,
+                 namespace: Namespace = DEFAULT_NAMESPACE):
         super().__init__(nats_url, what="media uuid store", client_name="preprocessor-uuids", wait_s=connect_s,
                          call_timeout_s=_TRY_S)
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
+        self.stream = namespace.bucket(STREAM)
+        self._prefix = namespace.subject(_PREFIX)
         self._written: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()
 
     async def _open(self, js: JetStreamContext) -> JetStreamContext:
         def config(replicas: int) -> api.StreamConfig:
-            return api.StreamConfig(name=STREAM, subjects=[f"{_PREFIX}.>"], max_age=self.ttl_s,
+            return api.StreamConfig(name=self.stream, subjects=[f"{self._prefix}.>"], max_age=self.ttl_s,
                                     max_bytes=self.max_bytes, discard=api.DiscardPolicy.OLD,
                                     allow_rollup_hdrs=True, allow_direct=True, num_replicas=replicas)
 
-        await ensure_stream(js, STREAM, config)
+        await ensure_stream(js, self.stream, config)
         return js
+
+    def _meta_subject(self, uuid: str) -> str:
+        return f"{self._prefix}.M.{hashlib.sha256(uuid.encode()).hexdigest()}"
+
+    def _chunk_subject(self, nuid: str) -> str:
+        return f"{self._prefix}.C.{nuid}"
 
     async def put(self, uuid: str, item: Resolved) -> None:
         """Stores ``item`` under ``uuid`` unless this replica stored the same content there lately."""
@@ -93,10 +96,10 @@ class SharedUuids(NatsStore[JetStreamContext]):
                 nuid = secrets.token_hex(11)
                 pieces = [item.content[i:i + CHUNK] for i in range(0, len(item.content), CHUNK)]
                 for piece in pieces:
-                    await publish_through_failover(js, STREAM, _chunk_subject(nuid), piece, timeout_s=_TRY_S)
+                    await publish_through_failover(js, self.stream, self._chunk_subject(nuid), piece, timeout_s=_TRY_S)
                 meta = {"modality": item.modality, "content_hash": item.content_hash, "size": len(item.content),
                         "chunks": len(pieces), "nuid": nuid, "info": dataclasses.asdict(item.info)}
-                await publish_through_failover(js, STREAM, _meta_subject(uuid), json.dumps(meta).encode(),
+                await publish_through_failover(js, self.stream, self._meta_subject(uuid), json.dumps(meta).encode(),
                                                timeout_s=_TRY_S, headers={api.Header.ROLLUP: "sub"})
         except StoreUnavailable as e:
             log.warning("media uuid %r not shared with the other preprocessors (%s)", uuid, e.message)
@@ -122,16 +125,17 @@ class SharedUuids(NatsStore[JetStreamContext]):
             return None  # its first chunks were dropped for room before its description
         return Resolved(meta["modality"], content, meta["content_hash"], decode.Decoded(**meta["info"]))
 
-    @staticmethod
-    async def _read(js: JetStreamContext, uuid: str) -> tuple[dict, bytes]:
+    async def _read(self, js: JetStreamContext, uuid: str) -> tuple[dict, bytes]:
         """(the item's description, its bytes); ``NotFoundError`` when there is none."""
-        msg = await through_failover(lambda: js.get_last_msg(STREAM, _meta_subject(uuid), direct=True), _TRY_S)
+        msg = await through_failover(lambda: js.get_last_msg(self.stream, self._meta_subject(uuid), direct=True),
+                                     _TRY_S)
         meta = json.loads(msg.data or b"{}")
         parts: list[bytes] = []
         seq = 1
         for _ in range(meta["chunks"]):
             chunk = await through_failover(functools.partial(
-                js.get_msg, STREAM, seq=seq, subject=_chunk_subject(meta["nuid"]), next=True, direct=True), _TRY_S)
+                js.get_msg, self.stream, seq=seq, subject=self._chunk_subject(meta["nuid"]), next=True, direct=True),
+                _TRY_S)
             assert chunk.seq is not None
             seq = chunk.seq + 1
             parts.append(chunk.data or b"")

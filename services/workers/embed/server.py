@@ -14,7 +14,7 @@ from meshfront.worker.v1 import worker_pb2, worker_pb2_grpc
 
 from services.common.discovery import EMBEDDINGS, ModelCard, WorkerCard
 from services.common.grpc_server import GrpcServer
-from services.common.model_files import model_files_digest
+from services.common.model_files import model_files_reference
 from services.workers.config import WorkerConfig
 from services.workers.embed.service import EmbedService
 from services.workers.server import worker_grpc_server
@@ -31,8 +31,9 @@ class EmbedServicer(worker_pb2_grpc.WorkerServiceServicer):
 
 def embedding_card(cfg: WorkerConfig, address: str) -> WorkerCard:
     model = ModelCard(name=cfg.model_name, model_dir=cfg.model_dir, context_length=cfg.context_length,
-                      block_size=cfg.block_size, endpoints=(EMBEDDINGS,), model_files=model_files_digest(cfg.model_dir))
-    return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind)
+                      block_size=cfg.block_size, endpoints=(EMBEDDINGS,),
+                      model_files=model_files_reference(cfg.scope, cfg.model_dir))
+    return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind, namespace=cfg.scope.name)
 
 
 def build_server(cfg: WorkerConfig, service: EmbedService) -> GrpcServer:

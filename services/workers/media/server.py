@@ -41,7 +41,7 @@ def media_card(cfg: WorkerConfig, address: str, limits: MediaLimits) -> WorkerCa
     endpoints = (VIDEOS,) if engine_kind(limits) == "video" else (IMAGES,)
     model = ModelCard(name=cfg.model_name, model_dir=cfg.model_dir, context_length=cfg.context_length,
                       block_size=cfg.block_size, endpoints=endpoints, media=limits)
-    return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind)
+    return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind, namespace=cfg.scope.name)
 
 
 def build_server(cfg: WorkerConfig, service: MediaService) -> GrpcServer:

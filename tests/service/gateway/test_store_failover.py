@@ -16,9 +16,7 @@ import pytest
 from nats.js.errors import APIError
 
 from services.common.jetstream_replicas import publish_through_failover
-from services.gateway.media.store import STREAM as MEDIA_STREAM
 from services.gateway.media.store import MediaStore
-from services.gateway.videos.job_store import BUCKET as JOBS_BUCKET
 from services.gateway.videos.job_store import JobStore, LeaseLost
 from services.launcher.plan import free_port
 from services.launcher.processes import wait_port
@@ -73,7 +71,7 @@ async def test_a_video_job_written_while_its_leader_is_elected_is_stored(cluster
     try:
         await wait_for(lambda: store.ready, 20, "the job store to open its bucket")
         first = await store.create(_job("video_before"))
-        await kill_leader(cluster, f"KV_{JOBS_BUCKET}")
+        await kill_leader(cluster, f"KV_{store.bucket}")
         created = await store.create(_job("video_during"))  # no leader for some seconds: waited for
         assert (await store.get("video_during")).record == created.record
         updated = await store.update(first, status="completed")
@@ -91,7 +89,7 @@ async def test_media_stored_while_its_leader_is_elected_is_stored(cluster):
     task = asyncio.create_task(store.run())
     try:
         await wait_for(lambda: store.ready, 20, "the media store to open its bucket")
-        await kill_leader(cluster, MEDIA_STREAM)
+        await kill_leader(cluster, store.stream)
         data = bytes(range(256)) * 5000  # three chunks
 
         async def chunks():

@@ -133,6 +133,7 @@ async def test_a_booking_goes_at_once_and_a_release_waits_to_ride_with_it(nats_u
     """Each replica pays for every message the others send (services/router/events.py): fewer, fuller messages."""
     import nats
 
+    from services.common.namespace import DEFAULT_NAMESPACE
     from services.router.events import LIFECYCLE_SUBJECT
 
     nc = await nats.connect(nats_url)
@@ -141,7 +142,7 @@ async def test_a_booking_goes_at_once_and_a_release_waits_to_ride_with_it(nats_u
     async def on_message(msg):
         messages.append([(e["kind"], e["request_id"]) for e in orjson.loads(msg.data)])
 
-    await nc.subscribe(LIFECYCLE_SUBJECT, cb=on_message)
+    await nc.subscribe(DEFAULT_NAMESPACE.subject(LIFECYCLE_SUBJECT), cb=on_message)
     await nc.flush()
     router = Router(lambda _m: [card("w0")], build_policy("round-robin"))
     sync = ReplicaSync(nats_url, router.apply, lazy_flush_s=3600)  # only a booking or close sends the others
@@ -219,17 +220,15 @@ async def test_a_failing_load_reader_is_logged_on_every_tick_not_taken_for_nats_
 async def test_a_booking_event_that_does_not_decode_is_said_not_skipped_silently(nats_url, caplog):
     import nats
 
-    from services.router.events import LIFECYCLE_SUBJECT
-
     router = Router(lambda _m: [card("w0")], build_policy("round-robin"))
     sync = ReplicaSync(nats_url, router.apply)
     await sync.start()
     nc = await nats.connect(nats_url)
     try:
-        await nc.publish(LIFECYCLE_SUBJECT, b"not json")
-        await nc.publish(LIFECYCLE_SUBJECT, b'[{"router_id": "router-other", "worker_id": "w0"}]')  # no kind or id
-        await nc.publish(LIFECYCLE_SUBJECT, b'[{"router_id": "router-other", "kind": "book", "request_id": "q1", '
-                                            b'"worker_id": "w0", "prompt_tokens": 16}]')
+        await nc.publish(sync.subject, b"not json")
+        await nc.publish(sync.subject, b'[{"router_id": "router-other", "worker_id": "w0"}]')  # no kind or id
+        await nc.publish(sync.subject, b'[{"router_id": "router-other", "kind": "book", "request_id": "q1", '
+                                       b'"worker_id": "w0", "prompt_tokens": 16}]')
         await wait_for(lambda: router.bookings.in_flight("w0") == 1, 10, "the good event after the bad ones")
     finally:
         await nc.close()

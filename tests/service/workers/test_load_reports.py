@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from services.common.kv_events import events_subject
+from services.common.namespace import DEFAULT_NAMESPACE
 from services.workers import kv_events
 from services.workers.kv_events import KvEventPublisher
 
@@ -28,7 +29,7 @@ async def test_an_idle_worker_repeats_its_load_only_as_a_heartbeat_and_a_change_
     async def on_message(msg) -> None:
         received.append((time.monotonic(), orjson.loads(msg.data)))
 
-    await watcher.subscribe(events_subject("demo", "w1"), cb=on_message)
+    await watcher.subscribe(events_subject(DEFAULT_NAMESPACE, "demo", "w1"), cb=on_message)
     await watcher.flush()
     publisher = KvEventPublisher(nats_url, "w1", "demo", load=lambda: dict(load))
     try:
