@@ -17,14 +17,17 @@ DESCRIPTOR = ROOT / "deploy" / "envoy" / "gateway.pb"
 
 
 def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Sequence[tuple[str, int]],
-           admin_host: str = "127.0.0.1", tls: tuple[str, str] | None = None, gateway_dns: bool = False,
-           descriptor: str | None = None, upstream_tls: tuple[str, str, str] | None = None,
+           admin_host: str = "127.0.0.1", tls: tuple[str, str] | None = None, tls_client_ca: str = "",
+           gateway_dns: bool = False, descriptor: str | None = None, upstream_tls: tuple[str, str, str] | None = None,
            otlp: tuple[str, int] | None = None) -> str:
     """The shipped config with these addresses.
 
     ``tls=(cert, key)`` (PEM files) terminates TLS on the listener with ALPN h2 and
     http/1.1, so HTTP clients and gRPC clients (KServe, the gateway's own service)
-    share the port as they do in cleartext. ``gateway_dns`` resolves the gateway
+    share the port as they do in cleartext. ``tls_client_ca`` (a PEM file, with ``tls``)
+    makes the listener require a client certificate that CA signed (mTLS at the edge:
+    Dynamo's ``--tls-client-ca-cert-path``); a client without one fails the handshake,
+    before any HTTP or gRPC. ``gateway_dns`` resolves the gateway
     hosts with STRICT_DNS (every address a name returns is an endpoint: a headless
     Kubernetes Service); ``descriptor`` overrides the transcoder's descriptor path.
     ``upstream_tls=(ca, cert, key)`` makes Envoy reach the gateways over mTLS (the mesh's
@@ -36,8 +39,10 @@ def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Seq
     cfg["admin"]["address"]["socket_address"].update(address=admin_host, port_value=admin_port)
     listener = cfg["static_resources"]["listeners"][0]
     listener["address"]["socket_address"].update(address=listen_host, port_value=listen_port)
+    if tls_client_ca and tls is None:
+        raise ValueError("a client CA needs the listener's own certificate and key (tls)")
     if tls is not None:
-        listener["filter_chains"][0]["transport_socket"] = downstream_tls(*tls)
+        listener["filter_chains"][0]["transport_socket"] = downstream_tls(*tls, client_ca=tls_client_ca)
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
     for f in hcm["http_filters"]:
         if f["name"] == "envoy.filters.http.grpc_json_transcoder":
@@ -101,20 +106,20 @@ def otlp_cluster(host: str, port: int) -> dict:
     }
 
 
-def downstream_tls(cert: str, key: str) -> dict:
-    """A TLS transport socket for the edge listener (TLS 1.2+, ALPN h2 then http/1.1)."""
-    return {
-        "name": "envoy.transport_sockets.tls",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
-            "common_tls_context": {
-                "alpn_protocols": ["h2", "http/1.1"],
-                "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
-                "tls_certificates": [{"certificate_chain": {"filename": cert},
-                                      "private_key": {"filename": key}}],
-            },
-        },
+def downstream_tls(cert: str, key: str, client_ca: str = "") -> dict:
+    """A TLS transport socket for the edge listener (TLS 1.2+, ALPN h2 then http/1.1); with ``client_ca``, a
+    client must present a certificate that CA signed (any other, or none, ends the handshake)."""
+    context: dict = {
+        "alpn_protocols": ["h2", "http/1.1"],
+        "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
+        "tls_certificates": [{"certificate_chain": {"filename": cert}, "private_key": {"filename": key}}],
     }
+    socket: dict = {"@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+                    "common_tls_context": context}
+    if client_ca:
+        context["validation_context"] = {"trusted_ca": {"filename": client_ca}}
+        socket["require_client_certificate"] = True
+    return {"name": "envoy.transport_sockets.tls", "typed_config": socket}
 
 
 def upstream_mtls(ca: str, cert: str, key: str) -> dict:

@@ -26,7 +26,7 @@ import urllib.request
 
 from services.common import namespace
 from services.gateway.frontend_metrics import check_prefix
-from services.launcher import media_demos, trace_viewer
+from services.launcher import edge, media_demos, trace_viewer
 from services.launcher.demo_lora import check_demo_lora, demo_lora_flags
 from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
@@ -78,6 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     try:
         _check_shape(args)
         _check_files(args)
+        edge.check(args)
         if args.demo_lora:
             check_demo_lora(args.worker_kind, bool(args.model_dir or args.model))
     except ValueError as e:
@@ -155,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--tls-cert", default="", help="PEM certificate (chain): Envoy serves HTTPS and gRPC over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
+    edge.add_flags(p)  # --http-host, --tls-client-ca
     p.add_argument("--mesh-tls-ca", default="", help="PEM CA: mTLS between all services (with the two below)")
     p.add_argument("--mesh-tls-cert", default="", help="PEM certificate every service presents (serverAuth and "
                    "clientAuth, naming 127.0.0.1)")
@@ -289,6 +291,20 @@ def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float,
         time.sleep(0.5)
 
 
+def _start_announcer(plan: MeshPlan, args: argparse.Namespace, stop: threading.Event) -> None:
+    """Prints the URL once the mesh serves; where Envoy requires client certificates, once Envoy is live (the
+    launcher has no certificate to ask /health with)."""
+    url = edge.local_url("https" if plan.tls else "http", plan.http_host, args.http_port)
+    timeout_s = READY_TIMEOUT_S[args.worker_kind]
+    if plan.tls_client_ca:
+        announce = threading.Thread(target=edge.announce_when_envoy_ready, daemon=True,
+                                    args=(url, plan.admin_port, plan.tls_client_ca, stop, timeout_s))
+    else:
+        announce = threading.Thread(target=_announce_when_ready, daemon=True, args=(
+            url, stop, timeout_s, frozenset(w.model_name for w in plan.workers), plan.nats_url))
+    announce.start()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.model_name = args.model_name or args.model or DEMO_MODEL_NAME
@@ -328,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                     workers=_generating_workers(args, model_dir, extra) + extra_workers,
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
                     tls_key=os.path.abspath(args.tls_key) if args.tls_key else "", mtls=args.mtls,
+                    tls_client_ca=args.tls_client_ca, http_host=edge.listen_address(args.http_host),
                     service_args={stage: tuple(getattr(args, f"{stage}_flag")) for stage in STAGES},
                     preprocessors=args.preprocessors, routers=args.routers, postprocessors=args.postprocessors,
                     nats_cluster=args.nats_cluster, namespace=args.namespace, **ports)
@@ -344,12 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = Supervisor([Spec(s.name, s.argv, {**os.environ, **s.env}) for s in process_specs], policy,
                             policies=policies, stop_order=STOP_ORDER, adopt_orphans=True)
     stop = threading.Event()
-    scheme = "https" if plan.tls else "http"
-    threading.Thread(target=_announce_when_ready, args=(f"{scheme}://127.0.0.1:{args.http_port}", stop,
-                                                        READY_TIMEOUT_S[args.worker_kind],
-                                                        frozenset(w.model_name for w in plan.workers),
-                                                        plan.nats_url),
-                     daemon=True).start()
+    _start_announcer(plan, args, stop)
     if viewer is not None:
         threading.Thread(target=trace_viewer.announce_when_up, args=(f"http://127.0.0.1:{viewer.ready_port}", stop),
                          daemon=True).start()
