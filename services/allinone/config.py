@@ -96,6 +96,10 @@ class AllInOneConfig:
     def tls_ca(self) -> str:
         return self.gateway.tls_ca
 
+    @property
+    def dyn_debug_perf(self) -> bool:
+        return self.gateway.dyn_debug_perf
+
     # One --namespace and --namespace-prefix (common flags) for every stage.
     @property
     def namespace(self) -> str:

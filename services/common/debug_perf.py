@@ -92,6 +92,19 @@ def request(stage: str, request_id: str) -> Iterator[StagePerf]:
         perf.log()
 
 
+@contextlib.contextmanager
+def logged(stage: str, request_id: str) -> Iterator[StagePerf | None]:
+    """A record for code that spans yields (an async generator's), logged at the end; None while off."""
+    if not ENABLED:
+        yield None
+        return
+    perf = StagePerf(stage, request_id)
+    try:
+        yield perf
+    finally:
+        perf.log()
+
+
 def timed(section: str, fn: Callable[..., T]) -> Callable[..., T]:
     """``fn``, adding its wall and CPU to ``section`` of the current request's record (see ``request``) in the
     thread that runs it: a function moved to a thread (``asyncio.to_thread`` copies the context) is measured

@@ -279,6 +279,9 @@ def add_common_flags(p: FlagParser, *, port: int, namespace_prefix: bool = True)
               help="see the workers of every namespace starting with this (wins over --namespace for discovery; "
                    "the stage's own stores stay in --namespace)")
     p.add("--log-level", default="INFO", env="MESHFRONT_LOG_LEVEL", help="logging level")
+    p.add("--dyn-debug-perf", default=False, type=bool, env="MESHFRONT_DEBUG_PERF", dynamo_env="DYN_DEBUG_PERF",
+          help="log one line per request with this stage's wall and CPU time for it, by section "
+               "(services/common/debug_perf.py; Dynamo's flag)")
     p.add("--metrics-port", default=0, type=int, help="Prometheus metrics port (0 = off)")
     p.add("--drain-grace-s", default=10.0, type=float,
           help="on SIGTERM: seconds calls in flight get to finish before they are cancelled")

@@ -31,6 +31,7 @@ from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from services.common import nats_connection, nats_tls, tracing
 from services.common import tls as mesh_tls
+from services.common.debug_perf import configure as configure_debug_perf
 from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer, run, setup_logging
 from services.common.metrics import serve_metrics
@@ -67,6 +68,9 @@ class ServiceConfig(Protocol):
 
     @property
     def tls_ca(self) -> str: ...
+
+    @property
+    def dyn_debug_perf(self) -> bool: ...
 
     @property
     def namespace(self) -> str: ...
@@ -133,6 +137,7 @@ def main(spec: ServiceSpec[C, Any], argv: Sequence[str] | None = None) -> None:
     except (ValueError, OSError) as e:  # a --tls-* pair half given, a file that cannot be read
         bad_value(spec.name, e)
     setup_logging(cfg.log_level)
+    configure_debug_perf(cfg.dyn_debug_perf)
     nats_connection.use_tls(nats_context)
     tracing.configure(spec.name)  # on only when the environment names an OTLP collector
     run(lambda: serve(spec, cfg, tls))

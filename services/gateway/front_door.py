@@ -42,12 +42,14 @@ from typing import Any, NoReturn, Protocol
 import grpc
 from google.api import httpbody_pb2
 
-from services.common import tracing
+from services.common import debug_perf, tracing
+from services.common.debug_perf import StagePerf
 from services.common.discovery import IMAGES, VIDEOS, WorkerCard
 from services.common.errors import Internal, InvalidRequest, MeshError, NotFound, Overloaded, to_status
 from services.gateway.core import errors as openai_errors
 from services.gateway.core.delta import Delta
 from services.gateway.request_metrics import RequestTracker, tracker
+from services.gateway.timed_renderer import TimedRenderer
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -219,10 +221,15 @@ Start = Callable[[Any, Any, Any, str], Awaitable[Generation]]
 
 
 async def _begin(servicer: Any, start: Start, request: Any, context: grpc.aio.ServicerContext | None,
-                 request_id: str, track: RequestTracker) -> tuple[Generation, Any]:
+                 request_id: str, track: RequestTracker, perf: StagePerf | None = None) -> tuple[Generation, Any]:
     """Everything before the first byte: start the request, then fold it into its body (not streamed)
     or wait for its first batch (streamed); returns the generation and that body or batch."""
-    gen = await start(servicer, request, context, request_id)
+    if perf is None:
+        gen = await start(servicer, request, context, request_id)
+    else:  # --dyn-debug-perf: the front end's start (parse, check, stage requests) and every render, timed
+        with perf.section("parse"):
+            gen = await start(servicer, request, context, request_id)
+        gen.renderer = TimedRenderer(gen.renderer, perf)
     track.start(gen.model, gen.streaming)
     if gen.streaming:
         out = await anext(gen.stream, None)
@@ -245,10 +252,10 @@ async def serve_generation(servicer: Any, start: Start, endpoint: str, shape: Er
     (KServe's ModelStreamInfer), so an early error is raised to it instead of ending the call.
     """
     request_id = new_request(endpoint)
-    with RequestTracker(endpoint) as track:
+    with RequestTracker(endpoint) as track, debug_perf.logged("gateway", request_id) as perf:
         err: MeshError
         try:
-            gen, out = await _begin(servicer, start, request, context, request_id, track)
+            gen, out = await _begin(servicer, start, request, context, request_id, track, perf)
         except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
             err = as_mesh_error(e, endpoint, request_id)
             track.fail(err)

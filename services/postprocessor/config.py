@@ -31,6 +31,7 @@ class PostprocessorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    dyn_debug_perf: bool = False  # --dyn-debug-perf, a common flag (services/common/debug_perf.py)
     # --namespace / --namespace-prefix (services/common/namespace.py): whose workers it sees, where its own
     # NATS subjects and stores live.
     namespace: str = DEFAULT_NAMESPACE

@@ -32,7 +32,7 @@ from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
 from meshfront.worker.v1 import worker_pb2
 
-from services.common import tracing
+from services.common import debug_perf, tracing
 from services.common.discovery import ModelCard
 from services.common.errors import Internal, InvalidRequest, MeshError, StageUnavailable, WorkerFailed
 from services.common.model_files import ModelFilesResolver, ModelFilesUnavailable
@@ -55,6 +55,7 @@ from services.postprocessor.idle_watch import IdleWatch
 from services.postprocessor.metrics import postprocessor_metrics
 from services.postprocessor.migration import Migration, Migrator, WorkerRoute, continuation, guided
 from services.postprocessor.response_builder import ResponseBuilder
+from services.postprocessor.timed_builder import TimedResponseBuilder, timed_builder
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,8 @@ class Postprocessor:
         finally:
             metrics.in_flight.dec()
             metrics.streams.labels(outcome).inc()
+            if isinstance(builder, TimedResponseBuilder):  # --dyn-debug-perf
+                builder.perf.log()
             if span is not None:
                 span.set_attributes({"meshfront.outcome": outcome, "meshfront.migrations": len(migration.failed)})
                 tracing.end_span(span)
@@ -164,8 +167,9 @@ class Postprocessor:
         model = await self._tokenizer(model_dir)
         decoder = SequenceDecoder(model.tokenizer, convert.sequence_options(req.request))
         texts = model.texts if req.request.output.HasField("logprobs") else None
-        return ResponseBuilder(decoder, texts,
-                               output_parser(req.options, self._chat_processor, req.request, model_dir=model_dir))
+        make = timed_builder(req.request.request_id) if debug_perf.ENABLED else ResponseBuilder
+        return make(decoder, texts,
+                    output_parser(req.options, self._chat_processor, req.request, model_dir=model_dir))
 
     async def _open_attempt(self, route: WorkerRoute, request: common_pb2.PreprocessedRequest,
                             reader: CallReader) -> Attempt:
@@ -253,4 +257,3 @@ def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatPr
     except LookupError as e:
         raise Internal(str(e)) from None
     return SingleToolCall(parser) if options.single_tool_call else parser
-

@@ -34,6 +34,7 @@ class PreprocessorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    dyn_debug_perf: bool = False  # --dyn-debug-perf, a common flag (services/common/debug_perf.py)
     # --namespace / --namespace-prefix (services/common/namespace.py): whose workers it sees, where its own
     # NATS subjects and stores live.
     namespace: str = DEFAULT_NAMESPACE
@@ -120,6 +121,7 @@ def from_args(args: argparse.Namespace) -> PreprocessorConfig:
                              hide_tools_for_tool_choice_none=args.hide_tools_for_tool_choice_none,
                              chat_template=template,
                              tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+                             dyn_debug_perf=args.dyn_debug_perf,
                              namespace=args.namespace, namespace_prefix=args.namespace_prefix,
                              media=MediaLimits(max_bytes=args.media_max_bytes, max_items=args.media_max_items,
                                                timeout_s=args.media_fetch_timeout_s,

@@ -19,7 +19,7 @@ import orjson
 from meshfront.common.v1 import common_pb2
 from meshfront.preprocessor.v1 import preprocessor_pb2
 
-from services.common import tracing
+from services.common import debug_perf, tracing
 from services.common.discovery import LoraAdapter, ModelCard
 from services.common.errors import Internal, InvalidRequest, ModelNotFound, StageUnavailable
 from services.common.hashing import block_hashes, media_block_infos
@@ -100,6 +100,12 @@ class Preprocessor:
         self._ready: dict[str, ModelArtifacts] = {}
 
     async def preprocess(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse:
+        if debug_perf.ENABLED:  # its line: the render+tokenize and hash times that _run adds
+            with debug_perf.request("preprocess", req.request.request_id):
+                return await self._traced(req)
+        return await self._traced(req)
+
+    async def _traced(self, req: preprocessor_pb2.PreprocessRequest) -> preprocessor_pb2.PreprocessResponse:
         if not tracing.ENABLED:
             return (await self._preprocess(req))[0]
         with tracing.span("preprocess", {"meshfront.model": req.request.model}) as span:
@@ -169,7 +175,7 @@ class Preprocessor:
         lora_name = adapter.name if adapter is not None else None
         hashes = await self._run(len(prepared.token_ids), functools.partial(block_hashes, block_mm_infos=infos,
                                                                             lora_name=lora_name),
-                                 prepared.token_ids, card.block_size)
+                                 prepared.token_ids, card.block_size, section="hash")
         response = self._response(req, card, artifacts, prepared, hashes)
         self._fill_media(response.request.media, resolved, placed)
         if adapter is not None:
@@ -270,7 +276,9 @@ class Preprocessor:
         self._ready[model_dir] = artifacts
         return artifacts
 
-    async def _run(self, size: int, fn, *args):
+    async def _run(self, size: int, fn, *args, section: str = "render_tokenize"):
+        if debug_perf.ENABLED:
+            fn = debug_perf.timed(section, fn)
         if size > self._offload_threshold:
             return await asyncio.to_thread(fn, *args)
         return fn(*args)

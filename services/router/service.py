@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from meshfront.router.v1 import router_pb2
 
-from services.common import tracing
+from services.common import debug_perf, tracing
 from services.common.decision_record import (
     BY_DECODE_LOAD,
     BY_PIN,
@@ -96,6 +96,12 @@ class Router:
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         if not self.gate.is_open:  # still starting: too few workers registered to route on yet
             await self.gate.wait()
+        if debug_perf.ENABLED:  # its line: the choice's wall and CPU (services/common/debug_perf.py)
+            with debug_perf.request("route", req.request_id) as perf, perf.section("route"):
+                return await self._traced(req)
+        return await self._traced(req)
+
+    async def _traced(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         if not tracing.ENABLED:
             return await self._route(req)
         with tracing.span("route", {"meshfront.model": req.model,
