@@ -294,7 +294,8 @@ class MeshCollector:
     def _per_worker(self, workers: Mapping[str, WorkerCard]) -> Iterator[Metric]:
         labels = ["worker_id", "dp_rank", "worker_type"]
         blocks, prefill, ttft, isl, itl = self._gauges([
-            ("worker_active_decode_blocks", "Prompt KV blocks of this gateway's requests decoding on the worker"),
+            ("worker_active_decode_blocks", "KV blocks of the prompts of this gateway's requests decoding on the "
+                                            "worker"),
             ("worker_active_prefill_tokens", "Prompt tokens of this gateway's requests waiting for their first "
                                              "token on the worker"),
             ("worker_last_time_to_first_token_seconds", "The worker's last time to first token"),
@@ -303,7 +304,7 @@ class MeshCollector:
         view = self.view
         for worker_id, card in sorted(workers.items()):
             key = [worker_id, "0", _worker_type(card)]  # no data-parallel ranks here: one engine per worker
-            blocks.add_metric(key, view.decode_blocks.get(worker_id, 0))
+            blocks.add_metric(key, -(-view.decode_tokens.get(worker_id, 0) // max(card.model.block_size, 1)))
             prefill.add_metric(key, view.prefill_tokens.get(worker_id, 0))
             last = view.last.get(worker_id)
             if last is not None:

@@ -36,7 +36,7 @@ class WorkerView:
     def __init__(self) -> None:
         self.last: dict[str, Last] = {}
         self.prefill_tokens: collections.Counter[str] = collections.Counter()
-        self.decode_blocks: collections.Counter[str] = collections.Counter()
+        self.decode_tokens: collections.Counter[str] = collections.Counter()  # prompt tokens past prefill
         self.pending_routes = 0
         self.migrations: collections.Counter[tuple[str, str]] = collections.Counter()  # (model, type) -> count
 
@@ -49,14 +49,14 @@ class WorkerView:
         finally:
             self.pending_routes -= 1
 
-    def choice(self, model: str, worker_id: str, prefill_worker_id: str, prompt_tokens: int,
-               prompt_blocks: int) -> ChoiceLoad:
-        """A routed choice: its prompt is prefill load on the worker that computes it until the first output."""
-        return ChoiceLoad(self, model, worker_id, prefill_worker_id or worker_id, prompt_tokens, prompt_blocks)
+    def choice(self, model: str, worker_id: str, prefill_worker_id: str, prompt_tokens: int) -> ChoiceLoad:
+        """A routed choice: its prompt is prefill load on the worker that computes it until the first output,
+        then decode load (its KV blocks: the collector divides by the model's block size) on its decode worker."""
+        return ChoiceLoad(self, model, worker_id, prefill_worker_id or worker_id, prompt_tokens)
 
     def forget(self, live: set[str]) -> None:
         """Drops what is kept of workers that are no longer registered."""
-        for table in (self.last, self.prefill_tokens, self.decode_blocks):
+        for table in (self.last, self.prefill_tokens, self.decode_tokens):
             for worker in [w for w in table if w not in live]:
                 del table[worker]
 
@@ -64,11 +64,10 @@ class WorkerView:
 class ChoiceLoad:
     """One choice's load, from its route to its end (``ended``, also when it fails)."""
 
-    def __init__(self, view: WorkerView, model: str, decode: str, first: str, prompt_tokens: int,
-                 prompt_blocks: int):
+    def __init__(self, view: WorkerView, model: str, decode: str, first: str, prompt_tokens: int):
         self._view, self._model = view, model
         self._decode, self._first = decode, first  # the decode worker; the one that computes the prompt
-        self._prompt, self._blocks = prompt_tokens, prompt_blocks
+        self._prompt = prompt_tokens
         self._started = time.monotonic()
         self._first_output: float | None = None
         self._ended = False
@@ -81,7 +80,7 @@ class ChoiceLoad:
         self._first_output = now = time.monotonic()
         view = self._view
         view.prefill_tokens[self._first] -= self._prompt
-        view.decode_blocks[self._decode] += self._blocks
+        view.decode_tokens[self._decode] += self._prompt
         last = view.last.setdefault(self._first, Last())
         last.ttft_s, last.input_tokens = now - self._started, prompt_tokens or self._prompt
 
@@ -92,8 +91,8 @@ class ChoiceLoad:
         view = self._view
         view.migrations[(self._model, ONGOING_REQUEST if self._first_output is not None else NEW_REQUEST)] += 1
         if self._first_output is not None:
-            view.decode_blocks[self._decode] -= self._blocks
-            view.decode_blocks[worker_id] += self._blocks
+            view.decode_tokens[self._decode] -= self._prompt
+            view.decode_tokens[worker_id] += self._prompt
         else:  # the new worker computes the prompt
             view.prefill_tokens[self._first] -= self._prompt
             view.prefill_tokens[worker_id] += self._prompt
@@ -109,7 +108,7 @@ class ChoiceLoad:
         if self._first_output is None:
             view.prefill_tokens[self._first] -= self._prompt
             return
-        view.decode_blocks[self._decode] -= self._blocks
+        view.decode_tokens[self._decode] -= self._prompt
         if completion_tokens > 1:
             gap = (time.monotonic() - self._first_output) / (completion_tokens - 1)
             view.last.setdefault(self._decode, Last()).itl_s = gap

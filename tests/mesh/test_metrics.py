@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.launcher.plan import ROOT
-from tests.mesh.conftest import DEMO
+from tests.conftest import stop_cleanly
+from tests.mesh.conftest import DEMO, mocker, start_mesh, wait_until
 
 pytestmark = pytest.mark.mesh
 
@@ -183,3 +184,78 @@ def in_flight(mesh, within_s: float = 3.0) -> dict[str, float]:
         if not busy or time.monotonic() > deadline:
             return busy
         time.sleep(0.1)
+
+
+# --- Dynamo's naming with its mesh-wide families (--metrics-prefix dynamo_frontend) ---------------------------
+
+DYN = "dynamo_frontend_"
+SESSION = {"X-Dynamo-Session-ID": "conv-1"}
+
+
+@pytest.fixture(scope="module")
+def dyn_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
+    """All-in-one, two slow workers of one request each; header sessions on, hard (Dynamo's default)."""
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "1"), mocker(demo_model_dir, DEMO, "1")],
+                   inproc=True, service_args={
+                       "gateway": ("--metrics-prefix", "dynamo_frontend"),
+                       "router": ("--max-in-flight-per-worker", "1", "--router-session-affinity-ttl-secs", "60",
+                                  "--router-session-affinity-mode", "hard")})
+    yield m
+    stop_cleanly(m)
+
+
+def edge_scrape(mesh) -> dict[str, object]:
+    """The edge's /metrics: what Dynamo's Planner scrapes."""
+    return parse(httpx.get(f"http://127.0.0.1:{mesh.plan.http_port}/metrics", timeout=10).text)
+
+
+def chat(http: httpx.Client, mesh, text: str, max_tokens: int = 4, **body) -> httpx.Response:
+    return http.post(f"http://127.0.0.1:{mesh.plan.http_port}/v1/chat/completions", headers=SESSION, json={
+        "model": DEMO, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, **body})
+
+
+def test_dynamo_families_follow_sessions_cancels_and_rejections(dyn_mesh):
+    with httpx.Client(timeout=60) as http:
+        chosen = []
+        for i in range(3):  # one X-Dynamo-Session-ID: one worker, the session's from the second request on
+            r = chat(http, dyn_mesh, f"turn {i}", nvext={"extra_fields": ["routing"]})
+            assert r.status_code == 200, r.text
+            chosen.append(r.json()["nvext"]["routing"])
+        home = chosen[0]["worker_id"]
+        assert [c["worker_id"] for c in chosen] == [home] * 3
+        assert [c["chosen_by"] for c in chosen[1:]] == ["session", "session"]
+        m = edge_scrape(dyn_mesh)
+        assert value(m, DYN + "model_kv_cache_block_size", model=DEMO) > 0
+        assert value(m, DYN + "model_total_kv_blocks", model=DEMO) > 0
+        assert value(m, DYN + "model_migration_limit", model=DEMO) >= 0  # the all-in-one knows the flag
+        at_home = {"worker_id": home, "dp_rank": "0", "worker_type": "decode"}
+        assert value(m, DYN + "worker_last_input_sequence_tokens", **at_home) > 0
+        assert value(m, DYN + "worker_last_time_to_first_token_seconds", **at_home) > 0
+        assert value(m, DYN + "worker_active_decode_blocks", **at_home) == 0
+        before = m
+
+        # A long stream holds the session's worker (one request each); the session's next request is refused
+        # (hard affinity, no queue), and the stream's client goes away.
+        body = {"model": DEMO, "messages": [{"role": "user", "content": "a long story " * 20}], "max_tokens": 400,
+                "ignore_eos": True, "stream": True}
+        url = f"http://127.0.0.1:{dyn_mesh.plan.http_port}/v1/chat/completions"
+        with http.stream("POST", url, headers=SESSION, json=body) as stream:
+            assert stream.status_code == 200
+            lines = stream.iter_lines()  # kept: a dropped iterator closes the stream
+            next(lines)  # its first token: it is decoding on the session's worker
+            busy = edge_scrape(dyn_mesh)
+            assert value(busy, DYN + "worker_active_decode_blocks", **at_home) >= 1
+            refused = chat(http, dyn_mesh, "may I?")
+            assert refused.status_code == 503, refused.text
+        after = wait_until(lambda: (lambda m: m if value(m, DYN + "disconnected_clients") > value(
+            before, DYN + "disconnected_clients") else None)(edge_scrape(dyn_mesh)), 10, "the stream's cancellation")
+
+    def moved(counter: str, **labels) -> float:
+        return value(after, DYN + counter, "_total", **labels) - value(before, DYN + counter, "_total", **labels)
+
+    assert moved("model_rejection", model=DEMO, endpoint="chat_completions") == 1
+    assert moved("model_cancellation", model=DEMO, endpoint="chat_completions", request_type="stream") == 1
+    assert moved("requests", model=DEMO, status="error", error_type="overload") == 1
+    assert value(after, DYN + "queued_requests", model=DEMO) == 0
+    wait_until(lambda: value(edge_scrape(dyn_mesh), DYN + "worker_active_decode_blocks", **at_home) == 0, 10,
+               "the cancelled stream's blocks released")

@@ -89,8 +89,7 @@ class Pipeline:
             trace.on_routed(index, route.worker_id, route.queue_depth, route.prefill_worker_id)
             if record is not None:
                 trace.routing[index] = record
-        load = self.workers.choice(req.model, route.worker_id, route.prefill_worker_id, len(req.token_ids),
-                                   len(prepared.block_hashes))
+        load = self.workers.choice(req.model, route.worker_id, route.prefill_worker_id, len(req.token_ids))
         return _RoutedChoice(index, choice == 0, len(req.token_ids), lease, gen, load, record)
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,

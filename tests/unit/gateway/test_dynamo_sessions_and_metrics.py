@@ -45,18 +45,18 @@ def worker_labels(worker_id: str, kind: str = "decode") -> tuple[tuple[str, str]
 
 def test_a_choices_load_moves_from_prefill_to_decode_and_its_last_numbers_stay():
     view = WorkerView()
-    load = view.choice("m", "d1", "p1", prompt_tokens=40, prompt_blocks=2)
-    assert view.prefill_tokens["p1"] == 40 and view.decode_blocks["d1"] == 0
+    load = view.choice("m", "d1", "p1", prompt_tokens=40)
+    assert view.prefill_tokens["p1"] == 40 and view.decode_tokens["d1"] == 0
     load.first_output(40)
-    assert view.prefill_tokens["p1"] == 0 and view.decode_blocks["d1"] == 2
+    assert view.prefill_tokens["p1"] == 0 and view.decode_tokens["d1"] == 40
     assert view.last["p1"].input_tokens == 40 and view.last["p1"].ttft_s is not None
     load.moved("d1", "p1")  # the decode leg's start: no migration
     load.moved("d2", "")  # a migration after output: its blocks go with it
-    assert view.decode_blocks["d1"] == 0 and view.decode_blocks["d2"] == 2
+    assert view.decode_tokens["d1"] == 0 and view.decode_tokens["d2"] == 40
     load.ended(5)
     load.ended(0)  # the request's cleanup after the stream's own end: nothing more
-    assert view.decode_blocks["d2"] == 0 and view.last["d2"].itl_s is not None
-    early = view.choice("m", "d1", "", 8, 0)
+    assert view.decode_tokens["d2"] == 0 and view.last["d2"].itl_s is not None
+    early = view.choice("m", "d1", "", 8)
     early.moved("d3", "")  # moved before any output: the new worker computes the prompt
     assert view.prefill_tokens["d1"] == 0 and view.prefill_tokens["d3"] == 8
     early.ended(0)
@@ -69,14 +69,14 @@ def test_mesh_families_follow_the_cards_and_a_gone_worker_loses_its_series():
     cards = {"m": [card("w1", blocks=100), card("w2", blocks=120), card("p1", PREFILL)]}
     recorder.watch(lambda: cards, migration_limit=3)
     view = recorder.mesh.view
-    load = view.choice("m", "w1", "", 30, 1)
+    load = view.choice("m", "w1", "", 30)
     load.first_output(30)
     got = samples(recorder)
     assert got[("dyn_model_total_kv_blocks", (("model", "m"),))] == 120  # the largest card's
     assert got[("dyn_model_context_length", (("model", "m"),))] == 4096
     assert got[("dyn_model_kv_cache_block_size", (("model", "m"),))] == 16
     assert got[("dyn_model_migration_limit", (("model", "m"),))] == 3
-    assert got[("dyn_worker_active_decode_blocks", worker_labels("w1"))] == 1
+    assert got[("dyn_worker_active_decode_blocks", worker_labels("w1"))] == 2  # 30 tokens in blocks of 16
     assert got[("dyn_worker_active_prefill_tokens", worker_labels("p1", "prefill"))] == 0
     assert got[("dyn_worker_last_input_sequence_tokens", worker_labels("w1"))] == 30
     load.ended(1)
