@@ -16,6 +16,7 @@ from meshfront.gateway.v1 import (
     anthropic_pb2_grpc,
     edge_pb2_grpc,
     embeddings_pb2_grpc,
+    extensions_pb2_grpc,
     gateway_pb2_grpc,
     images_pb2_grpc,
     media_pb2_grpc,
@@ -38,6 +39,10 @@ from services.gateway.edge.server import EdgeServicer
 from services.gateway.embeddings.pipeline import EmbeddingsPipeline
 from services.gateway.embeddings.server import EmbeddingsServicer
 from services.gateway.embeddings.worker_client import GrpcEmbedWorker
+from services.gateway.extensions.engine_factory import ChatEngines
+from services.gateway.extensions.loading import load_factory, load_routes
+from services.gateway.extensions.routes import Route
+from services.gateway.extensions.server import ExtensionRoutesServicer, GatewayState
 from services.gateway.images.server import ImagesServicer
 from services.gateway.kserve import server as kserve
 from services.gateway.lora_api import LoraAdmin
@@ -86,6 +91,9 @@ class Gateway:
     public_url: str = ""
     # /v1/load_lora_adapter and /v1/unload_lora_adapter across the workers (None: both answer 404).
     lora_workers: GrpcLoraWorkers | None = None
+    # Extension code (--frontend-route-extension, --chat-engine-factory): its HTTP routes, each chat model's hooks.
+    extension_routes: tuple[Route, ...] = ()
+    chat_engines: ChatEngines | None = None
     # --reasoning-field-name, --enable-anthropic-api, --kserve-grpc-server and the others (config.py).
     api: ApiSwitches = ApiSwitches()
     draining: bool = False
@@ -97,6 +105,7 @@ class Gateway:
         self.servicer = GatewayServicer(self.pipeline, self.registry.models, lambda: self.draining,
                                         warming=lambda: self.warmup.warming if not self.warmup.ready.is_set() else [],
                                         unavailable=lambda: self.stages.unavailable,
+                                        chat_hooks=self.chat_engines.hooks_for if self.chat_engines else None,
                                         lora=LoraAdmin(self.registry.models, self.lora_workers)
                                         if self.lora_workers is not None else None,
                                         chat=ChatOutput(self.api.reasoning_field_name,
@@ -108,6 +117,8 @@ class Gateway:
         self.anthropic = AnthropicServicer(self.pipeline, self.registry.models, enabled=self.api.enable_anthropic_api,
                                            strip_preamble=self.api.strip_anthropic_preamble)
         self.edge = EdgeServicer(self.metrics)
+        self.extension_routes_servicer = ExtensionRoutesServicer(self.extension_routes, GatewayState(
+            self.registry.models, self.warmup.ready.is_set, lambda: self.draining))
         self.embeddings_servicer = EmbeddingsServicer(self.embeddings, self.registry.models)
         self.media_files = MediaFilesServicer(self.media_store)
         self.images = ImagesServicer(self.media, self.registry.models, self.media_store, self.public_url)
@@ -127,6 +138,7 @@ class Gateway:
         responses_pb2_grpc.add_ResponsesServiceServicer_to_server(self.responses, server.server)
         anthropic_pb2_grpc.add_AnthropicServiceServicer_to_server(self.anthropic, server.server)
         edge_pb2_grpc.add_EdgeServiceServicer_to_server(self.edge, server.server)
+        extensions_pb2_grpc.add_ExtensionRoutesServiceServicer_to_server(self.extension_routes_servicer, server.server)
         embeddings_pb2_grpc.add_EmbeddingsServiceServicer_to_server(self.embeddings_servicer, server.server)
         media_pb2_grpc.add_MediaFilesServiceServicer_to_server(self.media_files, server.server)
         images_pb2_grpc.add_ImagesServiceServicer_to_server(self.images, server.server)
@@ -193,11 +205,17 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     media = MediaPipeline(route, media_workers)
     job_store = JobStore(cfg.nats_url, namespace=namespace)
     jobs = VideoJobs(job_store, media_store, media, cfg.media_url_ttl_s)
+    # Extension code: the config's check loaded it already (load_* are cached), so nothing here can fail.
+    chat_engines = (ChatEngines(load_factory(cfg.chat_engine_factory), registry.models)
+                    if cfg.chat_engine_factory else None)
+    if chat_engines is not None:
+        registry.subscribe(chat_engines.on_change)
     gateway = Gateway(Pipeline(pre, route, post, cfg.stream_interval), registry, response_store=store,
                       metrics=metrics, embeddings=EmbeddingsPipeline(pre, route, embed_workers),
                       media=media, media_store=media_store, video_jobs=jobs,
                       stage_probes=probes, stage_wait_s=cfg.stage_wait_s, public_url=cfg.public_url,
-                      lora_workers=lora_workers, api=cfg.api_switches())
+                      lora_workers=lora_workers, api=cfg.api_switches(),
+                      extension_routes=load_routes(cfg.frontend_route_extension), chat_engines=chat_engines)
     # The video jobs close first: each running one hands its lease back through the stores still open.
     return Built(gateway, background=[store.run, media_store.run, job_store.run, jobs.sweep, metrics.run,
                                       gateway.warmup.run, gateway.watch_stages],

@@ -18,6 +18,8 @@ from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
 from services.common.stage_wait import DEFAULT_WAIT_S
 from services.common.targets import split_target
 from services.gateway.core.nvext import MAX_STREAM_INTERVAL
+from services.gateway.extensions import flags as extension_flags
+from services.gateway.extensions.loading import load_factory, load_routes
 from services.gateway.frontend_metrics import DEFAULT_PREFIX, check_prefix
 
 DEFAULT_PORT = 9100
@@ -72,6 +74,9 @@ class GatewayConfig:
     drain_grace_s: float = 10.0
     # How long a request waits for an unreachable preprocessor, router or postprocessor (a restart).
     stage_wait_s: float = DEFAULT_WAIT_S
+    # Extension code (services/gateway/extensions/): HTTP routes, and the chat engine factory's module:function.
+    frontend_route_extension: tuple[str, ...] = ()
+    chat_engine_factory: str = ""
     # The API switches Dynamo's frontend has (docs/openai-extensions.md, "Gateway switches").
     reasoning_field_name: str = REASONING_FIELDS[0]
     enable_anthropic_api: bool = True
@@ -105,6 +110,10 @@ class GatewayConfig:
             raise ValueError(f"--stage-wait-s must be above 0 and at most 600; got {self.stage_wait_s}")
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ValueError(f"--stream-interval must be 1 to {MAX_STREAM_INTERVAL}; got {self.stream_interval}")
+        # Imported, called and checked here, so that a bad extension fails the start with one line (exit 2).
+        load_routes(self.frontend_route_extension)
+        if self.chat_engine_factory:
+            load_factory(self.chat_engine_factory)
 
 
 def check_public_url(url: str) -> None:
@@ -148,6 +157,7 @@ def add_flags(p: Flags) -> None:
           help=f"names of the request metrics (--metrics-port and /metrics at the edge): {DEFAULT_PREFIX} for "
                "ours, dynamo_frontend (or any other prefix) for Dynamo's frontend families and labels")
     add_api_switches(p)
+    extension_flags.add_flags(p)
 
 
 def add_api_switches(p: Flags) -> None:

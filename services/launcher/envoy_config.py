@@ -19,7 +19,7 @@ DESCRIPTOR = ROOT / "deploy" / "envoy" / "gateway.pb"
 def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Sequence[tuple[str, int]],
            admin_host: str = "127.0.0.1", tls: tuple[str, str] | None = None, tls_client_ca: str = "",
            gateway_dns: bool = False, descriptor: str | None = None, upstream_tls: tuple[str, str, str] | None = None,
-           otlp: tuple[str, int] | None = None) -> str:
+           otlp: tuple[str, int] | None = None, extension_routes: Sequence[tuple[str, Sequence[str]]] = ()) -> str:
     """The shipped config with these addresses.
 
     ``tls=(cert, key)`` (PEM files) terminates TLS on the listener with ALPN h2 and
@@ -34,6 +34,8 @@ def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Seq
     ``--tls-*`` flags): it verifies them against ``ca`` and presents ``cert``.
     ``otlp=(host, port)``: Envoy's OpenTelemetry tracer sends the edge span of every request to that OTLP/gRPC
     collector (a name resolved like ``gateway_dns``'s) and passes its ``traceparent`` to the gateway.
+    ``extension_routes``: (path, methods) of every route the gateways' extensions serve
+    (services/gateway/extensions/edge.py ``edge_routes``); see ``extension_route``.
     """
     cfg = yaml.safe_load(ENVOY_YAML.read_text())
     cfg["admin"]["address"]["socket_address"].update(address=admin_host, port_value=admin_port)
@@ -47,6 +49,10 @@ def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Seq
     for f in hcm["http_filters"]:
         if f["name"] == "envoy.filters.http.grpc_json_transcoder":
             f["typed_config"]["proto_descriptor"] = descriptor or str(DESCRIPTOR)
+            transcoder = f["typed_config"]
+    # First: an extension path under /v1/ must win over the /v1/ prefix route.
+    hcm["route_config"]["virtual_hosts"][0]["routes"][:0] = [
+        extension_route(path, methods, transcoder) for path, methods in extension_routes]
     cluster = next(c for c in cfg["static_resources"]["clusters"] if c["name"] == "gateway")
     if gateway_dns:
         # Re-resolved every 5 s: pods that scale in or out join the balancing within seconds.
@@ -60,6 +66,22 @@ def render(*, listen_host: str, listen_port: int, admin_port: int, gateways: Seq
         hcm["tracing"] = edge_tracing()
         cfg["static_resources"]["clusters"].append(otlp_cluster(*otlp))
     return yaml.dump(cfg, Dumper=_Expanded, sort_keys=False)
+
+
+EXTENSION_SERVICE = "meshfront.gateway.v1.ExtensionRoutesService"
+
+
+def extension_route(path: str, methods: Sequence[str], transcoder: dict) -> dict:
+    """The route of one extension path: the Lua filter reads its methods from the route's metadata (404 and
+    405 as for every route) and names the path to the gateway; the transcoder, configured for this route
+    alone, knows only ExtensionRoutesService, whose catch-all bindings never see a built-in path."""
+    return {
+        "match": {"path": path},
+        "route": {"cluster": "gateway", "timeout": "30s"},
+        "metadata": {"filter_metadata": {"envoy.filters.http.lua": {"extension_methods": ", ".join(methods)}}},
+        "typed_per_filter_config": {"envoy.filters.http.grpc_json_transcoder": {
+            **transcoder, "services": [EXTENSION_SERVICE]}},
+    }
 
 
 class _Expanded(yaml.SafeDumper):

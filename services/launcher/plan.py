@@ -16,6 +16,7 @@ import urllib.parse
 from collections.abc import Sequence
 
 from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
+from services.gateway.extensions.edge import edge_routes
 from services.launcher import envoy_config
 from services.launcher.engine_env import ENGINES
 
@@ -354,7 +355,9 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
                                               tls_client_ca=plan.tls_client_ca,
                                               upstream_tls=_envoy_upstream_tls(plan),
                                               gateways=[("127.0.0.1", p) for p in plan.gateway_ports],
-                                              otlp=_otlp_address(plan.otlp_endpoint)))
+                                              otlp=_otlp_address(plan.otlp_endpoint),
+                                              # the gateways' route extensions (their flags and env twins)
+                                              extension_routes=edge_routes(plan.service_args.get("gateway", ()))))
     out.append(ProcessSpec("envoy", [str(VENV_BIN / "envoy"), "-c", str(envoy_yaml), "--concurrency", "1",
                                      "--log-level", "warn", "--base-id", str(plan.http_port)], plan.http_port,
                            {"PATH": os.environ.get("PATH", "")}))

@@ -20,6 +20,7 @@ from meshfront.gateway.v1 import gateway_pb2_grpc
 from services.common.errors import NotFound
 from services.gateway import models_api
 from services.gateway.core.errors import error_body
+from services.gateway.core.extension_hooks import ChatHooks, HookLookup, hooked_body, with_post_hook
 from services.gateway.core.openai_request import parse_chat, parse_completion
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.request import GenerationRequest
@@ -47,8 +48,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def __init__(self, pipeline: Pipeline, models: Models,
                  draining: Callable[[], bool] = lambda: False, warming: Callable[[], list[str]] = lambda: [],
                  unavailable: Callable[[], list[str]] = lambda: [], lora: LoraAdmin | None = None,
+                 chat_hooks: HookLookup | None = None,
                  chat: ChatOutput = PLAIN_CHAT):
         self._pipeline = pipeline
+        # The chat engine factory's hooks by model (--chat-engine-factory); None: no factory, nothing to look up.
+        self._chat_hooks = chat_hooks
         self._chat = chat  # the gateway's switches over chat answers (--reasoning-field-name, dispatch events)
         self._lora = lora  # /v1/load_lora_adapter and /v1/unload_lora_adapter (None: 404 for both)
         self._models = models
@@ -62,8 +66,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         trace = RequestTrace()
         req: GenerationRequest
         echo: dict[str, Any] = {}
+        hooks: ChatHooks | None = None
         if chat:
-            req = chat_req = parse_chat(request.data, headers(context))
+            data = request.data
+            if self._chat_hooks is not None:
+                data, hooks = await hooked_body(data, self._chat_hooks)
+            req = chat_req = parse_chat(data, headers(context))
             check_model(self._models(), req.model)
             prep = [chat_to_preprocess(chat_req, rid)]
         else:
@@ -80,7 +88,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         renderer = self._chat.renderer(req.stream, **common) if chat else CompletionRenderer(**common, **echo)
         stream = self._pipeline.run(prep, req.n, req.worker_id, req.route_hints(), trace,
                                     options=postprocess_options(req, prep[0]))
-        return Generation(req.model, req.stream, renderer, stream, extras=ext)
+        return Generation(req.model, req.stream, with_post_hook(renderer, hooks), stream, extras=ext)
 
     ChatCompletions = generation_rpc(functools.partial(_start, chat=True), "chat")
     Completions = generation_rpc(functools.partial(_start, chat=False), "completions")

@@ -7,9 +7,11 @@ The gateway's layers (services/gateway/README.md, "The layout"):
   (``front_door.py``, the stage clients, the metrics, ...): it imports no front end, so a front end
   cannot reach another through it either;
 - above both sit the modules that put the gateway together or describe all of it: ``assembly.py``,
-  ``main.py``, ``warmup.py`` (first requests, in OpenAI's shape), ``http_api/`` (the route registry and
-  the OpenAPI schemas, which read each parser's allowed values so the document cannot drift from it) and
-  ``edge/`` (which serves that document, /docs and the gateway-wide /metrics). Nothing below imports them.
+  ``main.py``, ``config.py`` (its flags, which load the extension code they name), ``warmup.py`` (first
+  requests, in OpenAI's shape), ``http_api/`` (the route registry and the OpenAPI schemas, which read each
+  parser's allowed values so the document cannot drift from it), ``edge/`` (which serves that document, /docs
+  and the gateway-wide /metrics) and ``extensions/`` (extension code's routes, checked against the route
+  registry, and the chat engine factory). Nothing below imports them.
 
 Imports are read with ``ast``, so one made inside a function counts as much as one at the top.
 """
@@ -26,7 +28,7 @@ pytestmark = pytest.mark.unit
 GATEWAY = pathlib.Path(__file__).resolve().parents[3] / "services" / "gateway"
 PACKAGE = "services.gateway"
 FRONT_ENDS = ("openai", "anthropic", "responses_api", "embeddings", "images", "videos", "kserve")
-ABOVE = ("assembly", "main", "__main__", "warmup", "http_api", "edge")
+ABOVE = ("assembly", "main", "__main__", "config", "warmup", "http_api", "edge", "extensions")
 SHARED_PACKAGES = ("core", "media")
 
 
@@ -77,7 +79,7 @@ def wrong_imports(path: pathlib.Path, source: str) -> set[str]:
 def test_every_front_end_and_shared_part_is_known():
     """A new folder is a front end or shared, said here; otherwise this test would not look at it."""
     folders = {p.name for p in GATEWAY.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert folders == set(FRONT_ENDS) | set(SHARED_PACKAGES) | {"http_api", "edge"}
+    assert folders == set(FRONT_ENDS) | set(SHARED_PACKAGES) | {"http_api", "edge", "extensions"}
 
 
 @pytest.mark.parametrize("path", modules(FRONT_ENDS), ids=lambda p: str(p.relative_to(GATEWAY)))

@@ -1,0 +1,1 @@
+"""Examples of Meshfront's extension points (docs/architecture.md, "Extension points")."""

@@ -1,0 +1,1 @@
+"""A chat engine factory: see README.md."""

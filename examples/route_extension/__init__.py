@@ -1,0 +1,1 @@
+"""A route extension: see README.md."""
