@@ -1,10 +1,11 @@
 """All-in-one configuration: the common flags once, then every stage's own flags with its env twins.
 
 ``--host``, ``--port`` (the gateway's gRPC port), ``--nats-url``, ``--log-level``, ``--metrics-port``,
-``--drain-grace-s`` and ``--tls-*`` exist once (env ``MESHFRONT_ALLINONE_HOST``, ``_PORT``,
-``_METRICS_PORT``, ``_DRAIN_GRACE_S``, and the shared ``MESHFRONT_NATS_URL``, ``MESHFRONT_LOG_LEVEL``,
-``MESHFRONT_TLS_*``). Every other flag is a stage's own, added by that stage's ``add_flags`` and
-parsed by its ``from_args``, with the stage's env twin
+``--drain-grace-s``, ``--tls-*`` and ``--namespace`` / ``--namespace-prefix`` exist once (env
+``MESHFRONT_ALLINONE_HOST``, ``_PORT``, ``_METRICS_PORT``, ``_DRAIN_GRACE_S``, and the shared
+``MESHFRONT_NATS_URL``, ``MESHFRONT_LOG_LEVEL``, ``MESHFRONT_TLS_*``, ``MESHFRONT_NAMESPACE``). Every other
+flag is a stage's own, added by that stage's ``add_flags`` and parsed by its ``from_args``, with the stage's
+env twin
 (``--kv-overlap-weight`` is also ``MESHFRONT_ROUTER_KV_OVERLAP_WEIGHT``), so a flag added to a stage
 appears here without an edit. Two stages defining one flag name fails at parser construction
 (``FlagCollision``) unless ``FIXED`` below resolves it. The resolutions:
