@@ -41,6 +41,7 @@ DYNAMO_DEFAULTS: dict[str, Any] = {
     "--enable-anthropic-api": False,
     "--kserve-grpc-server": False,
     "--metrics-prefix": "dynamo_frontend",
+    "--router-session-affinity-mode": "hard",
 }
 # Common flags the plan sets per process (ports); every other common flag goes to every process.
 PLACED_BY_PLAN = ("--host", "--port", "--metrics-port")
