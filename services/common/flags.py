@@ -76,6 +76,7 @@ class FlagParser:
         # dest -> where its value came from when not the default: "env NAME" (filled by ``add``) or "flag"
         # (filled by ``parse``); ``--check-config`` prints it
         self.sources: dict[str, str] = {}
+        self.env_twins: dict[str, tuple[str, ...]] = {}  # dest -> its env twins, the Meshfront one first
         # allow_abbrev=False where unknown flags pass through to an engine: argparse would otherwise
         # take vLLM's --model for an abbreviation of our --model-dir.
         self._parser = OneLineParser(prog=f"meshfront {service}", description=description,
@@ -105,6 +106,7 @@ class FlagParser:
         default = self._default_overrides.get(flag, default)
         env_name = env or self.env_name(flag)
         twins = [env_name, *([dynamo_env] if dynamo_env else [])]
+        self.env_twins[_dest(flag)] = tuple(twins)
         for twin in twins:
             if twin in self._env:
                 default = (self._from_env(flag, twin, self._env[twin], type, choices) if not repeatable
@@ -179,6 +181,14 @@ class FlagParser:
                 self._parser.error(value.message)
         return args
 
+    def actions(self) -> list[argparse.Action]:
+        """Every flag's argparse action, in the order added: its dest and spellings (a generated flag table)."""
+        return list(self._parser._actions)
+
+    def add_version(self, text: str) -> None:
+        """``--version``: prints ``text`` and exits 0."""
+        self._parser.add_argument("--version", action="version", version=text)
+
     def parse(self, argv: Sequence[str] | None) -> argparse.Namespace:
         args = self._check_env(self._parser.parse_args(argv))
         self._note_given(argv)
@@ -187,7 +197,7 @@ class FlagParser:
     def _note_given(self, argv: Sequence[str] | None) -> None:
         """Marks the flags on the command line as "flag" in ``sources`` (argparse does not say which values it
         parsed and which are defaults). Runs after a successful parse, so every option string is a real one."""
-        known = self._parser._option_string_actions  # noqa: SLF001 - argparse's own option table
+        known = self._parser._option_string_actions
         for token in argv if argv is not None else []:
             action = known.get(token.split("=", 1)[0]) if token.startswith("-") else None
             if action is not None and action.dest not in ("help", argparse.SUPPRESS):
@@ -266,8 +276,8 @@ def add_common_flags(p: FlagParser, *, port: int, namespace_prefix: bool = True)
     Dynamo's discovery prefix too (a worker registers in one namespace and watches nobody)."""
     p.add("--host", default="127.0.0.1", help="address to listen on")
     p.add("--port", default=port, type=int, help="gRPC port (0 picks a free one)")
-    p.add("--nats-url", default="nats://127.0.0.1:4222", env="MESHFRONT_NATS_URL",
-          help="NATS server URL, or every node of a cluster comma-separated")
+    p.add("--nats-url", default="nats://127.0.0.1:4222", env="MESHFRONT_NATS_URL", dynamo_env="NATS_SERVER",
+          help="NATS server URL, or every node of a cluster comma-separated (NATS_SERVER is Dynamo's name)")
     p.add("--namespace", default=namespace.DEFAULT, type=namespace.namespace_name, env="MESHFRONT_NAMESPACE",
           dynamo_env="DYN_NAMESPACE",
           help="the mesh's namespace in NATS: workers register in it, a stage keeps its stores and subjects in it "

@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.metadata
-import ipaddress
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +29,7 @@ from services.allinone.config import FIXED, STAGES
 from services.common.flags import FlagParser, add_common_flags
 from services.frontend.dynamo_help import DYNAMO_VERSION, dynamo_flags
 from services.frontend.refusals import REFUSED, REFUSED_VALUES, refusal_line
+from services.launcher import edge
 
 PROG = "meshfront frontend"
 # Dynamo's defaults where the stages' own differ. Meshfront alone serves everything it can; a Dynamo frontend
@@ -115,7 +114,7 @@ def parser(env: Mapping[str, str] | None = None) -> FlagParser:
                    "against the NATS its workers registered in. Every flag of Dynamo "
                    f"{DYNAMO_VERSION} is honoured or refused with a reason (docs/dynamo-flags.md).", env,
                    allow_abbrev=False, default_overrides=DYNAMO_DEFAULTS)
-    p._parser.add_argument("--version", action="version", version=version())  # noqa: SLF001 - argparse's own
+    p.add_version(version())
     add_common_flags(p, port=0)
     for name, module in STAGES.items():
         module.add_flags(p.stage(name, FIXED.get(name)))
@@ -184,7 +183,7 @@ def parse(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> F
     p = parser(env)
     args = p.parse(argv)
     settings: dict[str, Setting] = {}
-    for action in p._parser._actions:  # noqa: SLF001 - argparse's own table: each flag's dest and spellings
+    for action in p.actions():
         if not action.option_strings or action.dest in ("help", "version"):
             continue
         flag = next(s for s in action.option_strings if s.startswith("--") and not s.startswith("--no-"))
@@ -248,12 +247,9 @@ def _check(cfg: FrontendConfig) -> None:
 
 def _check_host(host: str) -> None:
     try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        try:
-            socket.getaddrinfo(host, None)
-        except OSError as e:
-            raise ConfigError(f"--http-host {host}: neither an IP address nor a name that resolves ({e})") from e
+        edge.check_host(host)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def describe(cfg: FrontendConfig) -> str:

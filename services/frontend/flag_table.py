@@ -29,7 +29,7 @@ class Row:
 
 def rows() -> Iterator[Row]:
     p = parser(env={})
-    actions = {s: a for a in p._parser._actions for s in a.option_strings}  # noqa: SLF001 - argparse's table
+    actions = {s: a for a in p.actions() for s in a.option_strings}
     for flag in dynamo_flags():
         action = actions.get(flag.flag)
         owner = p.owners.get(flag.flag, "")

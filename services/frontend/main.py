@@ -23,6 +23,7 @@ import threading
 from collections.abc import Sequence
 
 from services.frontend.config import CHAT_PROCESSORS, PROG, ConfigError, FrontendConfig, as_json, describe, parse
+from services.launcher import edge
 from services.launcher.plan import MeshPlan, ProcessSpec, free_port, specs
 from services.launcher.supervise import RestartPolicy, Spec, Supervisor
 
@@ -44,7 +45,7 @@ def plan_for(cfg: FrontendConfig, run_dir: pathlib.Path) -> MeshPlan:
         service_args["postprocessor"] += tuple(chat_processor)
     gateway_metrics = cfg.grpc_metrics_port if cfg.kserve_grpc_server else cfg.metrics_port
     preprocessors = max(cfg.dyn_preprocess_workers, 1)
-    return MeshPlan(http_port=cfg.http_port, http_host=cfg.http_host, admin_port=free_port(),
+    return MeshPlan(http_port=cfg.http_port, http_host=edge.listen_address(cfg.http_host), admin_port=free_port(),
                     external_nats_url=cfg.nats_url, gateway_ports=[free_port()], preprocessor_port=free_port(),
                     router_port=free_port(), postprocessor_port=free_port(), router_mode=cfg.router_mode,
                     inproc=not split, run_dir=run_dir, log_level=cfg.log_level,
@@ -90,14 +91,13 @@ def _interactive(cfg: FrontendConfig, process_specs: list[ProcessSpec], run_dir:
 
         async def run() -> int:
             task = asyncio.create_task(supervisor.run())
-            scheme = "https" if cfg.tls_cert_path else "http"
-            host = "127.0.0.1" if cfg.http_host in ("0.0.0.0", "::") else cfg.http_host  # noqa: S104
-            done = threading.Event()
+            url = edge.local_url("https" if cfg.tls_cert_path else "http", cfg.http_host, cfg.http_port)
+            done = threading.Event()  # the processes stopped (a crash loop): waiting for a model ends
+            task.add_done_callback(lambda _: done.set())
             try:
-                code = await asyncio.to_thread(chat, f"{scheme}://{host}:{cfg.http_port}", cfg.model_name or None,
-                                               sys.stdin, sys.stdout, done, f"(process logs: {log_path})")
+                code = await asyncio.to_thread(chat, url, cfg.model_name or None, sys.stdin, sys.stdout, done,
+                                               f"(process logs: {log_path})")
             finally:
-                done.set()
                 supervisor.request_stop("the chat ended")
             await task
             return code

@@ -56,7 +56,7 @@ def test_split_and_preprocess_workers_shape_the_plan(tmp_path):
     (["--tls-cert-path", "/etc/hostname"], "--tls-cert-path and --tls-key-path must be provided together"),
     (["--interactive", "--kserve-grpc-server"], "different modes"),
     (["--migration-limit", "-1"], "postprocessor"),
-    (["--http-host", "no-such-host.invalid"], "--http-host no-such-host.invalid"),
+    (["--http-host", "no-such-host.invalid"], "--http-host 'no-such-host.invalid'"),
 ])
 def test_a_bad_combination_is_one_line(argv, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
@@ -64,8 +64,9 @@ def test_a_bad_combination_is_one_line(argv, message):
 
 
 def _frontend(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from services.cli import main; main()", "frontend", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **(env or {})})
+    return subprocess.run([sys.executable, "-c", "from services.cli import main; main()", "frontend", *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", **(env or {})})
 
 
 def test_check_config_prints_each_setting_and_its_source_and_exits_0():
