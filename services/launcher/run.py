@@ -25,6 +25,7 @@ import time
 import urllib.request
 
 from services.common import namespace
+from services.gateway.extensions.edge import edge_routes
 from services.gateway.frontend_metrics import check_prefix
 from services.launcher import edge, media_demos, trace_viewer
 from services.launcher.demo_lora import check_demo_lora, demo_lora_flags
@@ -79,6 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         _check_shape(args)
         _check_files(args)
         edge.check(args)
+        edge_routes(args.gateway_flag)  # a bad route extension: one line here, as the gateway would say it
         if args.demo_lora:
             check_demo_lora(args.worker_kind, bool(args.model_dir or args.model))
     except ValueError as e:

@@ -210,3 +210,14 @@ async def test_the_factory_runs_once_per_chat_model_appearance_and_a_failure_fai
     with pytest.raises(Internal, match="failed for model `broken`"):
         await engines.hooks_for("broken")
     assert calls == ["chat", "chat", "broken"]  # came back: made again; failed: not retried per request
+
+
+def test_meshfront_run_refuses_a_bad_route_extension_with_one_line(capsys):
+    from services.launcher.run import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args([f"--gateway-flag=--frontend-route-extension={SPECS}:clashes_with_models"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "clashes with the built-in route /v1/models" in err
+    assert parse_args([f"--gateway-flag=--frontend-route-extension={EXAMPLE}"]).gateway_flag == [
+        f"--frontend-route-extension={EXAMPLE}"]
