@@ -142,7 +142,7 @@ def _message(i: int, m: Any, media: list[Media]) -> dict[str, Any]:
         raise InvalidRequest(f"'{where}.content' must be a string or an array of parts", param=f"{where}.content")
     if role == "tool" and not isinstance(m.get("tool_call_id"), str):
         raise InvalidRequest(f"'{where}.tool_call_id' is required for tool messages", param=f"{where}.tool_call_id")
-    for key in ("name", "reasoning_content"):
+    for key in ("name", "reasoning_content", "reasoning"):
         if m.get(key) is not None and not isinstance(m[key], str):
             raise InvalidRequest(f"'{where}.{key}' must be a string", param=f"{where}.{key}")
     if m.get("tool_calls") is not None:

@@ -74,6 +74,9 @@ def _normalise_message(message: dict, template_reads_reasoning: bool, media_part
     if msg.get("role") == "assistant":
         if isinstance(msg.get("tool_calls"), list):
             msg["tool_calls"] = _parse_arguments(msg["tool_calls"])
+        if msg.get("reasoning_content") is None and isinstance(msg.get("reasoning"), str):
+            # The field a client got with --reasoning-field-name reasoning (and vLLM's name), sent back as is.
+            msg["reasoning_content"] = msg.pop("reasoning")
         reasoning = msg.get("reasoning_content")
         if isinstance(reasoning, str) and not template_reads_reasoning:
             del msg["reasoning_content"]

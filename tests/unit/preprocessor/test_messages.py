@@ -54,6 +54,14 @@ def test_reasoning_is_injected_when_the_template_ignores_it():
     assert m == {"role": "assistant", "content": "<think>hmm</think>answer"}
 
 
+def test_reasoning_sent_back_under_the_reasoning_field_name_counts_as_reasoning_content():
+    # What a client of --reasoning-field-name reasoning receives, and sends back in the history.
+    [m] = normalise_messages([{"role": "assistant", "content": "answer", "reasoning": "hmm"}], False)
+    assert m == {"role": "assistant", "content": "<think>hmm</think>answer"}
+    [m] = normalise_messages([{"role": "assistant", "content": "answer", "reasoning": "hmm"}], True)
+    assert m == {"role": "assistant", "content": "answer", "reasoning_content": "hmm"}
+
+
 def test_input_is_not_mutated():
     msg = {"role": "assistant", "content": None, "tool_calls": [
         {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}
