@@ -116,7 +116,7 @@ class Gateway:
         self.responses = ResponsesServicer(self.pipeline, self.registry.models, self.response_store)
         self.anthropic = AnthropicServicer(self.pipeline, self.registry.models, enabled=self.api.enable_anthropic_api,
                                            strip_preamble=self.api.strip_anthropic_preamble)
-        self.edge = EdgeServicer(self.metrics)
+        self.edge = EdgeServicer(self.metrics, anthropic_api=self.api.enable_anthropic_api)
         self.extension_routes_servicer = ExtensionRoutesServicer(self.extension_routes, GatewayState(
             self.registry.models, self.warmup.ready.is_set, lambda: self.draining))
         self.embeddings_servicer = EmbeddingsServicer(self.embeddings, self.registry.models)

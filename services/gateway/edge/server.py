@@ -18,14 +18,15 @@ CHUNK = 256 * 1024
 
 
 class EdgeServicer(edge_pb2_grpc.EdgeServiceServicer):
-    def __init__(self, metrics: ReplicaMetrics):
+    def __init__(self, metrics: ReplicaMetrics, anthropic_api: bool = True):
         self._metrics = metrics
+        self._anthropic_api = anthropic_api  # --enable-anthropic-api: /openapi.json lists /v1/messages
 
     async def Metrics(self, request: edge_pb2.MetricsRequest, context: grpc.aio.ServicerContext):
         return httpbody_pb2.HttpBody(content_type=PROMETHEUS, data=await self._metrics.gather())
 
     async def OpenApi(self, request: edge_pb2.OpenApiRequest, context: grpc.aio.ServicerContext):
-        return httpbody_pb2.HttpBody(content_type=JSON, data=document_bytes())
+        return httpbody_pb2.HttpBody(content_type=JSON, data=document_bytes(self._anthropic_api))
 
     async def Docs(self, request: edge_pb2.DocsRequest, context: grpc.aio.ServicerContext):
         return httpbody_pb2.HttpBody(content_type=swagger_ui.PAGE_TYPE, data=swagger_ui.PAGE)

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from services.gateway.http_api import anthropic_schemas, image_schemas, openai_schemas, videos_schemas
-from services.gateway.http_api.routes import ENDPOINTS, JSON, Endpoint
+from services.gateway.http_api.routes import ANTHROPIC, ENDPOINTS, JSON, Endpoint
 from services.gateway.http_api.schema import Schema
 
 VERSION = "0.1.0"
@@ -52,9 +52,13 @@ def _operation(e: Endpoint) -> dict[str, Any]:
     return op
 
 
-def document() -> dict[str, Any]:
+def document(anthropic_api: bool = True) -> dict[str, Any]:
+    """The OpenAPI document of the routes this gateway serves (the Messages API only when it is on:
+    ``--enable-anthropic-api``)."""
     paths: dict[str, dict[str, Any]] = {}
     for e in ENDPOINTS:
+        if e.tag == ANTHROPIC and not anthropic_api:
+            continue
         methods = paths.setdefault(e.path, {})
         if e.method in methods:
             raise ValueError(f"{e.method.upper()} {e.path} is listed twice")
@@ -71,6 +75,6 @@ def document() -> dict[str, Any]:
 
 
 @functools.cache
-def document_bytes() -> bytes:
-    """The document as served (built once per process: it only changes with the code)."""
-    return orjson.dumps(document(), option=orjson.OPT_INDENT_2)
+def document_bytes(anthropic_api: bool = True) -> bytes:
+    """The document as served (built once per process: it only changes with the code and the flag)."""
+    return orjson.dumps(document(anthropic_api), option=orjson.OPT_INDENT_2)

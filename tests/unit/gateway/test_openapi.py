@@ -153,3 +153,11 @@ def test_every_spec_route_reaches_the_gateway_through_envoy():
         concrete = re.sub(r"\{\w+\}", "x", path)
         assert any(m.get("path") == concrete or concrete.startswith(m.get("prefix", "\0")) for m in matches), \
             f"{method.upper()} {path}: no route in deploy/envoy/envoy.yaml"
+
+
+def test_the_messages_api_is_listed_only_when_it_is_served():
+    # --no-enable-anthropic-api (meshfront frontend's default, as Dynamo's): /v1/messages answers 404, so the
+    # document must not offer it.
+    paths = set(document(anthropic_api=False)["paths"])
+    assert "/v1/chat/completions" in paths and not {p for p in paths if p.startswith("/v1/messages")}
+    assert "/v1/messages" in document()["paths"]
