@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from services.common.dp_ranks import ranks_of
 from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
 
 # The OpenAI endpoints a model card may list. A generating model serves the first two; an embedding
@@ -126,6 +127,16 @@ class WorkerCard:
     kv_release_by: str = KV_RELEASE_BY_PREFILL
     # The namespace it registered in (services/common/namespace.py): its KV events' and dumps' subjects.
     namespace: str = DEFAULT_NAMESPACE
+    # Data-parallel attention ranks (services/common/dp_ranks.py), Dynamo's runtime-config names: one engine per
+    # rank start..start+size-1 behind this address, each routed to, cached and loaded on its own. Size 1 from 0:
+    # no ranks (cards written before ranks existed lack both and read so).
+    data_parallel_start_rank: int = 0
+    data_parallel_size: int = 1
+
+    @property
+    def dp_ranks(self) -> Sequence[int] | None:
+        """Its ranks, or None for a worker without data-parallel ranks."""
+        return ranks_of(self.data_parallel_start_rank, self.data_parallel_size)
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))
@@ -143,6 +154,8 @@ class WorkerCard:
             raise ValueError(f"unknown worker role {d['role']!r}")
         if d.get("kv_release_by", KV_RELEASE_BY_PREFILL) not in KV_RELEASE_BY:
             raise ValueError(f"unknown kv_release_by {d['kv_release_by']!r}")
+        if d.get("data_parallel_size", 1) < 1 or d.get("data_parallel_start_rank", 0) < 0:
+            raise ValueError("data_parallel_size must be >= 1 and data_parallel_start_rank >= 0")
         return cls(model=ModelCard(**m), **d)
 
 

@@ -74,6 +74,8 @@ class WorkerConfig:
             errors.append("--context-length must be positive")
         if self.block_size <= 0:
             errors.append("--block-size must be positive")
+        if "@" in self.worker_id:  # '@dp<rank>' names one data-parallel rank of a worker (common/dp_ranks.py)
+            errors.append("--worker-id may not contain '@'")
         return errors
 
     def advertised_address(self, port: int) -> str:

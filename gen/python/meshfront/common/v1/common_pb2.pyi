@@ -127,7 +127,7 @@ class TopLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class PreprocessedRequest(_message.Message):
-    __slots__ = ("request_id", "model", "token_ids", "sampling", "stop", "output", "eos_token_ids", "media", "annotations", "disaggregation", "traceparent", "lora")
+    __slots__ = ("request_id", "model", "token_ids", "sampling", "stop", "output", "eos_token_ids", "media", "annotations", "disaggregation", "traceparent", "lora", "dp_rank")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,7 @@ class PreprocessedRequest(_message.Message):
     DISAGGREGATION_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     LORA_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -152,7 +153,8 @@ class PreprocessedRequest(_message.Message):
     disaggregation: DisaggregationParams
     traceparent: str
     lora: LoraAdapter
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., media: _Optional[_Iterable[_Union[MediaItem, _Mapping]]] = ..., annotations: _Optional[_Iterable[str]] = ..., disaggregation: _Optional[_Union[DisaggregationParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., lora: _Optional[_Union[LoraAdapter, _Mapping]] = ...) -> None: ...
+    dp_rank: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., stop: _Optional[_Union[StopConditions, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., media: _Optional[_Iterable[_Union[MediaItem, _Mapping]]] = ..., annotations: _Optional[_Iterable[str]] = ..., disaggregation: _Optional[_Union[DisaggregationParams, _Mapping]] = ..., traceparent: _Optional[str] = ..., lora: _Optional[_Union[LoraAdapter, _Mapping]] = ..., dp_rank: _Optional[int] = ...) -> None: ...
 
 class LoraAdapter(_message.Message):
     __slots__ = ("name", "path")

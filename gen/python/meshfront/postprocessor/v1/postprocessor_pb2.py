@@ -26,7 +26,7 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from meshfront.common.v1 import common_pb2 as meshfront_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n.meshfront/postprocessor/v1/postprocessor.proto\x12\x1ameshfront.postprocessor.v1\x1a\x17google/rpc/status.proto\x1a meshfront/common/v1/common.proto\"\xa7\x01\n\x15GenerateStreamRequest\x12@\n\x05start\x18\x01 \x01(\x0b\x32/.meshfront.postprocessor.v1.GenerateStreamStartH\x00\x12\x42\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x30.meshfront.postprocessor.v1.GenerateStreamCancelH\x00\x42\x08\n\x06\x61\x63tion\"_\n\x13GenerateStreamStart\x12\n\n\x02id\x18\x01 \x01(\x04\x12<\n\x07request\x18\x02 \x01(\x0b\x32+.meshfront.postprocessor.v1.GenerateRequest\"\"\n\x14GenerateStreamCancel\x12\n\n\x02id\x18\x01 \x01(\x04\"Y\n\x16GenerateStreamResponse\x12?\n\x06\x63hunks\x18\x01 \x03(\x0b\x32/.meshfront.postprocessor.v1.GenerateStreamChunk\"\x84\x01\n\x13GenerateStreamChunk\x12\n\n\x02id\x18\x01 \x01(\x04\x12>\n\x08response\x18\x02 \x01(\x0b\x32,.meshfront.postprocessor.v1.GenerateResponse\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\"\xa0\x02\n\x0fGenerateRequest\x12\x39\n\x07request\x18\x01 \x01(\x0b\x32(.meshfront.common.v1.PreprocessedRequest\x12\x38\n\x07options\x18\x02 \x01(\x0b\x32\'.meshfront.common.v1.PostprocessOptions\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x11\n\tworker_id\x18\x0f \x01(\t\x12\x32\n\x06resume\x18\x10 \x01(\x0b\x32\".meshfront.postprocessor.v1.Resume\x12\x1e\n\x16prefill_worker_address\x18\x11 \x01(\t\x12\x19\n\x11prefill_worker_id\x18\x12 \x01(\t\"\x1b\n\x06Resume\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\xa1\x03\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x37\n\x08logprobs\x18\x03 \x03(\x0b\x32%.meshfront.postprocessor.v1.TokenText\x12\x38\n\rfinish_reason\x18\x04 \x01(\x0e\x32!.meshfront.common.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\x15\n\rcached_tokens\x18\x06 \x01(\r\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\x16\n\x0ereasoning_text\x18\x08 \x01(\t\x12=\n\ntool_calls\x18\t \x03(\x0b\x32).meshfront.postprocessor.v1.ToolCallDelta\x12\x11\n\tworker_id\x18\n \x01(\t\x12\x11\n\ttoken_ids\x18\x0b \x03(\r\x12\x19\n\x11prefill_worker_id\x18\x0c \x01(\t\x12\x16\n\x0ekv_transfer_ms\x18\r \x01(\x02\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"b\n\tTokenText\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x35\n\x03top\x18\x03 \x03(\x0b\x32(.meshfront.postprocessor.v1.TopTokenText\".\n\x0cTopTokenText\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x32\xfc\x01\n\x14PostprocessorService\x12g\n\x08Generate\x12+.meshfront.postprocessor.v1.GenerateRequest\x1a,.meshfront.postprocessor.v1.GenerateResponse0\x01\x12{\n\x0eGenerateStream\x12\x31.meshfront.postprocessor.v1.GenerateStreamRequest\x1a\x32.meshfront.postprocessor.v1.GenerateStreamResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n.meshfront/postprocessor/v1/postprocessor.proto\x12\x1ameshfront.postprocessor.v1\x1a\x17google/rpc/status.proto\x1a meshfront/common/v1/common.proto\"\xa7\x01\n\x15GenerateStreamRequest\x12@\n\x05start\x18\x01 \x01(\x0b\x32/.meshfront.postprocessor.v1.GenerateStreamStartH\x00\x12\x42\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x30.meshfront.postprocessor.v1.GenerateStreamCancelH\x00\x42\x08\n\x06\x61\x63tion\"_\n\x13GenerateStreamStart\x12\n\n\x02id\x18\x01 \x01(\x04\x12<\n\x07request\x18\x02 \x01(\x0b\x32+.meshfront.postprocessor.v1.GenerateRequest\"\"\n\x14GenerateStreamCancel\x12\n\n\x02id\x18\x01 \x01(\x04\"Y\n\x16GenerateStreamResponse\x12?\n\x06\x63hunks\x18\x01 \x03(\x0b\x32/.meshfront.postprocessor.v1.GenerateStreamChunk\"\x84\x01\n\x13GenerateStreamChunk\x12\n\n\x02id\x18\x01 \x01(\x04\x12>\n\x08response\x18\x02 \x01(\x0b\x32,.meshfront.postprocessor.v1.GenerateResponse\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\"\xd2\x02\n\x0fGenerateRequest\x12\x39\n\x07request\x18\x01 \x01(\x0b\x32(.meshfront.common.v1.PreprocessedRequest\x12\x38\n\x07options\x18\x02 \x01(\x0b\x32\'.meshfront.common.v1.PostprocessOptions\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x11\n\tworker_id\x18\x0f \x01(\t\x12\x32\n\x06resume\x18\x10 \x01(\x0b\x32\".meshfront.postprocessor.v1.Resume\x12\x1e\n\x16prefill_worker_address\x18\x11 \x01(\t\x12\x19\n\x11prefill_worker_id\x18\x12 \x01(\t\x12\x1c\n\x0fprefill_dp_rank\x18\x13 \x01(\rH\x00\x88\x01\x01\x42\x12\n\x10_prefill_dp_rank\"\x1b\n\x06Resume\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\xa1\x03\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x37\n\x08logprobs\x18\x03 \x03(\x0b\x32%.meshfront.postprocessor.v1.TokenText\x12\x38\n\rfinish_reason\x18\x04 \x01(\x0e\x32!.meshfront.common.v1.FinishReason\x12\x13\n\x0bstop_reason\x18\x05 \x01(\t\x12\x15\n\rcached_tokens\x18\x06 \x01(\r\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\x16\n\x0ereasoning_text\x18\x08 \x01(\t\x12=\n\ntool_calls\x18\t \x03(\x0b\x32).meshfront.postprocessor.v1.ToolCallDelta\x12\x11\n\tworker_id\x18\n \x01(\t\x12\x11\n\ttoken_ids\x18\x0b \x03(\r\x12\x19\n\x11prefill_worker_id\x18\x0c \x01(\t\x12\x16\n\x0ekv_transfer_ms\x18\r \x01(\x02\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"b\n\tTokenText\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x35\n\x03top\x18\x03 \x03(\x0b\x32(.meshfront.postprocessor.v1.TopTokenText\".\n\x0cTopTokenText\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x32\xfc\x01\n\x14PostprocessorService\x12g\n\x08Generate\x12+.meshfront.postprocessor.v1.GenerateRequest\x1a,.meshfront.postprocessor.v1.GenerateResponse0\x01\x12{\n\x0eGenerateStream\x12\x31.meshfront.postprocessor.v1.GenerateStreamRequest\x1a\x32.meshfront.postprocessor.v1.GenerateStreamResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,17 +44,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATESTREAMCHUNK']._serialized_start=532
   _globals['_GENERATESTREAMCHUNK']._serialized_end=664
   _globals['_GENERATEREQUEST']._serialized_start=667
-  _globals['_GENERATEREQUEST']._serialized_end=955
-  _globals['_RESUME']._serialized_start=957
-  _globals['_RESUME']._serialized_end=984
-  _globals['_GENERATERESPONSE']._serialized_start=987
-  _globals['_GENERATERESPONSE']._serialized_end=1404
-  _globals['_TOOLCALLDELTA']._serialized_start=1406
-  _globals['_TOOLCALLDELTA']._serialized_end=1481
-  _globals['_TOKENTEXT']._serialized_start=1483
-  _globals['_TOKENTEXT']._serialized_end=1581
-  _globals['_TOPTOKENTEXT']._serialized_start=1583
-  _globals['_TOPTOKENTEXT']._serialized_end=1629
-  _globals['_POSTPROCESSORSERVICE']._serialized_start=1632
-  _globals['_POSTPROCESSORSERVICE']._serialized_end=1884
+  _globals['_GENERATEREQUEST']._serialized_end=1005
+  _globals['_RESUME']._serialized_start=1007
+  _globals['_RESUME']._serialized_end=1034
+  _globals['_GENERATERESPONSE']._serialized_start=1037
+  _globals['_GENERATERESPONSE']._serialized_end=1454
+  _globals['_TOOLCALLDELTA']._serialized_start=1456
+  _globals['_TOOLCALLDELTA']._serialized_end=1531
+  _globals['_TOKENTEXT']._serialized_start=1533
+  _globals['_TOKENTEXT']._serialized_end=1631
+  _globals['_TOPTOKENTEXT']._serialized_start=1633
+  _globals['_TOPTOKENTEXT']._serialized_end=1679
+  _globals['_POSTPROCESSORSERVICE']._serialized_start=1682
+  _globals['_POSTPROCESSORSERVICE']._serialized_end=1934
 # @@protoc_insertion_point(module_scope)

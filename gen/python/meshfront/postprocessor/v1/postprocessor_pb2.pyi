@@ -47,7 +47,7 @@ class GenerateStreamChunk(_message.Message):
     def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[GenerateResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request", "options", "worker_address", "worker_id", "resume", "prefill_worker_address", "prefill_worker_id")
+    __slots__ = ("request", "options", "worker_address", "worker_id", "resume", "prefill_worker_address", "prefill_worker_id", "prefill_dp_rank")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class GenerateRequest(_message.Message):
     RESUME_FIELD_NUMBER: _ClassVar[int]
     PREFILL_WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_DP_RANK_FIELD_NUMBER: _ClassVar[int]
     request: _common_pb2.PreprocessedRequest
     options: _common_pb2.PostprocessOptions
     worker_address: str
@@ -62,7 +63,8 @@ class GenerateRequest(_message.Message):
     resume: Resume
     prefill_worker_address: str
     prefill_worker_id: str
-    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., options: _Optional[_Union[_common_pb2.PostprocessOptions, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_id: _Optional[str] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., prefill_worker_address: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ...) -> None: ...
+    prefill_dp_rank: int
+    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., options: _Optional[_Union[_common_pb2.PostprocessOptions, _Mapping]] = ..., worker_address: _Optional[str] = ..., worker_id: _Optional[str] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., prefill_worker_address: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ..., prefill_dp_rank: _Optional[int] = ...) -> None: ...
 
 class Resume(_message.Message):
     __slots__ = ("token_ids",)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouteRequest(_message.Message):
-    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "first_tokens", "session_id", "session_action", "session_timeout_s", "priority_jump_s", "prefill_worker_id", "decode_worker_id", "explain", "affinity_session_id")
+    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "first_tokens", "session_id", "session_action", "session_timeout_s", "priority_jump_s", "prefill_worker_id", "decode_worker_id", "explain", "affinity_session_id", "dp_rank", "prefill_dp_rank")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,8 @@ class RouteRequest(_message.Message):
     DECODE_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EXPLAIN_FIELD_NUMBER: _ClassVar[int]
     AFFINITY_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_DP_RANK_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -40,10 +42,12 @@ class RouteRequest(_message.Message):
     decode_worker_id: str
     explain: bool
     affinity_session_id: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ..., prefill_worker_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., explain: _Optional[bool] = ..., affinity_session_id: _Optional[str] = ...) -> None: ...
+    dp_rank: int
+    prefill_dp_rank: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ..., prefill_worker_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., explain: _Optional[bool] = ..., affinity_session_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., prefill_dp_rank: _Optional[int] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token", "reads_first_token_reports", "queue_depth", "prefill_worker_id", "prefill_address", "prefill_overlap_blocks", "disaggregation_reason", "decision")
+    __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token", "reads_first_token_reports", "queue_depth", "prefill_worker_id", "prefill_address", "prefill_overlap_blocks", "disaggregation_reason", "decision", "dp_rank", "prefill_dp_rank")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +59,8 @@ class RouteResponse(_message.Message):
     PREFILL_OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DISAGGREGATION_REASON_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_DP_RANK_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     overlap_blocks: int
@@ -66,7 +72,9 @@ class RouteResponse(_message.Message):
     prefill_overlap_blocks: int
     disaggregation_reason: str
     decision: RoutingDecision
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., report_first_token: _Optional[bool] = ..., reads_first_token_reports: _Optional[bool] = ..., queue_depth: _Optional[int] = ..., prefill_worker_id: _Optional[str] = ..., prefill_address: _Optional[str] = ..., prefill_overlap_blocks: _Optional[int] = ..., disaggregation_reason: _Optional[str] = ..., decision: _Optional[_Union[RoutingDecision, _Mapping]] = ...) -> None: ...
+    dp_rank: int
+    prefill_dp_rank: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., report_first_token: _Optional[bool] = ..., reads_first_token_reports: _Optional[bool] = ..., queue_depth: _Optional[int] = ..., prefill_worker_id: _Optional[str] = ..., prefill_address: _Optional[str] = ..., prefill_overlap_blocks: _Optional[int] = ..., disaggregation_reason: _Optional[str] = ..., decision: _Optional[_Union[RoutingDecision, _Mapping]] = ..., dp_rank: _Optional[int] = ..., prefill_dp_rank: _Optional[int] = ...) -> None: ...
 
 class RoutingDecision(_message.Message):
     __slots__ = ("policy", "chosen_by", "worker_id", "prefill_worker_id", "candidates", "predicted_cached_tokens", "prompt_tokens")
@@ -87,7 +95,7 @@ class RoutingDecision(_message.Message):
     def __init__(self, policy: _Optional[str] = ..., chosen_by: _Optional[str] = ..., worker_id: _Optional[str] = ..., prefill_worker_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[CandidateScore, _Mapping]]] = ..., predicted_cached_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class CandidateScore(_message.Message):
-    __slots__ = ("worker_id", "overlap_blocks", "in_flight", "booked_prompt_tokens", "active_blocks", "score", "eligible")
+    __slots__ = ("worker_id", "overlap_blocks", "in_flight", "booked_prompt_tokens", "active_blocks", "score", "eligible", "dp_rank")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +103,7 @@ class CandidateScore(_message.Message):
     ACTIVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     ELIGIBLE_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     overlap_blocks: int
     in_flight: int
@@ -102,7 +111,8 @@ class CandidateScore(_message.Message):
     active_blocks: int
     score: float
     eligible: bool
-    def __init__(self, worker_id: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., in_flight: _Optional[int] = ..., booked_prompt_tokens: _Optional[int] = ..., active_blocks: _Optional[int] = ..., score: _Optional[float] = ..., eligible: _Optional[bool] = ...) -> None: ...
+    dp_rank: int
+    def __init__(self, worker_id: _Optional[str] = ..., overlap_blocks: _Optional[int] = ..., in_flight: _Optional[int] = ..., booked_prompt_tokens: _Optional[int] = ..., active_blocks: _Optional[int] = ..., score: _Optional[float] = ..., eligible: _Optional[bool] = ..., dp_rank: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("request_id", "first_token", "cached_tokens", "prompt_tokens")
