@@ -248,15 +248,21 @@ def assert_every_nats_node(url: str, resources: list[dict]) -> None:
     assert url.split(",") == expected, url
 
 
+def env_twins(help_text: str) -> set[str]:
+    """Every env twin a command's --help names: "[env MESHFRONT_X or DYN_X; default ...]"."""
+    return {t for group in re.findall(r"\[env ([^;\]]+);", help_text) for t in group.split(" or ")}
+
+
 def test_env_twins_are_flags_the_services_know():
     for w in workloads(base_resources()):
         for c in containers(w, init=False):
             if c["command"][0] != "meshfront":
                 continue
             help_text = _help(c["command"][1])
+            twins = env_twins(help_text)
             for name in env_of(c):
-                if name.startswith("MESHFRONT_"):
-                    assert f"[env {name};" in help_text, f"{w['metadata']['name']}: {name} is no flag's twin"
+                if name.startswith(("MESHFRONT_", "DYN_")):
+                    assert name in twins, f"{w['metadata']['name']}: {name} is no flag's twin"
 
 
 def test_no_flag_is_left_at_a_loopback_default():
@@ -422,7 +428,7 @@ def test_gpu_worker_env_twins_are_flags_the_worker_knows(name):
     (c,) = containers(gpu_workers()[name])
     for env in env_of(c):
         if env.startswith("MESHFRONT_"):
-            assert f"[env {env};" in help_text, f"{name}: {env} is no flag's twin"
+            assert env in env_twins(help_text), f"{name}: {env} is no flag's twin"
     for flag in ("--model-dir", "--model-name", "--advertise-host", "--metrics-port"):
         assert f" {flag} " in help_text, flag
 
@@ -504,7 +510,7 @@ def test_media_workers_run_the_diffusers_worker_with_flags_it_accepts(name, tmp_
     help_text = _help("diffusers")
     for env in env_of(c):
         if env.startswith("MESHFRONT_"):
-            assert f"[env {env};" in help_text, f"{name}: {env} is no flag's twin"
+            assert env in env_twins(help_text), f"{name}: {env} is no flag's twin"
 
 
 def test_media_workers_read_models_from_their_own_volume(tmp_path):

@@ -13,7 +13,7 @@ from services.common.flags import FlagParser
 from services.launcher.engine_env import ENGINES
 from services.workers.config import DISAGGREGATION_MODES, add_worker_flags
 from tests.conftest import IN_CI, ROOT
-from tests.deploy.test_k8s import K8S, _help, containers, env_of, with_component, workloads
+from tests.deploy.test_k8s import K8S, _help, containers, env_of, env_twins, with_component, workloads
 
 pytestmark = pytest.mark.deploy
 
@@ -47,7 +47,7 @@ def test_prefill_and_decode_pools_are_separate_deployments_with_their_role():
         help_text = _help("mocker")
         for name_ in env:
             if name_.startswith("MESHFRONT_"):
-                assert f"[env {name_};" in help_text, f"{name}: {name_} is no flag's twin"
+                assert name_ in env_twins(help_text), f"{name}: {name_} is no flag's twin"
 
 
 def test_the_aggregated_workers_give_way_and_the_router_routes_by_cache():
@@ -55,7 +55,7 @@ def test_the_aggregated_workers_give_way_and_the_router_routes_by_cache():
     assert deployments["mocker"]["spec"]["replicas"] == 0
     [router] = containers(deployments["router"], init=False)
     assert env_of(router)["MESHFRONT_ROUTER_ROUTER_MODE"] == "kv"
-    assert "[env MESHFRONT_ROUTER_ROUTER_CONDITIONAL_DISAGG;" in _help("router")
+    assert "MESHFRONT_ROUTER_ROUTER_CONDITIONAL_DISAGG" in env_twins(_help("router"))
 
 
 # -- components/disagg-vllm: the GPU pools ------------------------------------------------------------------
@@ -169,7 +169,7 @@ def test_sglang_prefill_and_decode_pools_scale_alone_on_gpus_and_meet_at_the_pre
         help_text = _help("sglang")
         for name_ in env_of(worker):
             if name_.startswith("MESHFRONT_"):
-                assert f"[env {name_};" in help_text, f"{name}: {name_} is no flag's twin"
+                assert name_ in env_twins(help_text), f"{name}: {name_} is no flag's twin"
         argv = list(cfg.engine_argv)
         backends.add(argv[argv.index("--disaggregation-transfer-backend") + 1])
         tensor_parallel = int(argv[argv.index("--tp-size") + 1])
@@ -212,7 +212,7 @@ def test_the_sglang_pools_replace_the_aggregated_mockers_and_every_request_is_sp
     help_text = _help("router")
     for name in env:
         if name.startswith("MESHFRONT_"):
-            assert f"[env {name};" in help_text, f"router: {name} is no flag's twin"
+            assert name in env_twins(help_text), f"router: {name} is no flag's twin"
 
 
 _SERVER_ARGS = """
