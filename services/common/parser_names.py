@@ -22,6 +22,7 @@ TOOL_CALL_PARSER_NAMES = (
     "kimi_k2",
     "glm45", "glm47",
     "minimax_m2",
+    "default", "nemotron_deci", "nemotron_nano", "phi4", "jamba",
 )
 
 REASONING_PARSER_NAMES = ("basic", "qwen3", "glm45", "deepseek_r1", "mistral", "kimi", "gpt_oss",

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from services.postprocessor.core.parsers.tool_calls.deepseek import DeepSeekToolParser
 from services.postprocessor.core.parsers.tool_calls.deepseek_v32 import DeepSeekV32ToolParser
+from services.postprocessor.core.parsers.tool_calls.dynamo_default import DynamoDefaultToolParser
 from services.postprocessor.core.parsers.tool_calls.forced import NamedToolParser, RequiredToolParser
 from services.postprocessor.core.parsers.tool_calls.glm import GlmToolParser
 from services.postprocessor.core.parsers.tool_calls.harmony import HarmonyParser
 from services.postprocessor.core.parsers.tool_calls.hermes import HermesToolParser
+from services.postprocessor.core.parsers.tool_calls.jamba import JambaToolParser
 from services.postprocessor.core.parsers.tool_calls.kimi_k2 import KimiK2ToolParser
 from services.postprocessor.core.parsers.tool_calls.llama3_json import Llama3JsonToolParser
 from services.postprocessor.core.parsers.tool_calls.minimax_m2 import MiniMaxM2ToolParser
 from services.postprocessor.core.parsers.tool_calls.mistral import MistralToolParser
+from services.postprocessor.core.parsers.tool_calls.nemotron_deci import NemotronDeciToolParser
+from services.postprocessor.core.parsers.tool_calls.phi4 import Phi4ToolParser
 from services.postprocessor.core.parsers.tool_calls.pythonic import PythonicToolParser
 from services.postprocessor.core.parsers.tool_calls.qwen3_coder import Qwen3CoderToolParser
 from services.postprocessor.core.parsers.tool_calls.xml_calls import XmlCallParser
@@ -40,6 +44,12 @@ TOOL_CALL_PARSERS: dict[str, type[TextParser]] = {
     "glm45": GlmToolParser,
     "glm47": GlmToolParser,
     "minimax_m2": MiniMaxM2ToolParser,
+    # Parsers II (issue 37): Dynamo's default, Nemotron, Phi-4, Jamba (docs/parsers.md).
+    "default": DynamoDefaultToolParser,
+    "nemotron_deci": NemotronDeciToolParser,
+    "nemotron_nano": Qwen3CoderToolParser,  # Nemotron Nano v2/v3 write Qwen3-Coder's XML calls
+    "phi4": Phi4ToolParser,
+    "jamba": JambaToolParser,
 }
 
 __all__ = ["TOOL_CALL_PARSERS", "HarmonyParser", "NamedToolParser", "RequiredToolParser", "XmlCallParser"]
