@@ -9,9 +9,11 @@ Subjects: ``meshfront.kv.events.<namespace>.<model>.<worker_id>`` (the model nam
 NATS subjects reserve replaced by ``_``; the worker's namespace, services/common/namespace.py, so that a router
 of one namespace subscribes to its own workers' alone) carries one message per engine tick;
 ``meshfront.kv.dump.<namespace>.<worker_id>`` (NATS request-reply) answers "which blocks do you hold?".
-Message shape::
+A worker with data-parallel ranks (services/common/dp_ranks.py) publishes each rank's messages on its one
+events subject with the rank in ``dp_rank`` and ``seq`` counted per rank, and answers for each rank on
+``meshfront.kv.dump.<namespace>.<worker_id>.dp<rank>``. Message shape::
 
-    {"worker_id": str, "model": str, "seq": int, "published_at_ms": int,
+    {"worker_id": str, "dp_rank": int (a worker with ranks only), "model": str, "seq": int, "published_at_ms": int,
      "events": [{"stored": {"parent_hash": int | None, "blocks": [{"block_hash": int, "tokens_hash": int}]}}
                 | {"removed": {"block_hashes": [int]}} | {"cleared": {}}],
      "load": {"active_blocks": int, "waiting": int, "running": int, "total_blocks": int}}
@@ -65,8 +67,10 @@ def events_subject(namespace: Namespace, model: str, worker_id: str) -> str:
     return f"{namespace.subject(EVENTS_PREFIX)}.{subject_token(model)}.{subject_token(worker_id)}"
 
 
-def dump_subject(namespace: Namespace, worker_id: str) -> str:
-    return f"{namespace.subject(DUMP_PREFIX)}.{subject_token(worker_id)}"
+def dump_subject(namespace: Namespace, worker_id: str, dp_rank: int | None = None) -> str:
+    """Where a worker (``dp_rank`` None), or one data-parallel rank of it, answers for its blocks."""
+    subject = f"{namespace.subject(DUMP_PREFIX)}.{subject_token(worker_id)}"
+    return subject if dp_rank is None else f"{subject}.dp{dp_rank}"
 
 
 def stored_event(blocks: Sequence[StoredBlock], parent_hash: int | None) -> dict:

@@ -79,13 +79,13 @@ def check_pins(req: router_pb2.RouteRequest, every: Sequence[Candidate]) -> None
         _refuse_prefill_worker(req.worker_id, req.model, every, PIN_PARAM,
                                f"pin its prefill leg with '{PREFILL_PIN_PARAM}'")
     if req.decode_worker_id and req.decode_worker_id not in excluded:
-        if not any(c.worker_id == req.decode_worker_id for c in every):
+        if not any(c.answers_to(req.decode_worker_id) for c in every):
             raise InvalidRequest(f"'{DECODE_PIN_PARAM}' names worker {printable(req.decode_worker_id)}, which does "
                                  f"not serve model `{printable(req.model)}`", param=DECODE_PIN_PARAM)
         _refuse_prefill_worker(req.decode_worker_id, req.model, every, DECODE_PIN_PARAM, "it cannot decode")
     pin = req.prefill_worker_id
     if pin and pin not in excluded:
-        role = next((c.role for c in every if c.worker_id == pin), None)
+        role = next((c.role for c in every if c.answers_to(pin)), None)
         if role != PREFILL:
             why = "does not serve model" if role is None else f"is a {role} worker, not a prefill worker, of model"
             raise InvalidRequest(f"'{PREFILL_PIN_PARAM}' names worker {printable(pin)}, which {why} "
@@ -93,7 +93,7 @@ def check_pins(req: router_pb2.RouteRequest, every: Sequence[Candidate]) -> None
 
 
 def _refuse_prefill_worker(pin: str, model: str, every: Sequence[Candidate], param: str, advice: str) -> None:
-    if any(c.worker_id == pin and c.role == PREFILL for c in every):
+    if any(c.answers_to(pin) and c.role == PREFILL for c in every):
         raise InvalidRequest(f"'{param}' names worker {printable(pin)}, a prefill worker of model "
                              f"`{printable(model)}`: {advice}", param=param)
 
@@ -146,7 +146,9 @@ class Disagg:
         decode_overlap = max(decode_overlap, overlaps.get(decode.worker_id, 0))
         available = self._available(req, prefill_pool)
         if req.prefill_worker_id:
-            pinned = next((c for c in available if c.worker_id == req.prefill_worker_id), None)
+            # The pinned worker, or its least loaded data-parallel rank when the pin names no rank (dp_pins.py).
+            pinned = min((c for c in available if c.answers_to(req.prefill_worker_id)), default=None,
+                         key=lambda c: (c.booked_prompt_tokens, c.in_flight, c.worker_id))
             if pinned is None:
                 raise NoWorkers(f"prefill worker {printable(req.prefill_worker_id)} cannot take this request now")
             return Shape(decode, decode_overlap, PINNED_PREFILL, pinned, overlaps.get(pinned.worker_id, 0))
@@ -167,7 +169,7 @@ class Disagg:
         """Prefill workers this request may use now: not failed by it, not busy. None left: with
         --enforce-disagg the request fails (Overloaded when they are busy: it may wait in the queue)."""
         excluded = set(req.exclude_worker_ids)
-        left = [c for c in pool if c.worker_id not in excluded]
+        left = [c for c in pool if c.instance not in excluded]
         if not left:
             if self.settings.enforce:
                 raise NoWorkers(f"No other prefill worker serves `{req.model}`.")

@@ -34,11 +34,13 @@ import orjson
 from nats.aio.client import Client as NatsClient
 
 from services.common.discovery import WorkerCard
+from services.common.dp_ranks import split_target, target_id
 from services.common.kv_events import EVENTS_PREFIX, dump_subject
 from services.common.namespace import DEFAULT_NAMESPACE, EVERY_NAMESPACE, DiscoveryFilter, Namespace
 from services.common.nats_connection import close_nats, connect_retrying, flush_in_order, stop_if_cancelled
 from services.router.core.kv_ingest import KvEventIngest, Verdict
 from services.router.core.lifecycle import BOOK, FREE, LifecycleEvent
+from services.router.dp_pins import targets_of
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,8 @@ class KvEventSubscriber:
         self._namespace_of: dict[str, Namespace] = {}
         self._on_lag = on_lag or (lambda _s: None)
         self._nc: NatsClient | None = None
-        self._dumping: dict[str, asyncio.Task] = {}
+        self._dumping: dict[str, asyncio.Task] = {}  # by target id
+        self._targets: dict[str, list[str]] = {}  # worker id -> its target ids, as its card declares them
         self._waiting_for_nats: set[str] = set()
         self.ready = asyncio.Event()
 
@@ -78,22 +81,28 @@ class KvEventSubscriber:
         self._waiting_for_nats.clear()
 
     def on_worker_change(self, worker_id: str, card: WorkerCard | None) -> None:
+        # A worker with data-parallel ranks is one event stream, index entry and dump per rank, each under the
+        # rank's target id (services/common/dp_ranks.py); a worker without ranks is one under its own id.
+        targets = self._targets.pop(worker_id, [worker_id])
         if card is None:
-            task = self._dumping.pop(worker_id, None)
-            if task is not None:
-                task.cancel()
+            for target in targets:
+                task = self._dumping.pop(target, None)
+                if task is not None:
+                    task.cancel()
+                self.ingest.drop_worker(target)
             self._namespace_of.pop(worker_id, None)
-            self.ingest.drop_worker(worker_id)
             return
         self._namespace_of[worker_id] = Namespace(card.namespace)
+        self._targets[worker_id] = targets_of(card)
         if card.model.is_media:
             return  # no KV cache, no events, no dump to ask for
-        elif self.ingest.needs_dump(worker_id):
-            self.ingest.begin_sync(worker_id)
-            if self._nc is None:
-                self._waiting_for_nats.add(worker_id)
-            else:
-                self._fetch_dump(worker_id)
+        for target in self._targets[worker_id]:
+            if self.ingest.needs_dump(target):
+                self.ingest.begin_sync(target)
+                if self._nc is None:
+                    self._waiting_for_nats.add(target)
+                else:
+                    self._fetch_dump(target)
 
     async def _on_message(self, msg) -> None:
         try:
@@ -104,17 +113,20 @@ class KvEventSubscriber:
             return
         if not self._is_known(worker_id) or not self._own(worker_id, msg.subject):
             return
+        target = target_id(worker_id, data.get("dp_rank"))
+        if target not in self._targets.get(worker_id, (worker_id,)):
+            return  # a rank its card does not declare (or a rank-less message from a worker with ranks)
         sent = data.get("published_at_ms")
         if sent:
             self._on_lag(max(0.0, time.time() - sent / 1000.0))
         try:
             verdict = self.ingest.on_message(data)
         except (KeyError, TypeError, ValueError) as e:
-            log.warning("bad KV event from %s (%s); resynchronising", worker_id, e)
+            log.warning("bad KV event from %s (%s); resynchronising", target, e)
             verdict = Verdict.RESYNC
-            self.ingest.begin_sync(worker_id)
+            self.ingest.begin_sync(target)
         if verdict is Verdict.RESYNC:
-            self._fetch_dump(worker_id)
+            self._fetch_dump(target)
 
     def _own(self, worker_id: str, subject: str) -> bool:
         """Whether ``subject`` is in the namespace ``worker_id`` registered in (not another namespace's worker
@@ -122,19 +134,20 @@ class KvEventSubscriber:
         namespace = self._namespace_of.get(worker_id)
         return namespace is None or subject.startswith(f"{namespace.subject(EVENTS_PREFIX)}.")
 
-    def _fetch_dump(self, worker_id: str) -> None:
-        task = self._dumping.get(worker_id)
+    def _fetch_dump(self, target: str) -> None:
+        task = self._dumping.get(target)
         if task is not None and not task.done():
             return
-        self._dumping[worker_id] = asyncio.create_task(self._dump(worker_id), name=f"kv-dump-{worker_id}")
+        self._dumping[target] = asyncio.create_task(self._dump(target), name=f"kv-dump-{target}")
 
-    async def _dump(self, worker_id: str) -> None:
+    async def _dump(self, target: str) -> None:
+        worker_id, rank = split_target(target)
         for _ in range(DUMP_ATTEMPTS):
             if not self._is_known(worker_id):
                 return
             assert self._nc is not None  # dumps are fetched only once connected (see start)
             try:
-                subject = dump_subject(self._namespace_of.get(worker_id, DEFAULT_NAMESPACE), worker_id)
+                subject = dump_subject(self._namespace_of.get(worker_id, DEFAULT_NAMESPACE), worker_id, rank)
                 reply = await self._nc.request(subject, b"", timeout=DUMP_TIMEOUT_S)
                 data = orjson.loads(reply.data)
             except asyncio.CancelledError:
@@ -144,14 +157,14 @@ class KvEventSubscriber:
                 log.info("KV dump from %s failed (%s); retrying", worker_id, e)
                 await asyncio.sleep(DUMP_RETRY_S)
                 continue
-            self._dumping.pop(worker_id, None)
-            verdict = self.ingest.load_dump(worker_id, data["seq"], data["blocks"])
-            log.info("KV state of %s loaded: %d blocks as of seq %d", worker_id, len(data["blocks"]), data["seq"])
+            self._dumping.pop(target, None)
+            verdict = self.ingest.load_dump(target, data["seq"], data["blocks"])
+            log.info("KV state of %s loaded: %d blocks as of seq %d", target, len(data["blocks"]), data["seq"])
             if verdict is Verdict.RESYNC:
-                self._fetch_dump(worker_id)
+                self._fetch_dump(target)
             return
-        self.ingest.resync_failed(worker_id)
-        log.warning("worker %s did not answer KV dump requests; its events will retry", worker_id)
+        self.ingest.resync_failed(target)
+        log.warning("worker %s did not answer KV dump requests; its events will retry", target)
 
     async def close(self) -> None:
         for task in self._dumping.values():

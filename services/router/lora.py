@@ -46,8 +46,9 @@ class AdapterRouting:
         cards = self._workers_for(model)
         return cards[0].model.name if adapter_of(model, cards) is not None else None
 
-    def has_slot(self, card: WorkerCard, adapter: str) -> bool:
-        running = self._running.get(card.worker_id)
+    def has_slot(self, card: WorkerCard, adapter: str, target: Candidate) -> bool:
+        """``target``: the worker, or one data-parallel rank of it (each rank's engine has its own slots)."""
+        running = self._running.get(target.worker_id)
         return not running or adapter in running or len(running) < card.max_loras
 
     def admissible(self, adapter: str, base: str, holders: list[Candidate], admit: Admit,
@@ -56,7 +57,7 @@ class AdapterRouting:
         Overloaded when none is left); raises Overloaded when no worker can."""
         cards = {c.worker_id: c for c in self._workers_for(base)}
         cards.update((c.worker_id, c) for c in self._workers_for(adapter))
-        with_slot = [c for c in holders if c.worker_id in cards and self.has_slot(cards[c.worker_id], adapter)]
+        with_slot = [c for c in holders if c.instance in cards and self.has_slot(cards[c.instance], adapter, c)]
         busy: Overloaded | None = None
         if with_slot:
             try:
@@ -65,7 +66,7 @@ class AdapterRouting:
                 busy = e
         held = {c.worker_id for c in holders}
         loaders = [c for c in candidates_of(base) if c.worker_id not in held and c.role != "prefill"
-                   and cards[c.worker_id].lora_runtime_loading and self.has_slot(cards[c.worker_id], adapter)]
+                   and cards[c.instance].lora_runtime_loading and self.has_slot(cards[c.instance], adapter, c)]
         if loaders:
             free = admit(loaders)
             chosen = min(free, key=lambda c: (c.in_flight, c.booked_prompt_tokens, c.worker_id))

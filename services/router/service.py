@@ -18,18 +18,21 @@ from services.common.decision_record import (
     DecisionRecord,
 )
 from services.common.discovery import PREFILL, WorkerCard
+from services.common.dp_ranks import split_target
 from services.common.errors import ModelNotFound, NoWorkers, Overloaded
 from services.common.overload import BusyThreshold
 from services.router.core.bookings import Bookings
 from services.router.core.conditional import DisaggSettings
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent, LifecycleListener
+from services.router.core.load_model import LoadThresholds, Saturated, WorkerLoads
 from services.router.core.policies import DEFAULT_MODE, Policy, build_policy, policy_name
 from services.router.core.policies.kv_aware import KvAware
 from services.router.core.sessions import SessionAffinity
 from services.router.core.types import Candidate, Decision, RouteQuery
-from services.router.core.wait_queue import WaitQueue
+from services.router.core.wait_queue import WSPT, WaitQueue
 from services.router.core.worker_gate import WorkerGate
 from services.router.disagg import Disagg, Shape, check_pins, is_prefill_leg, prefill_leg_id
+from services.router.dp_pins import answer, candidates_of, name_target, narrow_to_ranks, targets_of
 from services.router.lora import AdapterRouting
 from services.router.route_trace import route_attributes
 
@@ -62,6 +65,12 @@ class Router:
         # first (its per-request load beside the bookings), then the metrics and the replica sync.
         self.lora = AdapterRouting(workers_for)
         self.listeners: list[LifecycleListener] = [self.lora]
+        # Dynamo's load thresholds (core/load_model.py) weigh each worker's prefill tokens and decode blocks,
+        # which their WorkerLoads keeps from the same lifecycle.
+        self.loads: WorkerLoads | None = self.busy.loads if isinstance(self.busy, LoadThresholds) \
+            and self.busy.reads_loads else None
+        if self.loads is not None:
+            self.listeners.append(self.loads)
         self.sessions = SessionAffinity()
         # Requests waiting for a busy model (0: none wait; every worker busy fails at once with 503).
         self.queue_timeout_s = queue_timeout_s
@@ -71,15 +80,22 @@ class Router:
         # --router-min-initial-workers: Route calls wait until that many workers registered (core/worker_gate.py);
         # open unless the assembly sets one up.
         self.gate = WorkerGate()
+        # Each worker's routing targets (its data-parallel ranks' target ids, or its own id: dp_pins.py), as its
+        # last card declared them: what to forget when it leaves.
+        self._targets: dict[str, list[str]] = {}
 
     def on_worker_change(self, worker_id: str, card: WorkerCard | None) -> None:
         self.gate.on_worker_change(worker_id, card is not None)
-        if card is None:
-            self.bookings.drop_worker(worker_id)
-            self.sessions.drop_worker(worker_id)
+        gone = self._targets.pop(worker_id, [worker_id] if card is None else [])
+        if card is not None:
+            self._targets[worker_id] = targets_of(card)
+            gone = [t for t in gone if t not in self._targets[worker_id]]  # ranks a new card no longer declares
+        for target in gone:
+            self.bookings.drop_worker(target)
+            self.sessions.drop_worker(target)
             if self.kv is not None:
-                self.kv.drop_worker(worker_id)
-            self.lora.drop_worker(worker_id)
+                self.kv.drop_worker(target)
+            self.lora.drop_worker(target)
         self._drain_queue()  # a new worker is free capacity; a gone one may fail its waiters
 
     def _candidates(self, model: str) -> list[Candidate]:
@@ -89,9 +105,7 @@ class Router:
         return self._as_candidates(cards)
 
     def _as_candidates(self, cards: Sequence[WorkerCard]) -> list[Candidate]:
-        return [Candidate(c.worker_id, c.address, self.bookings.in_flight(c.worker_id),
-                          self.bookings.prompt_tokens(c.worker_id), c.role, c.model.block_size,
-                          c.total_kv_blocks, c.max_num_batched_tokens) for c in cards]
+        return candidates_of(cards, self.bookings)
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         if not self.gate.is_open:  # still starting: too few workers registered to route on yet
@@ -113,20 +127,26 @@ class Router:
     async def _route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         # Earlier requests' first tokens and endings come first: they free what this one may take.
         self._apply_reports(req.first_tokens, req.releases)
-        if self.queue_timeout_s <= 0:
+        saturates = self.loads is not None and self.busy.queue_threshold is not None  # type: ignore[attr-defined]
+        if self.queue_timeout_s <= 0 and not saturates:
             return self._route_now(req)
         if not self.queue.waiting(req.model):
             try:
                 return self._route_now(req)
+            except Saturated:
+                pass  # --router-queue-threshold: every worker's prefill is full, wait for one to drain
             except Overloaded:
-                pass
+                if self.queue_timeout_s <= 0:
+                    raise
         else:  # a wrong pin is the client's mistake now (a 400), not after a wait that may end in a 503
-            check_pins(req, self._candidates(req.model))
+            every = self._candidates(req.model)
+            check_pins(req, every)
+            narrow_to_ranks(req, every)
         # Every worker is busy, or others wait already: queue up (priority decides who goes first).
         return await self._wait(req)
 
     async def _wait(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
-        future = self.queue.push(req.model, req, req.priority_jump_s)
+        future = self.queue.push(req.model, req, req.priority_jump_s, self._new_tokens(req))
         depth = self.queue.waiting(req.model)
         with tracing.span("route.queue_wait", {"meshfront.queue_depth": depth}):
             return await self._waited(req, future, depth)
@@ -134,7 +154,8 @@ class Router:
     async def _waited(self, req: router_pb2.RouteRequest, future: asyncio.Future, depth: int
                       ) -> router_pb2.RouteResponse:
         try:
-            response = await asyncio.wait_for(future, self.queue_timeout_s)
+            # No --queue-timeout-s: a request held by --router-queue-threshold waits as long as its client does.
+            response = await asyncio.wait_for(future, self.queue_timeout_s or None)
         except (TimeoutError, asyncio.CancelledError) as e:
             if future.done() and not future.cancelled() and future.exception() is None:
                 self.apply(LifecycleEvent(FREE, req.request_id))  # routed just as its caller gave up
@@ -144,6 +165,15 @@ class Router:
             raise
         response.queue_depth = depth
         return response
+
+    def _new_tokens(self, req: router_pb2.RouteRequest) -> int:
+        """The prefill ``req`` computes at best (wspt's processing time): its prompt less the most any worker
+        caches of it, as the kv policy sees the caches (the whole prompt elsewhere)."""
+        if self.queue.policy != WSPT or self.kv is None or not req.block_hashes:
+            return req.prompt_tokens
+        cards = self._workers_for(req.model)
+        block_size = cards[0].model.block_size if cards else 16
+        return req.prompt_tokens - max(self.kv.overlaps(req.block_hashes).values(), default=0) * block_size
 
     def _drain_queue(self) -> None:
         for model in self.queue.models():
@@ -156,6 +186,7 @@ class Router:
         # Against every worker, before busy ones drop out: a wrong pin is a 400. A pinned worker that failed
         # this request (migration) may have left: that is a 503 from Direct, not the client's mistake.
         check_pins(req, every)
+        every = narrow_to_ranks(req, every)  # data-parallel rank pins (dp_pins.py)
         serving = [c for c in every if c.role != PREFILL]  # those that decode: decode and both workers
         if not serving:
             raise NoWorkers(f"No worker that decodes serves `{req.model}`: only prefill workers do.")
@@ -174,19 +205,21 @@ class Router:
             raise NoWorkers(f"routing policy chose unknown worker {decision.worker_id}")
         shape = self.disagg.shape(req, every, chosen, decision.overlap_blocks)
         predicted = self._book(req, query, shape, self._replicates(req, every, base is not None))
-        response = router_pb2.RouteResponse(worker_id=chosen.worker_id, address=chosen.address,
-                                            overlap_blocks=shape.decode_overlap,
+        response = router_pb2.RouteResponse(address=chosen.address, overlap_blocks=shape.decode_overlap,
                                             report_first_token=self.kv is not None,
                                             reads_first_token_reports=True, disaggregation_reason=shape.reason)
+        answer(response, chosen, shape.prefill)  # worker ids, and their ranks beside them
         if shape.prefill is not None:
-            response.prefill_worker_id, response.prefill_address = shape.prefill.worker_id, shape.prefill.address
+            response.prefill_address = shape.prefill.address
             response.prefill_overlap_blocks = shape.prefill_overlap
             response.report_first_token = True  # the first token ends the prefill leg's booking
         if req.explain:
-            record = DecisionRecord(policy_name(self.policy), chosen_by, chosen.worker_id,
+            record = DecisionRecord(policy_name(self.policy), chosen_by, chosen.instance,
                                     decision.scores or self._booked_view(candidates, query),
                                     predicted, req.prompt_tokens, response.prefill_worker_id)
             response.decision.CopyFrom(decision_proto(record))
+        if self.loads is not None:  # the first token ends the request's prefill tokens (core/load_model.py)
+            response.report_first_token = True
         return response
 
     def _choose(self, req: router_pb2.RouteRequest, query: RouteQuery, serving: list[Candidate],
@@ -196,7 +229,7 @@ class Router:
         pin = query.pinned_worker_id
         session, _ = self.sessions.key(req.session_id, req.affinity_session_id, req.session_timeout_s)
         sticky = self.sessions.worker_for(session) if session and not pin else None
-        if sticky is not None and self.sessions.hard and sticky not in req.exclude_worker_ids \
+        if sticky is not None and self.sessions.hard and split_target(sticky)[0] not in req.exclude_worker_ids \
                 and all(c.worker_id != sticky for c in candidates) and any(c.worker_id == sticky for c in serving):
             # Hard affinity and the session's worker is busy: wait for it in the queue (its KV holds the
             # session), or a 503 without one. Soft affinity lets the policy choose below (core/sessions.py).
@@ -252,7 +285,7 @@ class Router:
         """Drops workers a migrating request already failed on, then busy ones (Overloaded if none is left)."""
         if req.exclude_worker_ids:
             excluded = set(req.exclude_worker_ids)
-            candidates = [c for c in candidates if c.worker_id not in excluded]
+            candidates = [c for c in candidates if c.instance not in excluded]  # every rank of such a worker
             if not candidates:
                 raise NoWorkers(f"No other worker serves `{req.model}`.")
         return self.busy.available(candidates, lambda c: c.in_flight, req.model)
@@ -297,8 +330,8 @@ class Router:
             leg = prefill_leg_id(event.request_id)
             if leg in self.bookings:  # a split request's first token or end: its prefill leg is over
                 self.apply(LifecycleEvent(FREE, leg), remote)
-        if event.kind == FREE:
-            self._drain_queue()  # a worker may have room for whoever waits longest (or most urgently)
+        if event.kind == FREE or (event.kind == FIRST_TOKEN and self.loads is not None):
+            self._drain_queue()  # a first token ends a prefill: room under the prefill thresholds too  # a worker may have room for whoever waits longest (or most urgently)
 
 
 def decision_proto(record: DecisionRecord) -> router_pb2.RoutingDecision:
@@ -307,8 +340,9 @@ def decision_proto(record: DecisionRecord) -> router_pb2.RoutingDecision:
                                      predicted_cached_tokens=record.predicted_cached_tokens,
                                      prompt_tokens=record.prompt_tokens)
     for c in record.candidates:
-        score = out.candidates.add(worker_id=c.worker_id, overlap_blocks=c.overlap_blocks, in_flight=c.in_flight,
+        score = out.candidates.add(overlap_blocks=c.overlap_blocks, in_flight=c.in_flight,
                                    booked_prompt_tokens=c.booked_prompt_tokens, eligible=c.eligible)
+        name_target(c.worker_id, score)  # a rank's target id as its worker and rank
         if c.active_blocks is not None:
             score.active_blocks = c.active_blocks
         if c.score is not None:

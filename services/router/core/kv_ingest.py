@@ -2,7 +2,8 @@
 
 Wire shape (services/common/kv_events.py; one NATS message per engine tick)::
 
-    {"worker_id": str, "model": str, "seq": int, "published_at_ms": int,
+    {"worker_id": str, "dp_rank": int (only from a worker with ranks), "model": str, "seq": int,
+     "published_at_ms": int,
      "events": [{"stored": {"parent_hash": int | None, "blocks": [{"block_hash": int, "tokens_hash": int}]}}
                 | {"removed": {"block_hashes": [int]}} | {"cleared": {}}],
      "load": {"active_blocks": int, "waiting": int, "running": int, "total_blocks": int}}
@@ -22,6 +23,7 @@ import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from services.common.dp_ranks import target_id
 from services.router.core.index import RadixIndex
 
 # Messages buffered per worker while its dump is in flight; beyond this the dump is refetched.
@@ -75,7 +77,9 @@ class KvEventIngest:
     # -- live messages -----------------------------------------------------------------------------
 
     def on_message(self, msg: Mapping[str, Any]) -> Verdict:
-        worker_id = msg["worker_id"]
+        # One data-parallel rank's messages are a stream of their own, as its blocks and load are (a rank's seq
+        # counts its own messages): keyed by the rank's target id (services/common/dp_ranks.py).
+        worker_id = target_id(msg["worker_id"], msg.get("dp_rank"))
         stream = self._streams.setdefault(worker_id, _WorkerStream())
         self.stats.messages += 1
         self._note_load(worker_id, msg.get("load"))

@@ -23,6 +23,20 @@ class Candidate:
     block_size: int = 16
     total_kv_blocks: int = 0
     max_num_batched_tokens: int = 0
+    # One data-parallel rank of a worker (services/common/dp_ranks.py): worker_id is then the rank's target id
+    # (``<worker>@dp<rank>``, what bookings, the KV index and load are keyed by) and instance_id the worker's.
+    # None / "": a worker without ranks, whose worker_id is its own.
+    dp_rank: int | None = None
+    instance_id: str = ""
+
+    @property
+    def instance(self) -> str:
+        """The worker (what pins, exclusions and cards name), whichever rank of it this is."""
+        return self.instance_id or self.worker_id
+
+    def answers_to(self, pin: str) -> bool:
+        """Whether a pin (a worker id, or a rank's target id) names this candidate."""
+        return pin == self.worker_id or pin == self.instance_id
 
 
 @dataclasses.dataclass(frozen=True)

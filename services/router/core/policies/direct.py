@@ -1,6 +1,7 @@
 """direct: the worker the client pinned (``x-worker-instance-id`` header or ``nvext.backend_instance_id``).
 
-Parameters: none. A request without a pin is a client error in this mode.
+Parameters: none. A request without a pin is a client error in this mode. A pin naming a worker with
+data-parallel ranks (services/router/dp_pins.py) and no rank goes to its least loaded admissible rank.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def check_pin(pin: str, model: str, serving: Sequence[Candidate]) -> None:
 
     ``serving`` are all the model's workers, busy ones included (a busy pinned worker is not a mistake).
     """
-    if not any(c.worker_id == pin for c in serving):
+    if not any(c.answers_to(pin) for c in serving):
         # The field only: the gateway names the x-worker-instance-id header instead where that set the pin.
         raise InvalidRequest(f"'{PIN_PARAM}' names worker {printable(pin)}, which does not serve model "
                              f"`{printable(model)}`", param=PIN_PARAM)
@@ -40,9 +41,9 @@ class Direct:
         if not query.pinned_worker_id:
             raise InvalidRequest("router mode 'direct' needs a worker id (x-worker-instance-id header)",
                                  param=PIN_PARAM)
-        for c in candidates:
-            if c.worker_id == query.pinned_worker_id:
-                return Decision(c.worker_id)
+        pinned = [c for c in candidates if c.answers_to(query.pinned_worker_id)]
+        if pinned:  # one, or the admissible data-parallel ranks of the pinned worker: the least loaded of them
+            return Decision(min(pinned, key=lambda c: (c.in_flight, c.booked_prompt_tokens, c.worker_id)).worker_id)
         # The router checked the pin against every worker of the model (check_pin): this one serves it but
         # was left out of the candidates (busy, or already failed this request).
         raise NoWorkers(f"worker {printable(query.pinned_worker_id)} cannot take this request now")
