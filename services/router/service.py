@@ -127,7 +127,7 @@ class Router:
     async def _route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
         # Earlier requests' first tokens and endings come first: they free what this one may take.
         self._apply_reports(req.first_tokens, req.releases)
-        saturates = self.loads is not None and self.busy.queue_threshold is not None  # type: ignore[attr-defined]
+        saturates = isinstance(self.busy, LoadThresholds) and self.busy.queue_threshold is not None
         if self.queue_timeout_s <= 0 and not saturates:
             return self._route_now(req)
         if not self.queue.waiting(req.model):
@@ -330,8 +330,9 @@ class Router:
             leg = prefill_leg_id(event.request_id)
             if leg in self.bookings:  # a split request's first token or end: its prefill leg is over
                 self.apply(LifecycleEvent(FREE, leg), remote)
+        # (and with load thresholds a first token too: it ends a prefill, room under the prefill thresholds)
         if event.kind == FREE or (event.kind == FIRST_TOKEN and self.loads is not None):
-            self._drain_queue()  # a first token ends a prefill: room under the prefill thresholds too  # a worker may have room for whoever waits longest (or most urgently)
+            self._drain_queue()  # a worker may have room for whoever waits longest (or most urgently)
 
 
 def decision_proto(record: DecisionRecord) -> router_pb2.RoutingDecision:

@@ -38,9 +38,9 @@ def test_kv_events_answers_to_both_spellings(flag):
 
 def test_a_bad_dynamo_env_value_fails_the_start_naming_it(capsys):
     with pytest.raises(SystemExit) as e:
-        router_config.parse_config([], {"DYN_ROUTER_MODE": "power-of-two"})
+        router_config.parse_config([], {"DYN_ROUTER_MODE": "device-aware-weighted"})
     assert e.value.code == 2
-    assert "DYN_ROUTER_MODE='power-of-two'" in capsys.readouterr().err
+    assert "DYN_ROUTER_MODE='device-aware-weighted'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("argv", "env", "hidden"), [

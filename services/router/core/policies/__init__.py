@@ -15,17 +15,19 @@ from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.policies.base import Policy
 from services.router.core.policies.direct import Direct
 from services.router.core.policies.kv_aware import DEFAULT_HOTSPOT_RATIO, DEFAULT_OVERLAP_WEIGHT, KvAware
+from services.router.core.policies.kv_cost import KvCost
 from services.router.core.policies.least_loaded import LeastLoaded
+from services.router.core.policies.power_of_two import PowerOfTwo
 from services.router.core.policies.random_choice import RandomChoice
 from services.router.core.policies.round_robin import RoundRobin
 
-__all__ = ["DEFAULT_MODE", "KV_MODE", "POLICY_NAMES", "KvSettings", "Policy", "build_policy", "kv_policy",
+__all__ = ["DEFAULT_MODE", "KV_MODE", "POLICY_NAMES", "KvCost", "KvSettings", "Policy", "build_policy", "kv_policy",
            "policy_name"]
 
 KV_MODE = "kv"
 # Each --router-mode whose policy only chooses, and its class (built with no arguments). kv is kv_policy's.
 _CHOOSERS: dict[str, type[Policy]] = {"round-robin": RoundRobin, "random": RandomChoice,
-                                      "least-loaded": LeastLoaded, "direct": Direct}
+                                      "least-loaded": LeastLoaded, "power-of-two": PowerOfTwo, "direct": Direct}
 POLICY_NAMES = (*_CHOOSERS, KV_MODE)
 DEFAULT_MODE = "round-robin"
 _NAME_OF: dict[type, str] = {cls: name for name, cls in _CHOOSERS.items()} | {KvAware: KV_MODE}
@@ -39,12 +41,15 @@ def policy_name(policy: Policy) -> str:
 @dataclasses.dataclass(frozen=True)
 class KvSettings:
     """The kv policy's parameters (router flags --kv-overlap-weight, --router-temperature,
-    --hotspot-ratio, --router-ttl-secs); see kv_aware.py for what each weighs."""
+    --hotspot-ratio, --router-ttl-secs, --router-approximate-cache-policy, and Dynamo's cost flags in
+    ``cost``); see kv_aware.py and kv_cost.py for what each weighs."""
 
     overlap_weight: float = DEFAULT_OVERLAP_WEIGHT
     temperature: float = 0.0
     hotspot_ratio: float = DEFAULT_HOTSPOT_RATIO
     ttl_s: float = 120.0  # approximate mode: how long a block the router predicted stays predicted
+    cache_policy: str = "ttl"  # approximate mode: ttl, or lru bounded by each worker's KV capacity
+    cost: KvCost = KvCost()
 
 
 def build_policy(mode: str) -> Policy:
@@ -63,8 +68,9 @@ def kv_policy(kv: KvSettings = KvSettings(), ingest: KvEventIngest | None = None
     predicts caches from its own decisions (approximate mode)."""
     if ingest is None:
         return KvAware(overlap_weight=kv.overlap_weight, temperature=kv.temperature,
-                       hotspot_ratio=kv.hotspot_ratio, approximate=True, ttl_s=kv.ttl_s)
+                       hotspot_ratio=kv.hotspot_ratio, approximate=True, ttl_s=kv.ttl_s,
+                       cache_policy=kv.cache_policy, cost=kv.cost)
     policy = KvAware(overlap_weight=kv.overlap_weight, temperature=kv.temperature,
-                     hotspot_ratio=kv.hotspot_ratio, index=ingest.index, approximate=False)
+                     hotspot_ratio=kv.hotspot_ratio, index=ingest.index, approximate=False, cost=kv.cost)
     ingest.load_listeners.append(policy.note_report)  # the workers' own block counts refine the bookings
     return policy

@@ -10,6 +10,13 @@ Per candidate ``w``, in KV blocks (Dynamo's selector, lib/kv-router/src/scheduli
                   + prompt blocks - shared(w)
     logit(w)    = overlap_weight * prefill(w) + decode(w)
 
+with Dynamo's cost flags on top (``cost``, kv_cost.py: overlap credit and its decay, prefill load scale, a
+per-request decode weight, and what the loads track); their defaults give the formula above.
+"blocks w last reported in use beyond them" are the output blocks (and load placed by others): counted unless
+``--no-router-track-output-blocks``. Meshfront counts them by default, where Dynamo's default leaves them out
+(its router adds output blocks only from its own per-token view, which Meshfront's router does not have);
+``meshfront frontend`` takes Dynamo's default.
+
 Temperature 0 picks the lowest logit, ties to the fewest in-flight requests, then at random;
 temperature T > 0 samples ``p ~ exp(-((logit - min) / (max - min)) / T)``. The random draw is
 seeded by the request id unless an RNG is injected, so router replicas holding the same state
@@ -35,8 +42,10 @@ from services.common.decision_record import CandidateScore
 from services.common.hashing import sequence_hashes
 from services.router.core.active import ActiveRequests
 from services.router.core.approximate import ApproximateCache
+from services.router.core.approximate_lru import LruApproximateCache
 from services.router.core.index import RadixIndex
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, LifecycleEvent
+from services.router.core.policies.kv_cost import DEFAULT_COST, KvCost, WorkerTerms, worker_cost
 from services.router.core.types import Candidate, Decision, RouteQuery
 
 # Measured, not guessed (bench/RESULTS.md, "KV-aware routing"): on the 16-group workload weight 1
@@ -61,17 +70,27 @@ class KvAware:
 
     def __init__(self, *, index: RadixIndex | None = None, overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
                  temperature: float = 0.0, hotspot_ratio: float = DEFAULT_HOTSPOT_RATIO,
-                 approximate: bool | None = None, ttl_s: float = 120.0,
-                 rng: random.Random | None = None):
-        if overlap_weight < 0 or temperature < 0 or hotspot_ratio < 1:
-            raise ValueError("overlap_weight and temperature must be >= 0, hotspot_ratio >= 1")
+                 approximate: bool | None = None, ttl_s: float = 120.0, cache_policy: str = "ttl",
+                 cost: KvCost = DEFAULT_COST, rng: random.Random | None = None):
+        if overlap_weight < 0 or temperature < 0 or hotspot_ratio < 1 or cost.errors():
+            raise ValueError("overlap_weight and temperature must be >= 0, hotspot_ratio >= 1; "
+                             + "; ".join(cost.errors()))
+        if cache_policy not in ("ttl", "lru"):
+            raise ValueError(f"approximate cache policy {cache_policy!r} is not ttl or lru")
         self.index = index or RadixIndex()
         self.overlap_weight = overlap_weight
         self.temperature = temperature
         self.hotspot_ratio = hotspot_ratio
-        # Without an index fed by events (none given), predict from our own decisions.
-        self.approximate = ApproximateCache(self.index, ttl_s=ttl_s) if (
-            approximate if approximate is not None else index is None) else None
+        self.cost = cost
+        # Without an index fed by events (none given), predict from our own decisions: forgotten by age (ttl) or
+        # by each worker's capacity (lru, which learns capacities from the candidates in ``choose``).
+        self.approximate: ApproximateCache | LruApproximateCache | None = None
+        self._lru: LruApproximateCache | None = None
+        if approximate if approximate is not None else index is None:
+            if cache_policy == "lru":
+                self.approximate = self._lru = LruApproximateCache(self.index)
+            else:
+                self.approximate = ApproximateCache(self.index, ttl_s=ttl_s)
         self.active = ActiveRequests()
         # Per worker, the blocks its last load report (note_report) held beyond this router's bookings then:
         # load we did not place (output tokens' blocks, other clients). Bookings made or freed since count on
@@ -93,9 +112,15 @@ class KvAware:
             self._pending.pop(next(iter(self._pending)))
         if self.approximate is not None:
             self.approximate.expire()
+        if self._lru is not None:
+            for c in candidates:
+                self._lru.capacity[c.worker_id] = c.total_kv_blocks
         overlaps = self.index.find_matches(local) if local else {}
         eligible = self._not_hot(candidates)
-        logits = [self._logit(c.worker_id, len(seq), overlaps.get(c.worker_id, 0), seq) for c in eligible]
+        terms = [self._terms(c.worker_id, len(seq), overlaps.get(c.worker_id, 0), seq) for c in eligible]
+        floor = min(t.raw_prefill for t in terms)
+        scale = self.overlap_weight * self.cost.prefill_load_scale
+        logits = [worker_cost(self.cost, scale, t, floor, len(seq)) for t in terms]
         pick = self._pick(eligible, logits, query.request_id)
         expected = max(overlaps.get(pick.worker_id, 0), self.active.shared_prefix(pick.worker_id, seq))
         self._count(candidates, eligible, overlaps, expected)
@@ -123,7 +148,8 @@ class KvAware:
         return found
 
     def active_blocks(self, worker_id: str) -> int:
-        return self.active.load(worker_id).active_blocks + self._unbooked.get(worker_id, 0)
+        unbooked = self._unbooked.get(worker_id, 0) if self.cost.track_output_blocks else 0
+        return self.active.load(worker_id).active_blocks + unbooked
 
     def note_report(self, worker_id: str, active_blocks: int) -> None:
         """The worker's own count of blocks in use (KvEventIngest load listener), as it arrives."""
@@ -144,14 +170,14 @@ class KvAware:
         cool = [c for c, n in zip(candidates, loads, strict=True) if n < cap]
         return cool or list(candidates)
 
-    def _logit(self, worker_id: str, prompt_blocks: int, overlap: int, seq: Sequence[int]) -> float:
+    def _terms(self, worker_id: str, prompt_blocks: int, overlap: int, seq: Sequence[int]) -> WorkerTerms:
         load = self.active.load(worker_id)
         shared = self.active.shared_prefix(worker_id, seq)
         # Blocks a running request on w holds are reused too (a paged cache shares them at once),
         # even before any event says they are cached: a burst of one prefix stays together.
-        prefill = load.prefill_blocks + prompt_blocks - max(overlap, shared)
-        decode = load.active_blocks + self._unbooked.get(worker_id, 0) + prompt_blocks - shared
-        return self.overlap_weight * prefill + decode
+        raw_prefill = load.prefill_blocks + prompt_blocks if self.cost.track_prefill_tokens else 0
+        decode = self.active_blocks(worker_id) + prompt_blocks - shared if self.cost.track_active_blocks else 0
+        return WorkerTerms(raw_prefill, max(overlap, shared), decode, load.in_flight)
 
     def _pick(self, candidates: Sequence[Candidate], logits: Sequence[float], request_id: str) -> Candidate:
         rng = self._rng or random.Random(zlib.crc32(request_id.encode()))
@@ -181,7 +207,11 @@ class KvAware:
         if seq is None or len(seq) != len(local_hashes):
             seq = tuple(sequence_hashes(local_hashes))
         prefill = max(0, len(seq) - overlap_blocks)
-        self.active.add(request_id, worker_id, seq, prefill)
+        # Without KV reuse (Dynamo's --no-router-assume-kv-reuse) every request's blocks are its own: ids no
+        # prompt hashes to, so requests on one worker share none and none counts as a running prefix.
+        held = seq if self.cost.assume_kv_reuse else tuple(-1 - i - (zlib.crc32(request_id.encode()) << 20)
+                                                             for i in range(len(seq)))
+        self.active.add(request_id, worker_id, held, prefill)
         if self.approximate is not None and seq:
             self.approximate.record(worker_id, seq, local_hashes)
 
