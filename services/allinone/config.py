@@ -110,6 +110,14 @@ class AllInOneConfig:
     def namespace_prefix(self) -> str:
         return self.gateway.namespace_prefix
 
+    @property
+    def static_model(self) -> str:
+        return self.gateway.static_model
+
+    @property
+    def static_model_block_size(self) -> int:
+        return self.gateway.static_model_block_size
+
 
 def parser(env: Mapping[str, str] | None = None) -> FlagParser:
     p = FlagParser("allinone", "The gateway with the preprocessor, router and postprocessor in its process; "

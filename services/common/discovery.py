@@ -46,6 +46,7 @@ from services.common.jetstream_replicas import nats_servers, open_or_create
 from services.common.liveness import Change, LiveWorkers
 from services.common.namespace import EVERY_NAMESPACE, DiscoveryFilter, Namespace, split_worker_key
 from services.common.nats_connection import close_nats, connect_retrying, stop_if_cancelled
+from services.common.static_model import StaticModel
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +168,11 @@ class WorkerRegistry:
     """
 
     def __init__(self, nats_url: str, name: str, ttl_s: float | None = None, *,
-                 namespaces: DiscoveryFilter = EVERY_NAMESPACE):
+                 namespaces: DiscoveryFilter = EVERY_NAMESPACE, static: StaticModel | None = None):
         self.nats_url = nats_url
         self.name = name
         self.namespaces = namespaces
+        self.static = static  # --static-model: that model's cards read its directory (services/common/static_model.py)
         self.workers: dict[str, WorkerCard] = {}
         self._live = LiveWorkers(ttl_s if ttl_s is not None else discovery_ttl_s(nats_url))
         self._by_model: dict[str, list[WorkerCard]] = {}
@@ -296,6 +298,8 @@ class WorkerRegistry:
         except (TypeError, ValueError, KeyError) as e:
             log.error("bad worker card under %s: %s", entry.key, e)
             return
+        if self.static is not None:
+            card = self.static.apply(card)
         # The server's timestamp of this heartbeat: a datetime, though nats-py's Entry annotates it int.
         created: Any = entry.created
         written = created.timestamp()

@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from services.common import namespace
+from services.common import namespace, static_model
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -288,6 +288,12 @@ def add_common_flags(p: FlagParser, *, port: int, namespace_prefix: bool = True)
               dynamo_env="DYN_NAMESPACE_PREFIX",
               help="see the workers of every namespace starting with this (wins over --namespace for discovery; "
                    "the stage's own stores stay in --namespace)")
+        # A stage's too (it reads the cards): Dynamo's --model-path/--model-name as meshfront frontend passes them.
+        p.add("--static-model", default="", type=static_model.flag_value,
+              help="serve NAME's tokenizer, chat template and config from DIR instead of what its workers' cards "
+                   "published (services/common/static_model.py)")
+        p.add("--static-model-block-size", default=0, type=static_model.block_size,
+              help="with --static-model: NAME's KV block size for routing (0: its workers' cards')")
     p.add("--log-level", default="INFO", env="MESHFRONT_LOG_LEVEL", help="logging level")
     p.add("--dyn-debug-perf", default=False, type=bool, env="MESHFRONT_DEBUG_PERF", dynamo_env="DYN_DEBUG_PERF",
           help="log one line per request with this stage's wall and CPU time for it, by section "

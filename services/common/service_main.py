@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
-from services.common import nats_connection, nats_tls, tracing
+from services.common import nats_connection, nats_tls, static_model, tracing
 from services.common import tls as mesh_tls
 from services.common.debug_perf import configure as configure_debug_perf
 from services.common.discovery import WorkerRegistry
@@ -77,6 +77,12 @@ class ServiceConfig(Protocol):
 
     @property
     def namespace_prefix(self) -> str: ...
+
+    @property
+    def static_model(self) -> str: ...
+
+    @property
+    def static_model_block_size(self) -> int: ...
 
 
 class Service(Protocol):
@@ -147,7 +153,13 @@ async def serve(spec: ServiceSpec[C, S], cfg: C, tls: mesh_tls.MeshTls | None) -
     serve_metrics(cfg.metrics_port, cfg.host)
     if spec.metrics is not None:
         spec.metrics()
-    registry = WorkerRegistry(cfg.nats_url, spec.name, namespaces=DiscoveryFilter(cfg.namespace, cfg.namespace_prefix))
+    try:
+        static = static_model.parse(cfg.static_model, cfg.static_model_block_size)
+    except ValueError as e:
+        print(f"meshfront {spec.name}: {e}", file=sys.stderr)  # a bad flag combination: one line, status 2
+        sys.exit(2)
+    registry = WorkerRegistry(cfg.nats_url, spec.name, namespaces=DiscoveryFilter(cfg.namespace, cfg.namespace_prefix),
+                              static=static)
     try:
         service = spec.build(cfg, registry, tls)
     except spec.unavailable as e:

@@ -65,6 +65,13 @@ def _model_name(value: str) -> str:
     return value.strip()
 
 
+def _model_path(value: str) -> str:
+    """Dynamo's validate_model_path: an existing directory."""
+    if not os.path.isdir(value):
+        raise argparse.ArgumentTypeError(f"model-path must be a valid directory on disk, got: {value}")
+    return os.path.abspath(value)
+
+
 def _frontend_flags(p: FlagParser) -> None:
     """This command's own flags (Dynamo's spellings and env twins where Dynamo has them)."""
     p.add("--interactive", default=False, type=bool, aliases=("-i",), dynamo_env="DYN_INTERACTIVE",
@@ -84,7 +91,14 @@ def _frontend_flags(p: FlagParser) -> None:
     p.add("--check-config", default=False, type=bool,
           help="print the resolved configuration (each setting's value and where it came from) and exit 0")
     p.add("--model-name", default=None, type=_model_name, dynamo_env="DYN_MODEL_NAME",
-          help="with -i, the model to chat with (default: the first listed); validated as Dynamo validates it")
+          help="a static model's name (with --model-path); with -i, the model to chat with (default: the first "
+               "listed)")
+    p.add("--model-path", default=None, type=_model_path, dynamo_env="DYN_MODEL_PATH",
+          help="a static model: --model-name's cards read their tokenizer, chat template and config from this "
+               "directory, not from what the workers published (they need publish nothing): --static-model")
+    p.add("--kv-cache-block-size", default=0, type=int, dynamo_env="DYN_KV_CACHE_BLOCK_SIZE",
+          help="the static model's KV block size for routing (default: its workers' cards'): "
+               "--static-model-block-size")
     p.add("--dyn-chat-processor", default="dynamo", choices=tuple(CHAT_PROCESSORS), dynamo_env="DYN_CHAT_PROCESSOR",
           help="whose renderer and parsers: dynamo = Meshfront's own; vllm or sglang run from that engine's "
                "environment (implies --split)")
@@ -155,6 +169,9 @@ class FrontendConfig:
             if not (common or s.owner in owners) or (s.source == "default" and s.flag not in DYNAMO_DEFAULTS):
                 continue
             out += _argv(s.flag, s.value)
+        if self.settings["model_path"].value:  # Dynamo's static model, in the stages' own terms
+            out += [f"--static-model={self.settings['model_name'].value}={self.settings['model_path'].value}",
+                    f"--static-model-block-size={self.settings['kv_cache_block_size'].value}"]
         return out
 
 
@@ -223,6 +240,21 @@ def _refuse(flag: str, value: Any) -> None:
 
 def _check(cfg: FrontendConfig) -> None:
     """Values and combinations no single stage can judge, then every stage's own checks."""
+    _check_edge(cfg)
+    _check_static_model(cfg)
+    if cfg.dyn_preprocess_workers < 0:
+        raise ConfigError(f"--dyn-preprocess-workers {cfg.dyn_preprocess_workers} must be >= 0")
+    if cfg.interactive and cfg.kserve_grpc_server:
+        raise ConfigError("--interactive and --kserve-grpc-server are different modes: choose one")
+    for name, module in STAGES.items():
+        try:
+            module.from_args(cfg.args)
+        except ValueError as e:
+            raise ConfigError(f"{name}: {e}") from e
+
+
+def _check_edge(cfg: FrontendConfig) -> None:
+    """Envoy's listener: TLS files in pairs and readable, ports, the host."""
     if bool(cfg.tls_cert_path) != bool(cfg.tls_key_path):
         raise ConfigError("--tls-cert-path and --tls-key-path must be provided together")
     if cfg.tls_client_ca_cert_path and not cfg.tls_cert_path:
@@ -234,15 +266,18 @@ def _check(cfg: FrontendConfig) -> None:
     if not 0 <= cfg.http_port <= 65535 or not 0 <= cfg.grpc_metrics_port <= 65535:
         raise ConfigError("--http-port and --grpc-metrics-port must be port numbers (0..65535)")
     _check_host(cfg.http_host)
-    if cfg.dyn_preprocess_workers < 0:
-        raise ConfigError(f"--dyn-preprocess-workers {cfg.dyn_preprocess_workers} must be >= 0")
-    if cfg.interactive and cfg.kserve_grpc_server:
-        raise ConfigError("--interactive and --kserve-grpc-server are different modes: choose one")
-    for name, module in STAGES.items():
-        try:
-            module.from_args(cfg.args)
-        except ValueError as e:
-            raise ConfigError(f"{name}: {e}") from e
+
+
+def _check_static_model(cfg: FrontendConfig) -> None:
+    if cfg.model_path and not cfg.model_name:
+        raise ConfigError("--model-path needs --model-name: the name its workers register and it is served under")
+    if cfg.kv_cache_block_size and not cfg.model_path:
+        raise ConfigError("--kv-cache-block-size sets the static model's block size: it needs --model-path "
+                          "(discovered workers' cards carry their own)")
+    if cfg.kv_cache_block_size < 0:
+        raise ConfigError(f"--kv-cache-block-size {cfg.kv_cache_block_size} must be >= 0")
+    if cfg.model_path and cfg.static_model:
+        raise ConfigError("--model-path and --static-model say the same thing: give one")
 
 
 def _check_host(host: str) -> None:

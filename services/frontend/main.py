@@ -48,7 +48,7 @@ def plan_for(cfg: FrontendConfig, run_dir: pathlib.Path) -> MeshPlan:
     return MeshPlan(http_port=cfg.http_port, http_host=edge.listen_address(cfg.http_host), admin_port=free_port(),
                     external_nats_url=cfg.nats_url, gateway_ports=[free_port()], preprocessor_port=free_port(),
                     router_port=free_port(), postprocessor_port=free_port(), router_mode=cfg.router_mode,
-                    inproc=not split, run_dir=run_dir, log_level=cfg.log_level,
+                    inproc=not split, run_dir=run_dir, log_level=cfg.log_level, namespace=cfg.namespace,
                     tls_cert=cfg.tls_cert_path, tls_key=cfg.tls_key_path, tls_client_ca=cfg.tls_client_ca_cert_path,
                     service_args=service_args, preprocessors=preprocessors,
                     extra_preprocessor_ports=[free_port() for _ in range(preprocessors - 1)],

@@ -41,11 +41,6 @@ REFUSED: dict[str, Refusal] = {
     "--tcp-tls-client-cert-path": _NO_TCP_PLANE,
     "--tcp-tls-client-key-path": _NO_TCP_PLANE,
     "--tcp-tls-client-ca-cert-path": _NO_TCP_PLANE,
-    "--model-path": Refusal("a static model is not built: the frontend serves the models its workers' cards "
-                            "describe, their tokenizer and template shared through NATS", "run a worker with "
-                            "--model-dir (its card carries the model's files)"),
-    "--kv-cache-block-size": Refusal("a static model is not built: each worker's card carries its KV block size",
-                                     "the worker's --block-size"),
     "--discovery-backend": Refusal("workers register in a NATS JetStream KV bucket; there is no etcd, Kubernetes, "
                                    "file or in-memory discovery", "--nats-url (or NATS_SERVER) names the NATS"),
     "--request-plane": Refusal("requests travel between stages and to workers as gRPC calls, not over Dynamo's "

@@ -62,6 +62,9 @@ class GatewayConfig:
     # NATS subjects and stores live.
     namespace: str = DEFAULT_NAMESPACE
     namespace_prefix: str = ""
+    # --static-model NAME=DIR and its block size (services/common/static_model.py): cards of NAME read DIR.
+    static_model: str = ""
+    static_model_block_size: int = 0
     # How long a stored Responses API response (and the conversation behind it) stays in NATS.
     responses_ttl_s: int = DEFAULT_RESPONSES_TTL_S
     # How long a generated image or video stays behind its URL (response_format "url").

@@ -36,6 +36,9 @@ class PostprocessorConfig:
     # NATS subjects and stores live.
     namespace: str = DEFAULT_NAMESPACE
     namespace_prefix: str = ""
+    # --static-model NAME=DIR and its block size (services/common/static_model.py): cards of NAME read DIR.
+    static_model: str = ""
+    static_model_block_size: int = 0
     # How long a migration waits for an unreachable router (one restarting) before the request fails.
     router_wait_s: float = DEFAULT_WAIT_S
     migration_max_seq_len: int | None = None  # None: no limit

@@ -39,6 +39,9 @@ class PreprocessorConfig:
     # NATS subjects and stores live.
     namespace: str = DEFAULT_NAMESPACE
     namespace_prefix: str = ""
+    # --static-model NAME=DIR and its block size (services/common/static_model.py): cards of NAME read DIR.
+    static_model: str = ""
+    static_model_block_size: int = 0
     # Bounds on fetching and decoding chat media (--media-*).
     media: MediaLimits = MediaLimits()
     # Who renders and tokenizes chats: ours, or an engine's own renderer (services/preprocessor/core/renderers).
@@ -123,6 +126,7 @@ def from_args(args: argparse.Namespace) -> PreprocessorConfig:
                              tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
                              dyn_debug_perf=args.dyn_debug_perf,
                              namespace=args.namespace, namespace_prefix=args.namespace_prefix,
+                             static_model=args.static_model, static_model_block_size=args.static_model_block_size,
                              media=MediaLimits(max_bytes=args.media_max_bytes, max_items=args.media_max_items,
                                                timeout_s=args.media_fetch_timeout_s,
                                                max_redirects=args.media_max_redirects,

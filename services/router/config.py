@@ -39,6 +39,9 @@ class RouterConfig:
     # NATS subjects and stores live.
     namespace: str = DEFAULT_NAMESPACE
     namespace_prefix: str = ""
+    # --static-model NAME=DIR and its block size (services/common/static_model.py): cards of NAME read DIR.
+    static_model: str = ""
+    static_model_block_size: int = 0
     drain_grace_s: float = 10.0
     router_conditional_disagg: bool = False
     router_conditional_disagg_config: str = ""

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -176,3 +177,29 @@ def test_interactive_chat_streams_keeps_the_conversation_and_ends_on_exit(worker
     turns = [line for line in out.splitlines() if line.startswith("> ")]
     assert len(turns) >= 3 and all(len(t) > 2 for t in turns[:2]), out[-3000:]  # two answers streamed
     assert "[error]" not in out
+
+
+def test_a_static_model_reads_its_files_from_model_path_not_from_the_workers_cards(workers, tmp_path,
+                                                                                   demo_model_dir):
+    # The same model with a chat template that puts a long system line first: the frontend must render with
+    # this directory's template, not with the one the workers published (the workers' edge renders theirs).
+    static_dir = tmp_path / "static-model"
+    shutil.copytree(demo_model_dir, static_dir, ignore=shutil.ignore_patterns("*.safetensors"))
+    template = static_dir / "chat_template.jinja"
+    template.write_text("STATIC MODEL PATH TEMPLATE " * 10 + template.read_text())
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    fe = Frontend(tmp_path, "--http-port", str(port), "--model-name", DEMO, "--model-path", str(static_dir),
+                  "--kv-cache-block-size", "32", env={"NATS_SERVER": workers})
+    try:
+        fe.wait_serving(url)
+        static_prompt = _chat(url).usage.prompt_tokens
+    finally:
+        assert fe.stop() == 0, fe.log()[-3000:]
+    fe = Frontend(tmp_path, "--http-port", str(port), env={"NATS_SERVER": workers})
+    try:
+        fe.wait_serving(url)
+        published_prompt = _chat(url).usage.prompt_tokens
+    finally:
+        assert fe.stop() == 0, fe.log()[-3000:]
+    assert static_prompt >= published_prompt + 40, (static_prompt, published_prompt)

@@ -91,3 +91,17 @@ def test_dump_config_is_the_resolved_settings_as_json(tmp_path):
     data = json.loads(json.dumps(as_json(parse(["--http-port", "8001"], env={})), default=str))
     assert data["settings"]["http_port"] == {"value": 8001, "source": "flag", "flag": "--http-port",
                                              "owner": "frontend"}
+
+
+def test_a_static_model_becomes_every_stages_static_model_flags(tmp_path):
+    cfg = parse(["--model-name", " m ", "--model-path", str(tmp_path), "--kv-cache-block-size", "32"], env={})
+    assert cfg.model_name == "m"  # stripped, as Dynamo's validate_model_name does
+    for stage in ("allinone", "gateway", "preprocessor", "postprocessor", "router"):
+        argv = cfg.stage_argv(stage)
+        assert f"--static-model=m={tmp_path}" in argv and "--static-model-block-size=32" in argv
+    inner = parse_config(cfg.stage_argv("allinone"), env={})
+    assert inner.static_model == f"m={tmp_path}" and inner.static_model_block_size == 32
+    with pytest.raises(ConfigError, match="--model-path needs --model-name"):
+        parse(["--model-path", str(tmp_path)], env={})
+    with pytest.raises(SystemExit):  # argparse: not a directory (Dynamo's validate_model_path)
+        parse(["--model-name", "m", "--model-path", str(tmp_path / "missing")], env={})
