@@ -23,10 +23,13 @@ TOOL_CALL_PARSER_NAMES = (
     "glm45", "glm47",
     "minimax_m2",
     "default", "nemotron_deci", "nemotron_nano", "phi4", "jamba",
+    "gemma4", "gemma-4",
 )
 
 REASONING_PARSER_NAMES = ("basic", "qwen3", "glm45", "deepseek_r1", "mistral", "kimi", "gpt_oss",
-                          "kimi_k2", "minimax", "nemotron", "granite")
+                          "kimi_k2", "minimax", "nemotron", "granite",
+                          "nemotron3", "nemotron_v3", "nemotron_nano", "nemotron_deci",
+                          "gemma4", "gemma-4")
 
 # Each reasoning parser's thinking block, as (opening marker, closing marker): what the workers look up in
 # the model's vocabulary to enforce a thinking budget (max_thinking_tokens) by forcing the closing marker
@@ -34,8 +37,10 @@ REASONING_PARSER_NAMES = ("basic", "qwen3", "glm45", "deepseek_r1", "mistral", "
 # something no single token can be forced to: Granite's plain-text headers, gpt-oss's Harmony channel
 # switch. tests/unit/parsers/test_parser_names.py keeps these equal to the postprocessor's parsers.
 THINKING_BLOCKS: dict[str, tuple[str, str]] = {
-    **dict.fromkeys(("basic", "qwen3", "glm45", "deepseek_r1", "kimi_k2", "minimax", "nemotron"),
+    **dict.fromkeys(("basic", "qwen3", "glm45", "deepseek_r1", "kimi_k2", "minimax", "nemotron",
+                     "nemotron3", "nemotron_v3", "nemotron_nano", "nemotron_deci"),
                     ("<think>", "</think>")),
     "mistral": ("[THINK]", "[/THINK]"),
     "kimi": ("◁think▷", "◁/think▷"),
+    **dict.fromkeys(("gemma4", "gemma-4"), ("<|channel>", "<channel|>")),
 }

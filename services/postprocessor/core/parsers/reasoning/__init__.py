@@ -6,6 +6,7 @@ tool calls together.
 
 from __future__ import annotations
 
+from services.postprocessor.core.parsers.reasoning.gemma4 import Gemma4ReasoningParser
 from services.postprocessor.core.parsers.reasoning.granite import GraniteReasoningParser
 from services.postprocessor.core.parsers.reasoning.think_tags import (
     DeepSeekR1ReasoningParser,
@@ -28,6 +29,13 @@ REASONING_PARSERS = {
     "kimi_k2": KimiK2ReasoningParser,
     "minimax": MiniMaxReasoningParser,
     "nemotron": NemotronReasoningParser,
+    # Dynamo's Nemotron names (issue 37): v3 and Nano open the block in the template; Deci only when opened.
+    "nemotron3": NemotronReasoningParser,
+    "nemotron_v3": NemotronReasoningParser,
+    "nemotron_nano": NemotronReasoningParser,
+    "nemotron_deci": Qwen3ReasoningParser,
+    "gemma4": Gemma4ReasoningParser,
+    "gemma-4": Gemma4ReasoningParser,
     "granite": GraniteReasoningParser,
 }
 REASONING_NAMES = (*REASONING_PARSERS, HARMONY)

@@ -6,6 +6,7 @@ from services.postprocessor.core.parsers.tool_calls.deepseek import DeepSeekTool
 from services.postprocessor.core.parsers.tool_calls.deepseek_v32 import DeepSeekV32ToolParser
 from services.postprocessor.core.parsers.tool_calls.dynamo_default import DynamoDefaultToolParser
 from services.postprocessor.core.parsers.tool_calls.forced import NamedToolParser, RequiredToolParser
+from services.postprocessor.core.parsers.tool_calls.gemma4 import Gemma4ToolParser
 from services.postprocessor.core.parsers.tool_calls.glm import GlmToolParser
 from services.postprocessor.core.parsers.tool_calls.harmony import HarmonyParser
 from services.postprocessor.core.parsers.tool_calls.hermes import HermesToolParser
@@ -50,6 +51,8 @@ TOOL_CALL_PARSERS: dict[str, type[TextParser]] = {
     "nemotron_nano": Qwen3CoderToolParser,  # Nemotron Nano v2/v3 write Qwen3-Coder's XML calls
     "phi4": Phi4ToolParser,
     "jamba": JambaToolParser,
+    "gemma4": Gemma4ToolParser,
+    "gemma-4": Gemma4ToolParser,
 }
 
 __all__ = ["TOOL_CALL_PARSERS", "HarmonyParser", "NamedToolParser", "RequiredToolParser", "XmlCallParser"]
