@@ -51,6 +51,16 @@ class ToolSchemas:
         schema = self._properties.get(function, {}).get(parameter)
         return _kind_of(schema) if isinstance(schema, dict) else STRING
 
+    def schema(self, function: str, parameter: str) -> dict | None:
+        """A parameter's own JSON Schema (formats that nest values in markup walk it), None when undescribed."""
+        schema = self._properties.get(function, {}).get(parameter)
+        return schema if isinstance(schema, dict) else None
+
+
+def kind_of(schema: dict | None) -> str:
+    """The kind (``STRING``, ``JSON``, …) of a value described by ``schema`` (None: a string)."""
+    return _kind_of(schema) if schema is not None else STRING
+
 
 def _kind_of(schema: dict) -> str:
     declared = schema.get("type")
