@@ -54,6 +54,18 @@ FORMATS = {
     "deepseek_v32": (ParserConfig("deepseek_v32", has_tools=True),
                      lambda s: ('<｜DSML｜function_calls><｜DSML｜invoke name="f"><｜DSML｜parameter name="data" '
                                 f'string="true">{s}</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>')),
+    # Issue 37's formats: DeepSeek V4 DSML, Kimi K3 XTML, MiniMax M3 namespaced tags (a held, untyped value).
+    "deepseek_v4": (ParserConfig("deepseek_v4", "deepseek_v4", has_tools=True, prompt_opens_reasoning=True),
+                    lambda s: (f'{s}<｜DSML｜tool_calls><｜DSML｜invoke name="f"><｜DSML｜parameter name="data" '
+                               f'string="true">{s}</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜tool_calls>')),
+    "kimi_k3": (ParserConfig("kimi_k3", "kimi_k3", has_tools=True),
+                lambda s: (f"<|open|>think<|sep|>{s}<|close|>think<|sep|><|open|>response<|sep|>{s}"
+                           '<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="f"<|sep|><|open|>argument '
+                           f'key="data" type="string"<|sep|>{s}<|close|>argument<|sep|><|close|>call<|sep|>'
+                           "<|close|>tools<|sep|>")),
+    "minimax_m3": (ParserConfig("minimax_m3", "minimax_m3", has_tools=True),
+                   lambda s: (f"<mm:think>{s}</mm:think>]<]minimax[>[<tool_call>]<]minimax[>[<invoke name=\"f\">"
+                              f"]<]minimax[>[<data>{s}]<]minimax[>[</data>]<]minimax[>[</invoke>]<]minimax[>[</tool_call>")),
     "granite": (ParserConfig(reasoning_parser="granite"),
                 lambda s: f"Here is my thought process: {s} Here is my response: {s}"),
     "required": (ParserConfig("hermes", has_tools=True, tool_choice=ToolChoice.REQUIRED),

@@ -29,9 +29,20 @@ TOOL_PARSER_NAMES = {
     "deepseek_v3": "deepseekv3", "deepseek_r1": "deepseekv3", "deepseek_v31": "deepseekv31",
     "deepseek_v3_1": "deepseekv31", "harmony": "gpt-oss", "gpt_oss": "gpt-oss", "deepseek_v32": "deepseekv32",
     "minimax_m2": "minimax-m2",
+    # Dynamo's spellings (issue 37)
+    "deepseek_v3_2": "deepseekv32", "deepseek_v4": "deepseekv4", "deepseek-v4": "deepseekv4",
+    "deepseekv4": "deepseekv4",
+    "deepseek_v41": "deepseekv41", "kimi_k25": "kimi_k2", "kimi-k3": "kimi_k3", "minimax_m3": "minimax-m3",
+    "minimax_m3_nom": "minimax-m3", "minimax-m3-nom": "minimax-m3",
 }
 REASONING_PARSER_NAMES = {"basic": "qwen3", "deepseek_r1": "deepseek-r1", "gpt_oss": "gpt-oss", "harmony": "gpt-oss",
-                          "nemotron": "nemotron_3"}
+                          "nemotron": "nemotron_3",
+                          # Dynamo's names (issue 37)
+                          "deepseek_v3": "deepseek-v3", "deepseek_v3_1": "deepseek-v3", "deepseek_v3_2": "deepseek-v3",
+                          "deepseek_v4": "deepseek-v4", "deepseek-v4": "deepseek-v4", "deepseekv4": "deepseek-v4",
+                          "deepseek_v41": "deepseek-v41", "kimi_k25": "kimi_k2", "kimi-k3": "kimi_k3",
+                          "minimax_m2": "minimax", "minimax_append_think": "minimax-append-think",
+                          "minimax_m3": "minimax-m3", "glm47": "glm45", "qwen3_coder": "qwen3"}
 
 
 class SglangOutputParser:

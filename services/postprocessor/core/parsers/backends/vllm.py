@@ -42,9 +42,17 @@ log = logging.getLogger(__name__)
 TOOL_PARSER_NAMES = {
     "qwen": "hermes", "qwen25": "hermes", "qwen3": "hermes", "llama": "llama3_json",
     "deepseek_r1": "deepseek_v3", "deepseek_v3_1": "deepseek_v31", "harmony": "openai", "gpt_oss": "openai",
+    # Dynamo's spellings (issue 37)
+    "deepseek_v3_2": "deepseek_v32", "deepseek-v4": "deepseek_v4", "deepseekv4": "deepseek_v4", "kimi_k25": "kimi_k2",
+    "kimi-k3": "kimi_k3", "minimax-m3": "minimax_m3", "minimax_m3_nom": "minimax_m3", "minimax-m3-nom": "minimax_m3",
 }
 REASONING_PARSER_NAMES = {"basic": "qwen3", "gpt_oss": "openai_gptoss", "harmony": "openai_gptoss",
-                          "minimax": "minimax_m2", "nemotron": "nemotron_v3"}
+                          "minimax": "minimax_m2", "nemotron": "nemotron_v3",
+                          # Dynamo's names (issue 37). minimax_append_think is Dynamo's reasoning split, which
+                          # is vLLM's minimax_m2 (its minimax_m2_append_think keeps everything as content).
+                          "deepseek_v3_1": "deepseek_v3", "deepseek_v3_2": "deepseek_v3", "deepseek-v4": "deepseek_v4",
+                          "deepseekv4": "deepseek_v4", "kimi_k25": "kimi_k2", "kimi-k3": "kimi_k3",
+                          "minimax_append_think": "minimax_m2", "minimax-m3": "minimax_m3", "qwen3_coder": "qwen3"}
 HARMONY_TOOL_PARSER = "openai"
 # tool_choice required / named is handled by vLLM's Parser generically (not in the model's format),
 # but only through a tool parser: this one carries it when the model registered none.
