@@ -13,6 +13,7 @@ from services.postprocessor.core.parsers.reasoning.deepseek_v3 import (
 )
 from services.postprocessor.core.parsers.reasoning.gemma4 import Gemma4ReasoningParser
 from services.postprocessor.core.parsers.reasoning.granite import GraniteReasoningParser
+from services.postprocessor.core.parsers.reasoning.inkling import InklingReasoningParser
 from services.postprocessor.core.parsers.reasoning.kimi_k3 import KimiK3ReasoningParser
 from services.postprocessor.core.parsers.reasoning.minimax_m3 import MiniMaxM3ReasoningParser
 from services.postprocessor.core.parsers.reasoning.think_tags import (
@@ -61,6 +62,7 @@ REASONING_PARSERS = {
     "nemotron_deci": Qwen3ReasoningParser,
     "gemma4": Gemma4ReasoningParser,
     "gemma-4": Gemma4ReasoningParser,
+    "inkling": InklingReasoningParser,
     "granite": GraniteReasoningParser,
 }
 REASONING_NAMES = (*REASONING_PARSERS, HARMONY)

@@ -12,6 +12,7 @@ from services.postprocessor.core.parsers.tool_calls.gemma4 import Gemma4ToolPars
 from services.postprocessor.core.parsers.tool_calls.glm import GlmToolParser
 from services.postprocessor.core.parsers.tool_calls.harmony import HarmonyParser
 from services.postprocessor.core.parsers.tool_calls.hermes import HermesToolParser
+from services.postprocessor.core.parsers.tool_calls.inkling import InklingToolParser
 from services.postprocessor.core.parsers.tool_calls.jamba import JambaToolParser
 from services.postprocessor.core.parsers.tool_calls.kimi_k2 import KimiK2ToolParser
 from services.postprocessor.core.parsers.tool_calls.kimi_k3 import KimiK3ToolParser
@@ -69,6 +70,7 @@ TOOL_CALL_PARSERS: dict[str, type[TextParser]] = {
     "jamba": JambaToolParser,
     "gemma4": Gemma4ToolParser,
     "gemma-4": Gemma4ToolParser,
+    "inkling": InklingToolParser,
 }
 
 __all__ = ["TOOL_CALL_PARSERS", "HarmonyParser", "NamedToolParser", "RequiredToolParser", "XmlCallParser"]
