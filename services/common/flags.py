@@ -270,10 +270,11 @@ def config_from(cls: type[C], args: argparse.Namespace) -> C:
     return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
 
 
-def add_common_flags(p: FlagParser, *, port: int, namespace_prefix: bool = True) -> None:
+def add_common_flags(p: FlagParser, *, port: int, watches_workers: bool = True) -> None:
     """Flags every service has: where it listens, how it drains, where NATS is, how it logs, which namespace
-    it lives in (services/common/namespace.py). ``namespace_prefix``: the service watches workers, so it takes
-    Dynamo's discovery prefix too (a worker registers in one namespace and watches nobody)."""
+    it lives in (services/common/namespace.py). ``watches_workers``: a stage, which reads the workers' cards,
+    also takes Dynamo's discovery prefix and the static model (a worker registers in one namespace and watches
+    nobody)."""
     p.add("--host", default="127.0.0.1", help="address to listen on")
     p.add("--port", default=port, type=int, help="gRPC port (0 picks a free one)")
     p.add("--nats-url", default="nats://127.0.0.1:4222", env="MESHFRONT_NATS_URL", dynamo_env="NATS_SERVER",
@@ -283,12 +284,12 @@ def add_common_flags(p: FlagParser, *, port: int, namespace_prefix: bool = True)
           help="the mesh's namespace in NATS: workers register in it, a stage keeps its stores and subjects in it "
                "and sees only its workers (exact match; empty or 'dynamo': every namespace's workers, stores in "
                "'dynamo'); letters, digits, '_' and '-', at most 64")
-    if namespace_prefix:
+    if watches_workers:
         p.add("--namespace-prefix", default="", type=namespace.namespace_prefix, env="MESHFRONT_NAMESPACE_PREFIX",
               dynamo_env="DYN_NAMESPACE_PREFIX",
               help="see the workers of every namespace starting with this (wins over --namespace for discovery; "
                    "the stage's own stores stay in --namespace)")
-        # A stage's too (it reads the cards): Dynamo's --model-path/--model-name as meshfront frontend passes them.
+        # Dynamo's --model-name/--model-path/--kv-cache-block-size, as meshfront frontend passes them on.
         p.add("--static-model", default="", type=static_model.flag_value,
               help="serve NAME's tokenizer, chat template and config from DIR instead of what its workers' cards "
                    "published (services/common/static_model.py)")

@@ -94,7 +94,7 @@ def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregatio
     ``disaggregation``: the kind can run one leg of a disaggregated request (the mocker, vLLM,
     SGLang), so it offers --disaggregation-mode; the others always register as BOTH.
     """
-    add_common_flags(p, port=0, namespace_prefix=False)  # a worker registers in one namespace, watches none
+    add_common_flags(p, port=0, watches_workers=False)  # a worker registers in one namespace, watches none
     p.add("--model-dir", default="", help="model directory (tokenizer.json, config.json, weights)")
     p.add("--model", default="", help="a Hugging Face id (org/name) instead of --model-dir: downloaded into the "
                                        "Hugging Face cache (HF_HOME, HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE) and served "

@@ -108,7 +108,8 @@ def test_the_seeds_launch_line_with_only_the_program_name_changed(workers, tmp_p
     url = f"http://127.0.0.1:{port}"
     dump = tmp_path / "config.json"
     fe = Frontend(tmp_path, "--http-port", str(port), "--router-mode", "kv", "--dump-config-to", str(dump),
-                  env={"NATS_SERVER": workers})
+                  "--frontend-route-extension", "examples.route_extension.status_routes:routes",
+                  env={"NATS_SERVER": workers, "PYTHONPATH": str(ROOT)})
     try:
         fe.wait_serving(url)
         answer = _chat(url)
@@ -117,6 +118,10 @@ def test_the_seeds_launch_line_with_only_the_program_name_changed(workers, tmp_p
         streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
             model=DEMO, messages=[{"role": "user", "content": "hello"}], max_tokens=8, stream=True) if c.choices)
         assert streamed
+        # The route extension example, served through Envoy like a built-in route.
+        status = httpx.get(f"{url}/example/status", headers={"x-request-id": "ext-1"}, timeout=10)
+        assert status.status_code == 200 and status.json()["request_id"] == "ext-1", status.text
+        assert DEMO in status.json()["models"]
         settings = json.loads(dump.read_text())["settings"]
         assert settings["router_mode"] == {"value": "kv", "source": "flag", "flag": "--router-mode",
                                            "owner": "router"}
