@@ -34,6 +34,8 @@ TOOL_PARSER_NAMES = {
     "deepseekv4": "deepseekv4",
     "deepseek_v41": "deepseekv41", "kimi_k25": "kimi_k2", "kimi-k3": "kimi_k3", "minimax_m3": "minimax-m3",
     "minimax_m3_nom": "minimax-m3", "minimax-m3-nom": "minimax-m3",
+    # Parsers II (issue 37); SGLang has no default / nemotron_deci / jamba / phi4 parser
+    "gemma-4": "gemma4", "nemotron_nano": "qwen3_coder",
 }
 REASONING_PARSER_NAMES = {"basic": "qwen3", "deepseek_r1": "deepseek-r1", "gpt_oss": "gpt-oss", "harmony": "gpt-oss",
                           "nemotron": "nemotron_3",
@@ -42,7 +44,10 @@ REASONING_PARSER_NAMES = {"basic": "qwen3", "deepseek_r1": "deepseek-r1", "gpt_o
                           "deepseek_v4": "deepseek-v4", "deepseek-v4": "deepseek-v4", "deepseekv4": "deepseek-v4",
                           "deepseek_v41": "deepseek-v41", "kimi_k25": "kimi_k2", "kimi-k3": "kimi_k3",
                           "minimax_m2": "minimax", "minimax_append_think": "minimax-append-think",
-                          "minimax_m3": "minimax-m3", "glm47": "glm45", "qwen3_coder": "qwen3"}
+                          "minimax_m3": "minimax-m3", "glm47": "glm45", "qwen3_coder": "qwen3",
+                          # Parsers II (issue 37)
+                          "gemma-4": "gemma4", "nemotron3": "nemotron_3", "nemotron_v3": "nemotron_3",
+                          "nemotron_nano": "nemotron_3", "nemotron_deci": "qwen3"}
 
 
 class SglangOutputParser:
