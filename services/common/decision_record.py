@@ -27,6 +27,9 @@ class CandidateScore:
     active_blocks: int | None = None
     score: float | None = None  # kv: the cost it minimised (lower wins)
     eligible: bool = True  # False: the policy did not weigh it (kv's hot-spot guard)
+    # The worker's data-parallel rank this candidate is (services/common/dp_ranks.py); None: a worker without ranks.
+    # In the router, worker_id is then the rank's target id; on the wire and in nvext, the worker's id.
+    dp_rank: int | None = None
 
 
 @dataclasses.dataclass
@@ -39,6 +42,7 @@ class DecisionRecord:
     prompt_tokens: int
     prefill_worker_id: str = ""
     actual_cached_tokens: int | None = None  # unknown until the worker's first output
+    dp_rank: int | None = None  # the chosen worker's data-parallel rank (None: it has none)
 
     def as_dict(self) -> dict[str, Any]:
         """The record as JSON-ready values (``nvext.routing``); kv-only fields appear only when set."""
@@ -53,6 +57,8 @@ class DecisionRecord:
         }
         if self.prefill_worker_id:
             out["prefill_worker_id"] = self.prefill_worker_id
+        if self.dp_rank is not None:
+            out["dp_rank"] = self.dp_rank
         return out
 
 
@@ -63,5 +69,7 @@ def _candidate_dict(c: CandidateScore) -> dict[str, Any]:
         out["active_blocks"] = c.active_blocks
     if c.score is not None:
         out["score"] = c.score
+    if c.dp_rank is not None:
+        out["dp_rank"] = c.dp_rank
     return out
 

@@ -32,6 +32,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from services.common.discovery import PREFILL, WorkerCard
+from services.common.dp_ranks import target_id
 from services.common.metrics import ITL_BUCKETS, LATENCY_BUCKETS
 from services.gateway.worker_metrics import WorkerView, worker_view
 
@@ -303,14 +304,17 @@ class MeshCollector:
             ("worker_last_inter_token_latency_seconds", "The worker's last request's mean inter-token gap")], labels)
         view = self.view
         for worker_id, card in sorted(workers.items()):
-            key = [worker_id, "0", _worker_type(card)]  # no data-parallel ranks here: one engine per worker
-            blocks.add_metric(key, -(-view.decode_tokens.get(worker_id, 0) // max(card.model.block_size, 1)))
-            prefill.add_metric(key, view.prefill_tokens.get(worker_id, 0))
-            last = view.last.get(worker_id)
-            if last is not None:
-                for family, value in ((ttft, last.ttft_s), (isl, last.input_tokens), (itl, last.itl_s)):
-                    if value is not None:
-                        family.add_metric(key, value)
+            ranks = card.dp_ranks  # a worker with data-parallel ranks: a series per rank (services/common/dp_ranks.py)
+            for rank in (None,) if ranks is None else ranks:
+                target = target_id(worker_id, rank)
+                key = [worker_id, str(rank or 0), _worker_type(card)]
+                blocks.add_metric(key, -(-view.decode_tokens.get(target, 0) // max(card.model.block_size, 1)))
+                prefill.add_metric(key, view.prefill_tokens.get(target, 0))
+                last = view.last.get(target)
+                if last is not None:
+                    for family, value in ((ttft, last.ttft_s), (isl, last.input_tokens), (itl, last.itl_s)):
+                        if value is not None:
+                            family.add_metric(key, value)
         yield from (blocks, prefill, ttft, isl, itl)
 
 

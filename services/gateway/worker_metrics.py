@@ -20,6 +20,8 @@ import functools
 import time
 from collections.abc import Iterator
 
+from services.common.dp_ranks import split_target
+
 NEW_REQUEST, ONGOING_REQUEST = "new_request", "ongoing_request"  # Dynamo's migration_type values
 
 
@@ -51,13 +53,14 @@ class WorkerView:
 
     def choice(self, model: str, worker_id: str, prefill_worker_id: str, prompt_tokens: int) -> ChoiceLoad:
         """A routed choice: its prompt is prefill load on the worker that computes it until the first output,
-        then decode load (its KV blocks: the collector divides by the model's block size) on its decode worker."""
+        then decode load (its KV blocks: the collector divides by the model's block size) on its decode worker.
+        A worker with data-parallel ranks is named by the rank's target id (services/common/dp_ranks.py)."""
         return ChoiceLoad(self, model, worker_id, prefill_worker_id or worker_id, prompt_tokens)
 
     def forget(self, live: set[str]) -> None:
-        """Drops what is kept of workers that are no longer registered."""
+        """Drops what is kept of workers that are no longer registered (every rank of one)."""
         for table in (self.last, self.prefill_tokens, self.decode_tokens):
-            for worker in [w for w in table if w not in live]:
+            for worker in [w for w in table if split_target(w)[0] not in live]:
                 del table[worker]
 
 
@@ -86,8 +89,8 @@ class ChoiceLoad:
 
     def moved(self, worker_id: str, prefill_worker_id: str) -> None:
         """A response named a new worker: a decode leg's start (with its prefill worker), else a migration."""
-        if prefill_worker_id or worker_id == self._decode:
-            return
+        if prefill_worker_id or worker_id == split_target(self._decode)[0]:
+            return  # a decode leg's start, or its own worker (responses name the worker, not its rank)
         view = self._view
         view.migrations[(self._model, ONGOING_REQUEST if self._first_output is not None else NEW_REQUEST)] += 1
         if self._first_output is not None:

@@ -43,7 +43,7 @@ from services.common.pump import Batch
 from services.postprocessor.aggregated import CallReader
 from services.postprocessor.attempt import WorkerCall, WorkerClient
 from services.postprocessor.disagg_common import drop_leg_budget, name_both_workers, refused_transfer
-from services.postprocessor.migration import WorkerRoute, continuation
+from services.postprocessor.migration import WorkerRoute, continuation, with_rank
 
 PREFILL_ENDED = "the prefill worker ended the stream without a finish reason"
 
@@ -63,6 +63,7 @@ def prefill_leg(request: common_pb2.PreprocessedRequest, route: WorkerRoute) -> 
         leg.stop.min_tokens = min(leg.stop.min_tokens, 1)
     leg.disaggregation.role = common_pb2.DISAGGREGATION_ROLE_PREFILL
     leg.disaggregation.peer_worker_id, leg.disaggregation.peer_address = route.worker_id, route.address
+    with_rank(leg, route.prefill_dp_rank)  # the prefill worker's rank (the request carries the decode worker's)
     return leg
 
 

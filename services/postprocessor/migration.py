@@ -51,6 +51,10 @@ class WorkerRoute:
     prefill_address: str = ""
     # The router asked to hear of this attempt's first token (a split route always does: it frees its prefill leg).
     report_first_token: bool = False
+    # The workers' data-parallel ranks (services/common/dp_ranks.py): the decode (or only) worker's, which the
+    # attempt's request carries (PreprocessedRequest.dp_rank), and the prefill worker's; None: no ranks.
+    dp_rank: int | None = None
+    prefill_dp_rank: int | None = None
 
 
 class RouterClient(Protocol):
@@ -72,6 +76,14 @@ def continuation(original: common_pb2.PreprocessedRequest, generated: Sequence[i
     if stop.HasField("min_tokens"):
         stop.min_tokens = max(0, stop.min_tokens - len(generated))
     return req
+
+
+def with_rank(request: common_pb2.PreprocessedRequest, dp_rank: int | None) -> None:
+    """Sets the request's data-parallel rank (None: the worker has no ranks, so none)."""
+    if dp_rank is None:
+        request.ClearField("dp_rank")
+    else:
+        request.dp_rank = dp_rank
 
 
 def guided(request: common_pb2.PreprocessedRequest) -> bool:
@@ -140,7 +152,8 @@ class Migrator:
         log.info("request %s migrates from %s to %s after %d tokens (%s)", request.request_id, failed[-1] or "?",
                  route.worker_id, generated, error.message)
         return WorkerRoute(route.worker_id, route.address, route.prefill_worker_id, route.prefill_address,
-                           route.report_first_token)
+                           route.report_first_token, route.dp_rank if route.HasField("dp_rank") else None,
+                           route.prefill_dp_rank if route.HasField("prefill_dp_rank") else None)
 
     def report_first_token(self, request_id: str) -> None:
         """Tells the router that a migrated attempt has its first token, in the background (the token is not
@@ -192,7 +205,9 @@ class Migration:
         # Before any response, the caller's own first-token report will be this attempt's.
         self._report_first_token = self._answered and route.report_first_token
         metrics.migrations.inc()
-        return route, continuation(self._original, generated)
+        request = continuation(self._original, generated)
+        with_rank(request, route.dp_rank)  # the new worker's rank, not the old one's
+        return route, request
 
     def first_response(self, response: postprocessor_pb2.GenerateResponse) -> None:
         """Called with each attempt's first response, before it goes out (the later ones need nothing)."""

@@ -126,7 +126,9 @@ class Postprocessor:
             raise InvalidRequest("worker_address is required", param="worker_address")
         builder = await self._builder(req)
         reader = CallReader(builder, req.options.stream_interval, self._idle)
-        route = WorkerRoute(req.worker_id, req.worker_address, req.prefill_worker_id, req.prefill_worker_address)
+        route = WorkerRoute(req.worker_id, req.worker_address, req.prefill_worker_id, req.prefill_worker_address,
+                            dp_rank=req.request.dp_rank if req.request.HasField("dp_rank") else None,
+                            prefill_dp_rank=req.prefill_dp_rank if req.HasField("prefill_dp_rank") else None)
         span = _start_span(req)
         request = _resume(req, builder) if req.HasField("resume") else req.request
         migration = Migration(self.migrator, req.request)

@@ -63,6 +63,7 @@ def request_from_proto(request: worker_pb2.GenerateRequest) -> EngineRequest:
         media=tuple(media_from_proto(m) for m in r.media),
         max_thinking_tokens=_opt(stop, "max_thinking_tokens"),
         kv_transfer_params=transfer_params_from_proto(r),
+        dp_rank=r.dp_rank if r.HasField("dp_rank") else None,
     )
 
 

@@ -162,6 +162,9 @@ class EngineRequest:
     kv_transfer_params: Mapping[str, Any] | None = None
     # The LoRA adapter to run with (services/workers/lora.py: name, path and the engine's id); None: the base.
     lora: HeldAdapter | None = None
+    # The data-parallel rank the router chose (PreprocessedRequest.dp_rank; services/workers/dp_engines.py);
+    # None: unset (a worker without ranks, or a caller that did not route by rank).
+    dp_rank: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -59,17 +59,25 @@ class KvEvents:
     """The worker's KV event publisher, made when the kind knows its final config (id, model, NATS).
 
     A kind whose engine has a KV cache asks ``listener`` once and connects its engine's events to
-    what it gets: None for a worker that does not register (nobody routes by its cache).
+    what it gets: None for a worker that does not register (nobody routes by its cache). A worker with
+    data-parallel ranks asks once per rank (``dp_rank``, with that rank's engine's ``load`` reader): each rank's
+    events are a stream of their own (services/common/dp_ranks.py).
     """
 
     def __init__(self) -> None:
-        self.publisher: KvEventPublisher | None = None
+        self.publishers: dict[int | None, KvEventPublisher] = {}
 
-    def listener(self, worker: WorkerConfig) -> KvEventListener | None:
-        if worker.register and self.publisher is None:
-            self.publisher = KvEventPublisher(worker.nats_url, worker.worker_id, worker.model_name,
-                                              namespace=worker.scope)
-        return self.publisher
+    @property
+    def publisher(self) -> KvEventPublisher | None:
+        """The publisher of a worker without ranks."""
+        return self.publishers.get(None)
+
+    def listener(self, worker: WorkerConfig, dp_rank: int | None = None,
+                 load: LoadReader | None = None) -> KvEventListener | None:
+        if worker.register and dp_rank not in self.publishers:
+            self.publishers[dp_rank] = KvEventPublisher(worker.nats_url, worker.worker_id, worker.model_name, load,
+                                                        namespace=worker.scope, dp_rank=dp_rank)
+        return self.publishers.get(dp_rank)
 
 
 @dataclasses.dataclass
@@ -93,14 +101,15 @@ def engine_serving(worker: WorkerConfig, engine: Engine, *, load: LoadReader | N
                    failed: Callable[[], Awaitable[BaseException]] | None = None,
                    closers: Sequence[Callable[[], Awaitable[None]]] = (),
                    adapters: WorkerAdapters | None = None,
-                   kv_release_by: str = KV_RELEASE_BY_PREFILL) -> Serving:
+                   kv_release_by: str = KV_RELEASE_BY_PREFILL, dp_size: int = 1, dp_start_rank: int = 0) -> Serving:
     """``Serving`` for a started ``Engine`` behind WorkerService (every kind but embed); ``adapters``:
     its LoRA adapters, already loaded (``WorkerAdapters.start``), for a kind that serves LoRA;
-    ``kv_release_by``: the card's ``kv_release_by`` (services/common/discovery.py)."""
+    ``kv_release_by``: the card's ``kv_release_by`` (services/common/discovery.py); ``dp_size`` and
+    ``dp_start_rank``: its data-parallel ranks (services/common/dp_ranks.py; ``engine`` serves them all)."""
     server = build_server(worker, engine, adapters)
     card = worker_card(worker, worker.advertised_address(server.port), total_kv_blocks=total_kv_blocks,
                        max_num_batched_tokens=max_num_batched_tokens, adapters=adapters,
-                       kv_release_by=kv_release_by)
+                       kv_release_by=kv_release_by, dp_size=dp_size, dp_start_rank=dp_start_rank)
     return Serving(worker, server, card, closers=[*closers, engine.close], load=load, failed=failed,
                    adapters=adapters)
 
@@ -145,17 +154,17 @@ async def serve(kind: WorkerKind[Any, P], prepared: P) -> None:
     """Builds the worker and serves it, registered in discovery for as long as it serves."""
     events = KvEvents()
     serving = await kind.build(prepared, events)
-    publisher = events.publisher
+    publishers = list(events.publishers.values())
     try:
-        if publisher is not None:
-            if serving.load is not None:
+        for publisher in publishers:
+            if serving.load is not None and publisher.dp_rank is None:  # a rank's reader came with its listener
                 publisher.set_load_reader(serving.load)
             await publisher.start()  # connects in the background: the worker does not wait for NATS
             # Stopped first once the server has: its load reader reads the engine, which the next closers close.
             serving.closers.insert(0, publisher.close)
         await _serve_registered(serving)
     finally:
-        if publisher is not None:
+        for publisher in publishers:
             await publisher.close()  # a no-op when it closed with the server, as it does unless serving failed
 
 

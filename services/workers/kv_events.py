@@ -107,9 +107,12 @@ class KvEventPublisher:
     """Implements ``KvEventListener`` (services/common/kv_events.py); ``start`` connects, ``close`` stops."""
 
     def __init__(self, nats_url: str, worker_id: str, model: str, load: LoadReader | None = None, *,
-                 namespace: Namespace = DEFAULT_NAMESPACE):
+                 namespace: Namespace = DEFAULT_NAMESPACE, dp_rank: int | None = None):
+        """``dp_rank``: the data-parallel rank whose engine this publisher speaks for (one publisher per rank,
+        each with its own ``seq`` and dump subject: services/common/kv_events.py); None: a worker without ranks."""
         self.nats_url = nats_url
         self.worker_id = worker_id
+        self.dp_rank = dp_rank
         self.model = model
         self.namespace = namespace
         self.subject = events_subject(namespace, model, worker_id)
@@ -160,8 +163,9 @@ class KvEventPublisher:
         self._tasks.append(asyncio.create_task(self._run(), name="kv-events"))
 
     async def _run(self) -> None:
-        nc = await connect_retrying(self.nats_url, f"kv-events-{self.worker_id}")
-        await nc.subscribe(dump_subject(self.namespace, self.worker_id), cb=self._answer_dump)
+        nc = await connect_retrying(self.nats_url, f"kv-events-{self.worker_id}"
+                                    + ("" if self.dp_rank is None else f"-dp{self.dp_rank}"))
+        await nc.subscribe(dump_subject(self.namespace, self.worker_id, self.dp_rank), cb=self._answer_dump)
         self._nc = nc
         self.connected.set()
         while True:
@@ -200,6 +204,8 @@ class KvEventPublisher:
         self.seq += 1
         msg = {"worker_id": self.worker_id, "model": self.model, "seq": self.seq,
                "published_at_ms": int(time.time() * 1000), "events": events}
+        if self.dp_rank is not None:
+            msg["dp_rank"] = self.dp_rank
         if load is not None:
             msg["load"] = load
         await self._nc.publish(self.subject, orjson.dumps(msg))
@@ -212,6 +218,8 @@ class KvEventPublisher:
                 await self._publish_locked(self._read_load())
             reply = {"worker_id": self.worker_id, "model": self.model, "seq": self.seq,
                      "blocks": self.mirror.dump()}
+            if self.dp_rank is not None:
+                reply["dp_rank"] = self.dp_rank
         await msg.respond(orjson.dumps(reply))
 
     async def close(self) -> None:

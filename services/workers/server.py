@@ -51,7 +51,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
 def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
                 max_num_batched_tokens: int = 0, adapters: WorkerAdapters | None = None,
-                kv_release_by: str = KV_RELEASE_BY_PREFILL) -> WorkerCard:
+                kv_release_by: str = KV_RELEASE_BY_PREFILL, dp_size: int = 1, dp_start_rank: int = 0) -> WorkerCard:
+    """``total_kv_blocks`` and ``max_num_batched_tokens`` are one engine's: with data-parallel ranks
+    (``dp_size`` from ``dp_start_rank``, services/common/dp_ranks.py), each rank's."""
     model = ModelCard(name=cfg.model_name, model_dir=cfg.model_dir, context_length=cfg.context_length,
                       block_size=cfg.block_size, tool_call_parser=cfg.tool_call_parser,
                       reasoning_parser=cfg.reasoning_parser, input_modalities=cfg.input_modalities,
@@ -62,7 +64,8 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
                       total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,
                       role=cfg.role, max_loras=lora.max_loras if lora is not None else 0,
                       lora_runtime_loading=lora.runtime_loading if lora is not None else False,
-                      kv_release_by=kv_release_by, namespace=cfg.scope.name)
+                      kv_release_by=kv_release_by, namespace=cfg.scope.name,
+                      data_parallel_start_rank=dp_start_rank, data_parallel_size=dp_size)
 
 
 def worker_grpc_server(cfg: WorkerConfig) -> GrpcServer:

@@ -21,10 +21,11 @@ Every field Dynamo defines is accepted with its type checked. What applies to a 
   when the request finishes; ``timeout`` is its idle life in seconds.
 - the ``X-Dynamo-Session-ID`` header: Dynamo's session key, which the router binds only under its
   ``--router-session-affinity-ttl-secs`` (services/router/core/sessions.py); ``session_control`` wins.
+- ``dp_rank`` / ``prefill_dp_rank`` (headers ``x-dp-rank`` / ``x-prefill-dp-rank``): the data-parallel ranks
+  of the (decode) worker and of the prefill worker (core/pins.py; the router's check: services/router/dp_pins.py).
 
-What only means something with data-parallel ranks or another engine feature
-(``dp_rank``, ``prefill_dp_rank``,
-``agent_hints.osl``, ``agent_hints.speculative_prefill``, ``request_timestamp_ms``,
+What only means something with another engine feature
+(``agent_hints.osl``, ``agent_hints.speculative_prefill``, ``request_timestamp_ms``,
 ``use_raw_prompt``, ``extra_fields: routed_experts``, other annotation names) is accepted and
 named in the response header ``x-meshfront-ignored-fields``, never a 400.
 """
@@ -48,9 +49,6 @@ SESSION_ACTIONS = ("open", "close")
 # Unknown annotation names are echoed in a response header; these bound its size.
 MAX_ANNOTATIONS = 32
 MAX_ANNOTATION_CHARS = 256
-# Dynamo's data-parallel ranks and the headers that set them (accepted, not honoured).
-_DISAGG_RANKS = ("dp_rank", "prefill_dp_rank")
-DISAGG_HEADERS = ("x-dp-rank", "x-prefill-dp-rank")
 SESSION_HEADER = "x-dynamo-session-id"
 # A session key is remembered by every router replica: a bound on its size bounds theirs.
 MAX_SESSION_ID_CHARS = 256
@@ -62,7 +60,7 @@ class NvExt:
 
     greedy: bool = False
     annotations: tuple[str, ...] = ()  # every requested name, forwarded to the worker
-    pins: Pins = Pins()  # backend_instance_id, prefill_worker_id, decode_worker_id, and their headers (pins.py)
+    pins: Pins = Pins()  # worker pins, dp_rank, prefill_dp_rank, and their headers (pins.py)
     token_data: list[int] | None = None
     max_thinking_tokens: int | None = None
     extra_fields: tuple[str, ...] = ()  # the honoured ones
@@ -159,9 +157,6 @@ def parse_nvext(raw: dict[str, Any] | None, headers: dict[str, str]) -> NvExt:
                                  param="nvext.extra_fields")
     out.extra_fields = tuple(n for n in dict.fromkeys(extra) if n in EXTRA_FIELDS)
     out.ignored += [f"nvext.extra_fields[{n}]" for n in dict.fromkeys(extra) if n in IGNORED_EXTRA_FIELDS]
-    for key in _DISAGG_RANKS:
-        if ext.int(key, UINT32) is not None:
-            out.ignored.append(f"nvext.{key}")
     if ext.raw("request_timestamp_ms") is not None:
         check_float(ext.raw("request_timestamp_ms"), "nvext.request_timestamp_ms", 0.0)
         out.ignored.append("nvext.request_timestamp_ms")
@@ -169,5 +164,4 @@ def parse_nvext(raw: dict[str, Any] | None, headers: dict[str, str]) -> NvExt:
     _session_control(ext, out)
     out.affinity_session_id = _session_header(headers)
     ext.reject_unknown()
-    out.ignored += [h for h in DISAGG_HEADERS if h in headers]
     return out

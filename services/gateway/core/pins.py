@@ -4,6 +4,8 @@ Dynamo's routing pins (dynamo-frontend.md §1.1, ``apply_header_routing_override
 
 - ``x-worker-instance-id`` sets ``backend_instance_id`` **and** ``decode_worker_id``;
 - ``x-prefill-instance-id`` sets ``prefill_worker_id``;
+- ``x-dp-rank`` sets ``dp_rank`` and ``x-prefill-dp-rank`` ``prefill_dp_rank``, the data-parallel ranks of the
+  (decode) worker and of the prefill worker (services/router/dp_pins.py); Dynamo's ``4294967295`` is no rank;
 - a header wins over the body's ``nvext`` field.
 
 Chat, completions and KServe (whose parsers are the OpenAI ones) read the body's ``nvext`` too;
@@ -22,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from services.common.dp_ranks import NO_RANK
 from services.common.errors import InvalidRequest
-from services.gateway.core.fields import UINT64, Fields, check_int
+from services.gateway.core.fields import UINT32, UINT64, Fields, check_int
 
 WORKER_PIN_HEADER = "x-worker-instance-id"
 PREFILL_PIN_HEADER = "x-prefill-instance-id"
@@ -31,8 +34,11 @@ PREFILL_PIN_HEADER = "x-prefill-instance-id"
 WORKER_PIN_FIELD = "nvext.backend_instance_id"
 PREFILL_PIN_FIELD = "nvext.prefill_worker_id"
 DECODE_PIN_FIELD = "nvext.decode_worker_id"
+DP_RANK_HEADER, PREFILL_DP_RANK_HEADER = "x-dp-rank", "x-prefill-dp-rank"
+DP_RANK_FIELD, PREFILL_DP_RANK_FIELD = "nvext.dp_rank", "nvext.prefill_dp_rank"
 HEADER_OF = {WORKER_PIN_FIELD: WORKER_PIN_HEADER, DECODE_PIN_FIELD: WORKER_PIN_HEADER,
-             PREFILL_PIN_FIELD: PREFILL_PIN_HEADER}
+             PREFILL_PIN_FIELD: PREFILL_PIN_HEADER, DP_RANK_FIELD: DP_RANK_HEADER,
+             PREFILL_DP_RANK_FIELD: PREFILL_DP_RANK_HEADER}
 # Worker ids are uint64s (Dynamo's form) or short names; anything longer is not an id.
 MAX_PIN_CHARS = 128
 
@@ -48,6 +54,9 @@ class Pins:
     # (field, header) for each pin field the client set, or can only set, with a header: an error about that
     # field names the header instead.
     names: tuple[tuple[str, str], ...] = ()
+    # Data-parallel ranks (nvext.dp_rank / x-dp-rank, nvext.prefill_dp_rank / x-prefill-dp-rank); None: unpinned.
+    dp_rank: int | None = None
+    prefill_dp_rank: int | None = None
 
 
 def check_pin_text(pin: str, param: str) -> str:
@@ -71,6 +80,18 @@ def body_pin(ext: Fields, key: str) -> str:
     raise InvalidRequest(f"'nvext.{key}' must be a string or a non-negative integer", param=f"nvext.{key}")
 
 
+def header_rank(headers: Mapping[str, str], header: str) -> int | None:
+    """A rank header's value: a u32, where Dynamo's 4294967295 (and an empty value) means no rank."""
+    raw = headers.get(header, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) > UINT32.hi:
+        raise InvalidRequest(f"header '{header}' must be a data-parallel rank (a non-negative 32-bit integer)",
+                             param=header)
+    rank = int(raw)
+    return None if rank == NO_RANK else rank
+
+
 def read_pins(headers: Mapping[str, str], ext: Fields | None = None) -> Pins:
     """The request's pins: the headers, over ``ext`` (the body's ``nvext``; None where the API has none)."""
     worker = headers.get(WORKER_PIN_HEADER)
@@ -79,17 +100,23 @@ def read_pins(headers: Mapping[str, str], ext: Fields | None = None) -> Pins:
         worker = check_pin_text(worker, WORKER_PIN_HEADER)
     if prefill:
         prefill = check_pin_text(prefill, PREFILL_PIN_HEADER)
+    rank, prefill_rank = header_rank(headers, DP_RANK_HEADER), header_rank(headers, PREFILL_DP_RANK_HEADER)
     if ext is None:
-        return Pins(worker or "", prefill or "", worker or "", tuple(HEADER_OF.items()))
+        return Pins(worker or "", prefill or "", worker or "", tuple(HEADER_OF.items()), rank, prefill_rank)
     # Every body pin is read (and its type checked) even where a header overrides it.
     body = Pins(body_pin(ext, "backend_instance_id"), body_pin(ext, "prefill_worker_id"),
-                body_pin(ext, "decode_worker_id"))
+                body_pin(ext, "decode_worker_id"), (), ext.int("dp_rank", UINT32), ext.int("prefill_dp_rank", UINT32))
     names: tuple[tuple[str, str], ...] = ()
     if worker:
         names = ((WORKER_PIN_FIELD, WORKER_PIN_HEADER), (DECODE_PIN_FIELD, WORKER_PIN_HEADER))
     if prefill:
         names += ((PREFILL_PIN_FIELD, PREFILL_PIN_HEADER),)
-    return Pins(worker or body.worker_id, prefill or body.prefill_worker_id, worker or body.decode_worker_id, names)
+    if rank is not None:
+        names += ((DP_RANK_FIELD, DP_RANK_HEADER),)
+    if prefill_rank is not None:
+        names += ((PREFILL_DP_RANK_FIELD, PREFILL_DP_RANK_HEADER),)
+    return Pins(worker or body.worker_id, prefill or body.prefill_worker_id, worker or body.decode_worker_id, names,
+                body.dp_rank if rank is None else rank, body.prefill_dp_rank if prefill_rank is None else prefill_rank)
 
 
 def named_as_sent(error: InvalidRequest, names: Sequence[tuple[str, str]]) -> InvalidRequest:

@@ -19,6 +19,7 @@ from meshfront.router.v1 import router_pb2
 
 from services.common import tracing
 from services.common.decision_record import CandidateScore, DecisionRecord
+from services.common.dp_ranks import target_id
 from services.common.errors import InvalidRequest, WorkerFailed
 from services.gateway.clients import PostprocessorClient, PreprocessorClient, RouterClient
 from services.gateway.core.delta import FINISH, Delta
@@ -77,19 +78,32 @@ class Pipeline:
                     session_action=hints.session_action, session_timeout_s=hints.session_timeout_s,
                     priority_jump_s=hints.priority_jump_s, prefill_worker_id=hints.prefill_worker_id,
                     decode_worker_id=hints.decode_worker_id, explain=hints.explain,
-                    affinity_session_id=hints.affinity_session_id))
+                    affinity_session_id=hints.affinity_session_id, dp_rank=hints.dp_rank,
+                    prefill_dp_rank=hints.prefill_dp_rank))
         except InvalidRequest as e:  # a bad pin: named as the client sent it (the router knows only the field)
             raise named_as_sent(e, hints.pin_names) from None
         route = lease.route
         gen.worker_address, gen.worker_id = route.address, route.worker_id
         # Disaggregated: the prefill leg's worker (empty for an aggregated request).
         gen.prefill_worker_address, gen.prefill_worker_id = route.prefill_address, route.prefill_worker_id
+        # The workers' data-parallel ranks the router chose (services/common/dp_ranks.py): the worker runs it there.
+        if route.HasField("dp_rank"):
+            req.dp_rank = route.dp_rank
+        if route.HasField("prefill_dp_rank"):
+            gen.prefill_dp_rank = route.prefill_dp_rank
         record = decision_record(route.decision) if route.HasField("decision") else None
+        if record is not None and route.HasField("dp_rank"):
+            record.dp_rank = route.dp_rank
         if trace is not None:
             trace.on_routed(index, route.worker_id, route.queue_depth, route.prefill_worker_id)
             if record is not None:
                 trace.routing[index] = record
-        load = self.workers.choice(req.model, route.worker_id, route.prefill_worker_id, len(req.token_ids))
+        # Per data-parallel rank, as Dynamo's families label them (dp_rank): the ranks' target ids.
+        decode_rank = route.dp_rank if route.HasField("dp_rank") else None
+        prefill_rank = route.prefill_dp_rank if route.HasField("prefill_dp_rank") else None
+        load = self.workers.choice(req.model, target_id(route.worker_id, decode_rank),
+                                   target_id(route.prefill_worker_id, prefill_rank) if route.prefill_worker_id else "",
+                                   len(req.token_ids))
         return _RoutedChoice(index, choice == 0, len(req.token_ids), lease, gen, load, record)
 
     async def run(self, requests: Sequence[preprocessor_pb2.PreprocessRequest], n: int,
@@ -221,5 +235,6 @@ def decision_record(d: router_pb2.RoutingDecision) -> DecisionRecord:
     return DecisionRecord(d.policy, d.chosen_by, d.worker_id, tuple(
         CandidateScore(c.worker_id, c.overlap_blocks, c.in_flight, c.booked_prompt_tokens,
                        c.active_blocks if c.HasField("active_blocks") else None,
-                       c.score if c.HasField("score") else None, c.eligible) for c in d.candidates),
+                       c.score if c.HasField("score") else None, c.eligible,
+                       c.dp_rank if c.HasField("dp_rank") else None) for c in d.candidates),
         d.predicted_cached_tokens, d.prompt_tokens, d.prefill_worker_id)

@@ -67,7 +67,7 @@ class GenerationRequest:
         ext = self.nvext
         return RouteHints(self.session_id, ext.session_action, ext.session_timeout_s, ext.priority_jump_s,
                           self.pins.prefill_worker_id, self.pins.decode_worker_id, "routing" in ext.extra_fields,
-                          self.pins.names, ext.affinity_session_id)
+                          self.pins.names, ext.affinity_session_id, self.pins.dp_rank, self.pins.prefill_dp_rank)
 
 
 @dataclasses.dataclass

@@ -29,6 +29,9 @@ class RouteHints:
     # (field, header): the pins the client set with a header, which the router's errors must name (core/pins.py).
     pin_names: tuple[tuple[str, str], ...] = ()
     affinity_session_id: str = ""  # the X-Dynamo-Session-ID header (RouteRequest.affinity_session_id)
+    # Data-parallel rank pins (nvext.dp_rank / x-dp-rank, nvext.prefill_dp_rank / x-prefill-dp-rank); None: none.
+    dp_rank: int | None = None
+    prefill_dp_rank: int | None = None
 
 
 @dataclasses.dataclass

@@ -116,6 +116,9 @@ class MockerConfig:
     media: MediaSimConfig | None = None
     jobs: JobLimits = DEFAULT_JOBS
     lora: LoraSettings = LoraSettings()
+    # --dp-size: data-parallel ranks, one simulated engine each (own KV cache, scheduler and KV events) in this
+    # process, registered as ranks 0..dp_size-1 (services/workers/dp_engines.py).
+    dp_size: int = 1
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> MockerConfig:
@@ -157,6 +160,10 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     p.add("--lora-runtime-loading", default=False, type=bool,
           help="load adapters at runtime: /v1/load_lora_adapter, and a request for one held elsewhere "
                "(vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+    p.add("--dp-size", default=1, type=int, aliases=("--data-parallel-size",),
+          help="data-parallel attention ranks: one simulated engine each (its own KV cache, queue and KV events) "
+               "behind this worker, registered and routed per rank (SGLang's --dp-size, vLLM's and Dynamo's mocker's "
+               "--data-parallel-size)")
     add_media_flags(p)
     add_job_flags(p)
     args = p.parse(argv)
@@ -193,6 +200,11 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     media = media_config_from_args(args, args.speedup_ratio, errors)
     jobs = job_limits_from_args(args)
     errors += worker.validate(text_model=media is None) + engine.validate() + jobs.validate()
+    if args.dp_size < 1:
+        errors.append("--dp-size must be positive")
+    elif args.dp_size > 1 and (media is not None or worker.role == "prefill"):
+        # A prefill leg's held blocks are served per worker (KvTransferService), not per rank.
+        errors.append("--dp-size above 1 serves text models in --disaggregation-mode agg or decode only")
     if errors:
         raise ConfigError(errors)
-    return MockerConfig(worker=worker, engine=engine, media=media, jobs=jobs, lora=lora)
+    return MockerConfig(worker=worker, engine=engine, media=media, jobs=jobs, lora=lora, dp_size=args.dp_size)

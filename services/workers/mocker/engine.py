@@ -102,6 +102,10 @@ class MockerEngine:
         self._fail_all(EngineError("the worker is shutting down"))
         self.holds.release_all()
 
+    def backlog(self) -> int:
+        """Sequences running and waiting: where a worker of data-parallel ranks runs a request given no rank."""
+        return len(self.scheduler.waiting) + len(self.scheduler.running)
+
     def read_load(self) -> dict[str, int]:
         """The routers' load fields, as every engine reports them (published with the KV events)."""
         return {"active_blocks": self.cache.active_blocks, "waiting": len(self.scheduler.waiting),
