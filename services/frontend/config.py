@@ -41,6 +41,7 @@ DYNAMO_DEFAULTS: dict[str, Any] = {
     "--kserve-grpc-server": False,
     "--metrics-prefix": "dynamo_frontend",
     "--router-session-affinity-mode": "hard",
+    "--router-track-output-blocks": False,
 }
 # Common flags the plan sets per process (ports); every other common flag goes to every process.
 PLACED_BY_PLAN = ("--host", "--port", "--metrics-port")

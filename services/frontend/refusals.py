@@ -26,8 +26,6 @@ class Refusal:
 
 _NO_TCP_PLANE = Refusal("stages and workers talk gRPC over HTTP/2, not Dynamo's TCP request plane",
                         "TLS between services is --tls-cert/--tls-key/--tls-ca (mTLS) on every service")
-_KV_TUNING = ("the kv policy scores a worker as overlap weight x prompt blocks it lacks + its active decode blocks; "
-              "Dynamo's cost-model knobs are not built")
 _AIS = Refusal("Meshfront has no AISimulate prefill-load model (--router-prefill-load-model is none only)",
                "the router books each request's prompt tokens on its worker until the first token")
 
@@ -55,47 +53,17 @@ REFUSED: dict[str, Refusal] = {
     "--trust-remote-code": Refusal("tokenizers load from tokenizer.json with the tokenizers library; no code from a "
                                    "model repository runs in the frontend", "a model directory with tokenizer.json",
                                    accepts=("False",)),
-    "--active-decode-blocks-threshold": Refusal("busy detection counts in-flight requests per worker, not KV block "
-                                                "utilisation (not built yet)",
-                                                "--max-in-flight-per-worker with --queue-timeout-s",
-                                                accepts=("None",)),
-    "--active-prefill-tokens-threshold": Refusal("busy detection counts in-flight requests per worker, not prefill "
-                                                 "tokens (not built yet)",
-                                                 "--max-in-flight-per-worker with --queue-timeout-s",
-                                                 accepts=("None",)),
-    "--active-prefill-tokens-threshold-frac": Refusal("busy detection counts in-flight requests per worker, not "
-                                                      "prefill tokens (not built yet)",
-                                                      "--max-in-flight-per-worker with --queue-timeout-s",
-                                                      accepts=("None",)),
     "--load-aware": Refusal("a deprecated Dynamo preset of cost-model settings Meshfront does not have",
                             "--router-mode least-loaded", accepts=("False",)),
-    "--router-kv-overlap-score-credit": Refusal(_KV_TUNING, "--kv-overlap-weight"),
-    "--router-kv-overlap-score-credit-decay": Refusal(_KV_TUNING, "--kv-overlap-weight", accepts=("0.0",)),
-    "--router-prefill-load-scale": Refusal(_KV_TUNING, "--kv-overlap-weight"),
-    "--router-decode-active-request-weight": Refusal(_KV_TUNING, "--kv-overlap-weight", accepts=("0.0",)),
     "--router-host-cache-hit-weight": Refusal("KV events report device blocks only; there are no host or disk cache "
                                               "tiers to credit", "--kv-overlap-weight"),
     "--router-disk-cache-hit-weight": Refusal("KV events report device blocks only; there are no host or disk cache "
                                               "tiers to credit", "--kv-overlap-weight"),
-    "--router-track-active-blocks": Refusal("the kv policy always counts each worker's active decode blocks",
-                                            "nothing to set", accepts=("True",)),
-    "--router-track-output-blocks": Refusal("the kv policy counts prompt blocks, not placeholder output blocks",
-                                            "nothing to set", accepts=("False",)),
-    "--router-assume-kv-reuse": Refusal("the kv policy always assumes a prompt's cached blocks are reused",
-                                        "nothing to set", accepts=("True",)),
-    "--router-track-prefill-tokens": Refusal("the router always books each request's prompt tokens on its worker",
-                                             "nothing to set", accepts=("True",)),
     "--router-tracking-hash": Refusal("block identities are the public xxh3 hashes the workers' KV events carry; "
                                       "there is no keyed variant", "nothing to set", accepts=("public-xxh3-v1",)),
     "--router-tracking-key-file": Refusal("there is no keyed tracking hash", "nothing to set"),
     "--router-tracking-key-id": Refusal("there is no keyed tracking hash", "nothing to set"),
     "--router-prefill-load-model": dataclasses.replace(_AIS, accepts=("none",)),
-    "--router-approximate-cache-policy": Refusal("without KV events the router forgets predicted blocks after "
-                                                 "--router-ttl-secs; there is no capacity-aware LRU",
-                                                 "--no-router-kv-events with --router-ttl-secs", accepts=("ttl",)),
-    "--router-queue-threshold": Refusal("the router queues by in-flight requests per worker, not by a fraction of "
-                                        "prefill capacity (not built yet)",
-                                        "--max-in-flight-per-worker with --queue-timeout-s"),
     "--router-policy-config": Refusal("policy classes and worker-selection instances from YAML are not built yet",
                                       "--router-mode and the router's flags"),
     "--router-prefill-policy": Refusal("there are no named worker-selection instances; prefill workers are chosen by "
@@ -104,9 +72,6 @@ REFUSED: dict[str, Refusal] = {
                                       "--router-mode's policy", "--router-mode", accepts=("default",)),
     "--router-event-threads": Refusal("each router applies KV events on its own event loop; it scales by replicas, "
                                       "not threads", "more routers (meshfront run --routers, or router replicas)"),
-    "--router-queue-policy": Refusal("the router's queue serves first come, first served with priority bumps "
-                                     "(nvext.agent_hints.priority); wspt is not built", "nothing to set",
-                                     accepts=("fcfs",)),
     "--use-remote-indexer": Refusal("each router keeps its own kv index; there is no remote indexer to query",
                                     "more routers share bookings over NATS (--router-replica-sync)",
                                     accepts=("False",)),
@@ -130,8 +95,6 @@ REFUSED: dict[str, Refusal] = {
 # the flag's other values are honoured by the stage that owns it.
 REFUSED_VALUES: dict[str, dict[str, str]] = {
     "--router-mode": {
-        "power-of-two": "power-of-two is not built yet; least-loaded picks the worker with the fewest in-flight "
-                        "requests among all of them",
         "device-aware-weighted": "workers do not report a device type; every worker of a model is one pool",
     },
 }

@@ -16,9 +16,11 @@ from services.common.overload import BusyThreshold
 from services.router.config import RouterConfig
 from services.router.core.conditional import DisaggSettings
 from services.router.core.kv_ingest import KvEventIngest
+from services.router.core.load_model import LoadThresholds, WorkerLoads
 from services.router.core.policies import KV_MODE, KvSettings, build_policy, kv_policy
 from services.router.core.policies.kv_aware import KvAware
 from services.router.core.sessions import SessionAffinity
+from services.router.core.wait_queue import WaitQueue
 from services.router.core.worker_gate import WorkerGate
 from services.router.events import KvEventSubscriber, ReplicaSync
 from services.router.metrics import RouterMetrics
@@ -45,6 +47,15 @@ def build_router(workers_for: WorkerLookup, mode: str, kv: KvSettings | None = N
     return Router(workers_for, build_policy(mode), busy=busy, queue_timeout_s=queue_timeout_s, disagg=disagg)
 
 
+def load_thresholds(cfg: RouterConfig) -> BusyThreshold:
+    """--max-in-flight-per-worker and Dynamo's load thresholds (core/load_model.py); a plain request count
+    when none of Dynamo's is set (nothing else to track)."""
+    thresholds = LoadThresholds(cfg.max_in_flight_per_worker, cfg.active_decode_blocks_threshold,
+                                cfg.active_prefill_tokens_threshold, cfg.active_prefill_tokens_threshold_frac,
+                                cfg.router_queue_threshold, WorkerLoads(cfg.router_track_prefill_tokens))
+    return thresholds if thresholds.reads_loads else BusyThreshold(cfg.max_in_flight_per_worker)
+
+
 def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: CollectorRegistry = REGISTRY) -> Built[Router]:
     """The router over ``registry`` (subscribed to it; the caller starts it after building).
 
@@ -54,14 +65,21 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
     """
     ingest = KvEventIngest() if cfg.router_mode == KV_MODE and cfg.router_kv_events else None
     kv = KvSettings(overlap_weight=cfg.kv_overlap_weight, temperature=cfg.router_temperature,
-                    hotspot_ratio=cfg.hotspot_ratio, ttl_s=cfg.router_ttl_secs)
-    router = build_router(registry.workers_for, cfg.router_mode, kv, ingest,
-                          busy=BusyThreshold(cfg.max_in_flight_per_worker), queue_timeout_s=cfg.queue_timeout_s,
-                          disagg=cfg.disagg)
+                    hotspot_ratio=cfg.hotspot_ratio, ttl_s=cfg.router_ttl_secs,
+                    cache_policy=cfg.router_approximate_cache_policy, cost=cfg.kv_cost)
+    router = build_router(registry.workers_for, cfg.router_mode, kv, ingest, busy=load_thresholds(cfg),
+                          queue_timeout_s=cfg.queue_timeout_s, disagg=cfg.disagg)
+    router.queue = WaitQueue(policy=cfg.router_queue_policy)  # before the metrics read its depths
     router.gate = WorkerGate(cfg.router_min_initial_workers)  # before the registry's first cards reach it
     router.sessions = SessionAffinity(affinity_ttl_s=cfg.router_session_affinity_ttl_secs,
                                       mode=cfg.router_session_affinity_mode)
     registry.subscribe(router.on_worker_change)
+    loads = router.loads
+    if loads is not None:
+        registry.subscribe(lambda worker_id, card: None if card is not None else loads.drop_worker(worker_id))
+        if ingest is not None:  # the workers' load reports ride on their KV events
+            ingest.load_listeners.append(
+                lambda worker_id, blocks: loads.note_report(worker_id, blocks, ingest.loads[worker_id].total_blocks))
     metrics = RouterMetrics(registry=metrics_registry, ingest=ingest,
                             policy_stats=router.kv.stats if router.kv is not None else None,
                             queued=router.queue.depths, sessions=lambda: len(router.sessions),

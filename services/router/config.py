@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
 from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
 from services.router.core.conditional import DisaggSettings, parse_settings
-from services.router.core.policies import POLICY_NAMES
+from services.router.core.policies import POLICY_NAMES, KvCost
+from services.router.core.policies.kv_cost import DEFAULT_COST
 from services.router.core.sessions import AFFINITY_MODES, MAX_AFFINITY_TTL_S, SOFT
+from services.router.core.wait_queue import FCFS, QUEUE_POLICIES
 
 DEFAULT_PORT = 9300
 
@@ -49,6 +52,29 @@ class RouterConfig:
     router_min_initial_workers: int = 0
     router_session_affinity_ttl_secs: int = 0
     router_session_affinity_mode: str = SOFT
+    # Dynamo's load model (core/load_model.py): busy thresholds (None: that check is off) and the queue threshold.
+    active_decode_blocks_threshold: float | None = None
+    active_prefill_tokens_threshold: int | None = None
+    active_prefill_tokens_threshold_frac: float | None = None
+    router_queue_threshold: float | None = None
+    router_queue_policy: str = FCFS
+    router_approximate_cache_policy: str = "ttl"
+    # Dynamo's kv cost flags (core/policies/kv_cost.py), their defaults Dynamo's (track_output_blocks: ours).
+    router_kv_overlap_score_credit: float = DEFAULT_COST.overlap_score_credit
+    router_kv_overlap_score_credit_decay: float = DEFAULT_COST.overlap_score_credit_decay
+    router_prefill_load_scale: float = DEFAULT_COST.prefill_load_scale
+    router_decode_active_request_weight: float = DEFAULT_COST.decode_active_request_weight
+    router_track_active_blocks: bool = DEFAULT_COST.track_active_blocks
+    router_track_output_blocks: bool = DEFAULT_COST.track_output_blocks
+    router_assume_kv_reuse: bool = DEFAULT_COST.assume_kv_reuse
+    router_track_prefill_tokens: bool = DEFAULT_COST.track_prefill_tokens
+
+    @property
+    def kv_cost(self) -> KvCost:
+        return KvCost(self.router_kv_overlap_score_credit, self.router_kv_overlap_score_credit_decay,
+                      self.router_prefill_load_scale, self.router_decode_active_request_weight,
+                      self.router_track_active_blocks, self.router_track_output_blocks, self.router_assume_kv_reuse,
+                      self.router_track_prefill_tokens)
 
     @property
     def disagg(self) -> DisaggSettings:
@@ -77,12 +103,39 @@ class RouterConfig:
                           f"between 1 and {MAX_AFFINITY_TTL_S} (0 = header session affinity off)")
         if self.router_ttl_secs <= 0:
             errors.append(f"--router-ttl-secs {self.router_ttl_secs:g} must be > 0")
+        errors += _load_errors(self) + self.kv_cost.errors()
         try:
             _ = self.disagg
         except ValueError as e:
             errors.append(str(e))
         if errors:
             raise ValueError("; ".join(errors))
+
+
+def _load_errors(cfg: RouterConfig) -> list[str]:
+    """Dynamo's bounds on its load thresholds (worker_monitor.rs LoadThresholdConfig::validate, and >= 0)."""
+    errors = []
+    frac = cfg.active_decode_blocks_threshold
+    if frac is not None and not (math.isfinite(frac) and 0 <= frac <= 1):
+        errors.append(f"--active-decode-blocks-threshold {frac:g} must be between 0.0 and 1.0 (None = off)")
+    if cfg.active_prefill_tokens_threshold is not None and cfg.active_prefill_tokens_threshold < 0:
+        errors.append(f"--active-prefill-tokens-threshold {cfg.active_prefill_tokens_threshold} must be >= 0 "
+                      "(None = off)")
+    for flag, value in (("--active-prefill-tokens-threshold-frac", cfg.active_prefill_tokens_threshold_frac),
+                        ("--router-queue-threshold", cfg.router_queue_threshold)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            errors.append(f"{flag} {value:g} must be finite and >= 0 (None = off)")
+    return errors
+
+
+def _optional(kind: type[float] | type[int]):
+    """A Dynamo threshold's value: a number, or 'None' (the check is off), as Dynamo's flags take it."""
+    def parse(text: str) -> float | int | None:
+        if text.strip() in ("None", "none", ""):
+            return None
+        return kind(text)
+    parse.__name__ = kind.__name__  # argparse's "invalid float value" names the type
+    return parse
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> RouterConfig:
@@ -138,9 +191,65 @@ def add_flags(p: Flags) -> None:
           dynamo_env="DYN_ROUTER_SESSION_AFFINITY_MODE",
           help="when a session's worker is busy: soft = route this request elsewhere, keeping the binding; hard = "
                "keep it on that worker (it waits with --queue-timeout-s, else 503); Dynamo's default is hard")
+    _add_load_flags(p)
+    _add_cost_flags(p)
     p.add("--queue-timeout-s", default=0.0, type=float,
           help="with --max-in-flight-per-worker: how long a request may wait for a busy model, served in "
                "priority order (nvext.agent_hints.priority), before the 503 (0 = fail at once)")
+
+
+def _add_load_flags(p: Flags) -> None:
+    """Dynamo's busy thresholds, queue and approximate-cache flags (core/load_model.py, core/wait_queue.py)."""
+    p.add("--active-decode-blocks-threshold", default=None, type=_optional(float),
+          dynamo_env="DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD",
+          help="a worker whose active KV blocks (booked prompts, or its load report when more) exceed this "
+               "fraction of its KV blocks is busy; 'None' = off. Busy checks OR together")
+    p.add("--active-prefill-tokens-threshold", default=None, type=_optional(int),
+          dynamo_env="DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD",
+          help="a worker with more prompt tokens than this still to prefill (booked, less the predicted cache, "
+               "until the first token) is busy; 'None' = off")
+    p.add("--active-prefill-tokens-threshold-frac", default=None, type=_optional(float),
+          dynamo_env="DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC",
+          help="as --active-prefill-tokens-threshold, as a fraction of the worker's max_num_batched_tokens; "
+               "'None' = off")
+    p.add("--router-queue-threshold", default=None, type=_optional(float), dynamo_env="DYN_ROUTER_QUEUE_THRESHOLD",
+          help="hold requests in the router's queue while every worker has more prefill tokens in flight than "
+               "this fraction of its max_num_batched_tokens (0 = while every one has any); they wait as long "
+               "as their client, or --queue-timeout-s; 'None' = off")
+    p.add("--router-queue-policy", default=FCFS, choices=QUEUE_POLICIES, dynamo_env="DYN_ROUTER_QUEUE_POLICY",
+          help="the router queue's order: fcfs = arrival with priority bumps (tail wait), wspt = weighted "
+               "shortest processing time, (1 + priority) / uncached prompt tokens (mean wait)")
+    p.add("--router-approximate-cache-policy", default="ttl", choices=("ttl", "lru"),
+          dynamo_env="DYN_ROUTER_APPROXIMATE_CACHE_POLICY",
+          help="kv approximate mode (--no-router-kv-events): forget predicted blocks after --router-ttl-secs "
+               "(ttl), or least recently used first beyond each worker's advertised KV blocks (lru)")
+
+
+def _add_cost_flags(p: Flags) -> None:
+    """Dynamo's kv cost flags (core/policies/kv_cost.py; docs/architecture.md, 'KV-aware routing')."""
+    p.add("--router-kv-overlap-score-credit", default=DEFAULT_COST.overlap_score_credit, type=float,
+          dynamo_env="DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT",
+          help="kv: prefill blocks credited per cached prompt block (> 1: extra credit; the prefill is clamped at 0)")
+    p.add("--router-kv-overlap-score-credit-decay", default=DEFAULT_COST.overlap_score_credit_decay, type=float,
+          dynamo_env="DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY",
+          help="kv: shrink a worker's overlap credit as its prefill in flight exceeds the least loaded one's "
+               "(1 halves it at one prompt's worth); 0 = off")
+    p.add("--router-prefill-load-scale", default=DEFAULT_COST.prefill_load_scale, type=float,
+          dynamo_env="DYN_ROUTER_PREFILL_LOAD_SCALE",
+          help="kv: scale of the prefill term, multiplied with --kv-overlap-weight")
+    p.add("--router-decode-active-request-weight", default=DEFAULT_COST.decode_active_request_weight, type=float,
+          dynamo_env="DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT",
+          help="kv: blocks of cost added per request running on a worker")
+    p.add("--router-track-active-blocks", default=True, type=bool, aliases=("--track-active-blocks",),
+          dynamo_env="DYN_ROUTER_TRACK_ACTIVE_BLOCKS", help="kv: weigh each worker's active decode blocks")
+    p.add("--router-track-output-blocks", default=True, type=bool, aliases=("--track-output-blocks",),
+          dynamo_env="DYN_ROUTER_TRACK_OUTPUT_BLOCKS",
+          help="kv: count the blocks a worker reports in use beyond the booked prompts (its output tokens')")
+    p.add("--router-assume-kv-reuse", default=True, type=bool, aliases=("--assume-kv-reuse",),
+          dynamo_env="DYN_ROUTER_ASSUME_KV_REUSE",
+          help="kv: requests on one worker share the blocks of a common prefix (off: each holds its own)")
+    p.add("--router-track-prefill-tokens", default=True, type=bool, dynamo_env="DYN_ROUTER_TRACK_PREFILL_TOKENS",
+          help="count prompt tokens as prefill load: the kv cost, the busy and queue thresholds")
 
 
 def from_args(args: argparse.Namespace) -> RouterConfig:

@@ -34,6 +34,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from services.common.dp_ranks import split_target
 from services.common.errors import Overloaded
 from services.common.overload import RETRY_AFTER_S, BusyThreshold
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, LifecycleEvent
@@ -113,9 +114,13 @@ class WorkerLoads:
         self._reported[worker_id] = (active_blocks, total_blocks)
 
     def drop_worker(self, worker_id: str) -> None:
-        for rid in [r for r, b in self._requests.items() if b.worker_id == worker_id]:
+        """A worker left: its load goes, that of each of its data-parallel ranks too (keyed by their targets)."""
+        def gone(target: str) -> bool:
+            return split_target(target)[0] == worker_id
+        for rid in [r for r, b in self._requests.items() if gone(b.worker_id)]:
             self._free(rid)
-        self._reported.pop(worker_id, None)
+        for target in [t for t in self._reported if gone(t)]:
+            del self._reported[target]
 
     def prefill_tokens(self, worker_id: str) -> int:
         return self._prefill.get(worker_id, 0)
@@ -147,6 +152,10 @@ class LoadThresholds(BusyThreshold):
         """Whether a check reads the prefill tokens or decode blocks (the router then wants first tokens)."""
         return (self.active_decode_blocks is not None or self.active_prefill_tokens is not None
                 or self.active_prefill_tokens_frac is not None or self.queue_threshold is not None)
+
+    def is_busy(self, in_flight: int) -> bool:
+        """The request count's check alone (``enabled`` also covers the load checks, which it must not read)."""
+        return self.max_in_flight > 0 and in_flight >= self.max_in_flight
 
     def worker_busy(self, c: Candidate, in_flight: int) -> bool:
         if self.is_busy(in_flight):

@@ -69,7 +69,7 @@ def test_a_refused_flags_env_twin_is_refused_too():
 
 
 def test_a_router_mode_meshfront_lacks_is_refused_with_its_reason():
-    with pytest.raises(ConfigError, match="--router-mode power-of-two: not supported"):
-        parse(["--router-mode", "power-of-two"], env={})
+    with pytest.raises(ConfigError, match="--router-mode device-aware-weighted: not supported"):
+        parse(["--router-mode", "device-aware-weighted"], env={})
     with pytest.raises(ConfigError, match="--router-mode device-aware-weighted"):
         parse([], env={"DYN_ROUTER_MODE": "device-aware-weighted"})
