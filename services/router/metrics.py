@@ -16,6 +16,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.common.dp_ranks import split_target
 from services.common.metrics import LATENCY_BUCKETS
 from services.router.core.kv_ingest import KvEventIngest
 from services.router.core.lifecycle import BOOK, FIRST_TOKEN, FREE, LifecycleEvent
@@ -57,9 +58,15 @@ class RouterMetrics:
                  booked: Callable[[], dict[str, int]] | None = None):
         self.registry = registry or CollectorRegistry()
         self.totals = PredictionTotals()
-        self._open: dict[str, int] = {}  # request id -> predicted cached tokens
+        self._open: dict[str, tuple[int, str]] = {}  # request id -> (predicted cached tokens, target id)
         r = self.registry
         self.routed = Counter(f"{_PREFIX}_routed_requests", "Requests routed, by worker", ["worker"], registry=r)
+        # KV hits per worker and data-parallel rank (services/common/dp_ranks.py; dp_rank "" for a worker without
+        # ranks): what the router expected each to hold, and what it reported holding, at the first token.
+        self.worker_predicted = Counter(f"{_PREFIX}_worker_predicted_cached_tokens", "Cached prompt tokens the "
+                                        "router predicted, by worker and rank", ["worker", "dp_rank"], registry=r)
+        self.worker_cached = Counter(f"{_PREFIX}_worker_cached_tokens", "Cached prompt tokens the worker reported, by "
+                                     "worker and rank", ["worker", "dp_rank"], registry=r)
         self.routed_tokens = Counter(f"{_PREFIX}_routed_prompt_tokens", "Prompt tokens routed, by worker",
                                      ["worker"], registry=r)
         self.prompt = Counter(f"{_PREFIX}_reported_prompt_tokens", "Prompt tokens of requests with a reported "
@@ -90,7 +97,7 @@ class RouterMetrics:
                 self.routed_tokens.labels(event.worker_id).inc(event.prompt_tokens)
             if len(self._open) >= _MAX_OPEN:
                 self._open.pop(next(iter(self._open)))
-            self._open[event.request_id] = event.overlap_tokens
+            self._open[event.request_id] = (event.overlap_tokens, event.worker_id)
         elif event.kind == FIRST_TOKEN:
             if remote:
                 self._open.pop(event.request_id, None)
@@ -100,9 +107,13 @@ class RouterMetrics:
             self._open.pop(event.request_id, None)
 
     def observe_outcome(self, event: LifecycleEvent) -> None:
-        predicted = self._open.pop(event.request_id, None)
-        if predicted is None:
+        opened = self._open.pop(event.request_id, None)
+        if opened is None:
             return  # routed by another replica before this one started, or a duplicate report
+        predicted, target = opened
+        worker, rank = split_target(target)
+        self.worker_predicted.labels(worker, "" if rank is None else str(rank)).inc(predicted)
+        self.worker_cached.labels(worker, "" if rank is None else str(rank)).inc(event.cached_tokens)
         actual, prompt = event.cached_tokens, event.prompt_tokens
         t = self.totals
         t.requests += 1
