@@ -13,7 +13,8 @@ dynamo-frontend.md §2 and §5.3):
 - ``prefill_dp_rank`` narrows the prefill workers; unset, ``dp_rank`` does where a prefill worker has that rank
   (Dynamo's fallback), and nothing otherwise;
 - a worker without ranks is rank 0; a rank that the pinned worker, or every worker of the model, lacks is a 400
-  naming the field;
+  naming the field (a prefill rank where the model has no prefill workers pins nothing: the request runs
+  aggregated);
 - a worker pin with no rank on a worker with ranks goes to its least loaded admissible rank (policies.direct).
 """
 
@@ -69,7 +70,7 @@ def narrow_to_ranks(req: router_pb2.RouteRequest, every: list[Candidate]) -> lis
     if decode_rank is not None:
         _check_rank(decode_rank, decoders, req.decode_worker_id or req.worker_id, DP_RANK_PARAM, req.model)
         decoders = [c for c in decoders if rank_of(c) == decode_rank]
-    if prefill_rank is not None:
+    if prefill_rank is not None and prefills:  # no prefill workers: the request runs aggregated, nothing to pin
         _check_rank(prefill_rank, prefills, req.prefill_worker_id, PREFILL_DP_RANK_PARAM, req.model)
     elif decode_rank is not None and any(rank_of(c) == decode_rank for c in prefills):
         prefill_rank = decode_rank  # Dynamo's fallback, where the prefill pool has the rank

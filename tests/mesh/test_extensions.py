@@ -212,7 +212,9 @@ def test_session_stickiness_across_requests(client):
     assert len(keyed) == 1
 
 
-def test_ignored_data_parallel_and_engine_fields_are_named_in_a_header(client):
+def test_ignored_engine_fields_are_named_in_a_header_and_rank_zero_pins_a_worker_without_ranks(client):
+    """Data-parallel rank pins are honoured (services/router/dp_pins.py): a worker without ranks is rank 0, and a
+    prefill rank pins nothing where the model has no prefill workers; neither is named as ignored."""
     r = client.chat.completions.with_raw_response.create(
         model=DEMO, messages=ask("Say hello"), extra_headers={"x-dp-rank": "0"},
         extra_body={"nvext": {"dp_rank": 0,
@@ -222,10 +224,9 @@ def test_ignored_data_parallel_and_engine_fields_are_named_in_a_header(client):
                               "greed_sampling": True}})
     assert r.status_code == 200
     ignored = [f.strip() for f in r.headers["x-meshfront-ignored-fields"].split(",")]
-    assert ignored == ["nvext.use_raw_prompt", "nvext.extra_fields[routed_experts]", "nvext.dp_rank",
-                       "nvext.prefill_dp_rank",
+    assert ignored == ["nvext.use_raw_prompt", "nvext.extra_fields[routed_experts]",
                        "nvext.request_timestamp_ms", "nvext.agent_hints.osl",
-                       "nvext.agent_hints.speculative_prefill", "x-dp-rank"]
+                       "nvext.agent_hints.speculative_prefill"]
     assert r.parse().choices[0].message.content.startswith("Hello")
     plain = client.chat.completions.with_raw_response.create(model=DEMO, messages=ask("Say hello"))
     assert "x-meshfront-ignored-fields" not in plain.headers

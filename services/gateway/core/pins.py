@@ -88,8 +88,11 @@ def header_rank(headers: Mapping[str, str], header: str) -> int | None:
     if not raw.isdigit() or int(raw) > UINT32.hi:
         raise InvalidRequest(f"header '{header}' must be a data-parallel rank (a non-negative 32-bit integer)",
                              param=header)
-    rank = int(raw)
-    return None if rank == NO_RANK else rank
+    return _rank(int(raw))
+
+
+def _rank(rank: int | None) -> int | None:
+    return None if rank == NO_RANK else rank  # Dynamo's "no rank" (u32::MAX), in a header or the body
 
 
 def read_pins(headers: Mapping[str, str], ext: Fields | None = None) -> Pins:
@@ -105,7 +108,8 @@ def read_pins(headers: Mapping[str, str], ext: Fields | None = None) -> Pins:
         return Pins(worker or "", prefill or "", worker or "", tuple(HEADER_OF.items()), rank, prefill_rank)
     # Every body pin is read (and its type checked) even where a header overrides it.
     body = Pins(body_pin(ext, "backend_instance_id"), body_pin(ext, "prefill_worker_id"),
-                body_pin(ext, "decode_worker_id"), (), ext.int("dp_rank", UINT32), ext.int("prefill_dp_rank", UINT32))
+                body_pin(ext, "decode_worker_id"), (), _rank(ext.int("dp_rank", UINT32)),
+                _rank(ext.int("prefill_dp_rank", UINT32)))
     names: tuple[tuple[str, str], ...] = ()
     if worker:
         names = ((WORKER_PIN_FIELD, WORKER_PIN_HEADER), (DECODE_PIN_FIELD, WORKER_PIN_HEADER))

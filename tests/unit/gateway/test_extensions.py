@@ -150,7 +150,7 @@ def test_session_from_prompt_cache_key_unless_nvext_names_one():
     assert parse_chat(chat(prompt_cache_key="p", nvext={"session_control": {"session_id": "s"}})).session_id == "s"
 
 
-def test_data_parallel_and_engine_only_fields_are_listed_as_ignored():
+def test_engine_only_fields_are_listed_as_ignored_and_data_parallel_ranks_are_pins():
     req = parse_chat(chat(nvext={"prefill_worker_id": "p", "decode_worker_id": 3, "dp_rank": 0,
                                  "prefill_dp_rank": 4294967295, "agent_hints": {"osl": 9, "speculative_prefill": False},
                                  "request_timestamp_ms": 0, "use_raw_prompt": True,
@@ -158,8 +158,27 @@ def test_data_parallel_and_engine_only_fields_are_listed_as_ignored():
                      {"x-prefill-instance-id": "p", "x-dp-rank": "1"})
     assert req.nvext.ignored == [
         "nvext.use_raw_prompt", "nvext.annotations[query_instance_id:x]", "nvext.extra_fields[routed_experts]",
-        "nvext.dp_rank", "nvext.prefill_dp_rank", "nvext.request_timestamp_ms", "nvext.agent_hints.osl",
-        "nvext.agent_hints.speculative_prefill", "x-dp-rank"]
+        "nvext.request_timestamp_ms", "nvext.agent_hints.osl", "nvext.agent_hints.speculative_prefill"]
+    # The header wins over the body; Dynamo's 4294967295 is no rank.
+    assert (req.pins.dp_rank, req.pins.prefill_dp_rank) == (1, None)
+    hints = req.route_hints()
+    assert (hints.dp_rank, hints.prefill_dp_rank) == (1, None)
+    assert ("nvext.dp_rank", "x-dp-rank") in hints.pin_names  # the router's 400 names the header the client used
+    req = parse_chat(chat(nvext={"dp_rank": 3, "prefill_dp_rank": 2}), {"x-prefill-dp-rank": "4294967295"})
+    assert (req.pins.dp_rank, req.pins.prefill_dp_rank) == (3, 2)
+
+
+@pytest.mark.parametrize(("nvext", "headers", "param"), [
+    ({}, {"x-dp-rank": "one"}, "x-dp-rank"),
+    ({}, {"x-prefill-dp-rank": "-1"}, "x-prefill-dp-rank"),
+    ({}, {"x-dp-rank": "4294967296"}, "x-dp-rank"),
+    ({"dp_rank": -1}, {}, "nvext.dp_rank"),
+    ({"prefill_dp_rank": "0"}, {}, "nvext.prefill_dp_rank"),
+])
+def test_a_bad_data_parallel_rank_is_a_400_naming_it(nvext, headers, param):
+    with pytest.raises(InvalidRequest) as e:
+        parse_chat(chat(nvext=nvext), headers)
+    assert e.value.param == param
 
 
 def test_disaggregated_pins_are_honoured_the_header_over_the_body():
