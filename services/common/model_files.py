@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -38,15 +39,20 @@ from nats.js.errors import ObjectNotFoundError
 from services.common.jetstream_replicas import open_or_create
 from services.common.namespace import DEFAULT_NAMESPACE, Namespace
 from services.common.nats_connection import close_nats, connect_retrying
+from services.common.tokenizer_files import has_tokenizer, tokenizer_files
 
 log = logging.getLogger(__name__)
 
 BUCKET = "meshfront_model_files"  # then _<namespace>
 # What the stages read from a model directory (services/preprocessor/core/artifacts.py, the postprocessor's
 # tokenizer, the engines' parser backends through transformers' tokenizer loading).
+# Besides these fixed names, a directory's ``*.tiktoken`` ranks file and the modules of its auto_map tokenizer
+# classes (tokenizer_files.tokenizer_files: a class --trust-remote-code runs must be there to run).
 STAGE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                "chat_template.jinja", "chat_template.json", "config.json", "generation_config.json",
-               "vocab.json", "merges.txt", "tokenizer.model")
+               "vocab.json", "merges.txt", "tokenizer.model", "tiktoken.model")
+# The names those extra files may have: a manifest's names become paths, so never a path, never a dotfile.
+_EXTRA_FILE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.py|[A-Za-z0-9_][A-Za-z0-9_.-]*\.tiktoken")
 _MANIFEST_VERSION = 1
 
 
@@ -61,7 +67,13 @@ def _sha256(data: bytes) -> str:
 def read_stage_files(model_dir: str | Path) -> dict[str, bytes]:
     """The ``STAGE_FILES`` that ``model_dir`` has, by name."""
     root = Path(model_dir)
-    return {name: (root / name).read_bytes() for name in STAGE_FILES if (root / name).is_file()}
+    names = [*STAGE_FILES, *tokenizer_files(root)]
+    return {name: (root / name).read_bytes() for name in names if (root / name).is_file()}
+
+
+def is_stage_file(name: str) -> bool:
+    """A fixed stage file's name, or one a tokenizer's extra files may have."""
+    return name in STAGE_FILES or _EXTRA_FILE.fullmatch(name) is not None
 
 
 def manifest_bytes(files: Mapping[str, bytes]) -> bytes:
@@ -73,8 +85,7 @@ def manifest_bytes(files: Mapping[str, bytes]) -> bytes:
 
 def model_files_digest(model_dir: str | Path) -> str:
     """The digest a card carries for ``model_dir``; empty when it has none of the files (a media model)."""
-    files = read_stage_files(model_dir)
-    return _sha256(manifest_bytes(files)) if "tokenizer.json" in files else ""
+    return _sha256(manifest_bytes(read_stage_files(model_dir))) if has_tokenizer(model_dir) else ""
 
 
 def reference(namespace: Namespace, digest: str) -> str:
@@ -109,7 +120,7 @@ def parse_manifest(raw: bytes, digest: str) -> dict[str, str]:
         raise ModelFilesUnavailable(f"manifest {digest} has version {doc.get('version')!r}, not {_MANIFEST_VERSION}")
     names = doc["files"]
     for name in names:  # names become paths: only the known file names, never a path
-        if name not in STAGE_FILES:
+        if not is_stage_file(name):
             raise ModelFilesUnavailable(f"manifest {digest} names {name!r}, which is not a model file")
     return {name: entry["sha256"] for name, entry in names.items()}
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
+from services.common.flags import Flags
 from services.common.tokenizer_kinds import fast_encoder, remote_code, sentencepiece_model, tiktoken_bpe
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ TIKTOKEN_FILE = "tiktoken.model"
 SENTENCEPIECE_FILE = "tokenizer.model"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TRUST_FLAG = "--trust-remote-code (DYN_TRUST_REMOTE_CODE)"
+TOKENIZER_BACKENDS = ("default", "fastokens")  # --tokenizer: what encodes prompts
 
 _loaded: dict[tuple[Path, bool], Tokenizer] = {}
 _lock = threading.Lock()
@@ -49,10 +51,29 @@ class TokenizerUnavailable(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class TokenizerOptions:
+    """Dynamo's tokenizer flags, as the stages that load tokenizers hold them."""
+
+    backend: str = "default"  # --tokenizer: default (tokenizers) | fastokens, for encoding
+    fallback: bool = True  # --tokenizer-fallback: tokenizers when fastokens cannot load a model
+    trust_remote_code: bool = False  # --trust-remote-code: run an auto_map tokenizer class
+
+
+DEFAULT_TOKENIZER_OPTIONS = TokenizerOptions()
+
+
+@dataclasses.dataclass(frozen=True)
 class TokenizerSource:
     kind: str  # "tokenizer.json" | "tiktoken" | "sentencepiece" | "remote-code"
     path: Path  # the file (the tokenizer_config.json for remote code)
     classes: tuple[str, ...]  # auto_map's AutoTokenizer classes (module.Class), if any
+
+
+def add_trust_remote_code_flag(p: Flags) -> None:
+    """Dynamo's --trust-remote-code, for each stage that loads tokenizers (the preprocessor owns it)."""
+    p.add("--trust-remote-code", default=False, type=bool, dynamo_env="DYN_TRUST_REMOTE_CODE",
+          help="run a tokenizer class the model directory ships (tokenizer_config.json auto_map) with "
+               "transformers; off, such a model is refused (one line naming this flag)")
 
 
 def tokenizer_config(model_dir: str | Path) -> dict[str, Any]:
@@ -181,18 +202,18 @@ def load_tokenizer(model_dir: str | Path, *, trust_remote_code: bool = False) ->
 _encoders: dict[tuple[Path, bool, str], fast_encoder.Encoder] = {}
 
 
-def load_encoder(model_dir: str | Path, *, backend: str = "default", fallback: bool = True,
-                 trust_remote_code: bool = False) -> fast_encoder.Encoder:
-    """What prompts are encoded with under ``--tokenizer backend``: the tokenizer itself (``default``), or
-    fastokens over it, falling back to the tokenizer (logged) when fastokens cannot load it, unless
-    ``fallback`` is off.
+def load_encoder(model_dir: str | Path, options: TokenizerOptions) -> fast_encoder.Encoder:
+    """What prompts are encoded with under ``--tokenizer``: the tokenizer itself (``default``), or fastokens
+    over it, falling back to the tokenizer (logged) when fastokens cannot load it, unless
+    ``--no-tokenizer-fallback``.
 
     Raises:
-        TokenizerUnavailable: as ``load_tokenizer``; or fastokens failed with ``fallback`` off."""
-    tokenizer = load_tokenizer(model_dir, trust_remote_code=trust_remote_code)
-    if backend == "default":
+        TokenizerUnavailable: as ``load_tokenizer``; or fastokens failed with fallback off."""
+    tokenizer = load_tokenizer(model_dir, trust_remote_code=options.trust_remote_code)
+    if options.backend == "default":
         return tokenizer
-    key = (Path(model_dir).resolve(), trust_remote_code, backend)
+    fallback = options.fallback
+    key = (Path(model_dir).resolve(), options.trust_remote_code, options.backend)
     with _lock:
         found = _encoders.get(key)
         if found is None:

@@ -43,6 +43,8 @@ DYNAMO_DEFAULTS: dict[str, Any] = {
     "--router-session-affinity-mode": "hard",
     "--router-track-output-blocks": False,
 }
+# A stage's flag another stage's own process also takes (the postprocessor loads the same tokenizers).
+ALSO_READ_BY: dict[str, tuple[str, ...]] = {"--trust-remote-code": ("postprocessor",)}
 # Common flags the plan sets per process (ports); every other common flag goes to every process.
 PLACED_BY_PLAN = ("--host", "--port", "--metrics-port")
 FRONTEND = "frontend"
@@ -106,9 +108,6 @@ def _frontend_flags(p: FlagParser) -> None:
     p.add("--dyn-preprocess-workers", default=0, type=int, dynamo_env="DYN_PREPROCESS_WORKERS",
           help="tokenizing and rendering in N processes of their own: N preprocessor replicas (implies --split); "
                "0 keeps them in the frontend process")
-    p.add("--tokenizer-fallback", default=True, type=bool, dynamo_env="DYN_TOKENIZER_FALLBACK",
-          help="Dynamo's fallback to the tokenizers library when fastokens cannot load a model; the tokenizers "
-               "library is the only backend here, so there is nothing to fall back from")
     p.add("--split", default=False, type=bool,
           help="run the gateway, preprocessor, router and postprocessor as processes of their own "
                "(default: Envoy and one all-in-one process)")
@@ -167,7 +166,8 @@ class FrontendConfig:
         out: list[str] = []
         for s in self.settings.values():
             common = s.owner == FRONTEND and s.name in _COMMON_NAMES
-            if not (common or s.owner in owners) or (s.source == "default" and s.flag not in DYNAMO_DEFAULTS):
+            shared = stage in ALSO_READ_BY.get(s.flag, ())
+            if not (common or shared or s.owner in owners) or (s.source == "default" and s.flag not in DYNAMO_DEFAULTS):
                 continue
             out += _argv(s.flag, s.value)
         if self.settings["model_path"].value:  # Dynamo's static model, in the stages' own terms

@@ -47,12 +47,6 @@ REFUSED: dict[str, Refusal] = {
                                 "nothing to set: gRPC over HTTP/2"),
     "--event-plane": Refusal("KV events and load reports travel over NATS only; there is no ZMQ event plane",
                              "NATS (--nats-url)", accepts=("nats",)),
-    "--tokenizer": Refusal("only the Hugging Face tokenizers library is built in; fastokens and basetenkenizer are "
-                           "not (yet)", "the tokenizers library (Rust), with a prefix cache per model",
-                           accepts=("default",)),
-    "--trust-remote-code": Refusal("tokenizers load from tokenizer.json with the tokenizers library; no code from a "
-                                   "model repository runs in the frontend", "a model directory with tokenizer.json",
-                                   accepts=("False",)),
     "--load-aware": Refusal("a deprecated Dynamo preset of cost-model settings Meshfront does not have",
                             "--router-mode least-loaded", accepts=("False",)),
     "--router-host-cache-hit-weight": Refusal("KV events report device blocks only; there are no host or disk cache "
@@ -96,6 +90,9 @@ REFUSED: dict[str, Refusal] = {
 REFUSED_VALUES: dict[str, dict[str, str]] = {
     "--router-mode": {
         "device-aware-weighted": "workers do not report a device type; every worker of a model is one pool",
+    },
+    "--tokenizer": {
+        "basetenkenizer": "Baseten's tokenizer is not built; default (the tokenizers library) and fastokens are",
     },
 }
 

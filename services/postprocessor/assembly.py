@@ -15,6 +15,7 @@ from services.common.model_files import ModelFilesResolver
 from services.common.warmup import warm_each_new_model
 from services.postprocessor.config import PostprocessorConfig
 from services.postprocessor.core.parsers.backends import load_chat_processor
+from services.postprocessor.core.tokenizers_cache import TokenizerCache
 from services.postprocessor.kv_release import GrpcKvReleaser
 from services.postprocessor.migration import Migrator, RouterClient
 from services.postprocessor.mux_client import MuxWorkerClient
@@ -43,7 +44,8 @@ def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.Mesh
     model_files = ModelFilesResolver(cfg.nats_url)  # the tokenizer comes from NATS: no model volume needed
     postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit, cfg.migration_max_seq_len),
                                   idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor,
-                                  kv_releaser=releaser, model_files=model_files)
+                                  kv_releaser=releaser, model_files=model_files,
+                                  tokenizers=TokenizerCache(trust_remote_code=cfg.trust_remote_code))
     closers.append(warm_each_new_model(registry, postprocessor.warm))
     return Built(postprocessor, closers=[postprocessor.close, workers.close, releaser.close, model_files.close,
                                          *closers],

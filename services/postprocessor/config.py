@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
 from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
 from services.common.stage_wait import DEFAULT_WAIT_S
+from services.common.tokenizer_files import add_trust_remote_code_flag
 from services.postprocessor.core.parsers.backends import CHAT_PROCESSORS, DEFAULT_CHAT_PROCESSOR
 from services.postprocessor.migration import DEFAULT_MIGRATION_LIMIT
 from services.postprocessor.service import DEFAULT_IDLE_TIMEOUT_S
@@ -42,6 +43,9 @@ class PostprocessorConfig:
     # How long a migration waits for an unreachable router (one restarting) before the request fails.
     router_wait_s: float = DEFAULT_WAIT_S
     migration_max_seq_len: int | None = None  # None: no limit
+    # --trust-remote-code: load a tokenizer class the model directory ships. The preprocessor owns the flag;
+    # this process declares it when it runs alone, and the all-in-one hands it the preprocessor's.
+    trust_remote_code: bool = False
 
     def validate(self) -> None:
         """Raises ValueError listing every invalid setting."""
@@ -64,6 +68,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     p = FlagParser("postprocessor", "Streams worker tokens back as text: detokenization, stop strings, usage.", env)
     add_common_flags(p, port=DEFAULT_PORT)
     add_flags(p)
+    add_trust_remote_code_flag(p)
     return from_args(p.parse(argv))
 
 

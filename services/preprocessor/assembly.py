@@ -14,6 +14,7 @@ from services.common.model_files import ModelFilesResolver
 from services.common.namespace import Namespace
 from services.common.warmup import warm_each_new_model
 from services.preprocessor.config import PreprocessorConfig
+from services.preprocessor.core.artifacts import ArtifactCache
 from services.preprocessor.core.renderers import load_chat_renderer
 from services.preprocessor.media.resolve import MediaResolver
 from services.preprocessor.media.uuid_store import SharedUuids
@@ -40,7 +41,7 @@ def build(cfg: PreprocessorConfig, registry: WorkerRegistry) -> Built[Preprocess
     shared_uuids = (SharedUuids(cfg.nats_url, cfg.media.uuid_ttl_s, cfg.media.uuid_store_bytes,
                                 namespace=Namespace.of(cfg.namespace))
                     if cfg.media.uuid_store_bytes else None)
-    preprocessor = Preprocessor(model_card, offload_threshold=cfg.offload_threshold,
+    preprocessor = Preprocessor(model_card, ArtifactCache(cfg.tokenizer), offload_threshold=cfg.offload_threshold,
                                 default_template_kwargs=cfg.default_chat_template_kwargs,
                                 hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none,
                                 chat_template=cfg.chat_template, media=MediaResolver(cfg.media, shared=shared_uuids),

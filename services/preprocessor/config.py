@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors
 from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
+from services.common.tokenizer_files import TOKENIZER_BACKENDS, TokenizerOptions, add_trust_remote_code_flag
 from services.preprocessor.core.renderers import CHAT_PROCESSORS, DEFAULT_CHAT_PROCESSOR
 from services.preprocessor.core.template_check import read_chat_template
 from services.preprocessor.media.limits import MediaLimits
@@ -46,6 +47,9 @@ class PreprocessorConfig:
     media: MediaLimits = MediaLimits()
     # Who renders and tokenizes chats: ours, or an engine's own renderer (services/preprocessor/core/renderers).
     chat_processor: str = DEFAULT_CHAT_PROCESSOR
+    # How model tokenizers load (services/common/tokenizer_files.py): --tokenizer, --tokenizer-fallback and
+    # --trust-remote-code, Dynamo's flags.
+    tokenizer: TokenizerOptions = TokenizerOptions()
 
     def validate(self) -> None:
         errors = common_errors(self.port, self.drain_grace_s) + self.media.errors()
@@ -54,6 +58,8 @@ class PreprocessorConfig:
         if self.chat_processor not in CHAT_PROCESSORS:
             errors.append(f"--chat-processor {self.chat_processor!r} is not one of {', '.join(CHAT_PROCESSORS)} "
                           "(the preprocessor's)")
+        if self.tokenizer.backend not in TOKENIZER_BACKENDS:
+            errors.append(f"--tokenizer {self.tokenizer.backend!r} is not one of {', '.join(TOKENIZER_BACKENDS)}")
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -112,6 +118,19 @@ def add_flags(p: Flags) -> None:
           help="seconds media sent with a uuid stays in the shared NATS store")
     p.add("--media-max-audio-s", default=d.max_audio_s, type=float,
           help="longest input_audio clip decoded, in seconds (longer: 400)")
+    add_tokenizer_flags(p)
+
+
+def add_tokenizer_flags(p: Flags) -> None:
+    """Dynamo's tokenizer flags. The preprocessor owns them; the postprocessor process declares
+    --trust-remote-code too (it loads the same tokenizers), and in the all-in-one reads this one."""
+    p.add("--tokenizer", default="default", choices=TOKENIZER_BACKENDS, dynamo_env="DYN_TOKENIZER",
+          help="what encodes prompts: default = the tokenizers library; fastokens = fastokens (Rust BPE "
+               "encoding; tokenizers still decodes)")
+    p.add("--tokenizer-fallback", default=True, type=bool, dynamo_env="DYN_TOKENIZER_FALLBACK",
+          help="with --tokenizer fastokens, encode with tokenizers (logged) when fastokens cannot load a model's "
+               "tokenizer; --no-tokenizer-fallback fails that model instead")
+    add_trust_remote_code_flag(p)
 
 
 def from_args(args: argparse.Namespace) -> PreprocessorConfig:
@@ -134,7 +153,9 @@ def from_args(args: argparse.Namespace) -> PreprocessorConfig:
                                                uuid_cache_bytes=args.media_uuid_cache_bytes,
                                                uuid_store_bytes=args.media_uuid_store_bytes,
                                                uuid_ttl_s=args.media_uuid_ttl_s,
-                                               max_audio_s=args.media_max_audio_s))
+                                               max_audio_s=args.media_max_audio_s),
+                             tokenizer=TokenizerOptions(backend=args.tokenizer, fallback=args.tokenizer_fallback,
+                                                        trust_remote_code=args.trust_remote_code))
     cfg.validate()
     return cfg
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from services.common.tokenizer_files import TOKENIZER_FILE
+from services.common.tokenizer_files import TokenizerUnavailable, has_tokenizer
 from services.common.tokenizer_files import load_tokenizer as _load_shared
 
 DEFAULT_CONTEXT_LENGTH = 4096
@@ -46,7 +46,12 @@ def read_model_info(model_dir: str | Path) -> ModelInfo:
 
 
 def load_tokenizer(model_dir: str | Path) -> Any | None:
-    """The directory's ``tokenizers.Tokenizer`` (Rust-backed), or None without tokenizer.json."""
-    if not (Path(model_dir) / TOKENIZER_FILE).is_file():
+    """The directory's ``tokenizers.Tokenizer`` (Rust-backed; any format services/common/tokenizer_files.py
+    reads), or None without one, or when its only tokenizer is a class in the directory: a worker has no
+    --trust-remote-code, and such a model's mocker then runs without reading prompts."""
+    if not has_tokenizer(model_dir):
         return None
-    return _load_shared(model_dir)
+    try:
+        return _load_shared(model_dir)
+    except TokenizerUnavailable:
+        return None

@@ -17,6 +17,8 @@ The model file is a protobuf (``ModelProto``) read with the schema transformers 
 Control pieces (``<s>``, ``</s>``) become special added tokens and user-defined ones plain added tokens, as
 transformers converts them; an unknown piece decodes as SentencePiece's ``unk_surface`` (`` ⁇ ``).
 tests/unit/common/test_tokenizer_kinds.py holds the ids to ``sentencepiece`` itself on models trained in code.
+One difference stays, as in transformers' own conversions: a text that *starts* with a user-defined piece
+gets no lone ``▁`` piece before it (SentencePiece's dummy prefix of an empty first word).
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """What the preprocessor reads from a model directory, loaded once per directory.
 
 Mirrors Dynamo's model-card resolution (dynamo-frontend.md §3.1-3.2):
-- tokenizer: ``tokenizer.json`` through the Rust ``tokenizers`` library;
+- tokenizer: ``tokenizer.json``, a tiktoken ranks file, a SentencePiece ``tokenizer.model`` or (with
+  ``--trust-remote-code``) the directory's own tokenizer class, each as a Rust ``tokenizers.Tokenizer``
+  (services/common/tokenizer_files.py); prompts are encoded by ``encoder``, the same tokenizer or fastokens
+  over it (``--tokenizer fastokens``);
 - chat template: ``chat_template.jinja``, else ``chat_template.json`` (its ``chat_template`` key),
   else ``tokenizer_config.json``'s ``chat_template``; each may be a string or a list of
   ``{name, template}`` entries;
@@ -22,7 +25,14 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from services.common.tokenizer_files import load_tokenizer
+from services.common.tokenizer_files import (
+    DEFAULT_TOKENIZER_OPTIONS,
+    TokenizerOptions,
+    TokenizerUnavailable,
+    load_encoder,
+    load_tokenizer,
+)
+from services.common.tokenizer_kinds.fast_encoder import Encoder
 from services.preprocessor.core import length_floor
 from services.preprocessor.core.byte_bound import bytes_per_token_ceiling
 from services.preprocessor.core.length_floor import space_split_kind
@@ -48,6 +58,8 @@ class ModelArtifacts:
     context_length: int
     # Largest valid id + 1: the tokenizer's vocabulary or the model's (padded) one, whichever is larger.
     vocab_size: int
+    # What encodes prompts (--tokenizer): ``tokenizer`` itself, or fastokens over it.
+    encoder: Encoder
 
     def template_for(self, has_tools: bool) -> str | None:
         """``tool_use`` when tools are offered and the model has one, else ``default``."""
@@ -147,13 +159,17 @@ def _context_length(config: dict, tokenizer_config: dict) -> int:
     return 0
 
 
-def load_artifacts(model_dir: str) -> ModelArtifacts:
-    """Reads one model directory (about 0.5 s for a 150k-token vocabulary)."""
+def load_artifacts(model_dir: str, options: TokenizerOptions = DEFAULT_TOKENIZER_OPTIONS) -> ModelArtifacts:
+    """Reads one model directory (about 0.5 s for a 150k-token vocabulary).
+
+    Raises:
+        ArtifactError: no tokenizer this preprocessor may load (one line: what is missing, or the flag)."""
     root = Path(model_dir)
-    tokenizer_file = root / "tokenizer.json"
-    if not tokenizer_file.is_file():
-        raise ArtifactError(f"no tokenizer.json in {model_dir}")
-    tokenizer = load_tokenizer(root)
+    try:
+        tokenizer = load_tokenizer(root, trust_remote_code=options.trust_remote_code)
+        encoder = load_encoder(root, options)
+    except TokenizerUnavailable as e:
+        raise ArtifactError(str(e)) from None
     tokenizer_config = _read_json(root / "tokenizer_config.json")
     config = _read_json(root / "config.json")
     special = {k: t for k in SPECIAL_TOKEN_KEYS if (t := _token_text(tokenizer_config.get(k))) is not None}
@@ -168,15 +184,17 @@ def load_artifacts(model_dir: str) -> ModelArtifacts:
                                special.get("eos_token")),
         context_length=_context_length(config, tokenizer_config),
         vocab_size=max(tokenizer.get_vocab_size(with_added_tokens=True), model_vocab),
+        encoder=encoder,
     )
 
 
 class ArtifactCache:
     """Loaded artifacts by directory. A directory is read once even when requests race for it."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: TokenizerOptions = DEFAULT_TOKENIZER_OPTIONS) -> None:
         self._loaded: dict[str, ModelArtifacts] = {}
         self._lock = threading.Lock()
+        self.options = options  # --tokenizer, --tokenizer-fallback, --trust-remote-code
 
     def peek(self, model_dir: str) -> ModelArtifacts | None:
         return self._loaded.get(model_dir)
@@ -189,6 +207,6 @@ class ArtifactCache:
         with self._lock:
             found = self._loaded.get(model_dir)
             if found is None:
-                found = load_artifacts(model_dir)
+                found = load_artifacts(model_dir, self.options)
                 self._loaded[model_dir] = found
             return found

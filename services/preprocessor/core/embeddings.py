@@ -41,7 +41,7 @@ def prepare_inputs(artifacts: ModelArtifacts, inputs: Sequence[EmbeddingInput],
             # Refused before the inputs are encoded when a floor proves it too long (length_floor.py).
             _check_length(i, artifacts.fewest_tokens(text, max_input_tokens), max_input_tokens, at_least=True)
     # One encode_batch call for every text: it releases the GIL and runs on the tokenizer's threads.
-    encoded = dict(zip(texts, artifacts.tokenizer.encode_batch(list(texts.values()), add_special_tokens=True),
+    encoded = dict(zip(texts, artifacts.encoder.encode_batch(list(texts.values()), add_special_tokens=True),
                        strict=True))
     out: list[list[int]] = []
     for i, x in enumerate(inputs):

@@ -62,8 +62,8 @@ def encode(artifacts: ModelArtifacts, text: str) -> list[int]:
     if "\0" in text:
         text = text.replace("\0", "")
     if len(text) > GIL_FREE_ENCODE_CHARS:
-        return artifacts.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
-    return artifacts.tokenizer.encode(text, add_special_tokens=False).ids
+        return artifacts.encoder.encode_batch([text], add_special_tokens=False)[0].ids
+    return artifacts.encoder.encode(text, add_special_tokens=False).ids
 
 
 def _optional_json(raw: str, name: str) -> Any:
