@@ -91,6 +91,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     _add_soak_parser(sub)
     _add_engine_parser(sub)
     _add_embeddings_parser(sub)
+    _add_tokenizers_parser(sub)
     cli_fleets.add_images_parser(sub)
     cli_fleets.add_disagg_parser(sub)
     cli_fleets.add_media_transfer_parser(sub)
@@ -206,6 +207,36 @@ def _add_embeddings_parser(sub) -> None:
     e.add_argument("--threads", type=int, default=d.threads, help="torch threads of the worker and the baseline")
     e.add_argument("--log-level", default=d.log_level, help="log level of the mesh services")
     e.add_argument("--markdown", default="", help="append a markdown section with the table to this file")
+
+
+def _add_tokenizers_parser(sub) -> None:
+    t = sub.add_parser("tokenizers", help="prompt encoding: fastokens (--tokenizer fastokens) vs the tokenizers "
+                       "library, in this process, on the demo model and the tiny tiktoken model")
+    t.add_argument("--prompts", type=int, default=2000, help="prompts per measurement")
+    t.add_argument("--words", type=int, default=200, help="words per prompt")
+    t.add_argument("--repeats", type=int, default=1, help="passes; the best is reported (later passes hit both "
+                   "libraries' per-word caches, fastokens' far more: 1 is the cold figure)")
+    t.add_argument("--markdown", default="", help="append a markdown section with the table to this file")
+
+
+def _run_tokenizers(args: argparse.Namespace, command: str) -> int:
+    import tempfile
+
+    from bench import tokenizers
+    from services.models.build import default_test_model_dir
+    from services.models.tokenizer_models import build_tokenizer_model
+
+    started = datetime.datetime.now().astimezone()
+    _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
+    with tempfile.TemporaryDirectory(prefix="bench-tokenizers-") as tmp:
+        models = [default_test_model_dir(), build_tokenizer_model("tiktoken", Path(tmp) / "tiny-kimi")]
+        table = tokenizers.run(models, args.prompts, args.words, args.repeats, _emit)
+    _emit("\n" + table + "\n\n" + tokenizers.LEGEND)
+    if args.markdown:
+        with Path(args.markdown).open("a") as f:
+            f.write(f"\n### `{command}`\n\n{started:%Y-%m-%d %H:%M %Z}. Machine: {_machine_line()}.\n\n{table}\n\n"
+                    f"{tokenizers.LEGEND}\n")
+    return 0
 
 
 def _run_embeddings(args: argparse.Namespace, command: str) -> int:
@@ -371,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     _emit(f"$ {command}")
     # The scenarios with runners of their own; mesh and external share the level loop below.
     runners = {"kv": _run_kv, "vision": _run_vision, "soak": _run_soak, "engine": _run_engine,
-               "embeddings": _run_embeddings,
+               "embeddings": _run_embeddings, "tokenizers": _run_tokenizers,
                "images": cli_fleets.run_images, "disagg": cli_fleets.run_disagg,
                "media-transfer": cli_fleets.run_media_transfer, "scale": cli_scale.run_scale}
     if args.scenario in runners:
