@@ -7,7 +7,12 @@ ceiling, the router's own predicted hit rate, and the largest worker share of ro
 
 Cases: ``groups`` (16 prefix groups, 80 % of each prompt shared inside its group) for every router
 mode; ``flood`` (one hot prefix for every request); ``unique`` (nothing shared); ``replicas`` (the
-groups workload through two kv router replicas, the gateway spreading calls over both; split shape only).
+groups workload through two kv router replicas, the gateway spreading calls over both; split shape only);
+``mixed`` (prefill-heavy: a quarter of the prompts ~4,000 tokens, the rest ~200, nothing shared, 48 clients
+against 4 workers) under kv routing with the router holding the excess in its queue, by request count
+(``--max-in-flight-per-worker``) or by Dynamo's prefill-token load (``--router-queue-threshold``, and
+``--active-prefill-tokens-threshold-frac``), with no threshold as the reference; the table adds the TTFT p50
+of the short requests (split shape only: the thresholds are router flags).
 
 ``--shape split,inproc`` runs every case in each shape: ``split`` (a router process) and ``inproc``
 (the all-in-one process, services/allinone, whose in-process router is built from the same router
@@ -68,6 +73,8 @@ class Case:
     shared_fraction: float
     replicas: int = 1
     shape: str = "split"
+    router_flags: tuple[str, ...] = ()  # extra router flags (the mixed cases' thresholds)
+    mixed: bool = False  # MixedPrompts instead of GroupedPrompts
 
 
 def cases(cfg: KvBenchConfig, names: tuple[str, ...]) -> list[Case]:
@@ -77,7 +84,7 @@ def cases(cfg: KvBenchConfig, names: tuple[str, ...]) -> list[Case]:
         for c in _cases(cfg, names):
             if shape == "split":
                 out.append(c)
-            elif c.replicas == 1:
+            elif c.replicas == 1 and not c.mixed:
                 out.append(dataclasses.replace(c, name=f"{c.name} [{shape}]", shape=shape))
     return out
 
@@ -91,8 +98,40 @@ def _cases(cfg: KvBenchConfig, names: tuple[str, ...]) -> list[Case]:
         "unique": [Case("unique/round-robin", "round-robin", cfg.groups, 0.0),
                    Case("unique/kv", "kv", cfg.groups, 0.0)],
         "replicas": [Case("groups/kv x2 replicas", "kv", cfg.groups, cfg.shared_fraction, replicas=2)],
+        "mixed": [Case(f"mixed/{name}", "kv", 0, 0.0, router_flags=flags, mixed=True)
+                  for name, flags in MIXED_CASES],
     }
     return [c for n in names for c in all_cases[n]]
+
+
+# The mixed cases' router flags. Every worker takes max_num_batched_tokens 8192 (the mocker's default); a
+# 4,000-token prompt is half of that. Counting requests must pick one number for both sizes: 3 in flight per
+# worker (12 of the 48 clients admitted). The prefill load threshold queues once every worker has more than
+# 0.5 x 8192 tokens still to prefill, and a worker past 1.0 x 8192 is busy to new requests.
+_WAIT = ("--queue-timeout-s", "120")
+MIXED_CASES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("no threshold", ()),
+    ("in-flight 3", ("--max-in-flight-per-worker", "3", *_WAIT)),
+    ("prefill tokens 0.5", ("--router-queue-threshold", "0.5", "--active-prefill-tokens-threshold-frac", "1.0",
+                            *_WAIT)),
+)
+MIXED_LONG, MIXED_SHORT, MIXED_LONG_SHARE, MIXED_CONCURRENCY = 4000, 200, 0.25, 48
+
+
+class MixedPrompts:
+    """Unique prompts: ``long_share`` of them ``long`` words, the rest ``short`` (a prefill-heavy mix)."""
+
+    def __init__(self, long: int, short: int, long_share: float, seed: int):
+        self._sizes = (long, short)
+        self._share = long_share
+        self._rng = random.Random(seed)
+        self.sent: list[str] = []
+
+    def next_prompt(self) -> str:
+        size = self._sizes[0] if self._rng.random() < self._share else self._sizes[1]
+        prompt = " ".join(self._rng.choices(WORDS, k=size))
+        self.sent.append(prompt)
+        return prompt
 
 
 class GroupedPrompts:
@@ -206,20 +245,24 @@ class CaseResult:
     predicted_share: float
     max_worker_share: float
     first_errors: list[str]
+    short_ttft_p50: float = float("nan")  # the mixed cases: requests of the short prompts alone
 
 
 def run_case(cfg: KvBenchConfig, case: Case, model_dir: str, emit: Printer) -> CaseResult:
     extra = ("--speedup-ratio", f"{cfg.speedup:g}", "--num-gpu-blocks", str(cfg.num_gpu_blocks))
     workers = [WorkerSpec(model_dir, cfg.model_name, "mocker", extra) for _ in range(cfg.workers)]
     plan = ephemeral_plan(workers, router_mode=case.router_mode, run_dir=ROOT / ".run" / "bench", log_level="WARNING",
-                          inproc=case.shape == "inproc")
+                          inproc=case.shape == "inproc", service_args={"router": case.router_flags})
     log_dir = ROOT / ".run" / "bench" / f"kv-{re.sub(r'[^a-z0-9]+', '-', case.name)}-{time.strftime('%H%M%S')}"
     mesh = KvBenchMesh(plan, log_dir, case.replicas)
     try:
         mesh.start()
         time.sleep(1.5)  # routers load every worker's (empty) KV state
-        prompts = GroupedPrompts(cfg.prompt_tokens, case.groups, case.shared_fraction, cfg.seed)
-        spec = LoadSpec(url=mesh.url, model=cfg.model_name, concurrency=cfg.concurrency, requests=cfg.requests,
+        prompts: GroupedPrompts | MixedPrompts = (
+            MixedPrompts(MIXED_LONG, MIXED_SHORT, MIXED_LONG_SHARE, cfg.seed) if case.mixed
+            else GroupedPrompts(cfg.prompt_tokens, case.groups, case.shared_fraction, cfg.seed))
+        concurrency = MIXED_CONCURRENCY if case.mixed else cfg.concurrency
+        spec = LoadSpec(url=mesh.url, model=cfg.model_name, concurrency=concurrency, requests=cfg.requests,
                         max_tokens=cfg.max_tokens, duration_s=cfg.timeout_s, request_timeout_s=60.0)
         load = run_async(run_load(spec, prompts))
         time.sleep(0.5)  # let the last first-token reports reach the router
@@ -233,7 +276,7 @@ def run_case(cfg: KvBenchConfig, case: Case, model_dir: str, emit: Printer) -> C
     if spills is not None:
         emit(f"[{case.name}] kv decisions {metrics['meshfront_router_kv_decisions_total']['']:.0f}, "
              f"spills {spills:.0f}, hot-spot skips {metrics['meshfront_router_kv_hot_skips_total']['']:.0f}")
-    return _result(case, load, metrics, ceiling(model_dir, prompts.sent))
+    return _result(case, load, metrics, 0.0 if case.mixed else ceiling(model_dir, prompts.sent))
 
 
 def _result(case: Case, load, metrics: dict, ceil: float) -> CaseResult:
@@ -243,19 +286,22 @@ def _result(case: Case, load, metrics: dict, ceil: float) -> CaseResult:
     routed = metrics.get("meshfront_router_routed_prompt_tokens_total", {})
     reported = sum(metrics.get("meshfront_router_reported_prompt_tokens_total", {}).values()) or 1
     predicted = sum(metrics.get("meshfront_router_predicted_cached_tokens_total", {}).values())
+    short = sorted(r.ttft * 1000 for r in ok if r.ttft is not None and r.prompt_tokens < MIXED_LONG // 2)
     return CaseResult(case, stats.ok, stats.errors, stats.ttft_ms[50], stats.ttft_ms[99], stats.req_per_s,
                       sum(r.cached_tokens for r in ok) / prompt, ceil, predicted / reported,
                       max(routed.values()) / (sum(routed.values()) or 1) if routed else float("nan"),
-                      stats.first_errors)
+                      stats.first_errors, short[len(short) // 2] if short and case.mixed else float("nan"))
 
 
-HEADER = ("| case | ok/err | TTFT p50 ms | TTFT p99 ms | req/s | cached share | ceiling | predicted | "
-          "max worker share |\n|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| case | ok/err | TTFT p50 ms | TTFT p99 ms | short TTFT p50 ms | req/s | cached share | ceiling | "
+          "predicted | max worker share |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
 def row(r: CaseResult) -> str:
-    return (f"| {r.case.name} | {r.ok}/{r.errors} | {r.ttft_p50:.0f} | {r.ttft_p99:.0f} | {r.req_per_s:.1f} | "
-            f"{r.cached_share:.3f} | {r.ceiling:.3f} | {r.predicted_share:.3f} | {r.max_worker_share:.3f} |")
+    short = "—" if r.short_ttft_p50 != r.short_ttft_p50 else f"{r.short_ttft_p50:.0f}"  # NaN outside mixed
+    return (f"| {r.case.name} | {r.ok}/{r.errors} | {r.ttft_p50:.0f} | {r.ttft_p99:.0f} | {short} | "
+            f"{r.req_per_s:.1f} | {r.cached_share:.3f} | {r.ceiling:.3f} | {r.predicted_share:.3f} | "
+            f"{r.max_worker_share:.3f} |")
 
 
 def run(cfg: KvBenchConfig, names: tuple[str, ...], emit: Printer) -> list[CaseResult]:
@@ -264,7 +310,8 @@ def run(cfg: KvBenchConfig, names: tuple[str, ...], emit: Printer) -> list[CaseR
     model_dir = str(build_demo_model(ROOT / "build" / "models" / "demo-qwen"))
     results = []
     for case in cases(cfg, names):
-        emit(f"[{case.name}] running {cfg.requests} requests at c={cfg.concurrency} ...")
+        concurrency = MIXED_CONCURRENCY if case.mixed else cfg.concurrency
+        emit(f"[{case.name}] running {cfg.requests} requests at c={concurrency} ...")
         r = run_case(cfg, case, model_dir, emit)
         emit(row(r) + (f" errors: {r.first_errors}" if r.errors else ""))
         results.append(r)
