@@ -38,7 +38,8 @@ def main_module(command: str) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in {"-h", "--help"}:
-        print("usage: meshfront {run,frontend,trace," + ",".join(COMMANDS) + "} [flags]  (each command has --help)")
+        print("usage: meshfront {run,frontend,trace,keys," + ",".join(COMMANDS) +
+              "} [flags]  (each command has --help)")
         sys.exit(0 if args else 2)
     command, rest = args[0], args[1:]
     if command == "run":
@@ -49,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from services.frontend.main import main as frontend_main
 
         sys.exit(frontend_main(rest))
+    if command == "keys":  # API keys in NATS (meshfront run --auth): create, revoke, list, usage
+        from services.launcher.keys_cli import main as keys_main
+
+        sys.exit(keys_main(rest))
     if command == "trace":  # a request's span tree from the trace viewer (meshfront run --trace)
         from services.launcher.trace_cli import main as trace_main
 

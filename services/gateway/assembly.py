@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from grpc_health.v1 import health_pb2
 from meshfront.gateway.v1 import (
@@ -23,6 +24,7 @@ from meshfront.gateway.v1 import (
     responses_pb2_grpc,
     videos_pb2_grpc,
 )
+from prometheus_client import CollectorRegistry
 
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
@@ -30,8 +32,11 @@ from services.common.discovery import WorkerRegistry
 from services.common.grpc_server import GrpcServer
 from services.common.namespace import Namespace
 from services.common.stage_wait import DEFAULT_WAIT_S
-from services.gateway import clients, frontend_metrics
+from services.gateway import auth, clients, frontend_metrics
 from services.gateway.anthropic.server import AnthropicServicer
+from services.gateway.auth.store import AuthStore
+from services.gateway.auth.usage import Usage
+from services.gateway.batch.api import BatchApi
 from services.gateway.config import ApiSwitches, GatewayConfig
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.edge.replicas import ReplicaMetrics
@@ -96,6 +101,8 @@ class Gateway:
     chat_engines: ChatEngines | None = None
     # --reasoning-field-name, --enable-anthropic-api, --kserve-grpc-server and the others (config.py).
     api: ApiSwitches = ApiSwitches()
+    # /v1/files and /v1/batches (set by ``build``: its lines run on this gateway's own servicers).
+    batch_api: BatchApi | None = None
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -143,6 +150,8 @@ class Gateway:
         media_pb2_grpc.add_MediaFilesServiceServicer_to_server(self.media_files, server.server)
         images_pb2_grpc.add_ImagesServiceServicer_to_server(self.images, server.server)
         videos_pb2_grpc.add_VideosServiceServicer_to_server(self.videos, server.server)
+        if self.batch_api is not None:
+            self.batch_api.add_to(server.server)
         kserve.add_to_server(self.kserve, server.server, enabled=self.api.kserve_grpc_server)
         server.on_drain(self.start_drain)
         server.ready_when(self.warmup.ready.wait)
@@ -216,9 +225,41 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
                       stage_probes=probes, stage_wait_s=cfg.stage_wait_s, public_url=cfg.public_url,
                       lora_workers=lora_workers, api=cfg.api_switches(),
                       extension_routes=load_routes(cfg.frontend_route_extension), chat_engines=chat_engines)
-    # The video jobs close first: each running one hands its lease back through the stores still open.
+    background, closing = _auth(cfg, namespace, recorder.registry, metrics.replica)
+    gateway.batch_api = batch_api = _batch_api(cfg, namespace, gateway)
+    # The video jobs and batches close first: each running one hands its lease back through the open stores.
     return Built(gateway, background=[store.run, media_store.run, job_store.run, jobs.sweep, metrics.run,
-                                      gateway.warmup.run, gateway.watch_stages],
-                 closers=[jobs.close, gateway.warmup.close, route.close, store.close, media_store.close,
-                          job_store.close, metrics.close, embed_workers.close, media_workers.close, lora_workers.close,
-                          *closers])
+                                      gateway.warmup.run, gateway.watch_stages, *background,
+                                      *batch_api.background],
+                 closers=[jobs.close, batch_api.close, gateway.warmup.close, route.close, store.close,
+                          media_store.close, job_store.close, metrics.close, embed_workers.close, media_workers.close,
+                          lora_workers.close, *closers, *closing])
+
+
+def _batch_api(cfg: GatewayConfig, namespace: Namespace, gateway: Gateway) -> BatchApi:
+    """The Batch API, whose lines run on this gateway's own servicers (in process, through the front door)."""
+    rpcs = {"/v1/chat/completions": gateway.servicer.ChatCompletions, "/v1/completions": gateway.servicer.Completions,
+            "/v1/embeddings": gateway.embeddings_servicer.Embeddings,
+            "/v1/responses": gateway.responses.CreateResponse}
+    return BatchApi(cfg.nats_url, namespace, rpcs, parse_form, max_concurrency=cfg.batch_max_concurrency)
+
+
+def _auth(cfg: GatewayConfig, namespace: Namespace, registry: CollectorRegistry,
+          replica: str) -> tuple[list[Callable[[], Coroutine[Any, Any, None]]], list[Callable[[], Awaitable[None]]]]:
+    """--auth: the process's gate (services/gateway/auth/), its per-tenant families in the request metrics'
+    registry (so /metrics at the edge has them); (background tasks, closers). Off: none installed."""
+    if not cfg.auth:
+        auth.install(None)
+        return [], []
+    store = AuthStore(cfg.nats_url, namespace)
+    usage = Usage(replica, store.put_usage)
+    gate = auth.Gate(store, usage)
+    registry.register(usage)
+    auth.install(gate)
+
+    async def close() -> None:
+        auth.install(None)
+        registry.unregister(usage)
+        await gate.close()
+        await store.close()
+    return [store.run, gate.run, usage.run], [close]

@@ -23,7 +23,11 @@ Everything else happens here, once:
   renderer's in-band error frame, since the status is already sent;
 - a bug (any other exception) is logged and answered as a 500 in the same shape (``as_mesh_error``);
 - the request's metrics (``RequestTracker``) are recorded exactly once, however it ends; requests the
-  metrics do not count (a download, a token count) run the same lifecycle untracked.
+  metrics do not count (a download, a token count) run the same lifecycle untracked;
+- with ``--auth`` (services/gateway/auth/), the caller's key is checked before anything else (401), a
+  request that generates is admitted against its key's quotas (429) and charged its tokens, its model is
+  checked against the key's models (the 404 of an unknown model), and a limited key's rate-limit headers go
+  out with the first bytes (or the error).
 
 Nothing here runs per token: one ``if`` per batch, and the renderer's pre-rendered bytes go out as
 they are.
@@ -35,6 +39,7 @@ import dataclasses
 import functools
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn, Protocol
@@ -46,6 +51,7 @@ from services.common import debug_perf, tracing
 from services.common.debug_perf import StagePerf
 from services.common.discovery import IMAGES, VIDEOS, WorkerCard
 from services.common.errors import Internal, InvalidRequest, MeshError, NotFound, Overloaded, to_status
+from services.gateway import auth
 from services.gateway.core import errors as openai_errors
 from services.gateway.core.delta import Delta
 from services.gateway.request_metrics import RequestTracker, tracker
@@ -110,23 +116,32 @@ class ErrorShape:
     body: Callable[[MeshError], bytes] | None = None
     status: Callable[[MeshError], int] = lambda err: err.http_status
     retry_after: Callable[[MeshError], bool] = lambda err: False
+    # How its callers present API keys and read their rate limits (--auth).
+    api: auth.Api = auth.OPENAI_API
 
-    async def abort(self, context: grpc.aio.ServicerContext | None, err: MeshError) -> NoReturn:
-        """Ends the call with ``err``; without a context (one request of a KServe stream) raises it."""
+    async def abort(self, context: grpc.aio.ServicerContext | None, err: MeshError,
+                    ticket: auth.Ticket | None = None) -> NoReturn:
+        """Ends the call with ``err``; without a context (one request of a KServe stream) raises it.
+        ``ticket``: the admitted key's (its rate-limit headers go with the error too)."""
         if context is None:
             raise err
         code, message, trailers = to_status(err)
         metadata: tuple[tuple[str, str | bytes], ...] = trailers
         if self.body is not None:
             metadata += http_trailers(self.status(err), self.body(err))
-            if self.retry_after(err):
+            if isinstance(err, auth.RateLimited):
+                metadata += (("x-meshfront-retry-after", str(err.retry_after_s)),
+                             *self.api.rate_headers(err.quota, time.time()))
+            elif self.retry_after(err):
                 metadata += (("x-meshfront-retry-after", "1"),)
+            if ticket is not None:
+                metadata += ticket.headers()
         await context.abort(code, message, trailing_metadata=metadata)
         raise AssertionError("unreachable: abort raises")
 
 
 OPENAI = ErrorShape(body=openai_errors.error_body, retry_after=lambda err: isinstance(err, Overloaded))
-GRPC = ErrorShape()
+GRPC = ErrorShape(api=auth.GRPC_API)
 
 
 async def abort_http(context: grpc.aio.ServicerContext, err: MeshError) -> NoReturn:
@@ -209,19 +224,42 @@ HTTP = Framing(body=lambda data: httpbody_pb2.HttpBody(content_type=JSON, data=d
 AS_IS = Framing(body=lambda out: out, frame=lambda out: out)
 
 
-async def _send_headers(context: grpc.aio.ServicerContext | None, gen: Generation) -> None:
-    """Response headers the request's extensions add (Envoy passes them on); sent with the first bytes."""
-    if gen.extras is not None and context is not None:
-        extra = gen.extras.headers()
-        if extra:
-            await context.send_initial_metadata(extra)
+async def _send_headers(context: grpc.aio.ServicerContext | None, gen: Generation,
+                        ticket: auth.Ticket | None) -> None:
+    """Response headers the request's extensions and its key's limits add (Envoy passes them on); sent with
+    the first bytes."""
+    if context is None:
+        return
+    extra = tuple(gen.extras.headers()) if gen.extras is not None else ()
+    if ticket is not None:
+        extra += ticket.headers()
+    if extra:
+        await context.send_initial_metadata(extra)
+
+
+# Requests that pass without a key: a generated image or video behind its URL, whose unguessable id is its
+# credential (OpenAI's image URLs are signed the same way), so that the URL works where the key is not sent.
+OPEN_ENDPOINTS = frozenset({"media download"})
+
+
+async def admitted(context: grpc.aio.ServicerContext | None, endpoint: str, shape: ErrorShape, *, metered: bool,
+                   call_headers: Mapping[str, str] | None = None) -> auth.Ticket | None:
+    """The call's ticket once its key (and, ``metered``, its quotas) let it in; None with --auth off.
+    ``call_headers``: the call's headers where ``context`` is None (one request of a KServe stream)."""
+    gate = auth.installed()
+    if gate is None or endpoint in OPEN_ENDPOINTS:
+        return None
+    if call_headers is None:
+        call_headers = headers(context) if context is not None else {}
+    return await gate.admit(call_headers, shape.api, metered=metered)
 
 
 Start = Callable[[Any, Any, Any, str], Awaitable[Generation]]
 
 
 async def _begin(servicer: Any, start: Start, request: Any, context: grpc.aio.ServicerContext | None,
-                 request_id: str, track: RequestTracker, perf: StagePerf | None = None) -> tuple[Generation, Any]:
+                 request_id: str, track: RequestTracker, perf: StagePerf | None,
+                 ticket: auth.Ticket | None) -> tuple[Generation, Any]:
     """Everything before the first byte: start the request, then fold it into its body (not streamed)
     or wait for its first batch (streamed); returns the generation and that body or batch."""
     if perf is None:
@@ -230,66 +268,81 @@ async def _begin(servicer: Any, start: Start, request: Any, context: grpc.aio.Se
         with perf.section("parse"):
             gen = await start(servicer, request, context, request_id)
         gen.renderer = TimedRenderer(gen.renderer, perf)
+    if ticket is not None:
+        ticket.check_model(gen.model)  # before the first batch: the pipeline has not run yet
     track.start(gen.model, gen.streaming)
     if gen.streaming:
         out = await anext(gen.stream, None)
+        if ticket is not None:
+            ticket.progress(gen.renderer.prompt_tokens, gen.renderer.completion_tokens)
     else:
         async for batch in gen.stream:
             gen.renderer.fold(batch)
         if gen.on_complete is not None:
             await gen.on_complete()
         out = gen.renderer.body()
-    await _send_headers(context, gen)
+    await _send_headers(context, gen, ticket)
     return gen, out
 
 
 async def serve_generation(servicer: Any, start: Start, endpoint: str, shape: ErrorShape, request: Any,
-                           context: grpc.aio.ServicerContext | None, framing: Framing = HTTP) -> AsyncIterator[Any]:
+                           context: grpc.aio.ServicerContext | None, framing: Framing = HTTP, *,
+                           call_headers: Mapping[str, str] | None = None) -> AsyncIterator[Any]:
     """One generation request from start to end; yields the RPC's messages.
 
     ``start(servicer, request, context, request_id)`` parses, checks and starts the request; ``endpoint``
     names it in the metrics. ``context`` None: the caller is one request of a multiplexed stream
-    (KServe's ModelStreamInfer), so an early error is raised to it instead of ending the call.
+    (KServe's ModelStreamInfer), so an early error is raised to it instead of ending the call, and
+    ``call_headers`` are the stream's headers (its key).
     """
     request_id = new_request(endpoint)
+    ticket: auth.Ticket | None = None
+    gen: Generation | None = None
     with RequestTracker(endpoint) as track, debug_perf.logged("gateway", request_id) as perf:
         err: MeshError
         try:
-            gen, out = await _begin(servicer, start, request, context, request_id, track, perf)
-        except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
-            err = as_mesh_error(e, endpoint, request_id)
-            track.fail(err)
-            await shape.abort(context, err)
-        renderer = gen.renderer
-        if not gen.streaming:
-            track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
-            yield framing.body(out)
-            return
-        # Streamed: the first batch goes out with the response headers, then a frame per batch, then the end.
-        try:
-            if out is not None:
-                track.first_token()
-                lead = gen.extras.annotation_events() if gen.extras is not None else b""
-                data = renderer.sse(out)
-                yield framing.frame(lead + data if lead else data)
-            async for batch in gen.stream:
-                data = renderer.sse(batch)
+            try:
+                ticket = await admitted(context, endpoint, shape, metered=True, call_headers=call_headers)
+                gen, out = await _begin(servicer, start, request, context, request_id, track, perf, ticket)
+            except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
+                err = as_mesh_error(e, endpoint, request_id)
+                track.fail(err)
+                await shape.abort(context, err, ticket)
+            renderer = gen.renderer
+            if not gen.streaming:
+                track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
+                yield framing.body(out)
+                return
+            # Streamed: the first batch goes out with the response headers, then a frame per batch, then the end.
+            try:
+                if out is not None:
+                    track.first_token()
+                    lead = gen.extras.annotation_events() if gen.extras is not None else b""
+                    data = renderer.sse(out)
+                    yield framing.frame(lead + data if lead else data)
+                async for batch in gen.stream:
+                    data = renderer.sse(batch)
+                    if ticket is not None:
+                        ticket.progress(renderer.prompt_tokens, renderer.completion_tokens)
+                    if data:
+                        yield framing.frame(data)
+                if gen.on_complete is not None:
+                    await gen.on_complete()
+                track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
+                data = renderer.sse_end()
                 if data:
                     yield framing.frame(data)
-            if gen.on_complete is not None:
-                await gen.on_complete()
-            track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
-            data = renderer.sse_end()
-            if data:
-                yield framing.frame(data)
-            return
-        except MeshError as e:
-            err = e
-        except Exception:  # noqa: BLE001 - reported in-band like any other failure
-            err = unexpected(f"{endpoint} stream", request_id)
-        track.fail(err, mid_stream=True)
-        log.warning("request %s failed mid-stream: %s", request_id, err.message)
-        yield framing.frame(renderer.sse_error(err))
+                return
+            except MeshError as e:
+                err = e
+            except Exception:  # noqa: BLE001 - reported in-band like any other failure
+                err = unexpected(f"{endpoint} stream", request_id)
+            track.fail(err, mid_stream=True)
+            log.warning("request %s failed mid-stream: %s", request_id, err.message)
+            yield framing.frame(renderer.sse_error(err))
+        finally:  # however it ends (the client gone included): the key's slot back, the rest of its tokens charged
+            if ticket is not None:
+                ticket.close(*(gen.renderer.prompt_tokens, gen.renderer.completion_tokens) if gen else ())
 
 
 def generation_rpc(start: Start, endpoint: str, shape: ErrorShape = OPENAI) -> Any:
@@ -323,15 +376,27 @@ async def serve_unary(servicer: Any, answer: Answer, endpoint: str, shape: Error
     """One unary request from start to end; returns the RPC's message. Any failure aborts the call in
     ``shape`` (``context`` None: raised, as for one request of a KServe stream)."""
     request_id = new_request(endpoint)
+    ticket: auth.Ticket | None = None
+
+    def started(model: str) -> None:
+        if ticket is not None:
+            ticket.check_model(model)
+        track.start(model, False)
     with tracker(endpoint, counted) as track:
         try:
-            reply = await answer(servicer, request, context, request_id,
-                                 lambda model: track.start(model, False))
+            ticket = await admitted(context, endpoint, shape, metered=counted)
+            reply = await answer(servicer, request, context, request_id, started)
+            if ticket is not None and context is not None and ticket.headers():
+                await context.send_initial_metadata(ticket.headers())
         except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
             err = as_mesh_error(e, endpoint, request_id)
             track.fail(err)
-            await shape.abort(context, err)
+            if ticket is not None:
+                ticket.close()
+            await shape.abort(context, err, ticket)
         track.finish(reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
+        if ticket is not None:
+            ticket.close(reply.prompt_tokens, reply.completion_tokens)
         return reply.message
 
 
@@ -378,16 +443,24 @@ async def serve_stream(servicer: Any, start: StreamStart, endpoint: str, shape: 
     client that hangs up closes the body, which closes what it reads from (a worker's call stops).
     """
     request_id = new_request(endpoint)
+    ticket: auth.Ticket | None = None
     with tracker(endpoint, counted) as track:
         err: MeshError
         try:
+            ticket = await admitted(context, endpoint, shape, metered=counted)
             answer = await start(servicer, request, context, request_id)
+            if ticket is not None:
+                ticket.check_model(answer.model)  # nothing of the body has run yet
             track.start(answer.model, answer.sse)
             first = await anext(answer.body, b"")
+            if ticket is not None and ticket.headers():
+                await context.send_initial_metadata(ticket.headers())
         except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
             err = as_mesh_error(e, endpoint, request_id)
             track.fail(err)
-            await shape.abort(context, err)
+            if ticket is not None:
+                ticket.close()
+            await shape.abort(context, err, ticket)
         try:
             if answer.sse:
                 track.first_token()
@@ -402,6 +475,8 @@ async def serve_stream(servicer: Any, start: StreamStart, endpoint: str, shape: 
             err = as_mesh_error(e, f"{endpoint} answer", request_id)
         finally:
             await answer.body.aclose()  # cancels the worker's call if it still runs
+            if ticket is not None:
+                ticket.close(*answer.tokens()[:2])
         track.fail(err, mid_stream=True)
         log.warning("request %s failed after its first bytes: %s", request_id, err.message)
         if answer.sse_error is not None:

@@ -124,6 +124,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{stage}-flag", action="append", default=[], metavar="FLAG",
                        help=f"a flag for every {stage} (repeatable, e.g. --{stage}-flag=--log-level=DEBUG); "
                             "in the all-in-one shape too")
+    p.add_argument("--auth", action="store_true",
+                   help="require API keys (meshfront keys create) at every gateway: the gateways' --auth")
     p.add_argument("--metrics-prefix", default="",
                    help="names of the request metrics at /metrics: dynamo_frontend for Dynamo's (forwarded to "
                         "every gateway as --metrics-prefix; default: the gateway's own, meshfront_gateway)")
@@ -204,6 +206,8 @@ def _check_shape(args: argparse.Namespace) -> None:
     if args.metrics_prefix:
         check_prefix(args.metrics_prefix)
         args.gateway_flag.append(f"--metrics-prefix={args.metrics_prefix}")
+    if args.auth:
+        args.gateway_flag.append("--auth")
 
 
 def _check_roles(args: argparse.Namespace) -> None:

@@ -13,6 +13,7 @@ from google.api import httpbody_pb2
 from meshfront.gateway.v1 import anthropic_pb2_grpc
 
 from services.common.errors import NotFound
+from services.gateway import auth
 from services.gateway.anthropic import errors
 from services.gateway.anthropic.render import MessageRenderer
 from services.gateway.anthropic.request import parse_count_tokens, parse_messages
@@ -33,7 +34,8 @@ from services.gateway.front_door import (
 
 # /v1/messages' abort: Anthropic's status and body for Envoy; 529 tells the SDK to retry.
 ANTHROPIC = ErrorShape(body=errors.error_body, status=errors.http_status,
-                       retry_after=lambda err: errors.http_status(err) == errors.OVERLOADED_STATUS)
+                       retry_after=lambda err: errors.http_status(err) == errors.OVERLOADED_STATUS,
+                       api=auth.ANTHROPIC_API)  # x-api-key or Bearer; anthropic-ratelimit-* headers (--auth)
 
 
 # What both routes answer while the API is off (--no-enable-anthropic-api): a 404, as a route never served is.
@@ -58,7 +60,7 @@ class AnthropicServicer(anthropic_pb2_grpc.AnthropicServiceServicer):
     async def _count_tokens(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext, rid: str,
                             started: Started) -> Reply:
         """The prompt's real token count: the preprocessor renders and tokenizes it as for generation."""
-        # x-api-key and anthropic-version arrive with the headers too; as in Dynamo, neither is checked.
+        # x-api-key is the front door's to check (--auth); anthropic-version, as in Dynamo, is not checked.
         req = parse_count_tokens(request.data, headers(context), strip_preamble=self._strip_preamble)
         check_model(self._models(), req.model)
         prepared = await self._pipeline.pre.preprocess(chat_to_preprocess(req, rid))

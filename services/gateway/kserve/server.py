@@ -42,7 +42,8 @@ def _serve(servicer: KServeServicer, request, context: grpc.aio.ServicerContext,
     """The front door over one request: ModelInfer's (unary: an error is the call's status) or one of a
     ModelStreamInfer call (an early error is raised to ``_serve_one``, a later one is its ``error_message``)."""
     start = functools.partial(KServeServicer._start_generation, unary=unary, call_headers=headers(context))
-    return serve_generation(servicer, start, ENDPOINT, GRPC, request, context if unary else None, AS_IS)
+    return serve_generation(servicer, start, ENDPOINT, GRPC, request, context if unary else None, AS_IS,
+                            call_headers=headers(context))  # a stream's requests present the stream's key
 
 
 class KServeServicer:

@@ -1,0 +1,174 @@
+"""--auth through Envoy and two gateways: keys made with `meshfront keys`, checked at every front door by the
+official openai, anthropic and tritonclient clients; revocation, quotas across both gateways, usage."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import re
+import subprocess
+import time
+
+import anthropic
+import httpx
+import nats
+import numpy as np
+import openai
+import pytest
+
+from services.common.namespace import Namespace
+from services.gateway.auth.store import USAGE_BUCKET
+from services.launcher.plan import VENV_BIN
+from tests.conftest import require_module, stop_cleanly
+from tests.mesh.conftest import DEMO, DEMO_PARSERS, SECOND, mocker, start_mesh, wait_until
+
+require_module("tritonclient")
+import tritonclient.grpc as triton  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+pytestmark = pytest.mark.mesh
+
+HI = [{"role": "user", "content": "Say hello"}]
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
+    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS),
+                                      mocker(demo_model_dir, SECOND)],
+                   gateways=2, service_args={"gateway": ("--auth",)})
+    yield m
+    stop_cleanly(m)
+
+
+def keys(mesh, *args: str) -> list[str]:
+    """`meshfront keys ARGS` against the mesh's NATS (through its env twin); its output lines."""
+    out = subprocess.run([str(VENV_BIN / "meshfront"), "keys", *args], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "NATS_SERVER": mesh.plan.nats_url}, check=True)
+    return out.stdout.splitlines()
+
+
+def new_key(mesh, tenant: str, *limits: str) -> str:
+    return keys(mesh, "create", "--tenant", tenant, *limits)[-1]
+
+
+def oai(mesh, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{mesh.url}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def triton_infer(mesh, key: str | None):
+    client = triton.InferenceServerClient(mesh.grpc_target)
+    text = triton.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"Count to ten"], dtype=np.object_))
+    try:
+        return client.infer(DEMO, [text], parameters={"max_tokens": 3},
+                            headers={"authorization": f"Bearer {key}"} if key else None)
+    finally:
+        client.close()
+
+
+def test_no_key_is_401_in_each_callers_shape_and_the_probes_stay_open(mesh):
+    with pytest.raises(openai.AuthenticationError) as e:
+        oai(mesh, "mf-not-a-key").chat.completions.create(model=DEMO, messages=HI)
+    assert e.value.code == "invalid_api_key"
+    r = httpx.post(f"{mesh.url}/v1/completions", json={"model": DEMO, "prompt": "hi"}, timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    claude = anthropic.Anthropic(base_url=mesh.url, api_key="mf-not-a-key", max_retries=0, timeout=30)
+    with pytest.raises(anthropic.AuthenticationError) as a:
+        claude.messages.create(model=DEMO, max_tokens=8, messages=HI)
+    assert a.value.body["error"]["type"] == "authentication_error"
+    with pytest.raises(InferenceServerException) as k:
+        triton_infer(mesh, None)
+    assert k.value.status() == "StatusCode.UNAUTHENTICATED"
+    for path in ("/health", "/live", "/metrics"):
+        assert httpx.get(f"{mesh.url}{path}", timeout=10).status_code == 200, path
+
+
+def test_a_key_works_at_every_front_door_and_revocation_holds_within_2s(mesh):
+    key = new_key(mesh, "acme")
+    client = oai(mesh, key)
+    assert client.chat.completions.create(model=DEMO, messages=HI, max_tokens=8).choices[0].message.content
+    assert "".join(c.choices[0].delta.content or "" for c in
+                   client.chat.completions.create(model=DEMO, messages=HI, max_tokens=8, stream=True) if c.choices)
+    claude = anthropic.Anthropic(base_url=mesh.url, api_key=key, max_retries=0, timeout=30)  # x-api-key
+    assert claude.messages.create(model=DEMO, max_tokens=8, messages=HI).content[0].text
+    assert triton_infer(mesh, key).as_numpy("text_output") is not None
+    listed = "\n".join(keys(mesh, "list"))
+    assert "tenant=acme" in listed and key not in listed
+
+    key_id = next(line.split()[0] for line in keys(mesh, "list") if "tenant=acme" in line)
+    assert keys(mesh, "revoke", key_id) == [f"revoked {key_id} (tenant acme)"]
+    revoked = time.monotonic()
+
+    def refused() -> bool:
+        try:
+            client.completions.create(model=DEMO, prompt="hi", max_tokens=1)
+        except openai.AuthenticationError:
+            return True
+        return False
+    wait_until(refused, 2.0, "the revoked key to be refused")
+    assert time.monotonic() - revoked < 2.0
+
+
+def test_rpm_holds_across_both_gateways_with_openais_headers(mesh):
+    key = new_key(mesh, "limited", "--rpm", "5")
+
+    def one(_: int) -> httpx.Response:
+        return httpx.post(f"{mesh.url}/v1/completions", headers={"authorization": f"Bearer {key}"},
+                          json={"model": DEMO, "prompt": "hi", "max_tokens": 1}, timeout=30)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one, range(8)))
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [200] * 5 + [429] * 3, [r.text for r in answers]
+    for r in answers:
+        assert r.headers["x-ratelimit-limit-requests"] == "5"
+        assert re.fullmatch(r"(1m0s|\d+s)", r.headers["x-ratelimit-reset-requests"])
+    assert sorted(int(r.headers["x-ratelimit-remaining-requests"]) for r in answers if r.status_code == 200) \
+        == [0, 1, 2, 3, 4]
+    refused = next(r for r in answers if r.status_code == 429)
+    assert int(refused.headers["retry-after"]) >= 1 and refused.json()["error"]["code"] == "rate_limit_exceeded"
+    with pytest.raises(openai.RateLimitError):
+        oai(mesh, key).completions.create(model=DEMO, prompt="hi", max_tokens=1)
+
+    # Both gateways admitted some (each replica keeps its own usage record), and the totals add up.
+    assert len(asyncio.run(usage_replicas(mesh, "limited"))) == 2
+    wait_until(lambda: "requests=5 " in "".join(keys(mesh, "usage", "--tenant", "limited")), 5, "usage flushed")
+    line = keys(mesh, "usage", "--tenant", "limited")[0]
+    assert "rejected: requests=4" in line and "completion_tokens=5" in line
+    metrics = httpx.get(f"{mesh.url}/metrics", timeout=10).text
+    assert re.search(r'meshfront_tenant_rejections_total\{[^}]*tenant="limited"[^}]*\} ', metrics), metrics[-2000:]
+
+
+async def usage_replicas(mesh, tenant: str) -> set[str]:
+    nc = await nats.connect(mesh.plan.nats_url)
+    try:
+        kv = await nc.jetstream().key_value(Namespace.of(mesh.plan.namespace).bucket(USAGE_BUCKET))
+        deadline = time.monotonic() + 5
+        while True:
+            found = {k.partition(".")[2] for k in await kv.keys() if k.startswith(f"{tenant}.")}
+            if len(found) >= 2 or time.monotonic() > deadline:
+                return found
+            await asyncio.sleep(0.1)
+    finally:
+        await nc.close()
+
+
+def test_anthropic_rate_limit_shape(mesh):
+    key = new_key(mesh, "claude-user", "--rpm", "1")
+    claude = anthropic.Anthropic(base_url=mesh.url, api_key=key, max_retries=0, timeout=30)
+    ok = claude.messages.with_raw_response.create(model=DEMO, max_tokens=4, messages=HI)
+    assert ok.headers["anthropic-ratelimit-requests-limit"] == "1"
+    assert ok.headers["anthropic-ratelimit-requests-remaining"] == "0"
+    with pytest.raises(anthropic.RateLimitError) as e:
+        claude.messages.create(model=DEMO, max_tokens=4, messages=HI)
+    assert e.value.body["error"]["type"] == "rate_limit_error"
+    assert e.value.response.headers["retry-after"] and e.value.response.headers["anthropic-ratelimit-requests-reset"]
+
+
+def test_a_key_limited_to_other_models_gets_404(mesh):
+    key = new_key(mesh, "second-only", "--models", SECOND)
+    client = oai(mesh, key)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model=DEMO, messages=HI, max_tokens=4)
+    assert e.value.code == "model_not_found"
+    assert client.completions.create(model=SECOND, prompt="hi", max_tokens=2).choices
