@@ -112,11 +112,11 @@ class Launcher:
                 return r.json()["models"]
         return {}
 
-    def wait_healthy(self, workers: int, timeout: float) -> None:
+    def wait_healthy(self, workers: int, timeout: float, model: str = DEMO) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"the launcher exited\n{self.log()[-6000:]}"
-            if self.health().get(DEMO) == workers:
+            if self.health().get(model) == workers:
                 self.remember()
                 return
             time.sleep(0.2)

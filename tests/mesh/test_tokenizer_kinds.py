@@ -8,7 +8,10 @@ postprocessor decodes as it streams, arrives exactly, streamed and whole."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
+import httpx
 import orjson
 import pytest
 import sentencepiece as spm
@@ -17,7 +20,7 @@ from tiktoken.load import load_tiktoken_bpe
 
 from services.launcher.plan import WorkerSpec
 from services.models.tokenizer_models import KIMI_PATTERN, MARKERS, TIKTOKEN_RANKS, build_tokenizer_model
-from tests.conftest import sdk_client, stop_cleanly
+from tests.conftest import BIN, sdk_client, stop_cleanly
 from tests.mesh.conftest import start_mesh
 
 pytestmark = [pytest.mark.mesh, pytest.mark.timeout(240)]
@@ -41,6 +44,11 @@ def tmesh(tmp_path_factory, models, envoy_bin, nats_bin):
     m = start_mesh(tmp_path_factory, workers, inproc=True, service_args={"preprocessor": ("--tokenizer", "fastokens")})
     yield m
     stop_cleanly(m)
+
+
+def build_model_argv() -> list[str]:
+    exe = BIN / "meshfront"
+    return [str(exe), "build-model"] if exe.exists() else [sys.executable, "-m", "services.models"]
 
 
 def _reference(kind: str, model_dir):
@@ -83,3 +91,29 @@ def test_prompt_ids_and_streamed_text_are_exact(tmesh, models, kind):
     whole = client.chat.completions.create(model=f"tiny/{kind}", messages=messages, max_tokens=200)
     assert whole.choices[0].message.content == expected
     client.close()
+
+
+def test_meshfront_run_serves_a_tiktoken_and_a_sentencepiece_model_with_exact_ids(tmp_path, models, envoy_bin,
+                                                                                 nats_bin):
+    """What a user runs: `meshfront build-model --tokenizer KIND --out DIR`, then `meshfront run --model-dir DIR`."""
+    from tests.mesh.test_launcher_supervision import Launcher
+
+    for kind in KINDS:
+        built = subprocess.run([*build_model_argv(), "--tokenizer", kind, "--out", str(tmp_path / kind)],
+                               capture_output=True, text=True, timeout=120)
+        assert built.returncode == 0, built.stderr
+        (tmp_path / f"run-{kind}").mkdir()
+        lch = Launcher(tmp_path / f"run-{kind}", "--model-dir", str(tmp_path / kind), "--model-name", f"run/{kind}",
+                       "--embedding-workers", "0", "--image-workers", "0", "--video-workers", "0",
+                       "--workers", "1", "--speedup-ratio", "0", "--mocker-script", "")
+        try:
+            lch.wait_healthy(1, 120, model=f"run/{kind}")
+            r = httpx.post(f"{lch.url}/v1/chat/completions", timeout=30, json={
+                "model": f"run/{kind}", "max_tokens": 4, "messages": [{"role": "user", "content": "Grüße 東京 🤖"}],
+                "nvext": {"annotations": ["formatted_prompt", "token_ids"]}})
+            assert r.status_code == 200, r.text
+            annotations = r.json()["nvext"]
+            encode, _ = _reference(kind, tmp_path / kind)
+            assert annotations["token_ids"] == encode(annotations["formatted_prompt"])
+        finally:
+            lch.kill_everything()
