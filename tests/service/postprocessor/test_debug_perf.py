@@ -50,8 +50,9 @@ async def gateway(fake_worker, demo_model_dir):
     worker.scripts = collections.defaultdict(lambda: answer)  # the gateway makes the request ids up
     card = ModelCard(MODEL, str(demo_model_dir), block_size=4)
     post = Postprocessor(idle_timeout_s=0)
+    workers = [WorkerCard("w1", address, card)]
     pipeline = Pipeline(InProcessPreprocessor(Preprocessor(lambda name: card if name == MODEL else None)),
-                        InProcessRouter(Router(lambda name: [WorkerCard("w1", address, card)] if name == MODEL else [])),
+                        InProcessRouter(Router(lambda name: workers if name == MODEL else [])),
                         InProcessPostprocessor(post))
     models = {MODEL: [WorkerCard("w1", address, card)]}
     server = GrpcServer("gateway", "127.0.0.1", 0, grace_s=0)
