@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import nats
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from services.common import namespace
 from services.common.jetstream_replicas import nats_servers
@@ -27,6 +27,8 @@ from services.gateway.auth.store import Buckets, open_buckets
 from services.gateway.auth.usage import REASONS, summed
 
 CONNECT_TIMEOUT_S = 5.0
+# A secret handed in (--secret-env) must be a random one of at least this length (mf- and 43 characters are 46).
+MIN_SECRET_CHARS = 32
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--tpm", type=_count, default=0, help="prompt plus completion tokens per minute (0: no limit)")
     c.add_argument("--max-concurrency", type=_count, default=0, help="requests in flight at once (0: no limit)")
     c.add_argument("--models", default="", help="comma-separated models the key may use (empty: every model)")
+    c.add_argument("--secret-env", default="", metavar="VAR",
+                   help="register the secret in environment variable VAR (a Kubernetes Secret's) instead of a new one: "
+                        "a key that exists is left as it is, and one revoked stays revoked, so a rerun changes nothing")
     r = sub.add_parser("revoke", help="revoke a key (its id from `keys list`, or its secret)")
     r.add_argument("key")
     sub.add_parser("list", help="every key's tenant and limits (never the secrets)")
@@ -94,18 +99,29 @@ async def _records(kv: KeyValue) -> dict[str, KeyRecord]:
 
 
 async def create(b: Buckets, args: argparse.Namespace) -> list[str]:
-    secret = new_secret()
+    secret = os.environ.get(args.secret_env, "") if args.secret_env else new_secret()
+    if args.secret_env and len(secret) < MIN_SECRET_CHARS:
+        raise Failed(f"${args.secret_env} must hold a secret of at least {MIN_SECRET_CHARS} characters")
     digest = hash_secret(secret)
     record = KeyRecord(key_id(digest), args.tenant, args.policy_class, args.rpm, args.tpm, args.max_concurrency,
                        tuple(m.strip() for m in args.models.split(",")) if args.models else (), round(time.time(), 3))
     errors = record.errors()
     if errors:
         raise Failed("; ".join(errors))
+    if args.secret_env:
+        try:
+            await b.keys.get(digest)
+            return [f"{record.key_id} exists; left as it is"]
+        except KeyNotFoundError as e:
+            if e.op in (KV_DEL, KV_PURGE):  # the tombstone of a revoke: a rerun must not bring the key back
+                return [f"{record.key_id} was revoked; it stays revoked"]
     try:
         await b.keys.create(digest, record.to_json())
-    except KeyWrongLastSequenceError:  # 2^-256: a new secret is never an old one's
-        raise Failed("the new key's hash is taken; run the command again") from None
-    return [f"created {record.key_id} for tenant {record.tenant}: {_limits(record)}", secret]
+    except KeyWrongLastSequenceError:  # 2^-256 for a new secret; a --secret-env one created meanwhile
+        raise Failed(f"{record.key_id} exists already") from None
+    # The secret from --secret-env is not printed: whoever holds the Secret has it.
+    return [f"created {record.key_id} for tenant {record.tenant}: {_limits(record)}",
+            *(() if args.secret_env else (secret,))]
 
 
 async def revoke(b: Buckets, args: argparse.Namespace) -> list[str]:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from services.cli import COMMANDS
+from services.launcher.keys_cli import parser as keys_parser
 from services.launcher.plan import VENV_BIN
 from tests.conftest import ROOT, require_binary, require_module
 
@@ -571,3 +572,16 @@ def test_the_tracing_component_points_every_process_and_envoy_at_one_collector()
     collector = next(c for c in edge["static_resources"]["clusters"] if c["name"] == "opentelemetry_collector")
     address = collector["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
     assert endpoint == f"http://{address['address']}:{address['port_value']}"
+
+
+def test_the_gateways_check_keys_and_a_job_registers_the_first_from_a_secret():
+    resources = base_resources()
+    gateway = next(w for w in workloads(resources) if w["metadata"]["name"] == "gateway")
+    assert env_of(containers(gateway)[0])["MESHFRONT_GATEWAY_AUTH"] == "true"
+    job = next(r for r in resources if r["kind"] == "Job" and r["metadata"]["name"] == "first-key")
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    args = keys_parser().parse_args(c["command"][2:])  # flags the CLI takes
+    secret = next(e for e in c["env"] if e["name"] == args.secret_env)
+    assert secret["valueFrom"]["secretKeyRef"] == {"name": "meshfront-first-key", "key": "api-key"}
+    assert env_of(c)["MESHFRONT_NATS_URL"] == env_of(containers(gateway)[0])["MESHFRONT_NATS_URL"]
+    assert env_of(c)["DYN_NAMESPACE"] == env_of(containers(gateway)[0])["DYN_NAMESPACE"]

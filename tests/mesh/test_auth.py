@@ -172,3 +172,17 @@ def test_a_key_limited_to_other_models_gets_404(mesh):
         client.chat.completions.create(model=DEMO, messages=HI, max_tokens=4)
     assert e.value.code == "model_not_found"
     assert client.completions.create(model=SECOND, prompt="hi", max_tokens=2).choices
+
+
+def test_a_key_from_a_secret_is_registered_once_and_a_revoke_sticks(mesh, monkeypatch):
+    """What the Kubernetes Job does with the first key (deploy/k8s/base/first-key.yaml): reruns change nothing."""
+    secret = "mf-" + "k8s-first-key-0123456789abcdefghijklmnop"
+    monkeypatch.setenv("MESHFRONT_FIRST_KEY", secret)
+    created = keys(mesh, "create", "--tenant", "admin", "--secret-env", "MESHFRONT_FIRST_KEY")
+    assert created[0].startswith("created key_") and secret not in "\n".join(created)
+    assert oai(mesh, secret).completions.create(model=DEMO, prompt="hi", max_tokens=1).choices
+    assert keys(mesh, "create", "--tenant", "admin", "--secret-env", "MESHFRONT_FIRST_KEY")[0].endswith(
+        "exists; left as it is")
+    keys(mesh, "revoke", secret)
+    assert keys(mesh, "create", "--tenant", "admin", "--secret-env", "MESHFRONT_FIRST_KEY")[0].endswith(
+        "was revoked; it stays revoked")
