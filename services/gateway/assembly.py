@@ -36,6 +36,7 @@ from services.gateway import auth, clients, frontend_metrics
 from services.gateway.anthropic.server import AnthropicServicer
 from services.gateway.auth.store import AuthStore
 from services.gateway.auth.usage import Usage
+from services.gateway.batch.api import BatchApi
 from services.gateway.config import ApiSwitches, GatewayConfig
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.edge.replicas import ReplicaMetrics
@@ -100,6 +101,8 @@ class Gateway:
     chat_engines: ChatEngines | None = None
     # --reasoning-field-name, --enable-anthropic-api, --kserve-grpc-server and the others (config.py).
     api: ApiSwitches = ApiSwitches()
+    # /v1/files and /v1/batches (set by ``build``: its lines run on this gateway's own servicers).
+    batch_api: BatchApi | None = None
     draining: bool = False
 
     def __post_init__(self) -> None:
@@ -147,6 +150,8 @@ class Gateway:
         media_pb2_grpc.add_MediaFilesServiceServicer_to_server(self.media_files, server.server)
         images_pb2_grpc.add_ImagesServiceServicer_to_server(self.images, server.server)
         videos_pb2_grpc.add_VideosServiceServicer_to_server(self.videos, server.server)
+        if self.batch_api is not None:
+            self.batch_api.add_to(server.server)
         kserve.add_to_server(self.kserve, server.server, enabled=self.api.kserve_grpc_server)
         server.on_drain(self.start_drain)
         server.ready_when(self.warmup.ready.wait)
@@ -221,12 +226,22 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
                       lora_workers=lora_workers, api=cfg.api_switches(),
                       extension_routes=load_routes(cfg.frontend_route_extension), chat_engines=chat_engines)
     background, closing = _auth(cfg, namespace, recorder.registry, metrics.replica)
-    # The video jobs close first: each running one hands its lease back through the stores still open.
+    gateway.batch_api = batch_api = _batch_api(cfg, namespace, gateway)
+    # The video jobs and batches close first: each running one hands its lease back through the open stores.
     return Built(gateway, background=[store.run, media_store.run, job_store.run, jobs.sweep, metrics.run,
-                                      gateway.warmup.run, gateway.watch_stages, *background],
-                 closers=[jobs.close, gateway.warmup.close, route.close, store.close, media_store.close,
-                          job_store.close, metrics.close, embed_workers.close, media_workers.close, lora_workers.close,
-                          *closers, *closing])
+                                      gateway.warmup.run, gateway.watch_stages, *background,
+                                      *batch_api.background],
+                 closers=[jobs.close, batch_api.close, gateway.warmup.close, route.close, store.close,
+                          media_store.close, job_store.close, metrics.close, embed_workers.close, media_workers.close,
+                          lora_workers.close, *closers, *closing])
+
+
+def _batch_api(cfg: GatewayConfig, namespace: Namespace, gateway: Gateway) -> BatchApi:
+    """The Batch API, whose lines run on this gateway's own servicers (in process, through the front door)."""
+    rpcs = {"/v1/chat/completions": gateway.servicer.ChatCompletions, "/v1/completions": gateway.servicer.Completions,
+            "/v1/embeddings": gateway.embeddings_servicer.Embeddings,
+            "/v1/responses": gateway.responses.CreateResponse}
+    return BatchApi(cfg.nats_url, namespace, rpcs, parse_form, max_concurrency=cfg.batch_max_concurrency)
 
 
 def _auth(cfg: GatewayConfig, namespace: Namespace, registry: CollectorRegistry,

@@ -30,6 +30,7 @@ MAX_MEDIA_URL_TTL_S = 7 * 24 * 3600
 # The chat completion field that carries reasoning (--reasoning-field-name): vLLM's and Dynamo's name, or the
 # one OpenAI-compatible clients such as OpenRouter's read.
 REASONING_FIELDS = ("reasoning_content", "reasoning")
+MAX_BATCH_CONCURRENCY = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,8 @@ class GatewayConfig:
     # Extension code (services/gateway/extensions/): HTTP routes, and the chat engine factory's module:function.
     frontend_route_extension: tuple[str, ...] = ()
     chat_engine_factory: str = ""
+    # Batch API lines one gateway replica runs at once, over all its batches (services/gateway/batch/).
+    batch_max_concurrency: int = 16
     # --auth: every front door asks for an API key of the namespace's keys bucket (services/gateway/auth/).
     auth: bool = False
     # The API switches Dynamo's frontend has (docs/openai-extensions.md, "Gateway switches").
@@ -113,6 +116,9 @@ class GatewayConfig:
         split_target(self.postprocessor)  # expanded into replicas: a dns target without a port fails at start
         if not 0 < self.stage_wait_s <= 600:
             raise ValueError(f"--stage-wait-s must be above 0 and at most 600; got {self.stage_wait_s}")
+        if not 1 <= self.batch_max_concurrency <= MAX_BATCH_CONCURRENCY:
+            raise ValueError(f"--batch-max-concurrency must be 1 to {MAX_BATCH_CONCURRENCY}; "
+                             f"got {self.batch_max_concurrency}")
         if not 1 <= self.stream_interval <= MAX_STREAM_INTERVAL:
             raise ValueError(f"--stream-interval must be 1 to {MAX_STREAM_INTERVAL}; got {self.stream_interval}")
         # Imported, called and checked here, so that a bad extension fails the start with one line (exit 2).
@@ -158,6 +164,9 @@ def add_flags(p: Flags) -> None:
     p.add("--stream-interval", default=1, type=int,
           help="tokens gathered into one streamed event unless a request sets nvext.stream_interval (1: every "
                "engine step as it comes; more: fewer messages and less CPU per request, coarser streaming)")
+    p.add("--batch-max-concurrency", default=16, type=int,
+          help="Batch API (/v1/batches) lines this gateway runs at once over all its batches, at the lowest "
+               "priority: what a batch may take from interactive traffic")
     p.add("--metrics-prefix", default=DEFAULT_PREFIX, dynamo_env="DYN_METRICS_PREFIX",
           help=f"names of the request metrics (--metrics-port and /metrics at the edge): {DEFAULT_PREFIX} for "
                "ours, dynamo_frontend (or any other prefix) for Dynamo's frontend families and labels")

@@ -247,7 +247,7 @@ async def admitted(context: grpc.aio.ServicerContext | None, endpoint: str, shap
     """The call's ticket once its key (and, ``metered``, its quotas) let it in; None with --auth off.
     ``call_headers``: the call's headers where ``context`` is None (one request of a KServe stream)."""
     gate = auth.installed()
-    if gate is None or endpoint in OPEN_ENDPOINTS:
+    if gate is None or endpoint in OPEN_ENDPOINTS or auth.BATCH_LINE.get():
         return None
     if call_headers is None:
         call_headers = headers(context) if context is not None else {}

@@ -114,7 +114,8 @@ def assert_api_error(r: httpx.Response, status: int, *, anthropic: bool = False)
 
 def example_path(template: str) -> str:
     return (template.replace("{model_id}", "org/model").replace("{response_id}", "resp_1").replace("{name}", "a.js")
-            .replace("{video_id}", "video_1").replace("{media_id}", "A" * 43))
+            .replace("{video_id}", "video_1").replace("{media_id}", "A" * 43).replace("{file_id}", "file-1")
+            .replace("{batch_id}", "batch_1"))
 
 
 def test_every_route_takes_its_methods_and_a_wrong_method_is_405_with_allow(lone_envoy):

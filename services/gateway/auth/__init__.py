@@ -24,6 +24,7 @@ perhaps on another replica:
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Mapping
 
 from services.common.errors import NotFound
@@ -31,8 +32,13 @@ from services.gateway.auth.errors import RateLimited, Unauthenticated
 from services.gateway.auth.gate import ANTHROPIC_API, GRPC_API, OPENAI_API, Api, Gate, Ticket
 from services.gateway.auth.keys import KeyRecord
 
-__all__ = ["ANTHROPIC_API", "GRPC_API", "OPENAI_API", "Api", "Gate", "KeyRecord", "RateLimited", "Ticket",
+__all__ = ["ANTHROPIC_API", "BATCH_LINE", "GRPC_API", "OPENAI_API", "Api", "Gate", "KeyRecord", "RateLimited", "Ticket",
            "Unauthenticated", "batch_caller", "batch_line", "batch_usage", "install", "installed"]
+
+# True while a batch line runs in process (services/gateway/batch/inprocess.py sets it in the line's own task):
+# its key was checked by ``batch_line`` and its tokens go to ``batch_usage``, so the front door lets it through.
+# A gRPC call never carries it: each runs in a task of the server's, whose context this is never set in.
+BATCH_LINE: contextvars.ContextVar[bool] = contextvars.ContextVar("batch_line", default=False)
 
 # The process's gate: the front door's RPC functions are bound into servicer classes at import, so they
 # reach the gate here rather than through each servicer. One gateway per process; tests that build several

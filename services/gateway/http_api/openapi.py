@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from services.gateway.http_api import anthropic_schemas, image_schemas, openai_schemas, videos_schemas
+from services.gateway.http_api import anthropic_schemas, batch_schemas, image_schemas, openai_schemas, videos_schemas
 from services.gateway.http_api.routes import ANTHROPIC, ENDPOINTS, JSON, Endpoint
 from services.gateway.http_api.schema import Schema
 
@@ -22,7 +22,7 @@ TAGS = ({"name": "OpenAI", "description": "OpenAI-compatible generation and mode
 def schemas() -> dict[str, Schema]:
     """Every named schema; a name defined twice is a mistake, not an override."""
     out: dict[str, Schema] = {}
-    for module in (openai_schemas, anthropic_schemas, image_schemas, videos_schemas):
+    for module in (openai_schemas, anthropic_schemas, image_schemas, videos_schemas, batch_schemas):
         clash = out.keys() & module.SCHEMAS.keys()
         if clash:
             raise ValueError(f"schema names defined twice: {sorted(clash)}")

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.unit
 
 GATEWAY = pathlib.Path(__file__).resolve().parents[3] / "services" / "gateway"
 PACKAGE = "services.gateway"
-FRONT_ENDS = ("openai", "anthropic", "responses_api", "embeddings", "images", "videos", "kserve")
+FRONT_ENDS = ("openai", "anthropic", "responses_api", "embeddings", "images", "videos", "kserve", "batch")
 ABOVE = ("assembly", "main", "__main__", "config", "warmup", "http_api", "edge", "extensions")
-SHARED_PACKAGES = ("core", "media")
+SHARED_PACKAGES = ("core", "media", "auth")
 
 
 def gateway_imports(source: str) -> set[str]:
