@@ -24,41 +24,41 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n meshfront/common/v1/common.proto\x12\x13meshfront.common.v1\"\x91\x03\n\x0fSamplingOptions\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x12\n\x05min_p\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12<\n\x0fguided_decoding\x18\t \x01(\x0b\x32#.meshfront.common.v1.GuidedDecodingB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penaltyB\x15\n\x13_repetition_penaltyB\x08\n\x06_min_p\"j\n\x0eGuidedDecoding\x12\x13\n\x0bjson_schema\x18\x01 \x01(\t\x12\x13\n\x0bjson_object\x18\x02 \x01(\x08\x12\r\n\x05regex\x18\x03 \x01(\t\x12\x0e\n\x06\x63hoice\x18\x04 \x03(\t\x12\x0f\n\x07grammar\x18\x05 \x01(\t\"\xff\x01\n\x0eStopConditions\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12\x1d\n\x15stop_token_ids_hidden\x18\x03 \x03(\r\x12\x17\n\nmin_tokens\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x12\n\nignore_eos\x18\x05 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x06 \x01(\x08\x12 \n\x13max_thinking_tokens\x18\x07 \x01(\rH\x02\x88\x01\x01\x42\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x16\n\x14_max_thinking_tokens\"P\n\rOutputOptions\x12\x15\n\x08logprobs\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x13skip_special_tokens\x18\x02 \x01(\x08\x42\x0b\n\t_logprobs\"_\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12,\n\x03top\x18\x03 \x03(\x0b\x32\x1f.meshfront.common.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"\xef\x03\n\x13PreprocessedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x36\n\x08sampling\x18\x04 \x01(\x0b\x32$.meshfront.common.v1.SamplingOptions\x12\x31\n\x04stop\x18\x05 \x01(\x0b\x32#.meshfront.common.v1.StopConditions\x12\x32\n\x06output\x18\x06 \x01(\x0b\x32\".meshfront.common.v1.OutputOptions\x12\x15\n\reos_token_ids\x18\x07 \x03(\r\x12-\n\x05media\x18\x08 \x03(\x0b\x32\x1e.meshfront.common.v1.MediaItem\x12\x13\n\x0b\x61nnotations\x18\t \x03(\t\x12\x41\n\x0e\x64isaggregation\x18\n \x01(\x0b\x32).meshfront.common.v1.DisaggregationParams\x12\x13\n\x0btraceparent\x18\x0b \x01(\t\x12.\n\x04lora\x18\x0c \x01(\x0b\x32 .meshfront.common.v1.LoraAdapter\x12\x14\n\x07\x64p_rank\x18\r \x01(\rH\x00\x88\x01\x01\x42\n\n\x08_dp_rank\")\n\x0bLoraAdapter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"\x97\x01\n\x14\x44isaggregationParams\x12\x35\n\x04role\x18\x01 \x01(\x0e\x32\'.meshfront.common.v1.DisaggregationRole\x12\x1a\n\x12kv_transfer_params\x18\x02 \x01(\x0c\x12\x16\n\x0epeer_worker_id\x18\x03 \x01(\t\x12\x14\n\x0cpeer_address\x18\x04 \x01(\t\"\x95\x02\n\tMediaItem\x12\x10\n\x08modality\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x15\n\rmessage_index\x18\x06 \x01(\r\x12\x12\n\npart_index\x18\x07 \x01(\r\x12\x0f\n\x07\x63ontent\x18\x08 \x01(\x0c\x12\x11\n\tmime_type\x18\t \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\n \x01(\x04\x12\x0c\n\x04uuid\x18\x0b \x01(\t\x12\x14\n\x0ctoken_offset\x18\x0c \x01(\r\x12\x13\n\x0btoken_count\x18\r \x01(\r\x12\r\n\x05width\x18\x0e \x01(\r\x12\x0e\n\x06height\x18\x0f \x01(\r\"V\n\nToolChoice\x12\x31\n\x04mode\x18\x01 \x01(\x0e\x32#.meshfront.common.v1.ToolChoiceMode\x12\x15\n\rfunction_name\x18\x02 \x01(\t\"\xc0\x02\n\x12PostprocessOptions\x12\x11\n\tmodel_dir\x18\x01 \x01(\t\x12\x18\n\x10tool_call_parser\x18\x02 \x01(\t\x12\x18\n\x10reasoning_parser\x18\x03 \x01(\t\x12\x1e\n\x16prompt_opens_reasoning\x18\x04 \x01(\x08\x12\x12\n\ntools_json\x18\x05 \x01(\t\x12\x34\n\x0btool_choice\x18\t \x01(\x0b\x32\x1f.meshfront.common.v1.ToolChoice\x12\x19\n\x11thinking_disabled\x18\x07 \x01(\x08\x12\x18\n\x10single_tool_call\x18\x08 \x01(\x08\x12\x17\n\x0fstream_interval\x18\n \x01(\r\x12\x13\n\x0bmodel_files\x18\x0b \x01(\tJ\x04\x08\x06\x10\x07R\x10tool_choice_json*\xca\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x06*z\n\x12\x44isaggregationRole\x12#\n\x1f\x44ISAGGREGATION_ROLE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x44ISAGGREGATION_ROLE_PREFILL\x10\x01\x12\x1e\n\x1a\x44ISAGGREGATION_ROLE_DECODE\x10\x02*\xa3\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x12\x1a\n\x16TOOL_CHOICE_MODE_NAMED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n meshfront/common/v1/common.proto\x12\x13meshfront.common.v1\"\x91\x03\n\x0fSamplingOptions\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x03\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x12\n\x05min_p\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12<\n\x0fguided_decoding\x18\t \x01(\x0b\x32#.meshfront.common.v1.GuidedDecodingB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x14\n\x12_frequency_penaltyB\x13\n\x11_presence_penaltyB\x15\n\x13_repetition_penaltyB\x08\n\x06_min_p\"\x82\x01\n\x0eGuidedDecoding\x12\x13\n\x0bjson_schema\x18\x01 \x01(\t\x12\x13\n\x0bjson_object\x18\x02 \x01(\x08\x12\r\n\x05regex\x18\x03 \x01(\t\x12\x0e\n\x06\x63hoice\x18\x04 \x03(\t\x12\x0f\n\x07grammar\x18\x05 \x01(\t\x12\x16\n\x0estructural_tag\x18\x06 \x01(\t\"\xff\x01\n\x0eStopConditions\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12\x1d\n\x15stop_token_ids_hidden\x18\x03 \x03(\r\x12\x17\n\nmin_tokens\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x12\n\nignore_eos\x18\x05 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x06 \x01(\x08\x12 \n\x13max_thinking_tokens\x18\x07 \x01(\rH\x02\x88\x01\x01\x42\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x16\n\x14_max_thinking_tokens\"P\n\rOutputOptions\x12\x15\n\x08logprobs\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x1b\n\x13skip_special_tokens\x18\x02 \x01(\x08\x42\x0b\n\t_logprobs\"_\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12,\n\x03top\x18\x03 \x03(\x0b\x32\x1f.meshfront.common.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"\xef\x03\n\x13PreprocessedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x36\n\x08sampling\x18\x04 \x01(\x0b\x32$.meshfront.common.v1.SamplingOptions\x12\x31\n\x04stop\x18\x05 \x01(\x0b\x32#.meshfront.common.v1.StopConditions\x12\x32\n\x06output\x18\x06 \x01(\x0b\x32\".meshfront.common.v1.OutputOptions\x12\x15\n\reos_token_ids\x18\x07 \x03(\r\x12-\n\x05media\x18\x08 \x03(\x0b\x32\x1e.meshfront.common.v1.MediaItem\x12\x13\n\x0b\x61nnotations\x18\t \x03(\t\x12\x41\n\x0e\x64isaggregation\x18\n \x01(\x0b\x32).meshfront.common.v1.DisaggregationParams\x12\x13\n\x0btraceparent\x18\x0b \x01(\t\x12.\n\x04lora\x18\x0c \x01(\x0b\x32 .meshfront.common.v1.LoraAdapter\x12\x14\n\x07\x64p_rank\x18\r \x01(\rH\x00\x88\x01\x01\x42\n\n\x08_dp_rank\")\n\x0bLoraAdapter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"\x97\x01\n\x14\x44isaggregationParams\x12\x35\n\x04role\x18\x01 \x01(\x0e\x32\'.meshfront.common.v1.DisaggregationRole\x12\x1a\n\x12kv_transfer_params\x18\x02 \x01(\x0c\x12\x16\n\x0epeer_worker_id\x18\x03 \x01(\t\x12\x14\n\x0cpeer_address\x18\x04 \x01(\t\"\x95\x02\n\tMediaItem\x12\x10\n\x08modality\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\t\x12\x0e\n\x06\x66ormat\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x15\n\rmessage_index\x18\x06 \x01(\r\x12\x12\n\npart_index\x18\x07 \x01(\r\x12\x0f\n\x07\x63ontent\x18\x08 \x01(\x0c\x12\x11\n\tmime_type\x18\t \x01(\t\x12\x14\n\x0c\x63ontent_hash\x18\n \x01(\x04\x12\x0c\n\x04uuid\x18\x0b \x01(\t\x12\x14\n\x0ctoken_offset\x18\x0c \x01(\r\x12\x13\n\x0btoken_count\x18\r \x01(\r\x12\r\n\x05width\x18\x0e \x01(\r\x12\x0e\n\x06height\x18\x0f \x01(\r\"V\n\nToolChoice\x12\x31\n\x04mode\x18\x01 \x01(\x0e\x32#.meshfront.common.v1.ToolChoiceMode\x12\x15\n\rfunction_name\x18\x02 \x01(\t\"\x80\x03\n\x12PostprocessOptions\x12\x11\n\tmodel_dir\x18\x01 \x01(\t\x12\x18\n\x10tool_call_parser\x18\x02 \x01(\t\x12\x18\n\x10reasoning_parser\x18\x03 \x01(\t\x12\x1e\n\x16prompt_opens_reasoning\x18\x04 \x01(\x08\x12\x12\n\ntools_json\x18\x05 \x01(\t\x12\x34\n\x0btool_choice\x18\t \x01(\x0b\x32\x1f.meshfront.common.v1.ToolChoice\x12\x19\n\x11thinking_disabled\x18\x07 \x01(\x08\x12\x18\n\x10single_tool_call\x18\x08 \x01(\x08\x12\x17\n\x0fstream_interval\x18\n \x01(\r\x12\x13\n\x0bmodel_files\x18\x0b \x01(\t\x12\x1a\n\x12history_tool_calls\x18\x0c \x01(\r\x12\"\n\x1atool_calls_in_model_format\x18\r \x01(\x08J\x04\x08\x06\x10\x07R\x10tool_choice_json*\xca\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x06*z\n\x12\x44isaggregationRole\x12#\n\x1f\x44ISAGGREGATION_ROLE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x44ISAGGREGATION_ROLE_PREFILL\x10\x01\x12\x1e\n\x1a\x44ISAGGREGATION_ROLE_DECODE\x10\x02*\xa3\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x12\x1a\n\x16TOOL_CHOICE_MODE_NAMED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'meshfront.common.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2442
-  _globals['_FINISHREASON']._serialized_end=2644
-  _globals['_DISAGGREGATIONROLE']._serialized_start=2646
-  _globals['_DISAGGREGATIONROLE']._serialized_end=2768
-  _globals['_TOOLCHOICEMODE']._serialized_start=2771
-  _globals['_TOOLCHOICEMODE']._serialized_end=2934
+  _globals['_FINISHREASON']._serialized_start=2531
+  _globals['_FINISHREASON']._serialized_end=2733
+  _globals['_DISAGGREGATIONROLE']._serialized_start=2735
+  _globals['_DISAGGREGATIONROLE']._serialized_end=2857
+  _globals['_TOOLCHOICEMODE']._serialized_start=2860
+  _globals['_TOOLCHOICEMODE']._serialized_end=3023
   _globals['_SAMPLINGOPTIONS']._serialized_start=58
   _globals['_SAMPLINGOPTIONS']._serialized_end=459
-  _globals['_GUIDEDDECODING']._serialized_start=461
-  _globals['_GUIDEDDECODING']._serialized_end=567
-  _globals['_STOPCONDITIONS']._serialized_start=570
-  _globals['_STOPCONDITIONS']._serialized_end=825
-  _globals['_OUTPUTOPTIONS']._serialized_start=827
-  _globals['_OUTPUTOPTIONS']._serialized_end=907
-  _globals['_TOKENLOGPROB']._serialized_start=909
-  _globals['_TOKENLOGPROB']._serialized_end=1004
-  _globals['_TOPLOGPROB']._serialized_start=1006
-  _globals['_TOPLOGPROB']._serialized_end=1053
-  _globals['_PREPROCESSEDREQUEST']._serialized_start=1056
-  _globals['_PREPROCESSEDREQUEST']._serialized_end=1551
-  _globals['_LORAADAPTER']._serialized_start=1553
-  _globals['_LORAADAPTER']._serialized_end=1594
-  _globals['_DISAGGREGATIONPARAMS']._serialized_start=1597
-  _globals['_DISAGGREGATIONPARAMS']._serialized_end=1748
-  _globals['_MEDIAITEM']._serialized_start=1751
-  _globals['_MEDIAITEM']._serialized_end=2028
-  _globals['_TOOLCHOICE']._serialized_start=2030
-  _globals['_TOOLCHOICE']._serialized_end=2116
-  _globals['_POSTPROCESSOPTIONS']._serialized_start=2119
-  _globals['_POSTPROCESSOPTIONS']._serialized_end=2439
+  _globals['_GUIDEDDECODING']._serialized_start=462
+  _globals['_GUIDEDDECODING']._serialized_end=592
+  _globals['_STOPCONDITIONS']._serialized_start=595
+  _globals['_STOPCONDITIONS']._serialized_end=850
+  _globals['_OUTPUTOPTIONS']._serialized_start=852
+  _globals['_OUTPUTOPTIONS']._serialized_end=932
+  _globals['_TOKENLOGPROB']._serialized_start=934
+  _globals['_TOKENLOGPROB']._serialized_end=1029
+  _globals['_TOPLOGPROB']._serialized_start=1031
+  _globals['_TOPLOGPROB']._serialized_end=1078
+  _globals['_PREPROCESSEDREQUEST']._serialized_start=1081
+  _globals['_PREPROCESSEDREQUEST']._serialized_end=1576
+  _globals['_LORAADAPTER']._serialized_start=1578
+  _globals['_LORAADAPTER']._serialized_end=1619
+  _globals['_DISAGGREGATIONPARAMS']._serialized_start=1622
+  _globals['_DISAGGREGATIONPARAMS']._serialized_end=1773
+  _globals['_MEDIAITEM']._serialized_start=1776
+  _globals['_MEDIAITEM']._serialized_end=2053
+  _globals['_TOOLCHOICE']._serialized_start=2055
+  _globals['_TOOLCHOICE']._serialized_end=2141
+  _globals['_POSTPROCESSOPTIONS']._serialized_start=2144
+  _globals['_POSTPROCESSOPTIONS']._serialized_end=2528
 # @@protoc_insertion_point(module_scope)

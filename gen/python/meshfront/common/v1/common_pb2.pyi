@@ -69,18 +69,20 @@ class SamplingOptions(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., guided_decoding: _Optional[_Union[GuidedDecoding, _Mapping]] = ...) -> None: ...
 
 class GuidedDecoding(_message.Message):
-    __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar")
+    __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar", "structural_tag")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURAL_TAG_FIELD_NUMBER: _ClassVar[int]
     json_schema: str
     json_object: bool
     regex: str
     choice: _containers.RepeatedScalarFieldContainer[str]
     grammar: str
-    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., choice: _Optional[_Iterable[str]] = ..., grammar: _Optional[str] = ...) -> None: ...
+    structural_tag: str
+    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., choice: _Optional[_Iterable[str]] = ..., grammar: _Optional[str] = ..., structural_tag: _Optional[str] = ...) -> None: ...
 
 class StopConditions(_message.Message):
     __slots__ = ("max_tokens", "stop", "stop_token_ids_hidden", "min_tokens", "ignore_eos", "include_stop_str_in_output", "max_thinking_tokens")
@@ -219,7 +221,7 @@ class ToolChoice(_message.Message):
     def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function_name: _Optional[str] = ...) -> None: ...
 
 class PostprocessOptions(_message.Message):
-    __slots__ = ("model_dir", "tool_call_parser", "reasoning_parser", "prompt_opens_reasoning", "tools_json", "tool_choice", "thinking_disabled", "single_tool_call", "stream_interval", "model_files")
+    __slots__ = ("model_dir", "tool_call_parser", "reasoning_parser", "prompt_opens_reasoning", "tools_json", "tool_choice", "thinking_disabled", "single_tool_call", "stream_interval", "model_files", "history_tool_calls", "tool_calls_in_model_format")
     MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_PARSER_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +232,8 @@ class PostprocessOptions(_message.Message):
     SINGLE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     MODEL_FILES_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_IN_MODEL_FORMAT_FIELD_NUMBER: _ClassVar[int]
     model_dir: str
     tool_call_parser: str
     reasoning_parser: str
@@ -240,4 +244,6 @@ class PostprocessOptions(_message.Message):
     single_tool_call: bool
     stream_interval: int
     model_files: str
-    def __init__(self, model_dir: _Optional[str] = ..., tool_call_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., thinking_disabled: _Optional[bool] = ..., single_tool_call: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., model_files: _Optional[str] = ...) -> None: ...
+    history_tool_calls: int
+    tool_calls_in_model_format: bool
+    def __init__(self, model_dir: _Optional[str] = ..., tool_call_parser: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., prompt_opens_reasoning: _Optional[bool] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., thinking_disabled: _Optional[bool] = ..., single_tool_call: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., model_files: _Optional[str] = ..., history_tool_calls: _Optional[int] = ..., tool_calls_in_model_format: _Optional[bool] = ...) -> None: ...

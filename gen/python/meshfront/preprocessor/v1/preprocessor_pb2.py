@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from meshfront.common.v1 import common_pb2 as meshfront_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,meshfront/preprocessor/v1/preprocessor.proto\x12\x19meshfront.preprocessor.v1\x1a meshfront/common/v1/common.proto\"\x8d\x03\n\x11PreprocessRequest\x12\x39\n\x07request\x18\x01 \x01(\x0b\x32(.meshfront.common.v1.PreprocessedRequest\x12\x17\n\rmessages_json\x18\x02 \x01(\tH\x00\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x35\n\x06tokens\x18\x04 \x01(\x0b\x32#.meshfront.preprocessor.v1.TokenIdsH\x00\x12\x12\n\ntools_json\x18\x05 \x01(\t\x12\x34\n\x0btool_choice\x18\t \x01(\x0b\x32\x1f.meshfront.common.v1.ToolChoice\x12!\n\x19\x63hat_template_kwargs_json\x18\x07 \x01(\t\x12\x1f\n\x17return_formatted_prompt\x18\n \x01(\x08\x42\x08\n\x06promptJ\x04\x08\x06\x10\x07J\x04\x08\x08\x10\tJ\x04\x08\x0b\x10\x0cR\x10tool_choice_jsonR\x10single_tool_callR\x0fstream_interval\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xbd\x01\n\x12PreprocessResponse\x12\x39\n\x07request\x18\x01 \x01(\x0b\x32(.meshfront.common.v1.PreprocessedRequest\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12<\n\x0bpostprocess\x18\x03 \x01(\x0b\x32\'.meshfront.common.v1.PostprocessOptions\x12\x18\n\x10\x66ormatted_prompt\x18\x04 \x01(\t\"{\n\x1bPreprocessEmbeddingsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x39\n\x06inputs\x18\x03 \x03(\x0b\x32).meshfront.preprocessor.v1.EmbeddingInput\"`\n\x0e\x45mbeddingInput\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x35\n\x06tokens\x18\x02 \x01(\x0b\x32#.meshfront.preprocessor.v1.TokenIdsH\x00\x42\x07\n\x05input\"S\n\x1cPreprocessEmbeddingsResponse\x12\x33\n\x06inputs\x18\x01 \x03(\x0b\x32#.meshfront.preprocessor.v1.TokenIds2\x8a\x02\n\x13PreprocessorService\x12i\n\nPreprocess\x12,.meshfront.preprocessor.v1.PreprocessRequest\x1a-.meshfront.preprocessor.v1.PreprocessResponse\x12\x87\x01\n\x14PreprocessEmbeddings\x12\x36.meshfront.preprocessor.v1.PreprocessEmbeddingsRequest\x1a\x37.meshfront.preprocessor.v1.PreprocessEmbeddingsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n,meshfront/preprocessor/v1/preprocessor.proto\x12\x19meshfront.preprocessor.v1\x1a meshfront/common/v1/common.proto\"\xa2\x03\n\x11PreprocessRequest\x12\x39\n\x07request\x18\x01 \x01(\x0b\x32(.meshfront.common.v1.PreprocessedRequest\x12\x17\n\rmessages_json\x18\x02 \x01(\tH\x00\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x35\n\x06tokens\x18\x04 \x01(\x0b\x32#.meshfront.preprocessor.v1.TokenIdsH\x00\x12\x12\n\ntools_json\x18\x05 \x01(\t\x12\x34\n\x0btool_choice\x18\t \x01(\x0b\x32\x1f.meshfront.common.v1.ToolChoice\x12!\n\x19\x63hat_template_kwargs_json\x18\x07 \x01(\t\x12\x1f\n\x17return_formatted_prompt\x18\n \x01(\x08\x12\x13\n\x0bsingle_call\x18\x0c \x01(\x08\x42\x08\n\x06promptJ\x04\x08\x06\x10\x07J\x04\x08\x08\x10\tJ\x04\x08\x0b\x10\x0cR\x10tool_choice_jsonR\x10single_tool_callR\x0fstream_interval\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xbd\x01\n\x12PreprocessResponse\x12\x39\n\x07request\x18\x01 \x01(\x0b\x32(.meshfront.common.v1.PreprocessedRequest\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12<\n\x0bpostprocess\x18\x03 \x01(\x0b\x32\'.meshfront.common.v1.PostprocessOptions\x12\x18\n\x10\x66ormatted_prompt\x18\x04 \x01(\t\"{\n\x1bPreprocessEmbeddingsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x39\n\x06inputs\x18\x03 \x03(\x0b\x32).meshfront.preprocessor.v1.EmbeddingInput\"`\n\x0e\x45mbeddingInput\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x35\n\x06tokens\x18\x02 \x01(\x0b\x32#.meshfront.preprocessor.v1.TokenIdsH\x00\x42\x07\n\x05input\"S\n\x1cPreprocessEmbeddingsResponse\x12\x33\n\x06inputs\x18\x01 \x03(\x0b\x32#.meshfront.preprocessor.v1.TokenIds2\x8a\x02\n\x13PreprocessorService\x12i\n\nPreprocess\x12,.meshfront.preprocessor.v1.PreprocessRequest\x1a-.meshfront.preprocessor.v1.PreprocessResponse\x12\x87\x01\n\x14PreprocessEmbeddings\x12\x36.meshfront.preprocessor.v1.PreprocessEmbeddingsRequest\x1a\x37.meshfront.preprocessor.v1.PreprocessEmbeddingsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,17 +33,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'meshfront.preprocessor.v1.p
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREPROCESSREQUEST']._serialized_start=110
-  _globals['_PREPROCESSREQUEST']._serialized_end=507
-  _globals['_TOKENIDS']._serialized_start=509
-  _globals['_TOKENIDS']._serialized_end=532
-  _globals['_PREPROCESSRESPONSE']._serialized_start=535
-  _globals['_PREPROCESSRESPONSE']._serialized_end=724
-  _globals['_PREPROCESSEMBEDDINGSREQUEST']._serialized_start=726
-  _globals['_PREPROCESSEMBEDDINGSREQUEST']._serialized_end=849
-  _globals['_EMBEDDINGINPUT']._serialized_start=851
-  _globals['_EMBEDDINGINPUT']._serialized_end=947
-  _globals['_PREPROCESSEMBEDDINGSRESPONSE']._serialized_start=949
-  _globals['_PREPROCESSEMBEDDINGSRESPONSE']._serialized_end=1032
-  _globals['_PREPROCESSORSERVICE']._serialized_start=1035
-  _globals['_PREPROCESSORSERVICE']._serialized_end=1301
+  _globals['_PREPROCESSREQUEST']._serialized_end=528
+  _globals['_TOKENIDS']._serialized_start=530
+  _globals['_TOKENIDS']._serialized_end=553
+  _globals['_PREPROCESSRESPONSE']._serialized_start=556
+  _globals['_PREPROCESSRESPONSE']._serialized_end=745
+  _globals['_PREPROCESSEMBEDDINGSREQUEST']._serialized_start=747
+  _globals['_PREPROCESSEMBEDDINGSREQUEST']._serialized_end=870
+  _globals['_EMBEDDINGINPUT']._serialized_start=872
+  _globals['_EMBEDDINGINPUT']._serialized_end=968
+  _globals['_PREPROCESSEMBEDDINGSRESPONSE']._serialized_start=970
+  _globals['_PREPROCESSEMBEDDINGSRESPONSE']._serialized_end=1053
+  _globals['_PREPROCESSORSERVICE']._serialized_start=1056
+  _globals['_PREPROCESSORSERVICE']._serialized_end=1322
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PreprocessRequest(_message.Message):
-    __slots__ = ("request", "messages_json", "text", "tokens", "tools_json", "tool_choice", "chat_template_kwargs_json", "return_formatted_prompt")
+    __slots__ = ("request", "messages_json", "text", "tokens", "tools_json", "tool_choice", "chat_template_kwargs_json", "return_formatted_prompt", "single_call")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class PreprocessRequest(_message.Message):
     TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     RETURN_FORMATTED_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    SINGLE_CALL_FIELD_NUMBER: _ClassVar[int]
     request: _common_pb2.PreprocessedRequest
     messages_json: str
     text: str
@@ -25,7 +26,8 @@ class PreprocessRequest(_message.Message):
     tool_choice: _common_pb2.ToolChoice
     chat_template_kwargs_json: str
     return_formatted_prompt: bool
-    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., messages_json: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[_common_pb2.ToolChoice, _Mapping]] = ..., chat_template_kwargs_json: _Optional[str] = ..., return_formatted_prompt: _Optional[bool] = ...) -> None: ...
+    single_call: bool
+    def __init__(self, request: _Optional[_Union[_common_pb2.PreprocessedRequest, _Mapping]] = ..., messages_json: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., tools_json: _Optional[str] = ..., tool_choice: _Optional[_Union[_common_pb2.ToolChoice, _Mapping]] = ..., chat_template_kwargs_json: _Optional[str] = ..., return_formatted_prompt: _Optional[bool] = ..., single_call: _Optional[bool] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
