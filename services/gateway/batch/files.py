@@ -75,12 +75,14 @@ class FileStore:
         await self.records.close()
         await self.contents.close()
 
-    async def put(self, tenant: str, filename: str, purpose: str, data: bytes, file_id: str = "") -> dict[str, Any]:
-        """Stores a file of ``tenant``; ``file_id`` given: that id, replacing what it held (a batch's output)."""
-        media_id = await self.contents.put(_one(data), JSONL, FILE_TTL_S)
+    async def put(self, tenant: str, filename: str, purpose: str, data: bytes, file_id: str = "",
+                  ttl_s: int = FILE_TTL_S) -> dict[str, Any]:
+        """Stores a file of ``tenant`` for ``ttl_s``; ``file_id`` given: that id, replacing what it held (a
+        batch's output)."""
+        media_id = await self.contents.put(_one(data), JSONL, ttl_s)
         now = time.time()
         record = {"id": file_id or f"file-{secrets.token_hex(12)}", "object": "file", "bytes": len(data),
-                  "created_at": int(now), "expires_at": int(now) + FILE_TTL_S, "filename": filename,
+                  "created_at": int(now), "expires_at": int(now) + ttl_s, "filename": filename,
                   "purpose": purpose, "status": "processed", "status_details": None, "tenant": tenant,
                   "media_id": media_id, "created": now}
         if file_id:

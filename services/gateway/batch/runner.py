@@ -33,7 +33,7 @@ from services.gateway.batch import state
 from services.gateway.batch.files import FileStore
 from services.gateway.batch.inprocess import Execute, LineFailed
 from services.gateway.batch.lines import Line, Outcome, counts, file_errors, output_files, parse_input
-from services.gateway.batch.store import Entry, LeaseLost, LineStore, RecordStore
+from services.gateway.batch.store import FILE_TTL_S, Entry, LeaseLost, LineStore, RecordStore
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class BatchRunner:
     # ---- the API's operations -------------------------------------------------------------------------
 
     async def submit(self, tenant: str, key_id: str, input_file_id: str, endpoint: str, window: str,
-                     metadata: dict[str, str] | None) -> dict[str, Any]:
+                     metadata: dict[str, str] | None, *, output_expiry_s: int | None = None) -> dict[str, Any]:
         """Writes a new batch of ``tenant`` (made with the key ``key_id``; "" with --auth off) and starts it
         here; returns its record."""
         try:
@@ -114,7 +114,7 @@ class BatchRunner:
                                  "must be uploaded with purpose 'batch'", param="input_file_id")
         record = state.new_record(tenant=tenant, key_id=key_id, input_file_id=input_file_id, endpoint=endpoint,
                                   window=window, metadata=metadata, now=time.time(), owner=self.owner,
-                                  lease_s=self.lease_s)
+                                  lease_s=self.lease_s, output_expiry_s=output_expiry_s)
         self._start(await self.batches.create(record))
         log.info("batch %s runs here", record["id"])
         return record
@@ -250,13 +250,14 @@ class BatchRunner:
         unrun = "batch_cancelled" if final == state.CANCELLED else "batch_expired"
         out, err = output_files(r["id"], lines, done, unrun)
         suffix = r["id"].removeprefix("batch_")
+        ttl_s = r["output_expiry_s"] or FILE_TTL_S  # output_expires_after, else the files' own life
         output_id = error_id = None
         if out:
             output_id = (await self.files.put(r["tenant"], f"{r['id']}_output.jsonl", "batch_output", out,
-                                              file_id=f"file-{suffix}-output"))["id"]
+                                              file_id=f"file-{suffix}-output", ttl_s=ttl_s))["id"]
         if err:
             error_id = (await self.files.put(r["tenant"], f"{r['id']}_error.jsonl", "batch_output", err,
-                                             file_id=f"file-{suffix}-error"))["id"]
+                                             file_id=f"file-{suffix}-error", ttl_s=ttl_s))["id"]
         await self._end(hold, heartbeat, state.final_changes(final, time.time(), output_id, error_id,
                                                              counts(lines, done)))
         with contextlib.suppress(MeshError):  # the files hold the lines now; the TTL reclaims them otherwise

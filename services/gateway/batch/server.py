@@ -113,8 +113,9 @@ class BatchesServicer(batches_pb2_grpc.BatchesServiceServicer):
     async def _create(self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext, request_id: str,
                       started: Started) -> Reply:
         tenant, key_id = await caller(context)
-        input_file_id, endpoint, window, metadata = state.parse_create(request.data)
-        record = await self._runner.submit(tenant, key_id, input_file_id, endpoint, window, metadata)
+        input_file_id, endpoint, window, metadata, output_expiry_s = state.parse_create(request.data)
+        record = await self._runner.submit(tenant, key_id, input_file_id, endpoint, window, metadata,
+                                           output_expiry_s=output_expiry_s)
         return _json(state.public(record))
 
     async def _get(self, request, context: grpc.aio.ServicerContext, request_id: str, started: Started) -> Reply:

@@ -24,7 +24,7 @@ from typing import Any
 
 from services.common.errors import InvalidRequest
 from services.gateway.batch.lines import ENDPOINTS
-from services.gateway.core.fields import Fields
+from services.gateway.core.fields import INT64, Fields
 from services.gateway.core.request import load_json
 
 VALIDATING, IN_PROGRESS, FINALIZING = "validating", "in_progress", "finalizing"
@@ -72,8 +72,27 @@ def _metadata(value: dict[str, Any] | None) -> dict[str, str] | None:
     return value
 
 
-def parse_create(raw: bytes) -> tuple[str, str, str, dict[str, str] | None]:
-    """POST /v1/batches: (input_file_id, endpoint, completion_window, metadata), or a 400."""
+# OpenAI's bounds on output_expires_after.seconds: an hour to 30 days (the files' own life here).
+OUTPUT_EXPIRY_S = (3600, 30 * 24 * 3600)
+
+
+def _output_expiry(value: dict[str, Any] | None) -> int | None:
+    """``output_expires_after`` ({"anchor": "created_at", "seconds": N}): how long the output and error files
+    live after they are written; None: the files' own TTL."""
+    if value is None:
+        return None
+    f = Fields(value, "output_expires_after.")
+    f.str("anchor", required=True, allowed=("created_at",))
+    seconds = f.int("seconds", INT64, *OUTPUT_EXPIRY_S)
+    if seconds is None:
+        raise InvalidRequest("'output_expires_after.seconds' is required", param="output_expires_after.seconds")
+    f.reject_unknown()
+    return seconds
+
+
+def parse_create(raw: bytes) -> tuple[str, str, str, dict[str, str] | None, int | None]:
+    """POST /v1/batches: (input_file_id, endpoint, completion_window, metadata, output files' life in seconds or
+    None), or a 400."""
     f = Fields(load_json(raw))
     input_file_id = f.required_str("input_file_id")
     endpoint = f.str("endpoint", required=True, allowed=ENDPOINTS)
@@ -81,13 +100,14 @@ def parse_create(raw: bytes) -> tuple[str, str, str, dict[str, str] | None]:
     window = f.required_str("completion_window")
     window_s(window)
     metadata = _metadata(f.obj("metadata"))
-    f.raw("output_expires_after")  # accepted, as OpenAI's SDK may send it; outputs keep the files' own TTL
+    output_expiry = _output_expiry(f.obj("output_expires_after"))
     f.reject_unknown()
-    return input_file_id, endpoint, window, metadata
+    return input_file_id, endpoint, window, metadata, output_expiry
 
 
 def new_record(*, tenant: str, key_id: str, input_file_id: str, endpoint: str, window: str,
-               metadata: dict[str, str] | None, now: float, owner: str, lease_s: float) -> dict[str, Any]:
+               metadata: dict[str, str] | None, now: float, owner: str, lease_s: float,
+               output_expiry_s: int | None = None) -> dict[str, Any]:
     """A new batch, ``validating``, leased to ``owner`` (the replica that accepted it runs it)."""
     return {
         "id": f"batch_{secrets.token_hex(16)}", "object": "batch", "endpoint": endpoint, "errors": None,
@@ -96,6 +116,7 @@ def new_record(*, tenant: str, key_id: str, input_file_id: str, endpoint: str, w
         "expires_at": int(now) + window_s(window), "finalizing_at": None, "completed_at": None, "failed_at": None,
         "expired_at": None, "cancelling_at": None, "cancelled_at": None,
         "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": metadata,
+        "output_expiry_s": output_expiry_s,
         "tenant": tenant, "key_id": key_id, "owner": owner, "lease_until": now + lease_s, "attempts": 1, "created": now,
     }
 

@@ -125,13 +125,23 @@ def test_a_new_batch_is_validating_and_shows_openais_fields_only():
 
 def test_create_bodies():
     assert state.parse_create(orjson.dumps({"input_file_id": "file-1", "endpoint": "/v1/embeddings",
-                                            "completion_window": "24h"})) == ("file-1", "/v1/embeddings", "24h", None)
+                                            "completion_window": "24h"})) == ("file-1", "/v1/embeddings", "24h", None,
+                                                                              None)
+    assert state.parse_create(orjson.dumps({"input_file_id": "f", "endpoint": CHAT, "completion_window": "24h",
+                                            "output_expires_after": {"anchor": "created_at", "seconds": 7200}}))[4] \
+        == 7200
     for body, param in [({"endpoint": CHAT, "completion_window": "24h"}, "input_file_id"),
                         ({"input_file_id": "f", "endpoint": "/v1/moderations", "completion_window": "24h"}, "endpoint"),
                         ({"input_file_id": "f", "endpoint": CHAT, "completion_window": "48h"}, "completion_window"),
                         ({"input_file_id": "f", "endpoint": CHAT, "completion_window": "24h", "x": 1}, "x"),
                         ({"input_file_id": "f", "endpoint": CHAT, "completion_window": "24h",
-                          "metadata": {"k": 1}}, "metadata.k")]:
+                          "metadata": {"k": 1}}, "metadata.k"),
+                        ({"input_file_id": "f", "endpoint": CHAT, "completion_window": "24h",
+                          "output_expires_after": {"anchor": "created_at", "seconds": 60}},
+                         "output_expires_after.seconds"),
+                        ({"input_file_id": "f", "endpoint": CHAT, "completion_window": "24h",
+                          "output_expires_after": {"anchor": "completed_at", "seconds": 7200}},
+                         "output_expires_after.anchor")]:
         with pytest.raises(InvalidRequest) as e:
             state.parse_create(orjson.dumps(body))
         assert e.value.param == param, (body, e.value.message)
