@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n meshfront/router/v1/router.proto\x12\x13meshfront.router.v1\"\x98\x04\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x04\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12\x1a\n\x12\x65xclude_worker_ids\x18\x0f \x03(\t\x12\x35\n\x08releases\x18\x10 \x03(\x0b\x32#.meshfront.router.v1.ReleaseRequest\x12;\n\x0c\x66irst_tokens\x18\x11 \x03(\x0b\x32%.meshfront.router.v1.FirstTokenReport\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x16\n\x0esession_action\x18\x07 \x01(\t\x12\x19\n\x11session_timeout_s\x18\x08 \x01(\r\x12\x17\n\x0fpriority_jump_s\x18\t \x01(\x02\x12\x19\n\x11prefill_worker_id\x18\x12 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x13 \x01(\t\x12\x0f\n\x07\x65xplain\x18\x14 \x01(\x08\x12\x1b\n\x13\x61\x66\x66inity_session_id\x18\x15 \x01(\t\x12\x14\n\x07\x64p_rank\x18\x16 \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x0fprefill_dp_rank\x18\x17 \x01(\rH\x01\x88\x01\x01\x42\n\n\x08_dp_rankB\x12\n\x10_prefill_dp_rank\"\x9e\x03\n\rRouteResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eoverlap_blocks\x18\x03 \x01(\r\x12\x1a\n\x12report_first_token\x18\x04 \x01(\x08\x12!\n\x19reads_first_token_reports\x18\x06 \x01(\x08\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\r\x12\x19\n\x11prefill_worker_id\x18\x07 \x01(\t\x12\x17\n\x0fprefill_address\x18\x08 \x01(\t\x12\x1e\n\x16prefill_overlap_blocks\x18\t \x01(\r\x12\x1d\n\x15\x64isaggregation_reason\x18\n \x01(\t\x12\x36\n\x08\x64\x65\x63ision\x18\x0b \x01(\x0b\x32$.meshfront.router.v1.RoutingDecision\x12\x14\n\x07\x64p_rank\x18\x0c \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x0fprefill_dp_rank\x18\r \x01(\rH\x01\x88\x01\x01\x42\n\n\x08_dp_rankB\x12\n\x10_prefill_dp_rank\"\xd3\x01\n\x0fRoutingDecision\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x11\n\tchosen_by\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x19\n\x11prefill_worker_id\x18\x04 \x01(\t\x12\x37\n\ncandidates\x18\x05 \x03(\x0b\x32#.meshfront.router.v1.CandidateScore\x12\x1f\n\x17predicted_cached_tokens\x18\x06 \x01(\r\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\"\xec\x01\n\x0e\x43\x61ndidateScore\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0eoverlap_blocks\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x1c\n\x14\x62ooked_prompt_tokens\x18\x04 \x01(\r\x12\x1a\n\ractive_blocks\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x12\n\x05score\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x10\n\x08\x65ligible\x18\x07 \x01(\x08\x12\x14\n\x07\x64p_rank\x18\x08 \x01(\rH\x02\x88\x01\x01\x42\x10\n\x0e_active_blocksB\x08\n\x06_scoreB\n\n\x08_dp_rank\"s\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0b\x66irst_token\x18\x02 \x01(\x08\x42\x02\x18\x01\x12\x19\n\rcached_tokens\x18\x03 \x01(\rB\x02\x18\x01\x12\x19\n\rprompt_tokens\x18\x04 \x01(\rB\x02\x18\x01\"T\n\x10\x46irstTokenReport\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\"\x11\n\x0fReleaseResponse\"\x89\x01\n\x13ReleaseBatchRequest\x12\x35\n\x08releases\x18\x01 \x03(\x0b\x32#.meshfront.router.v1.ReleaseRequest\x12;\n\x0c\x66irst_tokens\x18\x02 \x03(\x0b\x32%.meshfront.router.v1.FirstTokenReport\"\x16\n\x14ReleaseBatchResponse2\x9a\x02\n\rRouterService\x12N\n\x05Route\x12!.meshfront.router.v1.RouteRequest\x1a\".meshfront.router.v1.RouteResponse\x12T\n\x07Release\x12#.meshfront.router.v1.ReleaseRequest\x1a$.meshfront.router.v1.ReleaseResponse\x12\x63\n\x0cReleaseBatch\x12(.meshfront.router.v1.ReleaseBatchRequest\x1a).meshfront.router.v1.ReleaseBatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n meshfront/router/v1/router.proto\x12\x13meshfront.router.v1\"\xcd\x04\n\x0cRouteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x04\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12\x1a\n\x12\x65xclude_worker_ids\x18\x0f \x03(\t\x12\x35\n\x08releases\x18\x10 \x03(\x0b\x32#.meshfront.router.v1.ReleaseRequest\x12;\n\x0c\x66irst_tokens\x18\x11 \x03(\x0b\x32%.meshfront.router.v1.FirstTokenReport\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x16\n\x0esession_action\x18\x07 \x01(\t\x12\x19\n\x11session_timeout_s\x18\x08 \x01(\r\x12\x17\n\x0fpriority_jump_s\x18\t \x01(\x02\x12\x19\n\x11prefill_worker_id\x18\x12 \x01(\t\x12\x18\n\x10\x64\x65\x63ode_worker_id\x18\x13 \x01(\t\x12\x0f\n\x07\x65xplain\x18\x14 \x01(\x08\x12\x1b\n\x13\x61\x66\x66inity_session_id\x18\x15 \x01(\t\x12\x14\n\x07\x64p_rank\x18\x16 \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x0fprefill_dp_rank\x18\x17 \x01(\rH\x01\x88\x01\x01\x12\x14\n\x0cpolicy_class\x18\x18 \x01(\t\x12\x0e\n\x06tenant\x18\x19 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x1a \x01(\x08\x42\n\n\x08_dp_rankB\x12\n\x10_prefill_dp_rank\"\x9e\x03\n\rRouteResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eoverlap_blocks\x18\x03 \x01(\r\x12\x1a\n\x12report_first_token\x18\x04 \x01(\x08\x12!\n\x19reads_first_token_reports\x18\x06 \x01(\x08\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\r\x12\x19\n\x11prefill_worker_id\x18\x07 \x01(\t\x12\x17\n\x0fprefill_address\x18\x08 \x01(\t\x12\x1e\n\x16prefill_overlap_blocks\x18\t \x01(\r\x12\x1d\n\x15\x64isaggregation_reason\x18\n \x01(\t\x12\x36\n\x08\x64\x65\x63ision\x18\x0b \x01(\x0b\x32$.meshfront.router.v1.RoutingDecision\x12\x14\n\x07\x64p_rank\x18\x0c \x01(\rH\x00\x88\x01\x01\x12\x1c\n\x0fprefill_dp_rank\x18\r \x01(\rH\x01\x88\x01\x01\x42\n\n\x08_dp_rankB\x12\n\x10_prefill_dp_rank\"\xd3\x01\n\x0fRoutingDecision\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12\x11\n\tchosen_by\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x19\n\x11prefill_worker_id\x18\x04 \x01(\t\x12\x37\n\ncandidates\x18\x05 \x03(\x0b\x32#.meshfront.router.v1.CandidateScore\x12\x1f\n\x17predicted_cached_tokens\x18\x06 \x01(\r\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\"\xec\x01\n\x0e\x43\x61ndidateScore\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0eoverlap_blocks\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x1c\n\x14\x62ooked_prompt_tokens\x18\x04 \x01(\r\x12\x1a\n\ractive_blocks\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x12\n\x05score\x18\x06 \x01(\x01H\x01\x88\x01\x01\x12\x10\n\x08\x65ligible\x18\x07 \x01(\x08\x12\x14\n\x07\x64p_rank\x18\x08 \x01(\rH\x02\x88\x01\x01\x42\x10\n\x0e_active_blocksB\x08\n\x06_scoreB\n\n\x08_dp_rank\"s\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0b\x66irst_token\x18\x02 \x01(\x08\x42\x02\x18\x01\x12\x19\n\rcached_tokens\x18\x03 \x01(\rB\x02\x18\x01\x12\x19\n\rprompt_tokens\x18\x04 \x01(\rB\x02\x18\x01\"T\n\x10\x46irstTokenReport\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\"\x11\n\x0fReleaseResponse\"\x89\x01\n\x13ReleaseBatchRequest\x12\x35\n\x08releases\x18\x01 \x03(\x0b\x32#.meshfront.router.v1.ReleaseRequest\x12;\n\x0c\x66irst_tokens\x18\x02 \x03(\x0b\x32%.meshfront.router.v1.FirstTokenReport\"\x16\n\x14ReleaseBatchResponse2\x9a\x02\n\rRouterService\x12N\n\x05Route\x12!.meshfront.router.v1.RouteRequest\x1a\".meshfront.router.v1.RouteResponse\x12T\n\x07Release\x12#.meshfront.router.v1.ReleaseRequest\x1a$.meshfront.router.v1.ReleaseResponse\x12\x63\n\x0cReleaseBatch\x12(.meshfront.router.v1.ReleaseBatchRequest\x1a).meshfront.router.v1.ReleaseBatchResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,23 +38,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RELEASEREQUEST'].fields_by_name['prompt_tokens']._loaded_options = None
   _globals['_RELEASEREQUEST'].fields_by_name['prompt_tokens']._serialized_options = b'\030\001'
   _globals['_ROUTEREQUEST']._serialized_start=58
-  _globals['_ROUTEREQUEST']._serialized_end=594
-  _globals['_ROUTERESPONSE']._serialized_start=597
-  _globals['_ROUTERESPONSE']._serialized_end=1011
-  _globals['_ROUTINGDECISION']._serialized_start=1014
-  _globals['_ROUTINGDECISION']._serialized_end=1225
-  _globals['_CANDIDATESCORE']._serialized_start=1228
-  _globals['_CANDIDATESCORE']._serialized_end=1464
-  _globals['_RELEASEREQUEST']._serialized_start=1466
-  _globals['_RELEASEREQUEST']._serialized_end=1581
-  _globals['_FIRSTTOKENREPORT']._serialized_start=1583
-  _globals['_FIRSTTOKENREPORT']._serialized_end=1667
-  _globals['_RELEASERESPONSE']._serialized_start=1669
-  _globals['_RELEASERESPONSE']._serialized_end=1686
-  _globals['_RELEASEBATCHREQUEST']._serialized_start=1689
-  _globals['_RELEASEBATCHREQUEST']._serialized_end=1826
-  _globals['_RELEASEBATCHRESPONSE']._serialized_start=1828
-  _globals['_RELEASEBATCHRESPONSE']._serialized_end=1850
-  _globals['_ROUTERSERVICE']._serialized_start=1853
-  _globals['_ROUTERSERVICE']._serialized_end=2135
+  _globals['_ROUTEREQUEST']._serialized_end=647
+  _globals['_ROUTERESPONSE']._serialized_start=650
+  _globals['_ROUTERESPONSE']._serialized_end=1064
+  _globals['_ROUTINGDECISION']._serialized_start=1067
+  _globals['_ROUTINGDECISION']._serialized_end=1278
+  _globals['_CANDIDATESCORE']._serialized_start=1281
+  _globals['_CANDIDATESCORE']._serialized_end=1517
+  _globals['_RELEASEREQUEST']._serialized_start=1519
+  _globals['_RELEASEREQUEST']._serialized_end=1634
+  _globals['_FIRSTTOKENREPORT']._serialized_start=1636
+  _globals['_FIRSTTOKENREPORT']._serialized_end=1720
+  _globals['_RELEASERESPONSE']._serialized_start=1722
+  _globals['_RELEASERESPONSE']._serialized_end=1739
+  _globals['_RELEASEBATCHREQUEST']._serialized_start=1742
+  _globals['_RELEASEBATCHREQUEST']._serialized_end=1879
+  _globals['_RELEASEBATCHRESPONSE']._serialized_start=1881
+  _globals['_RELEASEBATCHRESPONSE']._serialized_end=1903
+  _globals['_ROUTERSERVICE']._serialized_start=1906
+  _globals['_ROUTERSERVICE']._serialized_end=2188
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouteRequest(_message.Message):
-    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "first_tokens", "session_id", "session_action", "session_timeout_s", "priority_jump_s", "prefill_worker_id", "decode_worker_id", "explain", "affinity_session_id", "dp_rank", "prefill_dp_rank")
+    __slots__ = ("request_id", "model", "block_hashes", "prompt_tokens", "worker_id", "exclude_worker_ids", "releases", "first_tokens", "session_id", "session_action", "session_timeout_s", "priority_jump_s", "prefill_worker_id", "decode_worker_id", "explain", "affinity_session_id", "dp_rank", "prefill_dp_rank", "policy_class", "tenant", "batch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,9 @@ class RouteRequest(_message.Message):
     AFFINITY_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_FIELD_NUMBER: _ClassVar[int]
     PREFILL_DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    POLICY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -44,7 +47,10 @@ class RouteRequest(_message.Message):
     affinity_session_id: str
     dp_rank: int
     prefill_dp_rank: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ..., prefill_worker_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., explain: _Optional[bool] = ..., affinity_session_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., prefill_dp_rank: _Optional[int] = ...) -> None: ...
+    policy_class: str
+    tenant: str
+    batch: bool
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_tokens: _Optional[int] = ..., worker_id: _Optional[str] = ..., exclude_worker_ids: _Optional[_Iterable[str]] = ..., releases: _Optional[_Iterable[_Union[ReleaseRequest, _Mapping]]] = ..., first_tokens: _Optional[_Iterable[_Union[FirstTokenReport, _Mapping]]] = ..., session_id: _Optional[str] = ..., session_action: _Optional[str] = ..., session_timeout_s: _Optional[int] = ..., priority_jump_s: _Optional[float] = ..., prefill_worker_id: _Optional[str] = ..., decode_worker_id: _Optional[str] = ..., explain: _Optional[bool] = ..., affinity_session_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., prefill_dp_rank: _Optional[int] = ..., policy_class: _Optional[str] = ..., tenant: _Optional[str] = ..., batch: _Optional[bool] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
     __slots__ = ("worker_id", "address", "overlap_blocks", "report_first_token", "reads_first_token_reports", "queue_depth", "prefill_worker_id", "prefill_address", "prefill_overlap_blocks", "disaggregation_reason", "decision", "dp_rank", "prefill_dp_rank")
