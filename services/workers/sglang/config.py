@@ -25,6 +25,10 @@ delayed sampling (``SGLANG_ENABLE_DELAY_SAMPLE``): without it the processor read
 token behind and the budget ends a token late. Not with ``--enable-watermark``, which SGLang refuses
 beside it: that worker refuses budgets.
 
+SGLang's ``--dp-size N`` (or ``--attn-dp-size N``) runs N schedulers, one per data-parallel rank: the card
+declares ranks 0..N-1, each rank's KV events (on a loopback tcp port run the worker picks) and load go out as its
+own stream, and a request runs on the rank the router chose (``routed_dp_rank``).
+
 ``--disaggregation-mode`` is the worker's flag (the card's role) and is passed on as SGLang's own
 (``agg`` is SGLang's ``null``); a prefill worker's ``--host`` is passed on too, since SGLang binds its
 KV bootstrap server there (services/workers/sglang/transfer.py).
@@ -61,7 +65,7 @@ class SglangConfig(EngineFlags):
         """
         from sglang.srt.server_args import prepare_server_args
 
-        from services.workers.sglang.kv_events import events_config
+        from services.workers.sglang.kv_events import events_config, ranked_events_config
         from services.workers.sglang.transfer import sglang_mode
 
         mode = sglang_mode(self.args.disaggregation_mode)
@@ -74,10 +78,10 @@ class SglangConfig(EngineFlags):
         server_args = prepare_server_args([*self.engine_argv, *ours])
         if server_args.incremental_streaming_output:  # set by a --config file
             raise ConfigError(["incremental_streaming_output is set by the worker: leave it off"])
-        if self.kv_events_endpoint and (server_args.dp_size > 1 or server_args.attn_dp_size > 1):
-            # One publisher per DP rank, and SGLang offsets only tcp:// endpoints per rank.
-            raise ConfigError([("--dp-size/--attn-dp-size above 1 needs --no-register: the worker subscribes "
-                                "to one KV event publisher")])
+        if self.kv_events_endpoint and dp_ranks(server_args) > 1:
+            # One publisher per rank, on the configured endpoint plus the rank: a tcp port run (kv_events.py).
+            # Set on the parsed record, as below: the schedulers read it at engine start.
+            server_args.kv_events_config = ranked_events_config(dp_ranks(server_args))
         if self.args.reasoning_parser in THINKING_BLOCKS and not server_args.enable_watermark:
             # A thinking budget runs as SGLang's logit processor. SGLang keeps custom processors off because
             # its HTTP API would run a client's pickled code; that server never starts here, and only the
@@ -86,6 +90,12 @@ class SglangConfig(EngineFlags):
             if not server_args.disable_overlap_schedule:
                 sample_after_the_previous_step()
         return server_args
+
+
+def dp_ranks(server_args: Any) -> int:
+    """How many data-parallel ranks SGLang runs (its ``num_dp_ranks``: replicas times attention-DP groups, one
+    of which is 1); each is a routing target of its own (services/common/dp_ranks.py)."""
+    return server_args.dp_size * server_args.attn_dp_size
 
 
 def sample_after_the_previous_step(environ: MutableMapping[str, str] | None = None) -> None:

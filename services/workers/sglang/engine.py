@@ -10,6 +10,10 @@ output here carries the ids past the last one sent, which is every id ready when
 Closing the stream aborts the request: SGLang's generator sends the scheduler an abort when it
 is closed or cancelled, and the ``finally`` below asks again (idempotent) so no path leaks one.
 
+With ``--dp-size`` (or ``--attn-dp-size``) SGLang runs one scheduler per data-parallel rank behind its one
+TokenizerManager: a request sent to a rank (``EngineRequest.dp_rank``, the router's choice) runs there
+(``routed_dp_rank``), and each rank's load comes from its own scheduler's load snapshot.
+
 SGLang's children SIGQUIT this process when one fails (the scheduler on an exception, SGLang's
 subprocess watchdog on a crash). SGLang's own handler then kills the whole process tree, this
 process included, before the worker could leave discovery; ours resolves ``failed()`` instead,
@@ -30,7 +34,9 @@ from typing import Any
 from sglang.srt.entrypoints.engine import Engine
 
 from services.workers.engine import EngineError, EngineOutput, EngineRequest, FinishReason, RequestRejected
+from services.workers.engine_ranks import RankInFlight
 from services.workers.sglang import media, sampling, thinking_budget, transfer
+from services.workers.sglang.config import dp_ranks
 from services.workers.sglang.kv_events import media_pads
 
 log = logging.getLogger(__name__)
@@ -58,7 +64,9 @@ class SglangEngine:
         # Where decode workers reach this worker's bootstrap server (a prefill worker's; set once it serves).
         self.bootstrap_host = ""
         self._bootstrap_port = 0
-        self.in_flight = 0
+        self._in_flight = RankInFlight()
+        # SGLang's data-parallel ranks, 0..n-1 (1: an engine without ranks; set at start).
+        self.dp_size = 1
         # The pad values SGLang gives the images sent, for the KV events' translation (kv_media.py).
         self.media_pads = media_pads()
 
@@ -82,6 +90,7 @@ class SglangEngine:
         loop.add_signal_handler(signal.SIGQUIT, self._child_failed)
         loop.remove_signal_handler(signal.SIGTERM)
         resolved = engine.server_args.resolved_dict()
+        self.dp_size = dp_ranks(engine.server_args)
         # What SGLang itself reports as the KV events' block size (Scheduler.get_init_info).
         self._block_size = resolved["page_size"] * resolved["dcp_size"]
         # The scheduler's KV capacity in tokens, as Engine.get_server_info reports it (which
@@ -140,12 +149,19 @@ class SglangEngine:
     def max_num_batched_tokens(self) -> int:
         return self._batched_tokens
 
-    def read_load(self) -> dict[str, int]:
-        """The routers' load fields from the scheduler's latest load snapshot (one per DP rank)."""
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight.total
+
+    def read_load(self, dp_rank: int | None = None) -> dict[str, int]:
+        """The routers' load fields from the schedulers' latest load snapshots (one per DP rank): ``dp_rank``'s
+        (None: every snapshot, an engine without ranks); an idle rank reports nothing whatever its last said."""
         total = self.num_kv_blocks
         reader = self.engine.tokenizer_manager.load_snapshot_reader
         # None only with --tokenizer-worker-num > 1, where the router process reads the snapshots.
-        snapshots = reader.read_all() if reader is not None and self.in_flight else []
+        snapshots = reader.read_all() if reader is not None and not self._in_flight.idle(dp_rank) else []
+        if dp_rank is not None:
+            snapshots = [s for s in snapshots if s.dp_rank == dp_rank]
         used = sum(math.ceil(s.num_used_tokens / self._block_size) for s in snapshots)  # pages per pool
         return {"active_blocks": min(total, used),
                 "waiting": sum(s.num_waiting_reqs for s in snapshots),
@@ -179,10 +195,23 @@ class SglangEngine:
         """``decoded``: the request's videos and audio as ``media.decode`` gives them, decoded here when not given."""
         kwargs = sampling.request_kwargs(request, rid, self.limits)
         kwargs.update(media.media_kwargs(request, decoded))  # input_ids: each media run collapsed (media.py)
+        rank = self.routed_rank(request.dp_rank)
+        if rank is not None:
+            kwargs["routed_dp_rank"] = rank
         self.media_pads.register(request)
         if bootstrap is not None:
             kwargs.update(bootstrap.request_kwargs())
         return kwargs
+
+    def routed_rank(self, dp_rank: int | None) -> int | None:
+        """SGLang's ``routed_dp_rank`` for a request sent to ``dp_rank`` (None: SGLang's own balancing, or one
+        rank). A rank the worker lacks is the caller's mistake, named as ``dp_rank``."""
+        if dp_rank is None or self.dp_size <= 1:
+            return None  # a worker without ranks is rank 0 to the router, which sends no rank to it
+        if not 0 <= dp_rank < self.dp_size:
+            raise RequestRejected(f"this worker has no data-parallel rank {dp_rank} (its ranks: "
+                                  f"{', '.join(map(str, range(self.dp_size)))})", param="dp_rank")
+        return dp_rank
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         # Unique per engine: SGLang keys its request state by rid, and a request id may come back.
@@ -195,7 +224,8 @@ class SglangEngine:
         kwargs = self.request_kwargs(request, rid, bootstrap, decoded)
         eos, stop_ids, top = request.eos_token_ids, request.stop_token_ids, request.logprobs
         tm = self.engine.tokenizer_manager
-        self.in_flight += 1
+        rank = kwargs.get("routed_dp_rank")  # None: SGLang places it (or there is one rank)
+        self._in_flight.add(rank)
         sent = 0
         first = True
         finished = False
@@ -236,7 +266,7 @@ class SglangEngine:
                     sent += len(new.token_ids)
                     yield result
         finally:
-            self.in_flight -= 1
+            self._in_flight.remove(rank)
             # A no-op when SGLang's own cleanup already sent it; nobody is left to tell after a death.
             if not finished and self._engine is not None and not self._dead():
                 tm.abort_request(rid)

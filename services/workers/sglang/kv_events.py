@@ -9,6 +9,12 @@ namespacing), which the translator maps to Meshfront's. A page of an image repor
 translator computes the hashes the preprocessor computed for the prompt. A block stored under a LoRA adapter
 names it (``BlockStored.lora_name``, the adapter's public name, which SGLang's recorder resolves from the
 cache's namespace): the translator salts its hashes with it, as the preprocessor salts an adapter's requests.
+
+With data-parallel ranks (``--dp-size``, ``--attn-dp-size``) each scheduler publishes on its own endpoint, which
+SGLang derives from the configured one by adding its rank to the port (an ipc:// endpoint is refused above rank 0,
+and a port of 0 would become port 1, 2 ... for the next ranks). A worker with ranks configures a fixed loopback
+port run, bound by each scheduler (``ranked_events_config``), and subscribes where SGLang's own rule puts each
+rank (``rank_sources``).
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from sglang.srt.disaggregation.kv_events import (
     KVEventBatch,
     KVEventsConfig,
     StorageMedium,
+    ZmqEventPublisher,
 )
 
 from services.workers.engine_kv import BlocksRemoved, BlocksStored, CacheCleared, EngineKvEvent
+from services.workers.engine_ranks import RankSource, free_port_run
 from services.workers.sglang.kv_media import DEFAULT_CAPACITY, MediaPads
 
 log = logging.getLogger(__name__)
@@ -36,6 +44,23 @@ def events_config(endpoint: str, replay_endpoint: str) -> str:
     """The ``--kv-events-config`` JSON: SGLang's ZMQ publisher on a private endpoint, with a replay buffer."""
     config = KVEventsConfig(publisher="zmq", endpoint=endpoint, replay_endpoint=replay_endpoint, topic="meshfront")
     return config.model_dump_json()
+
+
+def ranked_events_config(ranks: int, host: str = "127.0.0.1") -> str:
+    """The ``--kv-events-config`` JSON of ``ranks`` schedulers: events on ports P..P+ranks-1 and replays on the
+    next ``ranks`` ports, of one free loopback run, bound there (not on every interface) by each scheduler."""
+    base = free_port_run(2 * ranks, host)
+    config = KVEventsConfig(publisher="zmq", endpoint=f"tcp://{host}:{base}", bind=True,
+                            replay_endpoint=f"tcp://{host}:{base + ranks}", topic="meshfront")
+    return config.model_dump_json()
+
+
+def rank_sources(kv_events_config: str, ranks: int) -> list[RankSource]:
+    """Where each rank's scheduler publishes under ``kv_events_config``, by SGLang's own rule."""
+    config = KVEventsConfig.model_validate_json(kv_events_config)
+    offset = ZmqEventPublisher.offset_endpoint_port
+    return [RankSource(rank, offset(config.endpoint, rank), offset(config.replay_endpoint, rank))
+            for rank in range(ranks)]
 
 
 def pad_values(content_hash: int) -> tuple[int, ...]:

@@ -1,5 +1,6 @@
 """Wires the SGLang worker: flags -> sglang.Engine (model loaded) -> the worker entry (services/workers/entry.py),
-which publishes its KV events and load on NATS and serves it.
+which publishes its KV events and load on NATS and serves it. With ``--dp-size``/``--attn-dp-size``, each rank's
+KV events and load go out as its own stream, and the card declares the ranks (services/workers/engine_ranks.py).
 
 Runs where sglang is importable: an engine image, or the engine environment that
 ``python -m services.launcher.engine_env sglang`` prepares (.venv-sglang). Failures to start (a bad
@@ -13,13 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from services.workers import entry
+from services.workers.config import WorkerConfig
+from services.workers.engine_ranks import ranked_kv_events
 from services.workers.engine_worker import EngineStartFailed, engine_kv_events, root_message
 from services.workers.sglang.config import SglangConfig, parse_config
 
@@ -31,7 +35,6 @@ SMALL_PAGE = 16
 
 async def build(prepared: tuple[SglangConfig, Any], events: entry.KvEvents) -> entry.Serving:
     from services.workers.sglang.engine import SglangEngine
-    from services.workers.sglang.kv_events import batch_decoder
 
     cfg, server_args = prepared
     engine = SglangEngine(server_args, reasoning_parser=cfg.args.reasoning_parser)
@@ -51,11 +54,27 @@ async def build(prepared: tuple[SglangConfig, Any], events: entry.KvEvents) -> e
     if worker.register and engine.block_size < SMALL_PAGE:
         log.warning("SGLang's page size is %d: KV routing hashes every %d token(s) of a prompt; "
                     "--page-size %d is cheaper for the mesh", engine.block_size, engine.block_size, SMALL_PAGE)
-    closers = engine_kv_events(cfg, engine.block_size, batch_decoder(engine.media_pads),
-                               events.listener(worker))
-    return entry.engine_serving(worker, engine, load=engine.read_load, total_kv_blocks=engine.num_kv_blocks,
+    closers = _kv_events(cfg, server_args, engine, events, worker)
+    ranked = engine.dp_size > 1
+    return entry.engine_serving(worker, engine, load=None if ranked else engine.read_load,
+                                total_kv_blocks=engine.num_kv_blocks,
                                 max_num_batched_tokens=engine.max_num_batched_tokens, failed=engine.failed,
-                                closers=closers)
+                                closers=closers, dp_size=engine.dp_size)
+
+
+def _kv_events(cfg: SglangConfig, server_args: Any, engine: Any, events: entry.KvEvents,
+               worker: WorkerConfig) -> list[Callable[[], Awaitable[None]]]:
+    """The engine's KV events to NATS: one stream, or one per rank, each with its rank's load."""
+    from services.workers.sglang.kv_events import batch_decoder, rank_sources
+
+    if engine.dp_size <= 1:
+        return engine_kv_events(cfg, engine.block_size, batch_decoder(engine.media_pads), events.listener(worker))
+    log.info("SGLang data-parallel ranks 0..%d", engine.dp_size - 1)
+    if not cfg.kv_events_endpoint:
+        return []  # not registered: the schedulers publish nothing and nobody listens
+    return ranked_kv_events(rank_sources(server_args.kv_events_config, engine.dp_size), engine.block_size,
+                            lambda: batch_decoder(engine.media_pads),
+                            lambda rank: events.listener(worker, rank, functools.partial(engine.read_load, rank)))
 
 
 @contextlib.contextmanager

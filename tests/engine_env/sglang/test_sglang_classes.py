@@ -370,11 +370,11 @@ def test_an_owned_setting_from_sglangs_config_file_is_refused_too(model_dir, tmp
         cfg.server_args()
 
 
-def test_data_parallel_needs_no_registration(model_dir):
-    with pytest.raises(ConfigError, match="--dp-size"):
-        parse_config(["--model-dir", str(model_dir), "--dp-size", "2"], env={}).server_args()
-    assert parse_config(["--model-dir", str(model_dir), "--dp-size", "2", "--no-register"],
-                        env={}).server_args().dp_size == 2
+def test_data_parallel_without_registration_has_no_kv_events(model_dir):
+    # Registered, each rank publishes on its own port: tests/engine_env/sglang/test_sglang_dp_ranks.py.
+    server_args = parse_config(["--model-dir", str(model_dir), "--dp-size", "2", "--no-register"],
+                               env={}).server_args()
+    assert server_args.dp_size == 2 and server_args.kv_events_config is None
 
 
 def test_a_misspelt_engine_flag_fails_in_sglangs_parser_naming_it(model_dir, capsys):

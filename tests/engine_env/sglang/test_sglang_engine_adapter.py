@@ -256,6 +256,50 @@ async def test_load_comes_from_sglangs_load_snapshots():
     await stream.aclose()
 
 
+# -- data-parallel ranks ---------------------------------------------------------------------------------
+
+
+async def test_a_request_runs_on_the_rank_the_router_chose():
+    engine, fake = await started([("tokens", [10], 0), ("finish", {"type": "length", "length": 1})])
+    engine.dp_size = 2  # what start() reads from a --dp-size 2 engine
+    await collect(engine, request(dp_rank=1))
+    await collect(engine, request())  # no rank: SGLang's own balancing places it
+    assert [r.routed_dp_rank for r in fake.requests] == [1, None]
+
+
+async def test_a_rank_the_worker_lacks_is_refused_naming_dp_rank_before_sglang_sees_it():
+    engine, fake = await started([("tokens", [10], 0), ("finish", {"type": "length", "length": 1})])
+    engine.dp_size = 2
+    with pytest.raises(RequestRejected, match="no data-parallel rank 2") as e:
+        await collect(engine, request(dp_rank=2))
+    assert e.value.param == "dp_rank" and fake.requests == [] and engine.in_flight == 0
+
+
+async def test_a_worker_without_ranks_sends_sglang_no_rank():
+    engine, fake = await started([("tokens", [10], 0), ("finish", {"type": "length", "length": 1})])
+    await collect(engine, request(dp_rank=0))
+    assert fake.requests[0].routed_dp_rank is None
+
+
+async def test_each_ranks_load_is_its_own_snapshot_and_an_idle_rank_reports_none():
+    engine, fake = await started([("tokens", [10], 0), ("wait",)])
+    engine.dp_size = 2
+    fake.tokenizer_manager.load_snapshot_reader = FakeReader([
+        LoadSnapshot(dp_rank=0, num_running_reqs=3, num_waiting_reqs=2, num_used_tokens=33),
+        LoadSnapshot(dp_rank=1, num_running_reqs=1, num_waiting_reqs=1, num_used_tokens=15)])
+    idle = {"active_blocks": 0, "waiting": 0, "running": 0, "total_blocks": 100}
+    stream = engine.generate(request(dp_rank=1))
+    await anext(stream)
+    assert engine.read_load(1) == {"active_blocks": 1, "waiting": 1, "running": 1, "total_blocks": 100}
+    assert engine.read_load(0) == idle  # nothing of this worker's runs there: its last snapshot is stale
+    await stream.aclose()
+    assert engine.read_load(1) == idle
+    unplaced = engine.generate(request())  # placed by SGLang: any rank may be busy with it
+    await anext(unplaced)
+    assert engine.read_load(0)["running"] == 3 and engine.read_load(1)["running"] == 1
+    await unplaced.aclose()
+
+
 # -- disaggregation --------------------------------------------------------------------------------------
 
 
