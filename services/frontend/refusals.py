@@ -58,8 +58,6 @@ REFUSED: dict[str, Refusal] = {
     "--router-tracking-key-file": Refusal("there is no keyed tracking hash", "nothing to set"),
     "--router-tracking-key-id": Refusal("there is no keyed tracking hash", "nothing to set"),
     "--router-prefill-load-model": dataclasses.replace(_AIS, accepts=("none",)),
-    "--router-policy-config": Refusal("policy classes and worker-selection instances from YAML are not built yet",
-                                      "--router-mode and the router's flags"),
     "--router-prefill-policy": Refusal("there are no named worker-selection instances; prefill workers are chosen by "
                                        "--router-mode's policy", "--router-mode", accepts=("default",)),
     "--router-decode-policy": Refusal("there are no named worker-selection instances; decode workers are chosen by "

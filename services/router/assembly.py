@@ -69,7 +69,7 @@ def build(cfg: RouterConfig, registry: WorkerRegistry, metrics_registry: Collect
                     cache_policy=cfg.router_approximate_cache_policy, cost=cfg.kv_cost)
     router = build_router(registry.workers_for, cfg.router_mode, kv, ingest, busy=load_thresholds(cfg),
                           queue_timeout_s=cfg.queue_timeout_s, disagg=cfg.disagg)
-    router.queue = WaitQueue(policy=cfg.router_queue_policy)  # before the metrics read its depths
+    router.queue = WaitQueue(classes=cfg.policy_classes)  # before the metrics read its depths
     router.gate = WorkerGate(cfg.router_min_initial_workers)  # before the registry's first cards reach it
     router.sessions = SessionAffinity(affinity_ttl_s=cfg.router_session_affinity_ttl_secs,
                                       mode=cfg.router_session_affinity_mode)

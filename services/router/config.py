@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors, config_from
 from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
+from services.router.core import policy_classes
 from services.router.core.conditional import DisaggSettings, parse_settings
 from services.router.core.policies import POLICY_NAMES, KvCost
 from services.router.core.policies.kv_cost import DEFAULT_COST
@@ -58,6 +59,8 @@ class RouterConfig:
     active_prefill_tokens_threshold_frac: float | None = None
     router_queue_threshold: float | None = None
     router_queue_policy: str = FCFS
+    # Dynamo's YAML of policy classes (core/policy_classes.py): weighted fair classes in the queue; "" = one class.
+    router_policy_config: str = ""
     router_approximate_cache_policy: str = "ttl"
     # Dynamo's kv cost flags (core/policies/kv_cost.py), their defaults Dynamo's (track_output_blocks: ours).
     router_kv_overlap_score_credit: float = DEFAULT_COST.overlap_score_credit
@@ -75,6 +78,11 @@ class RouterConfig:
                       self.router_prefill_load_scale, self.router_decode_active_request_weight,
                       self.router_track_active_blocks, self.router_track_output_blocks, self.router_assume_kv_reuse,
                       self.router_track_prefill_tokens)
+
+    @property
+    def policy_classes(self) -> policy_classes.PolicyClasses:
+        """The queue's classes (``validate`` has read the file once already)."""
+        return policy_classes.load(self.router_policy_config, self.router_queue_policy)
 
     @property
     def disagg(self) -> DisaggSettings:
@@ -104,10 +112,11 @@ class RouterConfig:
         if self.router_ttl_secs <= 0:
             errors.append(f"--router-ttl-secs {self.router_ttl_secs:g} must be > 0")
         errors += _load_errors(self) + self.kv_cost.errors()
-        try:
-            _ = self.disagg
-        except ValueError as e:
-            errors.append(str(e))
+        for part in ("disagg", "policy_classes"):
+            try:
+                getattr(self, part)
+            except ValueError as e:
+                errors.append(str(e))
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -218,7 +227,14 @@ def _add_load_flags(p: Flags) -> None:
                "as their client, or --queue-timeout-s; 'None' = off")
     p.add("--router-queue-policy", default=FCFS, choices=QUEUE_POLICIES, dynamo_env="DYN_ROUTER_QUEUE_POLICY",
           help="the router queue's order: fcfs = arrival with priority bumps (tail wait), wspt = weighted "
-               "shortest processing time, (1 + priority) / uncached prompt tokens (mean wait)")
+               "shortest processing time, (1 + priority) / uncached prompt tokens (mean wait); without "
+               "--router-policy-config, of its one class")
+    p.add("--router-policy-config", default="", dynamo_env="DYN_ROUTER_POLICY_CONFIG",
+          help="Dynamo's policy-class YAML: policy_classes[] (name, policy_family, cache_bucket, quantum = weight, "
+               "queue_policy) with default_policy_family and one uncached_isl_buckets entry. Waiting requests are "
+               "served weighted fair between classes, tenants in turn within one; a request's class comes from "
+               "its key or the x-dynamo-meta-policy-class header, batch lines run in the lowest. Only where "
+               "requests queue (--queue-timeout-s, --router-queue-threshold). docs/architecture.md, 'Overload'")
     p.add("--router-approximate-cache-policy", default="ttl", choices=("ttl", "lru"),
           dynamo_env="DYN_ROUTER_APPROXIMATE_CACHE_POLICY",
           help="kv approximate mode (--no-router-kv-events): forget predicted blocks after --router-ttl-secs "

@@ -29,7 +29,7 @@ from services.router.core.policies import DEFAULT_MODE, Policy, build_policy, po
 from services.router.core.policies.kv_aware import KvAware
 from services.router.core.sessions import SessionAffinity
 from services.router.core.types import Candidate, Decision, RouteQuery
-from services.router.core.wait_queue import WSPT, WaitQueue
+from services.router.core.wait_queue import WaitQueue
 from services.router.core.worker_gate import WorkerGate
 from services.router.disagg import Disagg, Shape, check_pins, is_prefill_leg, prefill_leg_id
 from services.router.dp_pins import answer, candidates_of, name_target, narrow_to_ranks, targets_of
@@ -146,7 +146,8 @@ class Router:
         return await self._wait(req)
 
     async def _wait(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
-        future = self.queue.push(req.model, req, req.priority_jump_s, self._new_tokens(req))
+        future = self.queue.push(req.model, req, req.priority_jump_s, self._new_tokens(req),
+                                 policy_class=req.policy_class, tenant=req.tenant, batch=req.batch)
         depth = self.queue.waiting(req.model)
         with tracing.span("route.queue_wait", {"meshfront.queue_depth": depth}):
             return await self._waited(req, future, depth)
@@ -167,9 +168,9 @@ class Router:
         return response
 
     def _new_tokens(self, req: router_pb2.RouteRequest) -> int:
-        """The prefill ``req`` computes at best (wspt's processing time): its prompt less the most any worker
-        caches of it, as the kv policy sees the caches (the whole prompt elsewhere)."""
-        if self.queue.policy != WSPT or self.kv is None or not req.block_hashes:
+        """The prefill ``req`` computes at best (its cost between classes, wspt's processing time): its prompt
+        less the most any worker caches of it, as the kv policy sees the caches (the whole prompt elsewhere)."""
+        if not self.queue.reads_cost or self.kv is None or not req.block_hashes:
             return req.prompt_tokens
         cards = self._workers_for(req.model)
         block_size = cards[0].model.block_size if cards else 16
