@@ -25,6 +25,7 @@ TOOL_CALL_PARSER_NAMES = (
     "minimax_m2", "minimax_m3", "minimax-m3", "minimax_m3_nom", "minimax-m3-nom",
     "default", "nemotron_deci", "nemotron_nano", "phi4", "jamba",
     "gemma4", "gemma-4", "inkling",
+    "muse", "muse_glimmer",
 )
 
 REASONING_PARSER_NAMES = ("basic", "qwen3", "glm45", "deepseek_r1", "mistral", "kimi", "gpt_oss",
@@ -33,7 +34,7 @@ REASONING_PARSER_NAMES = ("basic", "qwen3", "glm45", "deepseek_r1", "mistral", "
                           "minimax_m3", "minimax-m3", "minimax_append_think", "glm47", "qwen3_coder", "step3",
                           "kimi_k2", "minimax", "nemotron", "granite",
                           "nemotron3", "nemotron_v3", "nemotron_nano", "nemotron_deci",
-                          "gemma4", "gemma-4", "inkling")
+                          "gemma4", "gemma-4", "inkling", "muse", "muse_glimmer")
 
 # Each reasoning parser's thinking block, as (opening marker, closing marker): what the workers look up in
 # the model's vocabulary to enforce a thinking budget (max_thinking_tokens) by forcing the closing marker

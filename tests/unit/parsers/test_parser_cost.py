@@ -66,6 +66,11 @@ FORMATS = {
     "minimax_m3": (ParserConfig("minimax_m3", "minimax_m3", has_tools=True),
                    lambda s: (f"<mm:think>{s}</mm:think>]<]minimax[>[<tool_call>]<]minimax[>[<invoke name=\"f\">"
                               f"]<]minimax[>[<data>{s}]<]minimax[>[</data>]<]minimax[>[</invoke>]<]minimax[>[</tool_call>")),
+    # Muse Glimmer's channels: a call is sent whole at </atem:invoke>, so its value is held, not quadratic.
+    "muse": (ParserConfig("muse", "muse", has_tools=True),
+             lambda s: (f" to=self<|message|>{s}<|eom|><|start|>assistant to=f<|message|><atem:function_calls>"
+                        f'<atem:invoke name="f"><atem:parameter name="data">{s}</atem:parameter></atem:invoke>'
+                        f"</atem:function_calls><|eom|><|start|>assistant to=user<|message|>{s}<|eot|>")),
     "granite": (ParserConfig(reasoning_parser="granite"),
                 lambda s: f"Here is my thought process: {s} Here is my response: {s}"),
     "required": (ParserConfig("hermes", has_tools=True, tool_choice=ToolChoice.REQUIRED),

@@ -10,14 +10,16 @@ import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 
-from services.postprocessor.core.parsers.reasoning import HARMONY, REASONING_PARSERS
+from services.postprocessor.core.parsers.reasoning import HARMONY, REASONING_PARSERS, MuseReasoningParser
 from services.postprocessor.core.parsers.tool_calls import (
     TOOL_CALL_PARSERS,
     HarmonyParser,
+    MuseToolParser,
     NamedToolParser,
     RequiredToolParser,
     XmlCallParser,
 )
+from services.postprocessor.core.parsers.tool_calls.muse import tool_names
 from services.postprocessor.core.parsers.tool_calls.param_types import ToolSchemas
 from services.postprocessor.core.parsers.types import ParsedDelta, TextParser, concat, new_call_id
 
@@ -96,7 +98,8 @@ def _merge(reasoning: ParsedDelta, tools: ParsedDelta) -> ParsedDelta:
     return ParsedDelta(tools.content, reasoning.reasoning + tools.reasoning, reasoning.tool_calls + tools.tool_calls)
 
 
-def _tool_parser(cfg: ParserConfig, new_id: Callable[[], str], tools_json: str) -> TextParser | None:
+def _tool_parser(  # noqa: PLR0911 - one return per kind of parser
+        cfg: ParserConfig, new_id: Callable[[], str], tools_json: str) -> TextParser | None:
     if not cfg.has_tools or cfg.tool_choice is ToolChoice.NONE:
         return None
     if cfg.tool_choice is ToolChoice.NAMED:
@@ -109,6 +112,9 @@ def _tool_parser(cfg: ParserConfig, new_id: Callable[[], str], tools_json: str) 
     if cls is None:  # workers check the name at start (services/common/parser_names.py): a version skew
         raise LookupError(f"the worker registered tool-call parser {cfg.tool_call_parser!r}, "
                           "which this postprocessor does not know")
+    if cls is MuseToolParser:  # reads Muse's channels too (reasoning, answer), as Dynamo's unified parser does
+        return cls(new_id=new_id, names=tool_names(tools_json), thinking=not cfg.thinking_disabled,
+                   prompt_opens_reasoning=cfg.prompt_opens_reasoning)
     if issubclass(cls, XmlCallParser):  # raw-text argument values: the tools' schemas give their JSON types
         return cls(new_id=new_id, schemas=ToolSchemas.from_json(tools_json))
     return cls(new_id=new_id)
@@ -124,6 +130,8 @@ def _reasoning_parser(cfg: ParserConfig, tools_in_harmony: bool,
     cls = REASONING_PARSERS.get(name)
     if cls is None:  # workers check the name at start (services/common/parser_names.py): a version skew
         raise LookupError(f"the worker registered reasoning parser {name!r}, which this postprocessor does not know")
+    if cls is MuseReasoningParser:  # its framing is read with thinking off too (self bodies are content then)
+        return cls(prompt_opens_reasoning=cfg.prompt_opens_reasoning, thinking=not cfg.thinking_disabled)
     return cls(prompt_opens_reasoning=cfg.prompt_opens_reasoning)
 
 
@@ -139,6 +147,8 @@ def build_output_parser(cfg: ParserConfig, new_id: Callable[[], str] = new_call_
     reasoning = _reasoning_parser(cfg, harmony_tools, new_id)
     if harmony_tools and isinstance(reasoning, HarmonyParser):
         tools = None  # one Harmony parser reads both channels and calls
+    if isinstance(tools, MuseToolParser) and isinstance(reasoning, MuseReasoningParser):
+        reasoning = None  # the tool-call parser splits the same channels (tool_calls/muse.py)
     if reasoning is None and tools is None:
         return None
     return OutputParser(reasoning, tools, named=cfg.has_tools and cfg.tool_choice is ToolChoice.NAMED)

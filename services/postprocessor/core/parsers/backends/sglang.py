@@ -36,6 +36,7 @@ TOOL_PARSER_NAMES = {
     "minimax_m3_nom": "minimax-m3", "minimax-m3-nom": "minimax-m3",
     # Parsers II (issue 37); SGLang has no default / nemotron_deci / jamba / phi4 parser
     "gemma-4": "gemma4", "nemotron_nano": "qwen3_coder",
+    "muse_glimmer": "muse",  # vLLM's and Dynamo's other name for Muse Glimmer
 }
 REASONING_PARSER_NAMES = {"basic": "qwen3", "deepseek_r1": "deepseek-r1", "gpt_oss": "gpt-oss", "harmony": "gpt-oss",
                           "nemotron": "nemotron_3",
@@ -47,7 +48,7 @@ REASONING_PARSER_NAMES = {"basic": "qwen3", "deepseek_r1": "deepseek-r1", "gpt_o
                           "minimax_m3": "minimax-m3", "glm47": "glm45", "qwen3_coder": "qwen3",
                           # Parsers II (issue 37)
                           "gemma-4": "gemma4", "nemotron3": "nemotron_3", "nemotron_v3": "nemotron_3",
-                          "nemotron_nano": "nemotron_3", "nemotron_deci": "qwen3"}
+                          "nemotron_nano": "nemotron_3", "nemotron_deci": "qwen3", "muse_glimmer": "muse"}
 
 
 class SglangOutputParser:

@@ -47,6 +47,7 @@ TOOL_PARSER_NAMES = {
     "kimi-k3": "kimi_k3", "minimax-m3": "minimax_m3", "minimax_m3_nom": "minimax_m3", "minimax-m3-nom": "minimax_m3",
     # Parsers II (issue 37); vLLM has no default / nemotron_deci (<TOOLCALL>) parser
     "gemma-4": "gemma4", "phi4": "phi4_mini_json", "nemotron_nano": "qwen3_coder",
+    "muse": "muse_glimmer",  # SGLang's and Dynamo's other name for MuseGlimmer
 }
 REASONING_PARSER_NAMES = {"basic": "qwen3", "gpt_oss": "openai_gptoss", "harmony": "openai_gptoss",
                           "minimax": "minimax_m2", "nemotron": "nemotron_v3",
@@ -57,7 +58,7 @@ REASONING_PARSER_NAMES = {"basic": "qwen3", "gpt_oss": "openai_gptoss", "harmony
                           "minimax_append_think": "minimax_m2", "minimax-m3": "minimax_m3", "qwen3_coder": "qwen3",
                           # Parsers II (issue 37)
                           "gemma-4": "gemma4", "nemotron3": "nemotron_v3", "nemotron_nano": "nemotron_v3",
-                          "nemotron_deci": "qwen3"}
+                          "nemotron_deci": "qwen3", "muse": "muse_glimmer"}
 HARMONY_TOOL_PARSER = "openai"
 # tool_choice required / named is handled by vLLM's Parser generically (not in the model's format),
 # but only through a tool parser: this one carries it when the model registered none.

@@ -16,6 +16,7 @@ from services.postprocessor.core.parsers.reasoning.granite import GraniteReasoni
 from services.postprocessor.core.parsers.reasoning.inkling import InklingReasoningParser
 from services.postprocessor.core.parsers.reasoning.kimi_k3 import KimiK3ReasoningParser
 from services.postprocessor.core.parsers.reasoning.minimax_m3 import MiniMaxM3ReasoningParser
+from services.postprocessor.core.parsers.reasoning.muse import MuseReasoningParser
 from services.postprocessor.core.parsers.reasoning.think_tags import (
     DeepSeekR1ReasoningParser,
     KimiK2ReasoningParser,
@@ -63,8 +64,10 @@ REASONING_PARSERS = {
     "gemma4": Gemma4ReasoningParser,
     "gemma-4": Gemma4ReasoningParser,
     "inkling": InklingReasoningParser,
+    "muse": MuseReasoningParser,
+    "muse_glimmer": MuseReasoningParser,
     "granite": GraniteReasoningParser,
 }
 REASONING_NAMES = (*REASONING_PARSERS, HARMONY)
 
-__all__ = ["HARMONY", "REASONING_NAMES", "REASONING_PARSERS"]
+__all__ = ["HARMONY", "REASONING_NAMES", "REASONING_PARSERS", "MuseReasoningParser"]

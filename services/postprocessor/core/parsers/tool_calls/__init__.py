@@ -20,6 +20,7 @@ from services.postprocessor.core.parsers.tool_calls.llama3_json import Llama3Jso
 from services.postprocessor.core.parsers.tool_calls.minimax_m2 import MiniMaxM2ToolParser
 from services.postprocessor.core.parsers.tool_calls.minimax_m3 import MiniMaxM3ToolParser
 from services.postprocessor.core.parsers.tool_calls.mistral import MistralToolParser
+from services.postprocessor.core.parsers.tool_calls.muse import MuseToolParser
 from services.postprocessor.core.parsers.tool_calls.nemotron_deci import NemotronDeciToolParser
 from services.postprocessor.core.parsers.tool_calls.phi4 import Phi4ToolParser
 from services.postprocessor.core.parsers.tool_calls.pythonic import PythonicToolParser
@@ -71,6 +72,9 @@ TOOL_CALL_PARSERS: dict[str, type[TextParser]] = {
     "gemma4": Gemma4ToolParser,
     "gemma-4": Gemma4ToolParser,
     "inkling": InklingToolParser,
+    "muse": MuseToolParser,  # SGLang's name
+    "muse_glimmer": MuseToolParser,  # vLLM's
 }
 
-__all__ = ["TOOL_CALL_PARSERS", "HarmonyParser", "NamedToolParser", "RequiredToolParser", "XmlCallParser"]
+__all__ = ["TOOL_CALL_PARSERS", "HarmonyParser", "MuseToolParser", "NamedToolParser", "RequiredToolParser",
+           "XmlCallParser"]
