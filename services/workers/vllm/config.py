@@ -13,6 +13,10 @@ context window and block size on the worker's card are the ones the engine ends 
 ``--disaggregation-mode prefill|decode`` (the card's role) needs vLLM's ``--kv-transfer-config``, whose
 ``kv_role`` produces (prefill) or consumes (decode) KV blocks: anything else is refused at start
 (services/workers/vllm/transfer.py has the request side).
+
+vLLM's ``--data-parallel-size N`` (``-dp``) runs N engine cores behind the worker, one per data-parallel rank:
+the card declares the ranks this worker's client manages, each rank publishes its own KV events and load, and
+a request runs on the rank the router chose (services/common/dp_ranks.py; docs/engines.md).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class VllmConfig(EngineFlags):
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
         from services.workers.vllm import thinking_budget
-        from services.workers.vllm.kv_events import events_config
+        from services.workers.vllm.kv_events import events_config, ranked_events_config
         from services.workers.vllm.transfer import role_errors
 
         parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser(prog="meshfront vllm (engine flags)"))
@@ -54,7 +58,9 @@ class VllmConfig(EngineFlags):
         errors = role_errors(self.args.disaggregation_mode, engine_args.kv_transfer_config)
         if errors:
             raise ConfigError(errors)
-        if self.kv_events_endpoint:
+        if self.kv_events_endpoint and engine_args.data_parallel_size > 1:
+            engine_args.kv_events_config = ranked_events_config()  # one publisher per engine core (kv_events.py)
+        elif self.kv_events_endpoint:
             engine_args.kv_events_config = events_config(self.kv_events_endpoint, self.kv_replay_endpoint)
         thinking_budget.configure(engine_args, self.args.reasoning_parser, self.args.model_dir)
         return engine_args

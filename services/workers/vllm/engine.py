@@ -8,6 +8,10 @@ blocks are freed in the same step).
 
 Load for the routers comes from vLLM's own scheduler stats (a stat logger fed every engine step);
 the engine's death (its core process gone) resolves ``failed()`` so the worker deregisters at once.
+
+With ``--data-parallel-size`` vLLM runs one engine core per rank behind the one AsyncLLM: a request sent to a
+rank (``EngineRequest.dp_rank``, the router's choice) runs on that core (``generate``'s ``data_parallel_rank``,
+the core's index among this client's), and each rank's load comes from its own core's stats.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from services.common.dp_ranks import ranks_of
 from services.workers.engine import (
     EngineBusy,
     EngineError,
@@ -36,6 +41,7 @@ from services.workers.engine import (
     RequestRejected,
     engine_token_ids,
 )
+from services.workers.engine_ranks import RankInFlight
 from services.workers.vllm import lora, media, sampling, thinking_budget, transfer
 
 log = logging.getLogger(__name__)
@@ -43,26 +49,38 @@ log = logging.getLogger(__name__)
 DEAD_POLL_S = 0.2
 
 
-class SchedulerLoad:
-    """The latest scheduler stats of the engine, as the routers' load message wants them."""
+class RankLoad:
+    """The latest scheduler stats of one engine core, as the routers' load message wants them."""
 
     def __init__(self) -> None:
         self.running = 0
         self.waiting = 0
         self.kv_usage = 0.0
 
+
+class SchedulerLoad:
+    """Each engine core's latest scheduler stats, by its data-parallel rank (0 for an engine without ranks)."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, RankLoad] = {}
+
+    def of(self, rank: int) -> RankLoad:
+        return self.ranks.setdefault(rank, RankLoad())
+
     def stat_logger_factory(self):
         load = self
 
         class _Logger(StatLoggerBase):
+            # vLLM makes one per engine core, with the core's rank (its PerEngineStatLoggerAdapter).
             def __init__(self, vllm_config, engine_index: int = 0):
-                pass
+                self._rank = load.of(engine_index)
 
             def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
                 if scheduler_stats is not None:
-                    load.running = scheduler_stats.num_running_reqs
-                    load.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
-                    load.kv_usage = scheduler_stats.kv_cache_usage
+                    rank = self._rank
+                    rank.running = scheduler_stats.num_running_reqs
+                    rank.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+                    rank.kv_usage = scheduler_stats.kv_cache_usage
 
             def log_engine_initialized(self):
                 pass
@@ -79,7 +97,7 @@ class VllmEngine:
         self._llm: AsyncLLM | None = None
         self._defaults: dict[str, Any] = {}
         self._thinking_budgets = False  # whether vLLM enforces max_thinking_tokens (thinking_budget.py)
-        self.in_flight = 0
+        self.in_flight = RankInFlight()
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -116,7 +134,33 @@ class VllmEngine:
 
     @property
     def num_kv_blocks(self) -> int:
-        return self.llm.vllm_config.cache_config.num_gpu_blocks or 0
+        """One engine core's (vLLM sums its cores' in the config)."""
+        return (self.llm.vllm_config.cache_config.num_gpu_blocks or 0) // len(self.dp_ranks)
+
+    @property
+    def dp_ranks(self) -> range:
+        """The data-parallel ranks of the engine cores this client drives, as vLLM's MPClient counts them: every
+        rank under its internal load balancing, this node's under hybrid or external load balancing."""
+        pc = self.llm.vllm_config.parallel_config
+        count = pc.data_parallel_size_local if pc.local_engines_only else pc.data_parallel_size
+        return range(pc.data_parallel_index, pc.data_parallel_index + count)
+
+    @property
+    def has_ranks(self) -> bool:
+        ranks = self.dp_ranks
+        return ranks_of(ranks.start, len(ranks)) is not None
+
+    def engine_index(self, dp_rank: int | None) -> int | None:
+        """vLLM's ``data_parallel_rank`` for a request sent to ``dp_rank``: the core's index among this client's
+        (None: vLLM's own balancing picks one, or there is one core). A rank the worker lacks is the caller's
+        mistake, named as ``dp_rank``."""
+        if dp_rank is None or not self.has_ranks:
+            return None  # a worker without ranks is rank 0 to the router, which sends no rank to it
+        ranks = self.dp_ranks
+        if dp_rank not in ranks:
+            raise RequestRejected(f"this worker has no data-parallel rank {dp_rank} (its ranks: "
+                                  f"{', '.join(map(str, ranks))})", param="dp_rank")
+        return dp_rank - ranks.start
 
     @property
     def input_modalities(self) -> tuple[str, ...]:
@@ -126,12 +170,14 @@ class VllmEngine:
     def max_num_batched_tokens(self) -> int:
         return self.llm.vllm_config.scheduler_config.max_num_batched_tokens
 
-    def read_load(self) -> dict[str, int]:
-        """The routers' load fields; an idle engine reports nothing running whatever the last step said."""
-        idle = self.in_flight == 0
+    def read_load(self, dp_rank: int | None = None) -> dict[str, int]:
+        """The routers' load fields of one rank (None: the engine without ranks); an idle one reports nothing
+        running whatever its last step said."""
+        idle = self.in_flight.idle(dp_rank)
+        load = self.load.of(self.dp_ranks.start if dp_rank is None else dp_rank)
         total = self.num_kv_blocks
-        return {"active_blocks": 0 if idle else round(self.load.kv_usage * total),
-                "waiting": 0 if idle else self.load.waiting, "running": 0 if idle else self.load.running,
+        return {"active_blocks": 0 if idle else round(load.kv_usage * total),
+                "waiting": 0 if idle else load.waiting, "running": 0 if idle else load.running,
                 "total_blocks": total}
 
     async def release_kv(self, kv_transfer_params: dict[str, Any]) -> None:
@@ -159,11 +205,12 @@ class VllmEngine:
         eos = request.eos_token_ids
         top = request.logprobs
         leg = transfer.leg(request.kv_transfer_params)
-        self.in_flight += 1
+        core = self.engine_index(request.dp_rank)
         first = True
-        try:
+        with self.in_flight.running(None if core is None else request.dp_rank):
             async with contextlib.aclosing(self.llm.generate(prompt, params, request.request_id,
-                                                             lora_request=lora.lora_request(request.lora))) as stream:
+                                                             lora_request=lora.lora_request(request.lora),
+                                                             data_parallel_rank=core)) as stream:
                 while True:
                     with vllm_errors():
                         out = await anext(stream, None)
@@ -187,8 +234,6 @@ class VllmEngine:
                         result.cached_tokens = out.num_cached_tokens or 0
                         first = False
                     yield result
-        finally:
-            self.in_flight -= 1
 
 
 def sampling_params(request: EngineRequest, *, max_model_len: int, defaults: dict[str, Any],

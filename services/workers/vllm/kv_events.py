@@ -1,24 +1,46 @@
-"""vLLM's KV event batches (msgpack, vLLM's own classes) as engine-neutral events, and the config that turns them on."""
+"""vLLM's KV event batches (msgpack, vLLM's own classes) as engine-neutral events, and the config that turns them on.
+
+With ``--data-parallel-size`` above 1 each engine core publishes on its own endpoint, which vLLM derives from the
+configured one by the core's rank: it refuses an ipc:// endpoint above rank 0, and leaves a tcp port of 0 to the
+OS per core, each core reporting where it bound (``AsyncLLM.get_kv_event_sources``). A worker with ranks asks
+for ``RANKED_ENDPOINT`` and subscribes where each core says (``rank_sources``).
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 from vllm.config import KVEventsConfig
 from vllm.distributed.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 from services.workers.engine_kv import BlocksRemoved, BlocksStored, CacheCleared, EngineKvEvent
+from services.workers.engine_ranks import RankSource
 from services.workers.vllm.media import extra_key_content_hashes
 
 log = logging.getLogger(__name__)
+
+# vLLM binds "tcp://*:0" on the node's address (VLLM_HOST_IP: the worker sets 127.0.0.1 for a loopback --host)
+# on a port the OS picks, per engine core; any other tcp endpoint is either connected to, not bound, or one
+# fixed port per rank that the worker would have to find free.
+RANKED_ENDPOINT = "tcp://*:0"
 
 
 def events_config(endpoint: str, replay_endpoint: str) -> KVEventsConfig:
     """vLLM's ZMQ publisher on a private endpoint, with a replay buffer for lost batches."""
     return KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint,
                           replay_endpoint=replay_endpoint, topic="meshfront")
+
+
+def ranked_events_config() -> KVEventsConfig:
+    """The publishers of an engine with data-parallel ranks: one per engine core, each where the OS puts it."""
+    return events_config(RANKED_ENDPOINT, RANKED_ENDPOINT)
+
+
+def rank_sources(sources: Mapping[int, KVEventsConfig]) -> list[RankSource]:
+    """Where each engine core publishes, as a started engine reports it (``AsyncLLM.get_kv_event_sources``)."""
+    return [RankSource(rank, config.endpoint, config.replay_endpoint) for rank, config in sorted(sources.items())]
 
 
 def batch_decoder():

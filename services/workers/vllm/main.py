@@ -1,5 +1,6 @@
 """Wires the vLLM worker: flags -> AsyncLLM (model loaded) -> the worker entry (services/workers/entry.py),
-which publishes its KV events and load on NATS and serves it.
+which publishes its KV events and load on NATS and serves it. With ``--data-parallel-size``, each engine core's
+KV events and load go out as its rank's stream, and the card declares the ranks (services/workers/engine_ranks.py).
 
 Runs where vllm is importable: an engine image, or the engine environment ``meshfront run
 --worker-kind vllm`` prepares (services/launcher/engine_env.py). Failures to start (a bad model
@@ -11,14 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from services.common.discovery import KV_RELEASE_BY_DECODE
 from services.workers import entry
+from services.workers.config import WorkerConfig
+from services.workers.engine_ranks import ranked_kv_events
 from services.workers.engine_worker import EngineStartFailed, descendants, engine_kv_events, root_message
 from services.workers.vllm.config import VllmConfig, parse_config
 from services.workers.vllm.lora import lora_settings, start_adapters
@@ -29,7 +33,6 @@ log = logging.getLogger("services.workers.vllm")
 
 async def build(prepared: tuple[VllmConfig, Any], events: entry.KvEvents) -> entry.Serving:
     from services.workers.vllm.engine import VllmEngine
-    from services.workers.vllm.kv_events import batch_decoder
 
     cfg, engine_args = prepared
     engine = VllmEngine(engine_args)
@@ -43,12 +46,28 @@ async def build(prepared: tuple[VllmConfig, Any], events: entry.KvEvents) -> ent
                                  input_modalities=engine.input_modalities)
     log.info("vLLM engine ready: context %d, block size %d, %d KV blocks", engine.max_model_len,
              engine.block_size, engine.num_kv_blocks)
-    closers = engine_kv_events(cfg, engine.block_size, batch_decoder(), events.listener(worker))
-    serving = entry.engine_serving(worker, engine, load=engine.read_load, total_kv_blocks=engine.num_kv_blocks,
+    ranks = engine.dp_ranks
+    closers = _kv_events(cfg, engine, events, worker)
+    serving = entry.engine_serving(worker, engine, load=None if engine.has_ranks else engine.read_load,
+                                   total_kv_blocks=engine.num_kv_blocks,
                                    max_num_batched_tokens=engine.max_num_batched_tokens, failed=engine.failed,
-                                   closers=closers, adapters=adapters, kv_release_by=KV_RELEASE_BY_DECODE)
+                                   closers=closers, adapters=adapters, kv_release_by=KV_RELEASE_BY_DECODE,
+                                   dp_size=len(ranks), dp_start_rank=ranks.start)
     add_kv_release(serving.server.server, engine.release_kv)  # a decode worker frees its prefill peer's blocks
     return serving
+
+
+def _kv_events(cfg: VllmConfig, engine: Any, events: entry.KvEvents,
+               worker: WorkerConfig) -> list[Callable[[], Awaitable[None]]]:
+    """The engine's KV events to NATS: one stream, or one per rank, each with its rank's load."""
+    from services.workers.vllm.kv_events import batch_decoder, rank_sources
+
+    if not engine.has_ranks:
+        return engine_kv_events(cfg, engine.block_size, batch_decoder(), events.listener(worker))
+    log.info("vLLM data-parallel ranks %d..%d", engine.dp_ranks.start, engine.dp_ranks[-1])
+    # Not registered: the cores publish nothing (no sources) and no rank has a listener.
+    return ranked_kv_events(rank_sources(engine.llm.get_kv_event_sources()), engine.block_size, batch_decoder,
+                            lambda rank: events.listener(worker, rank, functools.partial(engine.read_load, rank)))
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ class FakeAsyncLLM:
         self.steps, self.returned = steps, returned
         self.params: list = []
 
-    async def generate(self, prompt, params, request_id, lora_request=None):
+    async def generate(self, prompt, params, request_id, lora_request=None, data_parallel_rank=None):
         self.params.append(params)
         for ids, reason in self.steps:
             await asyncio.sleep(0)
