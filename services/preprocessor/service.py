@@ -29,6 +29,7 @@ from services.preprocessor.core import messages as msgs
 from services.preprocessor.core import prompt as core
 from services.preprocessor.core.artifacts import ArtifactCache, ArtifactError, ModelArtifacts
 from services.preprocessor.core.renderers import ChatRenderer, OursChatRenderer
+from services.preprocessor.core.thinking import forces_reasoning, thinking_off
 from services.preprocessor.media import placement
 from services.preprocessor.media.limits import MediaLimits
 from services.preprocessor.media.resolve import MediaResolver, Resolved
@@ -36,13 +37,12 @@ from services.preprocessor.media.resolve import MediaResolver, Resolved
 log = logging.getLogger(__name__)
 
 
-def thinking_disabled(kwargs_json: str) -> bool:
-    """Whether chat_template_kwargs turn thinking off (the names Qwen3, DeepSeek and Kimi templates read)."""
-    if not kwargs_json:
-        return False
-    kwargs = orjson.loads(kwargs_json)
-    return isinstance(kwargs, dict) and (kwargs.get("enable_thinking") is False or kwargs.get("thinking") is False
-                                         or kwargs.get("thinking_mode") == "chat")
+def thinking_decision(reasoning_parser: str, kwargs_json: str) -> tuple[bool, bool]:
+    """(thinking off, output forced to start in reasoning) by the model family's rule (core/thinking.py)."""
+    kwargs = orjson.loads(kwargs_json) if kwargs_json else {}
+    if not isinstance(kwargs, dict):
+        kwargs = {}
+    return thinking_off(reasoning_parser, kwargs), forces_reasoning(reasoning_parser, kwargs)
 
 ModelLookup = Callable[[str], ModelCard | None]
 
@@ -181,7 +181,9 @@ class Preprocessor:
         if adapter is not None:
             response.request.lora.name, response.request.lora.path = adapter.name, adapter.path
         if kind == "messages_json" and card.reasoning_parser:
-            response.postprocess.thinking_disabled = thinking_disabled(chat.chat_template_kwargs_json)
+            off, forced = thinking_decision(card.reasoning_parser, chat.chat_template_kwargs_json)
+            response.postprocess.thinking_disabled = off
+            response.postprocess.prompt_opens_reasoning |= forced
         if req.return_formatted_prompt:
             response.formatted_prompt = prepared.text
         return response, prepared, prepared_ns

@@ -11,6 +11,7 @@ import enum
 from collections.abc import Callable, Sequence
 
 from services.postprocessor.core.parsers.reasoning import HARMONY, REASONING_PARSERS, MuseReasoningParser
+from services.postprocessor.core.parsers.reasoning.think_tags import ThinkTagParser
 from services.postprocessor.core.parsers.tool_calls import (
     TOOL_CALL_PARSERS,
     HarmonyParser,
@@ -123,7 +124,7 @@ def _tool_parser(  # noqa: PLR0911 - one return per kind of parser
 def _reasoning_parser(cfg: ParserConfig, tools_in_harmony: bool,
                       new_id: Callable[[], str]) -> TextParser | None:
     name = cfg.reasoning_parser
-    if not name or cfg.thinking_disabled:
+    if not name or (cfg.thinking_disabled and name == HARMONY):
         return None
     if name == HARMONY:
         return HarmonyParser(tools_enabled=tools_in_harmony, new_id=new_id)
@@ -132,6 +133,10 @@ def _reasoning_parser(cfg: ParserConfig, tools_in_harmony: bool,
         raise LookupError(f"the worker registered reasoning parser {name!r}, which this postprocessor does not know")
     if cls is MuseReasoningParser:  # its framing is read with thinking off too (self bodies are content then)
         return cls(prompt_opens_reasoning=cfg.prompt_opens_reasoning, thinking=not cfg.thinking_disabled)
+    if cfg.thinking_disabled:
+        # Thinking off (preprocessor/core/thinking.py): a format that starts in reasoning has none; one the
+        # model must open still separates a block the model writes anyway, as Dynamo does (docs/parsers.md).
+        return cls() if issubclass(cls, ThinkTagParser) and not cls.reasoning_first else None
     return cls(prompt_opens_reasoning=cfg.prompt_opens_reasoning)
 
 

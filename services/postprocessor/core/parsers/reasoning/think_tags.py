@@ -111,7 +111,8 @@ class DeepSeekR1ReasoningParser(ThinkTagParser):
 
 
 class MistralReasoningParser(ThinkTagParser):
-    """Magistral: ``[THINK]`` … ``[/THINK]``, reasoning first."""
+    """Magistral: ``[THINK]`` … ``[/THINK]``, reasoning first; only when the request gives a ``reasoning_effort``
+    other than ``none`` (preprocessor/core/thinking.py), else there is no reasoning parser, as in Dynamo."""
 
     open_tag = "[THINK]"
     close_tag = "[/THINK]"
@@ -126,14 +127,15 @@ class KimiReasoningParser(ThinkTagParser):
 
 
 class KimiK2ReasoningParser(ThinkTagParser):
-    """Kimi K2 Thinking / K2.5: ``<think>`` … ``</think>``, reasoning first.
+    """Kimi K2 Thinking / K2.5: ``<think>`` … ``</think>``, reasoning only when opened.
 
-    The model may also leave reasoning by starting its tool-call section without closing the block:
-    ``<|tool_calls_section_begin|>`` ends the reasoning and is passed on, with what follows, to the
-    tool-call parser (kimi_k2). ``thinking: false`` in chat_template_kwargs turns the parser off.
+    The model opens the block itself (the template ends with the assistant header), so a plain answer
+    with no markers is content, as in Dynamo. It may leave reasoning by starting its tool-call section
+    without closing the block: ``<|tool_calls_section_begin|>`` ends the reasoning and is passed on, with
+    what follows, to the tool-call parser (kimi_k2). ``thinking: false`` in chat_template_kwargs keeps the
+    parser, so a block the model writes anyway is still separated (Dynamo does the same).
     """
 
-    reasoning_first = True
     content_starts = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
 
 
