@@ -59,7 +59,10 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="{create,revoke,list,usage}")
     c = sub.add_parser("create", help="a new key; its secret is the last line printed")
     c.add_argument("--tenant", required=True, help="who the key belongs to (usage and fairness are per tenant)")
-    c.add_argument("--policy-class", default="", help="the key's scheduling class (empty: the default class)")
+    c.add_argument("--policy-class", default="", metavar="CLASS[,CLASS...]",
+                   help="the key's policy class in the router's queue; a comma list lets its requests pick one with "
+                        "the x-dynamo-meta-policy-class header, the first being the key's own (empty: the router's "
+                        "default class)")
     c.add_argument("--rpm", type=_count, default=0, help="requests per minute (0: no limit)")
     c.add_argument("--tpm", type=_count, default=0, help="prompt plus completion tokens per minute (0: no limit)")
     c.add_argument("--max-concurrency", type=_count, default=0, help="requests in flight at once (0: no limit)")

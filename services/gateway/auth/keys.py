@@ -56,8 +56,10 @@ def tenant_error(name: str) -> str:
 
 
 def class_error(name: str) -> str:
-    if name and not _CLASS.fullmatch(name):
-        return f"--policy-class {name!r} is not a class name: 1 to 64 letters, digits, '_', '.' and '-'"
+    """Why ``name`` (a class, or a key's comma list of them: services/gateway/scheduling.py) is not one, or ""."""
+    if name and not all(_CLASS.fullmatch(c) for c in name.split(",")):
+        return (f"--policy-class {name!r} is not a class name or a comma list of them: 1 to 64 letters, digits, "
+                "'_', '.' and '-' each")
     return ""
 
 
@@ -78,6 +80,12 @@ class KeyRecord:
     def limited(self) -> bool:
         """Whether any quota applies (a key without one never reaches the quota bucket)."""
         return bool(self.rpm or self.tpm or self.max_concurrency)
+
+    @property
+    def policy_classes(self) -> tuple[str, ...]:
+        """The classes the key may run in (the header picks among them); the first is its own. Empty: the
+        router's default class, none to pick."""
+        return tuple(self.policy_class.split(",")) if self.policy_class else ()
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models

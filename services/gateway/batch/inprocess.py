@@ -22,7 +22,7 @@ import orjson
 from google.api import httpbody_pb2
 
 from services.common.errors import MeshError
-from services.gateway import auth
+from services.gateway import auth, scheduling
 from services.gateway.batch.lines import Outcome
 from services.gateway.core.errors import error_body
 
@@ -97,6 +97,7 @@ class InProcess:
                 return Outcome(e.http_status, orjson.loads(error_body(e)), request_id)
         call = LineCall({"x-request-id": request_id})
         auth.BATCH_LINE.set(True)  # this line's task only (each line runs in a task of its own: runner.py)
+        scheduling.batch_line(tenant)  # the router's lowest class, a flow of the tenant's own (scheduling.py)
         try:
             data = await _call(self._rpcs[endpoint], body, call)
         except LineFailed as e:

@@ -21,6 +21,7 @@ from services.common import tracing
 from services.common.decision_record import CandidateScore, DecisionRecord
 from services.common.dp_ranks import target_id
 from services.common.errors import InvalidRequest, WorkerFailed
+from services.gateway import scheduling
 from services.gateway.clients import PostprocessorClient, PreprocessorClient, RouterClient
 from services.gateway.core.delta import FINISH, Delta
 from services.gateway.core.pins import named_as_sent
@@ -72,14 +73,14 @@ class Pipeline:
             req.sampling.seed = (req.sampling.seed + choice) % 2**64  # distinct but reproducible choices
         try:
             with self.workers.routing():
-                lease = await self.leases.route(router_pb2.RouteRequest(
+                lease = await self.leases.route(scheduling.stamp(router_pb2.RouteRequest(
                     request_id=request_id, model=req.model, block_hashes=prepared.block_hashes,
                     prompt_tokens=len(req.token_ids), worker_id=worker_id, session_id=hints.session_id,
                     session_action=hints.session_action, session_timeout_s=hints.session_timeout_s,
                     priority_jump_s=hints.priority_jump_s, prefill_worker_id=hints.prefill_worker_id,
                     decode_worker_id=hints.decode_worker_id, explain=hints.explain,
                     affinity_session_id=hints.affinity_session_id, dp_rank=hints.dp_rank,
-                    prefill_dp_rank=hints.prefill_dp_rank))
+                    prefill_dp_rank=hints.prefill_dp_rank)))  # its class and tenant (scheduling.py)
         except InvalidRequest as e:  # a bad pin: named as the client sent it (the router knows only the field)
             raise named_as_sent(e, hints.pin_names) from None
         route = lease.route

@@ -12,6 +12,7 @@ from meshfront.router.v1 import router_pb2
 from meshfront.worker.v1 import worker_pb2
 
 from services.common.errors import NoWorkers, WorkerFailed
+from services.gateway import scheduling
 from services.gateway.clients import PreprocessorClient, RouterClient
 from services.gateway.core.route_lease import RouteLeases
 from services.gateway.embeddings.request import EmbeddingsRequest
@@ -42,8 +43,8 @@ class EmbeddingsPipeline:
         first_failure: WorkerFailed | None = None
         for _ in range(ATTEMPTS):
             try:
-                lease = await self.leases.route(router_pb2.RouteRequest(
-                    request_id=request_id, model=req.model, prompt_tokens=tokens, exclude_worker_ids=failed))
+                lease = await self.leases.route(scheduling.stamp(router_pb2.RouteRequest(  # class, tenant
+                    request_id=request_id, model=req.model, prompt_tokens=tokens, exclude_worker_ids=failed)))
             except NoWorkers:
                 if first_failure is not None:
                     raise first_failure from None  # no other worker: the client hears what went wrong
