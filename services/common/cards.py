@@ -78,6 +78,11 @@ class ModelCard:
     model_files: str = ""
     # LoRA adapters of this base model the worker holds now (cards change as adapters load and unload).
     lora_adapters: tuple[LoraAdapter, ...] = ()
+    # Tool-call structural tags (the worker's --dyn-structural-tag; docs/parsers.md, "Structural tags"): "on" or
+    # "off", Dynamo's scope ("auto" | "always") and schema mode ("auto" | "strict"). Older cards read as off.
+    structural_tag_mode: str = "off"
+    structural_tag_scope: str = "always"
+    structural_tag_schema: str = "auto"
 
     def serves(self, endpoint: str) -> bool:
         return endpoint in self.endpoints

@@ -45,7 +45,8 @@ def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.Mesh
     postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit, cfg.migration_max_seq_len),
                                   idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor,
                                   kv_releaser=releaser, model_files=model_files,
-                                  tokenizers=TokenizerCache(trust_remote_code=cfg.trust_remote_code))
+                                  tokenizers=TokenizerCache(trust_remote_code=cfg.trust_remote_code),
+                                  auto_tool_choice=cfg.enable_auto_tool_choice)
     closers.append(warm_each_new_model(registry, postprocessor.warm))
     return Built(postprocessor, closers=[postprocessor.close, workers.close, releaser.close, model_files.close,
                                          *closers],

@@ -46,6 +46,9 @@ class PostprocessorConfig:
     # --trust-remote-code: load a tokenizer class the model directory ships. The preprocessor owns the flag;
     # this process declares it when it runs alone, and the all-in-one hands it the preprocessor's.
     trust_remote_code: bool = False
+    # --enable-auto-tool-choice (vLLM's flag, as Dynamo's vLLM chat processor reads it): the model's tool calls
+    # are parsed even from requests that offered no tools (tool_choice none still turns parsing off).
+    enable_auto_tool_choice: bool = False
 
     def validate(self) -> None:
         """Raises ValueError listing every invalid setting."""
@@ -90,6 +93,9 @@ def add_flags(p: Flags) -> None:
     p.add("--chat-processor", default=DEFAULT_CHAT_PROCESSOR,
           help=f"whose tool-call and reasoning parsers to use: {' | '.join(CHAT_PROCESSORS)} "
                "(vllm and sglang need that extra installed; see docs/parsers.md)")
+    p.add("--enable-auto-tool-choice", default=False, type=bool,
+          help="parse the model's tool calls (its worker's --tool-call-parser) even in requests that offered no "
+               "tools, as vLLM's flag does in Dynamo's vLLM chat processor; tool_choice none still turns it off")
 
 
 def from_args(args: argparse.Namespace) -> PostprocessorConfig:

@@ -49,15 +49,20 @@ _TOOL_CHOICES = {common_pb2.TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoice.AUTO,
                  common_pb2.TOOL_CHOICE_MODE_NAMED: ToolChoice.NAMED}
 
 
-def parser_config(options: common_pb2.PostprocessOptions) -> ParserConfig:
+def parser_config(options: common_pb2.PostprocessOptions, auto_tool_choice: bool = False) -> ParserConfig:
     """What selects a request's parsers. Tools are offered exactly when ``tools_json`` is set (the gateway
     sets it only for a non-empty list): no second decode of the JSON for that. An unset tool choice is
-    AUTO, as OpenAI's default with tools (without tools it is moot)."""
-    return ParserConfig(options.tool_call_parser, options.reasoning_parser, has_tools=bool(options.tools_json),
-                        tool_choice=_TOOL_CHOICES[options.tool_choice.mode],
+    AUTO, as OpenAI's default with tools (without tools it is moot). ``auto_tool_choice``
+    (--enable-auto-tool-choice): the model's tool calls are parsed even when the request offered no tools."""
+    choice = _TOOL_CHOICES[options.tool_choice.mode]
+    return ParserConfig(options.tool_call_parser, options.reasoning_parser,
+                        has_tools=bool(options.tools_json) or (auto_tool_choice and choice is ToolChoice.AUTO),
+                        tool_choice=choice,
                         named_function=options.tool_choice.function_name,
                         prompt_opens_reasoning=options.prompt_opens_reasoning,
-                        thinking_disabled=options.thinking_disabled)
+                        thinking_disabled=options.thinking_disabled,
+                        history_tool_calls=options.history_tool_calls,
+                        forced_in_model_format=options.tool_calls_in_model_format)
 
 
 def finish_to_proto(finish: FinishReason | None) -> common_pb2.FinishReason:

@@ -82,8 +82,10 @@ class Postprocessor:
     def __init__(self, workers: WorkerClient | None = None, tokenizers: TokenizerCache | None = None,
                  migrator: Migrator | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
                  chat_processor: ChatProcessor | None = None, kv_releaser: KvReleaser | None = None,
-                 model_files: ModelFilesResolver | None = None):
+                 model_files: ModelFilesResolver | None = None, auto_tool_choice: bool = False):
         self._owned_client = None
+        # --enable-auto-tool-choice: tool calls are parsed without tools in the request too.
+        self._auto_tool_choice = auto_tool_choice
         # Models' files from NATS (services/common/model_files.py); None: read the request's model_dir.
         self._files = model_files
         if workers is None:
@@ -171,7 +173,8 @@ class Postprocessor:
         texts = model.texts if req.request.output.HasField("logprobs") else None
         make = timed_builder(req.request.request_id) if debug_perf.ENABLED else ResponseBuilder
         return make(decoder, texts,
-                    output_parser(req.options, self._chat_processor, req.request, model_dir=model_dir))
+                    output_parser(req.options, self._chat_processor, req.request, model_dir=model_dir,
+                                  auto_tool_choice=self._auto_tool_choice))
 
     async def _open_attempt(self, route: WorkerRoute, request: common_pb2.PreprocessedRequest,
                             reader: CallReader) -> Attempt:
@@ -246,11 +249,12 @@ def _resume(req: postprocessor_pb2.GenerateRequest, builder: ResponseBuilder) ->
 
 def output_parser(options: common_pb2.PostprocessOptions, chat_processor: ChatProcessor | None = None,
                   request: common_pb2.PreprocessedRequest | None = None, *,
-                  model_dir: str | None = None) -> StreamingOutputParser | None:
-    """The request's reasoning / tool-call parsers; None (no parsing at all) for plain requests."""
-    if not (options.reasoning_parser or options.tools_json):
+                  model_dir: str | None = None, auto_tool_choice: bool = False) -> StreamingOutputParser | None:
+    """The request's reasoning / tool-call parsers; None (no parsing at all) for plain requests.
+    ``auto_tool_choice`` (--enable-auto-tool-choice): the model's tool calls are parsed without tools too."""
+    if not (options.reasoning_parser or options.tools_json or (auto_tool_choice and options.tool_call_parser)):
         return None
-    config = convert.parser_config(options)
+    config = convert.parser_config(options, auto_tool_choice)
     prompt_ids = request.token_ids if request is not None else ()  # not copied: ours never read it
     # model_dir: the directory on this host (fetched model files), where the engines' parsers find the tokenizer.
     context = ParseContext(options.model_dir if model_dir is None else model_dir, options.tools_json, prompt_ids)

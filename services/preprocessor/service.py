@@ -27,6 +27,7 @@ from services.common.model_files import ModelFilesResolver, ModelFilesUnavailabl
 from services.preprocessor.core import embeddings as embed_inputs
 from services.preprocessor.core import messages as msgs
 from services.preprocessor.core import prompt as core
+from services.preprocessor.core import tool_guidance
 from services.preprocessor.core.artifacts import ArtifactCache, ArtifactError, ModelArtifacts
 from services.preprocessor.core.renderers import ChatRenderer, OursChatRenderer
 from services.preprocessor.core.thinking import forces_reasoning, thinking_off
@@ -45,6 +46,27 @@ def thinking_decision(reasoning_parser: str, kwargs_json: str) -> tuple[bool, bo
     return thinking_off(reasoning_parser, kwargs), forces_reasoning(reasoning_parser, kwargs)
 
 ModelLookup = Callable[[str], ModelCard | None]
+
+_CHOICES = {common_pb2.TOOL_CHOICE_MODE_UNSPECIFIED: "auto", common_pb2.TOOL_CHOICE_MODE_AUTO: "auto",
+            common_pb2.TOOL_CHOICE_MODE_NONE: "none", common_pb2.TOOL_CHOICE_MODE_REQUIRED: "required",
+            common_pb2.TOOL_CHOICE_MODE_NAMED: "named"}
+
+
+def guide_tools(req: preprocessor_pb2.PreprocessRequest, card: ModelCard, prompt_opens_reasoning: bool,
+                response: preprocessor_pb2.PreprocessResponse) -> None:
+    """Kimi's history count and, where the card turns them on, the structural tag (core/tool_guidance.py)."""
+    post, sampling = response.postprocess, response.request.sampling
+    post.history_tool_calls = tool_guidance.history_tool_calls(req.messages_json)
+    choice = _CHOICES[req.tool_choice.mode]
+    tools = tool_guidance.ToolRequest(
+        req.tools_json, choice, req.tool_choice.function_name, single_call=req.single_call,
+        client_constraint=sampling.HasField("guided_decoding"),
+        reasoning_open=prompt_opens_reasoning and not post.thinking_disabled)
+    tag = tool_guidance.structural_tag_json(card.tool_call_parser, card.structural_tag_mode,
+                                            card.structural_tag_scope, card.structural_tag_schema, tools)
+    if tag is not None:  # replaces a forced choice's generic JSON form (AUTO had no guidance of its own)
+        sampling.guided_decoding.CopyFrom(common_pb2.GuidedDecoding(structural_tag=tag))
+        post.tool_calls_in_model_format = choice != "auto"
 
 
 def lora_adapter(card: ModelCard, name: str) -> LoraAdapter | None:
@@ -184,6 +206,8 @@ class Preprocessor:
             off, forced = thinking_decision(card.reasoning_parser, chat.chat_template_kwargs_json)
             response.postprocess.thinking_disabled = off
             response.postprocess.prompt_opens_reasoning |= forced
+        if kind == "messages_json" and card.tool_call_parser:
+            guide_tools(req, card, prepared.prompt_opens_reasoning, response)
         if req.return_formatted_prompt:
             response.formatted_prompt = prepared.text
         return response, prepared, prepared_ns

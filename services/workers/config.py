@@ -14,7 +14,9 @@ from services.common.hub import is_hub_id, model_flag_errors, resolve_model
 from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
 from services.common.namespace import Namespace
 from services.common.parser_names import REASONING_PARSER_NAMES, TOOL_CALL_PARSER_NAMES
+from services.workers import structural_tags
 from services.workers.model_dir import read_model_info
+from services.workers.structural_tags import StructuralTagSettings
 
 AGG = "agg"
 DISAGGREGATION_MODES = (PREFILL, DECODE, AGG)
@@ -48,6 +50,8 @@ class WorkerConfig:
     disaggregation_mode: str = AGG
     # --namespace: the worker registers, publishes its KV events and model files in it (empty: the default).
     namespace: str = DEFAULT_NAMESPACE
+    # --dyn-structural-tag and Dynamo's older flags (structural_tags.py), registered on the card.
+    structural_tags: StructuralTagSettings = StructuralTagSettings()
 
     @property
     def scope(self) -> Namespace:
@@ -86,13 +90,16 @@ class WorkerConfig:
         return f"{host}:{port}"
 
 
-def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregation: bool = False) -> None:
+def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregation: bool = False,
+                     guided_tools: bool = False) -> None:
     """Adds the shared worker flags (plus --host/--port/--nats-url/--log-level).
 
     ``engine_sized``: a real engine decides its context window and KV block size from its own
     flags (vLLM's --max-model-len and --block-size), so the worker has no flags for them.
     ``disaggregation``: the kind can run one leg of a disaggregated request (the mocker, vLLM,
     SGLang), so it offers --disaggregation-mode; the others always register as BOTH.
+    ``guided_tools``: the kind enforces structural tags (vLLM, SGLang, the mocker), so it offers Dynamo's
+    --dyn-structural-tag flags (structural_tags.py).
     """
     add_common_flags(p, port=0, watches_workers=False)  # a worker registers in one namespace, watches none
     p.add("--model-dir", default="", help="model directory (tokenizer.json, config.json, weights)")
@@ -111,6 +118,8 @@ def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregatio
           help="tool-call parser name to register (e.g. hermes)")
     p.add("--reasoning-parser", default="", choices=("", *REASONING_PARSER_NAMES),
           help="reasoning parser name to register (e.g. qwen3)")
+    if guided_tools:
+        structural_tags.add_flags(p)
     if disaggregation:
         p.add("--disaggregation-mode", default=AGG, choices=DISAGGREGATION_MODES,
               help="prefill: only prefill legs of disaggregated requests; decode: decode legs and the requests "
@@ -125,6 +134,9 @@ def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_leng
         ConfigError: both --model and --model-dir, or --revision without --model.
         ModelNotResolved: --model names nothing the hub (or its cache, offline) has."""
     model_dir = _model_dir(args)
+    tags, errors = structural_tags.from_args(args) if "dyn_structural_tag" in args else (StructuralTagSettings(), [])
+    if errors:
+        raise ConfigError(errors)
     context = args.context_length if context_length is None else context_length
     if context <= 0 and model_dir and Path(model_dir).is_dir():
         context = read_model_info(model_dir).context_length
@@ -152,6 +164,7 @@ def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_leng
         # Kinds without the flag (add_worker_flags(disaggregation=False)) run whole requests.
         disaggregation_mode=args.disaggregation_mode if "disaggregation_mode" in args else AGG,
         namespace=args.namespace,
+        structural_tags=tags,
     )
 
 

@@ -97,8 +97,9 @@ def guided_from_proto(s: common_pb2.SamplingOptions) -> GuidedDecoding | None:
         return None
     g = s.guided_decoding
     guided = GuidedDecoding(json_schema=g.json_schema or None, json_object=g.json_object, regex=g.regex or None,
-                            choice=tuple(g.choice), grammar=g.grammar or None)
-    kinds = [k for k in ("json_schema", "json_object", "regex", "choice", "grammar") if getattr(guided, k)]
+                            choice=tuple(g.choice), grammar=g.grammar or None, structural_tag=g.structural_tag or None)
+    kinds = [k for k in ("json_schema", "json_object", "regex", "choice", "grammar", "structural_tag")
+             if getattr(guided, k)]
     if len(kinds) > 1:
         raise InvalidRequest(f"guided decoding takes one constraint, got {' and '.join(kinds)}")
     return guided if kinds else None

@@ -82,10 +82,11 @@ class GuidedDecoding:
     regex: str | None = None
     choice: tuple[str, ...] = ()
     grammar: str | None = None  # EBNF / GBNF text, as the engine's grammar backend reads it
+    structural_tag: str | None = None  # xgrammar structural tag JSON: tool calls in the model's format
 
     def kind(self) -> str:
         """The constraint's name, for error messages."""
-        for name in ("json_schema", "json_object", "regex", "choice", "grammar"):
+        for name in ("json_schema", "json_object", "regex", "choice", "grammar", "structural_tag"):
             if getattr(self, name):
                 return name
         raise ValueError("GuidedDecoding has no constraint set")

@@ -66,7 +66,7 @@ class EngineFlagSpec:
 def parse_engine_flags(spec: EngineFlagSpec, argv: Sequence[str], env: Mapping[str, str] | None) -> EngineFlags:
     """Splits and checks the flags without importing the engine; raises ConfigError listing every problem."""
     p = FlagParser(spec.kind, spec.description, env, allow_abbrev=False)
-    add_worker_flags(p, engine_sized=True, disaggregation=True)
+    add_worker_flags(p, engine_sized=True, disaggregation=True, guided_tools=True)
     args, engine_argv = p.parse_known(argv)
     # Provisional sizes for the checks; the engine's own replace them once it has started.
     context = _int_flag(engine_argv, spec.context_flag) or (

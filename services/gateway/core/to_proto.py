@@ -51,6 +51,7 @@ def chat_to_preprocess(req: ChatRequest, request_id: str) -> preprocessor_pb2.Pr
     out.request.media.extend(_media(m) for m in req.media)
     if req.tools:
         out.tools_json = orjson.dumps(req.tools).decode()
+        out.single_call = not req.parallel_tool_calls  # a structural tag stops after one call then
     if req.tool_choice is not None:
         out.tool_choice.CopyFrom(tool_choice_proto(req.tool_choice))
     if req.chat_template_kwargs:

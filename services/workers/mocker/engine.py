@@ -34,6 +34,7 @@ from services.workers.engine import (
     TokenStream,
 )
 from services.workers.mocker.config import MockerEngineConfig
+from services.workers.mocker.guided import structural_text
 from services.workers.mocker.kv_cache import KvCache
 from services.workers.mocker.outputs import OutputPolicy, synthetic_logprob
 from services.workers.mocker.scheduler import Scheduler, SchedulerLimits, StepOutcome
@@ -220,6 +221,7 @@ class MockerEngine:
         plan = self.outputs.plan(text_prompt, seed=request.sampling.seed, max_tokens=max_tokens,
                                  min_tokens=request.min_tokens, eos_id=eos_id, ignore_eos=request.ignore_eos,
                                  guided_json_schema=_json_schema_only(request),
+                                 guided_answer=_structural_answer(request),
                                  max_thinking_tokens=request.max_thinking_tokens)
         mm_infos = media_block_infos(spans, cfg.block_size) or None
         lora_name = request.lora.adapter.name if request.lora is not None else None
@@ -340,9 +342,16 @@ class MockerEngine:
                 seq.stream.fail(error)
 
 
+def _structural_answer(request: EngineRequest) -> str | None:
+    """A structural tag's forced calls, written out (guided.structural_text); None: the script answers."""
+    if request.guided is None or not request.guided.structural_tag:
+        return None
+    return structural_text(request.guided.structural_tag)
+
+
 def _json_schema_only(request: EngineRequest) -> str | None:
     """The mocker writes JSON for a schema; other constraints it cannot honour are refused."""
-    if request.guided is None:
+    if request.guided is None or request.guided.structural_tag:
         return None
     schema = request.guided.as_json_schema()
     if schema is None:

@@ -4,6 +4,10 @@ A real engine constrains sampling with a grammar; the mocker has no sampling, so
 deterministic instance of the schema (every property present, the first of each enum / anyOf /
 oneOf, arrays at their minimum length but at least one item, numbers at their minimum). Enough to
 carry structured output and forced tool calls through the whole mesh in tests.
+
+A structural tag (docs/parsers.md, "Structural tags") that forces calls is written out the same way: its
+first call, in the model's markup, with an instance of the arguments' schema. A tag that leaves the model free
+to write text (``triggered_tags``, tool_choice auto) is not enforced: the script answers.
 """
 
 from __future__ import annotations
@@ -79,3 +83,41 @@ def guided_text(json_schema: str) -> str:
     """The mocker's answer for a guided request: ``json_schema`` is the schema as JSON text."""
     schema = json.loads(json_schema) if json_schema else {"type": "object"}
     return json.dumps(instance(schema), ensure_ascii=False)
+
+
+def structural_text(tag_json: str) -> str | None:
+    """The mocker's answer for a structural tag, or None when the tag lets the model write anything first."""
+    return _format_text(json.loads(tag_json)["format"])
+
+
+def _format_text(fmt: dict[str, Any]) -> str | None:  # noqa: PLR0911 - one return per kind of format
+    kind = fmt["type"]
+    if kind == "const_string":
+        return str(fmt["value"])
+    if kind == "any_text":  # the rest of an open reasoning block: none
+        return ""
+    if kind == "regex":  # Kimi's call index is the only regex our tags hold
+        return ":0" if fmt["pattern"] == r":\d+" else None
+    if kind == "json_schema":
+        return _arguments(fmt["json_schema"], fmt.get("style", "json"))
+    if kind == "tag":
+        content = _format_text(fmt["content"])
+        end = fmt["end"] if isinstance(fmt["end"], str) else fmt["end"][0]
+        return None if content is None else fmt["begin"] + content + end
+    if kind == "tags_with_separator":
+        return _format_text(fmt["tags"][0])
+    if kind == "sequence":
+        parts = [_format_text(e) for e in fmt["elements"]]
+        return None if any(p is None for p in parts) else "".join(p for p in parts if p is not None)
+    return None  # triggered_tags and the rest: free text first, as the script writes it
+
+
+def _arguments(schema: Any, style: str) -> str:
+    value = instance(schema if isinstance(schema, dict) else {"type": "object"}, "arg")
+    if style == "json" or not isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False)
+    def text(v: Any) -> str:
+        return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    if style == "qwen_xml":
+        return "\n".join(f"<parameter={k}>\n{text(v)}\n</parameter>" for k, v in value.items())
+    return "".join(f'<parameter name="{k}">{text(v)}</parameter>\n' for k, v in value.items())  # minimax_xml

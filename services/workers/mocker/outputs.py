@@ -229,11 +229,13 @@ class OutputPolicy:
                 best, best_pos = rule, pos
         return best.token_ids if best is not None else self._default
 
-    def _guided(self, json_schema: str) -> tuple[int, ...] | None:
-        """A schema-valid JSON answer (guided decoding wins over the script, as a grammar would)."""
+    def _guided(self, json_schema: str | None, answer: str | None = None) -> tuple[int, ...] | None:
+        """A schema-valid JSON answer, or ``answer`` as it is (guided decoding wins over the script, as a
+        grammar would)."""
         if self._tokenizer is None:
             return None
-        return tuple(self._tokenizer.encode(guided_text(json_schema), add_special_tokens=False).ids)
+        text = answer if answer is not None else guided_text(json_schema or "")
+        return tuple(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def _think_ids(self) -> tuple[int | None, int | None]:
         if self._tokenizer is None:
@@ -296,11 +298,11 @@ class OutputPolicy:
 
     def plan(self, prompt: Sequence[int], *, seed: int | None, max_tokens: int, min_tokens: int = 0,
              eos_id: int | None = None, ignore_eos: bool = False, guided_json_schema: str | None = None,
-             max_thinking_tokens: int | None = None) -> TokenPlan:
+             max_thinking_tokens: int | None = None, guided_answer: str | None = None) -> TokenPlan:
         seed_state = xxhash.xxh3_64_intdigest(b"meshfront-mocker", seed=(seed or 0) & _U64)
         script: Sequence[int] | None
-        if guided_json_schema is not None:
-            script = self._guided(guided_json_schema)
+        if guided_json_schema is not None or guided_answer is not None:  # guided_answer: a structural tag's
+            script = self._guided(guided_json_schema, guided_answer)
         elif not self.scripted:
             script = None
         else:

@@ -144,6 +144,8 @@ def guided_params(guided: GuidedDecoding) -> dict[str, str]:
         return {"regex": choice_regex(guided.choice)}
     if guided.grammar:
         return {"ebnf": guided.grammar}
+    if guided.structural_tag:  # SamplingParams.structural_tag: xgrammar's JSON, as for vLLM
+        return {"structural_tag": guided.structural_tag}
     raise RequestRejected("guided decoding without a constraint")
 
 

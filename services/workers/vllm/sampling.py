@@ -101,6 +101,8 @@ def structured_outputs_kwargs(guided: GuidedDecoding) -> dict[str, Any]:
         return {"choice": list(guided.choice)}
     if guided.grammar:
         return {"grammar": guided.grammar}
+    if guided.structural_tag:  # xgrammar's JSON, as vLLM's structured outputs take it
+        return {"structural_tag": guided.structural_tag}
     raise RequestRejected("guided decoding without a constraint")
 
 

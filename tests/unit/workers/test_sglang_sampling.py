@@ -166,10 +166,11 @@ def test_negative_logprobs_are_refused():
     (GuidedDecoding(json_object=True), {"json_schema": '{"type": "object"}'}),
     (GuidedDecoding(regex=r"\d+"), {"regex": r"\d+"}),
     (GuidedDecoding(grammar='root ::= "yes" | "no"'), {"ebnf": 'root ::= "yes" | "no"'}),
+    (GuidedDecoding(structural_tag='{"type": "structural_tag"}'), {"structural_tag": '{"type": "structural_tag"}'}),
 ])
 def test_each_constraint_lands_in_its_sglang_field(guided, expected):
     p = params(req(guided=guided))
-    assert {k: p[k] for k in ("json_schema", "regex", "ebnf") if k in p} == expected
+    assert {k: p[k] for k in ("json_schema", "regex", "ebnf", "structural_tag") if k in p} == expected
 
 
 def test_choice_is_a_regex_matching_exactly_the_choices_literally():

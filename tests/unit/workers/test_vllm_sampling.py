@@ -55,6 +55,7 @@ def test_stops_and_lengths():
     (GuidedDecoding(regex="[ab]+"), {"regex": "[ab]+"}),
     (GuidedDecoding(choice=("x", "y")), {"choice": ["x", "y"]}),
     (GuidedDecoding(grammar='root ::= "a"'), {"grammar": 'root ::= "a"'}),
+    (GuidedDecoding(structural_tag='{"type": "structural_tag"}'), {"structural_tag": '{"type": "structural_tag"}'}),
 ])
 def test_guided_decoding_becomes_structured_outputs(guided, expected):
     assert sampling.sampling_kwargs(request(guided=guided), max_model_len=100, defaults={})[

@@ -20,6 +20,7 @@ from services.postprocessor.core.parsers.tool_calls import (
     RequiredToolParser,
     XmlCallParser,
 )
+from services.postprocessor.core.parsers.tool_calls.kimi_k2 import KimiCallIds
 from services.postprocessor.core.parsers.tool_calls.muse import tool_names
 from services.postprocessor.core.parsers.tool_calls.param_types import ToolSchemas
 from services.postprocessor.core.parsers.types import ParsedDelta, TextParser, concat, new_call_id
@@ -46,6 +47,9 @@ class ParserConfig:
         named_function: the function when ``tool_choice`` is NAMED.
         prompt_opens_reasoning: the rendered prompt ends inside an opened reasoning block.
         thinking_disabled: the request turned thinking off (chat_template_kwargs).
+        history_tool_calls: tool calls in the request's history (Kimi's call ids count on from it).
+        forced_in_model_format: a structural tag forced REQUIRED / NAMED calls in the model's own format,
+            so the model's parser reads them rather than the generic JSON forms.
     """
 
     tool_call_parser: str = ""
@@ -55,6 +59,8 @@ class ParserConfig:
     named_function: str = ""
     prompt_opens_reasoning: bool = False
     thinking_disabled: bool = False
+    history_tool_calls: int = 0
+    forced_in_model_format: bool = False
 
 
 class OutputParser:
@@ -103,10 +109,11 @@ def _tool_parser(  # noqa: PLR0911 - one return per kind of parser
         cfg: ParserConfig, new_id: Callable[[], str], tools_json: str) -> TextParser | None:
     if not cfg.has_tools or cfg.tool_choice is ToolChoice.NONE:
         return None
-    if cfg.tool_choice is ToolChoice.NAMED:
-        return NamedToolParser(cfg.named_function, new_id)
-    if cfg.tool_choice is ToolChoice.REQUIRED:
-        return RequiredToolParser(new_id)
+    if not cfg.forced_in_model_format:
+        if cfg.tool_choice is ToolChoice.NAMED:
+            return NamedToolParser(cfg.named_function, new_id)
+        if cfg.tool_choice is ToolChoice.REQUIRED:
+            return RequiredToolParser(new_id)
     if not cfg.tool_call_parser:
         return None
     cls = TOOL_CALL_PARSERS.get(cfg.tool_call_parser)
@@ -148,6 +155,8 @@ def build_output_parser(cfg: ParserConfig, new_id: Callable[[], str] = new_call_
     text (``tool_calls/xml_calls.py``) read the parameters' types from it.
     """
     tools = _tool_parser(cfg, new_id, tools_json)
+    if isinstance(tools, KimiCallIds):  # Kimi's ids count on from the history's calls
+        tools.count_calls_from(cfg.history_tool_calls)
     harmony_tools = isinstance(tools, HarmonyParser)
     reasoning = _reasoning_parser(cfg, harmony_tools, new_id)
     if harmony_tools and isinstance(reasoning, HarmonyParser):

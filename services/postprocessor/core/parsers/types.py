@@ -61,6 +61,8 @@ class Emitter:
         self._calls: list[ToolCallDelta] = []
         self._args: list[str] = []  # fragments of the last call in _calls, joined on take()
         self.calls = 0  # tool calls started so far
+        # Ids made from the call's name and index (Kimi's ``functions.NAME:N``); None: ``new_id()``.
+        self.call_id: Callable[[str, int], str] | None = None
 
     def content(self, text: str) -> None:
         if text:
@@ -72,7 +74,8 @@ class Emitter:
 
     def start_call(self, name: str) -> None:
         self._close_args()
-        self._calls.append(ToolCallDelta(self.calls, self._new_id(), name))
+        call_id = self.call_id(name, self.calls) if self.call_id is not None else self._new_id()
+        self._calls.append(ToolCallDelta(self.calls, call_id, name))
         self.calls += 1
 
     def arguments(self, text: str) -> None:

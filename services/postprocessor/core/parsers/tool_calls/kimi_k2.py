@@ -7,7 +7,12 @@
 The call id is ``functions.NAME:INDEX`` (some checkpoints drop the ``functions.`` prefix, and the
 section markers also occur in the singular, ``<|tool_call_section_begin|>``); the name is what lies
 between. The arguments are JSON, streamed verbatim as they are scanned. A block that breaks before
-the name is known is shown as plain text; our own ``call_…`` ids replace Kimi's.
+the name is known is shown as plain text.
+
+Call ids are Kimi's ``functions.NAME:N``, with N counted on from the tool calls already in the request's
+history (``history_tool_calls``), as SGLang, vLLM and Dynamo make them for Kimi models: the chat template
+renders earlier calls by these ids, so the model's next turn sees one sequence. The index the model wrote
+itself is not trusted (a checkpoint may restart it at 0).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Callable
 
 from services.postprocessor.core.parsers.scan import AfterCallText, ArgumentStream, expect, find_marker, skip_ws
 from services.postprocessor.core.parsers.tool_calls.call_block import CallBlock
-from services.postprocessor.core.parsers.types import TextParser, new_call_id
+from services.postprocessor.core.parsers.types import Emitter, TextParser, new_call_id
 
 SECTION_BEGINS = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
 SECTION_ENDS = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>")
@@ -27,11 +32,23 @@ CALL_END = "<|tool_call_end|>"
 _CALL_ID = re.compile(r"^(?:functions\.)?(.+?)(?::\d+)?$", re.DOTALL)
 
 
-class KimiK2ToolParser(TextParser):
+class KimiCallIds:
+    """Kimi's call ids: ``{id_prefix}NAME:N``, N = the history's tool calls + the call's index in this reply."""
+
+    id_prefix = "functions."
+    out: Emitter
+
+    def count_calls_from(self, history_tool_calls: int) -> None:
+        prefix = self.id_prefix
+        self.out.call_id = lambda name, index: f"{prefix}{name}:{history_tool_calls + index}"
+
+
+class KimiK2ToolParser(KimiCallIds, TextParser):
     """``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:i<|tool_call_argument_begin|>{…}`` (kimi_k2)."""
 
-    def __init__(self, new_id: Callable[[], str] = new_call_id):
+    def __init__(self, new_id: Callable[[], str] = new_call_id, history_tool_calls: int = 0):
         super().__init__(new_id)
+        self.count_calls_from(history_tool_calls)
         self._state = "content"
         self._text = AfterCallText(self.out)
         self._block = CallBlock(self._text)

@@ -13,6 +13,9 @@ The reply is the ``response`` channel: its wrappers and the message's end are ma
 Each argument says its own type: ``type="string"`` (or no type) keeps the text exactly, any other
 type is JSON (text that is not JSON stays a string). Attribute values undo the template's ``&quot;``
 / ``&amp;`` escaping. The ``think`` channel is the reasoning parser's (``reasoning/kimi_k3.py``).
+
+Call ids are ``NAME:N``, N counted on from the history's tool calls: SGLang's ids for K3 (its
+``_process_tool_call_id``), which drop K2's ``functions.`` prefix, as K3's ``call`` header has no id of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import re
 from collections.abc import Callable
 
 from services.postprocessor.core.parsers.scan import find_marker
+from services.postprocessor.core.parsers.tool_calls.kimi_k2 import KimiCallIds
 from services.postprocessor.core.parsers.tool_calls.param_types import ToolSchemas
 from services.postprocessor.core.parsers.tool_calls.xml_calls import XmlCallParser
 from services.postprocessor.core.parsers.types import ParsedDelta, concat, new_call_id
@@ -60,7 +64,7 @@ class ResponseWrappers:
             pos = end + len(marker)
 
 
-class KimiK3ToolParser(XmlCallParser):
+class KimiK3ToolParser(KimiCallIds, XmlCallParser):
     """``<|open|>tools<|sep|><|open|>call tool="N"<|sep|><|open|>argument key="K" type="T"<|sep|>V…`` (kimi_k3)."""
 
     section_begin = TOOLS_OPEN
@@ -72,9 +76,12 @@ class KimiK3ToolParser(XmlCallParser):
     param_header_end = "<|sep|>"
     param_end = "<|close|>argument<|sep|>"
     trim = "none"
+    id_prefix = ""
 
-    def __init__(self, new_id: Callable[[], str] = new_call_id, schemas: ToolSchemas | None = None):
+    def __init__(self, new_id: Callable[[], str] = new_call_id, schemas: ToolSchemas | None = None,
+                 history_tool_calls: int = 0):
         super().__init__(new_id, schemas)
+        self.count_calls_from(history_tool_calls)
         self._wrappers = ResponseWrappers()
 
     def call_name(self, header: str) -> str:
