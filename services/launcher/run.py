@@ -44,6 +44,7 @@ from services.launcher.plan import (
 from services.launcher.supervise import RestartPolicy, Spec, Supervisor
 from services.models.minilm import EmbeddingModelMissing
 from services.preprocessor.core.template_check import read_chat_template
+from services.router.core import policy_classes
 from services.router.core.policies import POLICY_NAMES
 
 DEMO_MODEL_NAME = "meshfront/demo-qwen"
@@ -124,6 +125,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{stage}-flag", action="append", default=[], metavar="FLAG",
                        help=f"a flag for every {stage} (repeatable, e.g. --{stage}-flag=--log-level=DEBUG); "
                             "in the all-in-one shape too")
+    p.add_argument("--policy-class", action="append", default=[], type=_policy_class,
+                   metavar="NAME=WEIGHT", help="a policy class of the routers' queue and its weight (repeatable, e.g. "
+                   "--policy-class premium=4 --policy-class standard=1): written as Dynamo's --router-policy-config "
+                   "for every router; the lowest weight is the default class and the batch lines'. Classes weigh "
+                   "only where requests queue (--router-flag=--queue-timeout-s=..., with a busy threshold)")
     p.add_argument("--auth", action="store_true",
                    help="require API keys (meshfront keys create) at every gateway: the gateways' --auth")
     p.add_argument("--metrics-prefix", default="",
@@ -183,6 +189,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _policy_class(text: str) -> tuple[str, int]:
+    try:
+        return policy_classes.parse_weight(text)
+    except ValueError as e:  # argparse shows the message of this type only
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--policy-class ")) from None
+
+
 def _check_shape(args: argparse.Namespace) -> None:
     """Counts, limits and flag combinations (ValueError naming the flag); forwards --metrics-prefix."""
     if args.preprocessors < 1 or (args.inproc and args.preprocessors != 1):
@@ -208,6 +221,10 @@ def _check_shape(args: argparse.Namespace) -> None:
         args.gateway_flag.append(f"--metrics-prefix={args.metrics_prefix}")
     if args.auth:
         args.gateway_flag.append("--auth")
+    names = [name for name, _ in args.policy_class]
+    if len(set(names)) < len(names) or (names and any(f.startswith("--router-policy-config")
+                                                      for f in args.router_flag)):
+        raise ValueError("--policy-class: each class once, and not beside --router-flag=--router-policy-config")
 
 
 def _check_roles(args: argparse.Namespace) -> None:
@@ -346,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     build_dir = MeshPlan().run_dir.parent / "build" / "models"
     extra_workers = embedding_workers + media_workers(args) + media_demos.workers(args, build_dir, VLLM_CPU_ARGS)
+    _write_policy_config(args, ports.get("run_dir", MeshPlan().run_dir))
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
                     workers=_generating_workers(args, model_dir, extra) + extra_workers,
                     log_level=args.log_level, tls_cert=os.path.abspath(args.tls_cert) if args.tls_cert else "",
@@ -375,6 +393,15 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(supervisor.run())
     finally:
         stop.set()
+
+
+def _write_policy_config(args: argparse.Namespace, run_dir: pathlib.Path) -> None:
+    """--policy-class: Dynamo's policy config (services/router/core/policy_classes.py) for every router."""
+    if args.policy_class:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / f"router-policy-{args.http_port}.yaml"
+        path.write_text(policy_classes.weights_yaml(args.policy_class))
+        args.router_flag.append(f"--router-policy-config={path}")
 
 
 def _trace_viewer(args: argparse.Namespace, plan: MeshPlan) -> ProcessSpec | None:

@@ -279,3 +279,17 @@ def test_cache_buckets_and_unreadable_files_are_refused(tmp_path):
     (tmp_path / "bad.yaml").write_text("policy_classes: [\n")
     with pytest.raises(PolicyConfigError, match="not YAML"):
         policy_classes.load(str(tmp_path / "bad.yaml"))
+
+
+def test_meshfront_run_gives_every_router_the_classes_as_a_policy_config(tmp_path):
+    from services.launcher import run
+
+    args = run.parse_args(["--policy-class", "premium=4", "--policy-class", "standard=1"])
+    run._write_policy_config(args, tmp_path)
+    flag = args.router_flag[-1]
+    assert flag.startswith("--router-policy-config=")
+    classes = router_config.parse_config([flag], {}).policy_classes
+    assert [(c.name, c.weight) for c in classes.classes] == [("premium", 4), ("standard", 1)]
+    with pytest.raises(SystemExit) as e:
+        run.parse_args(["--policy-class", "premium=4", "--policy-class", "premium=1"])
+    assert e.value.code == 2
