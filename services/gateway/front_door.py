@@ -7,8 +7,8 @@ The lifecycle comes in three shapes, one per kind of answer:
 
 - ``generation_rpc`` / ``serve_generation``: token deltas through a ``Renderer`` (chat, completions,
   Responses, Messages, KServe's text models);
-- ``stream_rpc`` / ``serve_stream``: any answer that is bytes in pieces (``Streamed``: an image or
-  video answer, a stored file);
+- ``stream_rpc`` / ``serve_stream`` (front_door_stream.py): any answer that is bytes in pieces
+  (``Streamed``: an image or video answer, a stored file);
 - ``unary_rpc`` / ``serve_unary``: one request, one message (``Reply``: embeddings, a token count, a
   video job, KServe's media models).
 
@@ -24,10 +24,9 @@ Everything else happens here, once:
 - a bug (any other exception) is logged and answered as a 500 in the same shape (``as_mesh_error``);
 - the request's metrics (``RequestTracker``) are recorded exactly once, however it ends; requests the
   metrics do not count (a download, a token count) run the same lifecycle untracked;
-- with ``--auth`` (services/gateway/auth/), the caller's key is checked before anything else (401), a
-  request that generates is admitted against its key's quotas (429) and charged its tokens, its model is
-  checked against the key's models (the 404 of an unknown model), and a limited key's rate-limit headers go
-  out with the first bytes (or the error).
+- with ``--auth``, the caller's key is checked before anything else (401), and the request's ``auth.Admission``
+  follows it to its end: quotas (429), token charges, the key's models (the 404 of an unknown model), and a
+  limited key's rate-limit headers with the first bytes or the error (services/gateway/auth/admission.py).
 
 Nothing here runs per token: one ``if`` per batch, and the renderer's pre-rendered bytes go out as
 they are.
@@ -39,9 +38,8 @@ import dataclasses
 import functools
 import json
 import logging
-import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -51,7 +49,7 @@ from services.common import debug_perf, tracing
 from services.common.debug_perf import StagePerf
 from services.common.discovery import IMAGES, VIDEOS, WorkerCard
 from services.common.errors import Internal, InvalidRequest, MeshError, NotFound, Overloaded, to_status
-from services.gateway import auth
+from services.gateway import auth, scheduling
 from services.gateway.core import errors as openai_errors
 from services.gateway.core.delta import Delta
 from services.gateway.request_metrics import RequestTracker, tracker
@@ -120,22 +118,17 @@ class ErrorShape:
     api: auth.Api = auth.OPENAI_API
 
     async def abort(self, context: grpc.aio.ServicerContext | None, err: MeshError,
-                    ticket: auth.Ticket | None = None) -> NoReturn:
+                    door: auth.Admission = auth.NO_KEY) -> NoReturn:
         """Ends the call with ``err``; without a context (one request of a KServe stream) raises it.
-        ``ticket``: the admitted key's (its rate-limit headers go with the error too)."""
+        ``door``: the request's admission (a 429's headers, and a limited key's, go with the error too)."""
         if context is None:
             raise err
         code, message, trailers = to_status(err)
         metadata: tuple[tuple[str, str | bytes], ...] = trailers
         if self.body is not None:
-            metadata += http_trailers(self.status(err), self.body(err))
-            if isinstance(err, auth.RateLimited):
-                metadata += (("x-meshfront-retry-after", str(err.retry_after_s)),
-                             *self.api.rate_headers(err.quota, time.time()))
-            elif self.retry_after(err):
+            metadata += http_trailers(self.status(err), self.body(err)) + auth.error_headers(err, self.api, door)
+            if self.retry_after(err) and not isinstance(err, auth.RateLimited):
                 metadata += (("x-meshfront-retry-after", "1"),)
-            if ticket is not None:
-                metadata += ticket.headers()
         await context.abort(code, message, trailing_metadata=metadata)
         raise AssertionError("unreachable: abort raises")
 
@@ -224,34 +217,29 @@ HTTP = Framing(body=lambda data: httpbody_pb2.HttpBody(content_type=JSON, data=d
 AS_IS = Framing(body=lambda out: out, frame=lambda out: out)
 
 
-async def _send_headers(context: grpc.aio.ServicerContext | None, gen: Generation,
-                        ticket: auth.Ticket | None) -> None:
-    """Response headers the request's extensions and its key's limits add (Envoy passes them on); sent with
-    the first bytes."""
-    if context is None:
-        return
-    extra = tuple(gen.extras.headers()) if gen.extras is not None else ()
-    if ticket is not None:
-        extra += ticket.headers()
-    if extra:
-        await context.send_initial_metadata(extra)
-
-
-# Requests that pass without a key: a generated image or video behind its URL, whose unguessable id is its
-# credential (OpenAI's image URLs are signed the same way), so that the URL works where the key is not sent.
-OPEN_ENDPOINTS = frozenset({"media download"})
+async def send_headers(context: grpc.aio.ServicerContext | None, extra: Sequence[tuple[str, str]]) -> None:
+    """Response headers (a request's extensions', its key's limits; Envoy passes them on), with the first bytes."""
+    if context is not None and extra:
+        await context.send_initial_metadata(tuple(extra))
 
 
 async def admitted(context: grpc.aio.ServicerContext | None, endpoint: str, shape: ErrorShape, *, metered: bool,
-                   call_headers: Mapping[str, str] | None = None) -> auth.Ticket | None:
-    """The call's ticket once its key (and, ``metered``, its quotas) let it in; None with --auth off.
+                   call_headers: Mapping[str, str] | None = None) -> auth.Admission:
+    """The request's admission once its key (and, ``metered``, its quotas) let it in (``auth.admit``).
     ``call_headers``: the call's headers where ``context`` is None (one request of a KServe stream)."""
-    gate = auth.installed()
-    if gate is None or endpoint in OPEN_ENDPOINTS or auth.BATCH_LINE.get():
-        return None
-    if call_headers is None:
-        call_headers = headers(context) if context is not None else {}
-    return await gate.admit(call_headers, shape.api, metered=metered)
+    sent = call_headers if call_headers is not None else headers(context) if context is not None else {}
+    door = await auth.admit(endpoint, lambda: sent, shape.api, metered=metered)
+    scheduling.place(door.record, sent)  # its policy class and tenant in the router's queue (scheduling.py)
+    return door
+
+
+async def key_checked(context: grpc.aio.ServicerContext, endpoint: str, shape: ErrorShape) -> auth.Admission:
+    """The key check alone, for a call that describes what the mesh serves (the model list, KServe's metadata):
+    no quota spent, no request counted; a missing or unknown key ends the call in ``shape``."""
+    try:
+        return await admitted(context, endpoint, shape, metered=False)
+    except MeshError as err:
+        await shape.abort(context, err)
 
 
 Start = Callable[[Any, Any, Any, str], Awaitable[Generation]]
@@ -259,7 +247,7 @@ Start = Callable[[Any, Any, Any, str], Awaitable[Generation]]
 
 async def _begin(servicer: Any, start: Start, request: Any, context: grpc.aio.ServicerContext | None,
                  request_id: str, track: RequestTracker, perf: StagePerf | None,
-                 ticket: auth.Ticket | None) -> tuple[Generation, Any]:
+                 door: auth.Admission) -> tuple[Generation, Any]:
     """Everything before the first byte: start the request, then fold it into its body (not streamed)
     or wait for its first batch (streamed); returns the generation and that body or batch."""
     if perf is None:
@@ -268,20 +256,18 @@ async def _begin(servicer: Any, start: Start, request: Any, context: grpc.aio.Se
         with perf.section("parse"):
             gen = await start(servicer, request, context, request_id)
         gen.renderer = TimedRenderer(gen.renderer, perf)
-    if ticket is not None:
-        ticket.check_model(gen.model)  # before the first batch: the pipeline has not run yet
+    door.check_model(gen.model)  # before the first batch: the pipeline has not run yet
     track.start(gen.model, gen.streaming)
     if gen.streaming:
         out = await anext(gen.stream, None)
-        if ticket is not None:
-            ticket.progress(gen.renderer.prompt_tokens, gen.renderer.completion_tokens)
+        door.progress(gen.renderer.prompt_tokens, gen.renderer.completion_tokens)
     else:
         async for batch in gen.stream:
             gen.renderer.fold(batch)
         if gen.on_complete is not None:
             await gen.on_complete()
         out = gen.renderer.body()
-    await _send_headers(context, gen, ticket)
+    await send_headers(context, (*(gen.extras.headers() if gen.extras is not None else ()), *door.headers()))
     return gen, out
 
 
@@ -296,18 +282,18 @@ async def serve_generation(servicer: Any, start: Start, endpoint: str, shape: Er
     ``call_headers`` are the stream's headers (its key).
     """
     request_id = new_request(endpoint)
-    ticket: auth.Ticket | None = None
+    door = auth.NO_KEY
     gen: Generation | None = None
     with RequestTracker(endpoint) as track, debug_perf.logged("gateway", request_id) as perf:
         err: MeshError
         try:
             try:
-                ticket = await admitted(context, endpoint, shape, metered=True, call_headers=call_headers)
-                gen, out = await _begin(servicer, start, request, context, request_id, track, perf, ticket)
+                door = await admitted(context, endpoint, shape, metered=True, call_headers=call_headers)
+                gen, out = await _begin(servicer, start, request, context, request_id, track, perf, door)
             except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
                 err = as_mesh_error(e, endpoint, request_id)
                 track.fail(err)
-                await shape.abort(context, err, ticket)
+                await shape.abort(context, err, door)
             renderer = gen.renderer
             if not gen.streaming:
                 track.finish(renderer.prompt_tokens, renderer.completion_tokens, renderer.cached_tokens)
@@ -322,8 +308,7 @@ async def serve_generation(servicer: Any, start: Start, endpoint: str, shape: Er
                     yield framing.frame(lead + data if lead else data)
                 async for batch in gen.stream:
                     data = renderer.sse(batch)
-                    if ticket is not None:
-                        ticket.progress(renderer.prompt_tokens, renderer.completion_tokens)
+                    door.progress(renderer.prompt_tokens, renderer.completion_tokens)
                     if data:
                         yield framing.frame(data)
                 if gen.on_complete is not None:
@@ -341,8 +326,7 @@ async def serve_generation(servicer: Any, start: Start, endpoint: str, shape: Er
             log.warning("request %s failed mid-stream: %s", request_id, err.message)
             yield framing.frame(renderer.sse_error(err))
         finally:  # however it ends (the client gone included): the key's slot back, the rest of its tokens charged
-            if ticket is not None:
-                ticket.close(*(gen.renderer.prompt_tokens, gen.renderer.completion_tokens) if gen else ())
+            door.close(*(gen.renderer.prompt_tokens, gen.renderer.completion_tokens) if gen else ())
 
 
 def generation_rpc(start: Start, endpoint: str, shape: ErrorShape = OPENAI) -> Any:
@@ -365,38 +349,39 @@ class Reply:
     cached_tokens: int = 0
 
 
-# Called by an ``Answer`` once the request is checked and about to run, with its model (for the metrics).
+# Called by an ``Answer`` once the request is checked and about to run, with its model (for the metrics, and the
+# 404 of a model outside the caller's key's --models).
 Started = Callable[[str], None]
 # (servicer, request, context, request_id, started) -> the reply: parses, checks, calls ``started``, runs.
 Answer = Callable[[Any, Any, Any, str, Started], Awaitable[Reply]]
 
 
 async def serve_unary(servicer: Any, answer: Answer, endpoint: str, shape: ErrorShape, counted: bool,
-                      request: Any, context: grpc.aio.ServicerContext | None) -> Any:
+                      request: Any, context: grpc.aio.ServicerContext | None, *, metered: bool | None = None,
+                      call_headers: Mapping[str, str] | None = None) -> Any:
     """One unary request from start to end; returns the RPC's message. Any failure aborts the call in
-    ``shape`` (``context`` None: raised, as for one request of a KServe stream)."""
+    ``shape`` (``context`` None: raised, as for one request of a KServe stream, whose headers are
+    ``call_headers``). ``metered``: spends the key's quotas (default: as ``counted``; an extension route is
+    counted but generates nothing)."""
     request_id = new_request(endpoint)
-    ticket: auth.Ticket | None = None
+    door = auth.NO_KEY
 
     def started(model: str) -> None:
-        if ticket is not None:
-            ticket.check_model(model)
+        door.check_model(model)
         track.start(model, False)
     with tracker(endpoint, counted) as track:
         try:
-            ticket = await admitted(context, endpoint, shape, metered=counted)
+            door = await admitted(context, endpoint, shape, metered=counted if metered is None else metered,
+                                  call_headers=call_headers)
             reply = await answer(servicer, request, context, request_id, started)
-            if ticket is not None and context is not None and ticket.headers():
-                await context.send_initial_metadata(ticket.headers())
+            await send_headers(context, door.headers())
         except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
             err = as_mesh_error(e, endpoint, request_id)
             track.fail(err)
-            if ticket is not None:
-                ticket.close()
-            await shape.abort(context, err, ticket)
+            door.close()
+            await shape.abort(context, err, door)
         track.finish(reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
-        if ticket is not None:
-            ticket.close(reply.prompt_tokens, reply.completion_tokens)
+        door.close(reply.prompt_tokens, reply.completion_tokens)
         return reply.message
 
 
@@ -404,88 +389,3 @@ def unary_rpc(answer: Answer, endpoint: str, shape: ErrorShape = OPENAI, *, coun
     """A servicer's unary RPC method (in its class body) that answers with ``answer``; ``counted`` False:
     a request the metrics do not count (``endpoint`` then names it in the log alone)."""
     return functools.partialmethod(serve_unary, answer, endpoint, shape, counted)
-
-
-# Each HttpBody carries at most this much: Envoy's transcoder writes each into the one HTTP body as it
-# comes, so a large image or video never sits whole in one message.
-MESSAGE_BYTES = 512 * 1024
-
-
-def _pieces(data: bytes) -> list[bytes]:
-    return [data[i:i + MESSAGE_BYTES] for i in range(0, len(data), MESSAGE_BYTES)] or [b""]
-
-
-@dataclasses.dataclass
-class Streamed:
-    """A started streamed answer: what a stream's ``start`` returns once the request is parsed, checked
-    and running. Nothing of ``body`` runs before the front door asks for its first piece."""
-
-    body: AsyncGenerator[bytes, None]
-    content_type: str
-    model: str = ""
-    # An event stream: its first bytes count as its first token, and a failure after them is the
-    # ``sse_error`` event. Otherwise a failure after the first bytes can only cut the body off.
-    sse: bool = False
-    sse_error: Callable[[MeshError], bytes] | None = None
-    # (prompt, completion, cached) tokens once the body has ended.
-    tokens: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0)
-
-
-StreamStart = Callable[[Any, Any, Any, str], Awaitable[Streamed]]
-
-
-async def serve_stream(servicer: Any, start: StreamStart, endpoint: str, shape: ErrorShape, counted: bool,
-                       request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[httpbody_pb2.HttpBody]:
-    """One streamed answer from start to end; yields its HttpBody messages (the first with the content type).
-
-    The response is held back until the answer's first bytes, so that a failure before them (routing, a
-    worker that fails, an input the worker refuses, a file not found) is a real status in ``shape``. A
-    client that hangs up closes the body, which closes what it reads from (a worker's call stops).
-    """
-    request_id = new_request(endpoint)
-    ticket: auth.Ticket | None = None
-    with tracker(endpoint, counted) as track:
-        err: MeshError
-        try:
-            ticket = await admitted(context, endpoint, shape, metered=counted)
-            answer = await start(servicer, request, context, request_id)
-            if ticket is not None:
-                ticket.check_model(answer.model)  # nothing of the body has run yet
-            track.start(answer.model, answer.sse)
-            first = await anext(answer.body, b"")
-            if ticket is not None and ticket.headers():
-                await context.send_initial_metadata(ticket.headers())
-        except Exception as e:  # noqa: BLE001 - a bug still gets the caller's error shape, and is logged
-            err = as_mesh_error(e, endpoint, request_id)
-            track.fail(err)
-            if ticket is not None:
-                ticket.close()
-            await shape.abort(context, err, ticket)
-        try:
-            if answer.sse:
-                track.first_token()
-            for i, piece in enumerate(_pieces(first)):
-                yield httpbody_pb2.HttpBody(content_type=answer.content_type if i == 0 else "", data=piece)
-            async for data in answer.body:
-                for piece in _pieces(data):
-                    yield httpbody_pb2.HttpBody(data=piece)
-            track.finish(*answer.tokens())
-            return
-        except Exception as e:  # noqa: BLE001 - reported like any other failure after the first byte
-            err = as_mesh_error(e, f"{endpoint} answer", request_id)
-        finally:
-            await answer.body.aclose()  # cancels the worker's call if it still runs
-            if ticket is not None:
-                ticket.close(*answer.tokens()[:2])
-        track.fail(err, mid_stream=True)
-        log.warning("request %s failed after its first bytes: %s", request_id, err.message)
-        if answer.sse_error is not None:
-            yield httpbody_pb2.HttpBody(data=answer.sse_error(err))
-            return
-        await shape.abort(context, err)  # a body already begun is cut off: the client sees a broken transfer
-
-
-def stream_rpc(start: StreamStart, endpoint: str, shape: ErrorShape = OPENAI, *, counted: bool = True) -> Any:
-    """A servicer's streamed RPC method (in its class body) that serves the answer ``start`` begins; an
-    async generator function, as ``generation_rpc``'s are."""
-    return functools.partialmethod(serve_stream, start, endpoint, shape, counted)

@@ -9,6 +9,10 @@ Bodies and answers are vLLM's: ``{"lora_name", "lora_path"}`` and ``{"lora_name"
 text/plain "Success: ..." line. ``base_model_name`` (as in vLLM's ``LoRAModulePath``) picks the base
 model when more than one served model has LoRA on. Errors are OpenAI-shaped: a 400 for a bad body or an
 adapter a worker refuses, a 404 for unloading an adapter nobody holds.
+
+With ``--auth`` both routes take a key (the front door's check), and a key limited by ``--models`` changes only
+adapters (and bases) among its models: any other is the 404 of a model that does not exist (``check``), so one
+tenant cannot unload what another serves.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from services.common.errors import InvalidRequest, NotFound
 
 log = logging.getLogger(__name__)
 Models = Callable[[], dict[str, list[WorkerCard]]]
+# The caller's model check: raises the 404 of an unknown model for one its key may not use (the front door's).
+Check = Callable[[str], None]
 VISIBLE_TIMEOUT_S = 5.0  # a worker's card reaches this gateway within a NATS round trip; bounded anyway
 
 
@@ -115,13 +121,17 @@ class LoraAdmin:
                                  "`base_model_name`.", param="base_model_name")
         return next(iter(bases))
 
-    async def load(self, data: bytes) -> str:
+    async def load(self, data: bytes, check: Check = lambda name: None) -> str:
         req = parse_load(data)
+        check(req.lora_name)
+        if req.base_model_name:
+            check(req.base_model_name)
         models = self._models()
         cards = models.get(req.lora_name, [])
         if cards and adapter_of(req.lora_name, cards) is None:
             raise InvalidRequest(f"`{req.lora_name}` is a base model's name.", param="lora_name")
         base = self._base(req)
+        check(base)
         if cards and cards[0].model.name != base:
             raise InvalidRequest(f"The LoRA adapter `{req.lora_name}` is already loaded for the model "
                                  f"`{cards[0].model.name}`.", param="lora_name")
@@ -139,8 +149,9 @@ class LoraAdmin:
                             >= {c.worker_id for c in missing})
         return f"Success: LoRA adapter '{req.lora_name}' added successfully."
 
-    async def unload(self, data: bytes) -> str:
+    async def unload(self, data: bytes, check: Check = lambda name: None) -> str:
         name = parse_unload(data)
+        check(name)
         cards = self._models().get(name, [])
         if adapter_of(name, cards) is None:
             raise NotFound(f"The lora adapter '{name}' cannot be found.", param="lora_name",

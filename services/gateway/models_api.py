@@ -12,7 +12,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from services.common.discovery import IMAGES, VIDEOS, WorkerCard, adapter_of
+from services.common.errors import MeshError
 
 # The header the anthropic SDK sends on every request: the models routes answer in Anthropic's shape.
 ANTHROPIC_VERSION_HEADER = "anthropic-version"
@@ -67,6 +70,16 @@ def anthropic_get_model(models: dict[str, list[WorkerCard]], name: str) -> dict[
 
 def anthropic_not_found(name: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": "not_found_error", "message": f"model: {name} does not exist"}}
+
+
+# Anthropic's error types for what the models routes answer before their body (--auth): a missing or unknown key,
+# a key store out of reach (the Messages API's own table is anthropic/errors.py, a front end this layer cannot use).
+_ANTHROPIC_TYPES = {401: "authentication_error", 404: "not_found_error"}
+
+
+def anthropic_error_body(err: MeshError) -> bytes:
+    kind = _ANTHROPIC_TYPES.get(err.http_status, "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": err.message}})
 
 
 def health(models: dict[str, list[WorkerCard]], warming: Sequence[str] = (),

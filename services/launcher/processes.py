@@ -17,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 from services.launcher.plan import MeshPlan, ProcessSpec, specs
@@ -102,10 +103,19 @@ class Mesh:
                                     context=self.ssl_context()) as r:
             return r.read()
 
+    def _models_served(self) -> int:
+        """How many models have a live worker, from /health: open under --auth, where /v1/models takes a key, and
+        its body counts them while it still answers 503 (warming)."""
+        try:
+            body = self._get("/health")
+        except urllib.error.HTTPError as e:
+            body = e.read()
+        return len(json.loads(body)["models"])
+
     def wait_models(self, count: int, deadline: float) -> None:
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError):
-                if len(json.loads(self._get("/v1/models"))["data"]) >= count:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                if self._models_served() >= count:
                     return
             self.raise_if_one_exited()
             time.sleep(0.1)

@@ -3,10 +3,12 @@
 The check runs in the gateway's front door (services/gateway/front_door.py), the one place every front end's
 requests pass (OpenAI, Anthropic, Responses, embeddings, images, videos, KServe over Envoy): Envoy passes the
 headers on untouched. Modules: ``keys`` (secrets, hashes, records), ``quota`` (windows and verdicts),
-``store`` (the NATS buckets), ``usage`` (totals and /metrics), ``gate`` (the check itself), ``errors``.
+``store`` (the NATS buckets), ``usage`` (totals and /metrics), ``gate`` (the check itself), ``admission`` (what
+the front door asks of it, per request), ``errors``.
 
-The gate is one per gateway process, installed by the gateway's assembly when ``--auth`` is on
-(``install``); the front door asks ``installed()`` (None: every call passes, as without ``--auth``).
+The front door's side (``admission``): ``admit`` checks a call's key and gives the request its ``Admission``
+(quotas, headers, token charges, the models it may see); ``install`` makes the process's gate (the gateway's
+assembly, with ``--auth``), and ``installed()`` is None with it off, when every call passes.
 
 For the Batch API (services/gateway/batch/), whose lines run long after the call that created the batch,
 perhaps on another replica:
@@ -24,35 +26,26 @@ perhaps on another replica:
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Mapping
 
 from services.common.errors import NotFound
+from services.gateway.auth.admission import (
+    BATCH_LINE,
+    NO_KEY,
+    OPEN_ENDPOINTS,
+    Admission,
+    admit,
+    error_headers,
+    install,
+    installed,
+)
 from services.gateway.auth.errors import RateLimited, Unauthenticated
 from services.gateway.auth.gate import ANTHROPIC_API, GRPC_API, OPENAI_API, Api, Gate, Ticket
 from services.gateway.auth.keys import KeyRecord
 
-__all__ = ["ANTHROPIC_API", "BATCH_LINE", "GRPC_API", "OPENAI_API", "Api", "Gate", "KeyRecord", "RateLimited", "Ticket",
-           "Unauthenticated", "batch_caller", "batch_line", "batch_usage", "install", "installed"]
-
-# True while a batch line runs in process (services/gateway/batch/inprocess.py sets it in the line's own task):
-# its key was checked by ``batch_line`` and its tokens go to ``batch_usage``, so the front door lets it through.
-# A gRPC call never carries it: each runs in a task of the server's, whose context this is never set in.
-BATCH_LINE: contextvars.ContextVar[bool] = contextvars.ContextVar("batch_line", default=False)
-
-# The process's gate: the front door's RPC functions are bound into servicer classes at import, so they
-# reach the gate here rather than through each servicer. One gateway per process; tests that build several
-# without --auth install none.
-_installed: list[Gate] = []
-
-
-def install(gate: Gate | None) -> None:
-    """Makes ``gate`` the process's (None: auth off)."""
-    _installed[:] = [] if gate is None else [gate]
-
-
-def installed() -> Gate | None:
-    return _installed[0] if _installed else None
+__all__ = ["ANTHROPIC_API", "BATCH_LINE", "GRPC_API", "NO_KEY", "OPENAI_API", "OPEN_ENDPOINTS", "Admission", "Api",
+           "Gate", "KeyRecord", "RateLimited", "Ticket", "Unauthenticated", "admit", "batch_caller", "batch_line",
+           "batch_usage", "error_headers", "install", "installed"]
 
 
 async def batch_caller(call_headers: Mapping[str, str]) -> KeyRecord | None:

@@ -129,9 +129,9 @@ class Ticket:
         self._closed = False
 
     def check_model(self, model: str) -> None:
-        """The 404 of a model that does not exist, for one outside the key's ``--models`` (requests that
-        generate; a lookup such as a video job's retrieval names no model of its own to check)."""
-        if self._metered and not self.record.allows(model):
+        """The 404 of a model that does not exist, for one outside the key's ``--models``. "" passes: a call that
+        names no model (a stored file's download, an extension route) has none to check."""
+        if model and not self.record.allows(model):
             self._gate.usage.rejected(self.record.tenant, "model")
             raise NotFound(f"The model `{model}` does not exist.", param="model", code="model_not_found")
 

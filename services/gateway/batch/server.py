@@ -22,7 +22,8 @@ from services.gateway.batch import files as file_objects
 from services.gateway.batch import state
 from services.gateway.batch.files import FileStore
 from services.gateway.batch.runner import BatchRunner
-from services.gateway.front_door import JSON, Reply, Started, Streamed, headers, stream_rpc, unary_rpc
+from services.gateway.front_door import JSON, Reply, Started, headers, unary_rpc
+from services.gateway.front_door_stream import Streamed, stream_rpc
 from services.gateway.media.multipart import Form
 
 # (body, content type) -> the form's parts: services/gateway/media/multipart.py ``parse_form``.

@@ -83,7 +83,8 @@ class ExtensionRoutesServicer(extensions_pb2_grpc.ExtensionRoutesServiceServicer
             call = RouteRequest(method, path, headers(context).get(REQUEST_ID_HEADER, rid), headers(context),
                                 _json(data), self._state)
             return Reply(_message(route, await _call(route, call)))
-        return await serve_unary(self, answer, endpoint, SHAPE, True, None, context)
+        # Counted in /metrics but spends no quota (``metered``): a route reads the gateway's state, generating nothing.
+        return await serve_unary(self, answer, endpoint, SHAPE, True, None, context, metered=False)
 
 
 def _json(data: bytes) -> object:

@@ -20,7 +20,8 @@ from google.api import httpbody_pb2
 from meshfront.gateway.v1 import images_pb2_grpc
 
 from services.common.discovery import IMAGES, MediaLimits
-from services.gateway.front_door import JSON, SSE, Models, Streamed, check_model, headers, stream_rpc
+from services.gateway.front_door import JSON, SSE, Models, check_model, headers
+from services.gateway.front_door_stream import Streamed, stream_rpc
 from services.gateway.images.render import ImagesAnswer
 from services.gateway.images.request import ImageRequest, parse_edit, parse_generation, resolve
 from services.gateway.media.pipeline import MediaPipeline

@@ -29,10 +29,12 @@ class MediaInfer:
         self._media = media
         self._check_model = check_model
 
-    async def infer(self, request, card: ModelCard, context, *, decoupled: bool):
-        """The response; an error aborts ``context`` (ModelInfer) or is raised (a ModelStreamInfer request)."""
+    async def infer(self, request, card: ModelCard, context, *, decoupled: bool,
+                    call_headers: dict[str, str] | None = None):
+        """The response; an error aborts ``context`` (ModelInfer) or is raised (a ModelStreamInfer request,
+        whose key is the stream's: ``call_headers``)."""
         answer = functools.partial(MediaInfer._answer, card=card, decoupled=decoupled)
-        return await serve_unary(self, answer, ENDPOINT, GRPC, True, request, context)
+        return await serve_unary(self, answer, ENDPOINT, GRPC, True, request, context, call_headers=call_headers)
 
     async def _answer(self, request, context, rid: str, started: Started, *, card: ModelCard,
                       decoupled: bool) -> Reply:

@@ -22,7 +22,16 @@ from services.common.errors import InvalidRequest, MeshError, NotFound
 from services.gateway.core.pipeline import Pipeline
 from services.gateway.core.request import ChatRequest
 from services.gateway.core.to_proto import chat_to_preprocess, completion_to_preprocess, postprocess_options
-from services.gateway.front_door import AS_IS, GRPC, Generation, Models, check_model, headers, serve_generation
+from services.gateway.front_door import (
+    AS_IS,
+    GRPC,
+    Generation,
+    Models,
+    check_model,
+    headers,
+    key_checked,
+    serve_generation,
+)
 from services.gateway.kserve import metadata, protocol
 from services.gateway.kserve.media_infer import MediaInfer
 from services.gateway.kserve.render import InferResponseBuilder, error_response
@@ -36,6 +45,7 @@ STREAM_QUEUE = 64
 MAX_IN_FLIGHT_PER_STREAM = 256
 _END = object()
 ENDPOINT = "kserve"  # the requests' ``endpoint`` label in /metrics
+METADATA = "kserve metadata"  # the metadata calls' name in the logs (they are not counted)
 
 
 def _serve(servicer: KServeServicer, request, context: grpc.aio.ServicerContext, *, unary: bool):
@@ -70,6 +80,8 @@ class KServeServicer:
             raise NotFound(f"The model `{name}` has no version {version!r}; it serves version "
                            f"{metadata.MODEL_VERSION!r}", param="model_version")
 
+    # ServerLive and ServerReady need no key (--auth): they are the health probes (a load balancer's, Triton's
+    # clients' is_server_live) and say nothing of what is served. Every other call presents the key.
     async def ServerLive(self, request, context):
         return protocol.ServerLiveResponse(live=True)
 
@@ -77,19 +89,27 @@ class KServeServicer:
         return protocol.ServerReadyResponse(ready=bool(self._models()) and not self._draining())
 
     async def ModelReady(self, request, context):
-        ready = request.name in self._models() and metadata.version_known(request.version)
+        door = await key_checked(context, METADATA, GRPC)
+        ready = request.name in door.visible(self._models()) and metadata.version_known(request.version)
         return protocol.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request, context):
+        await key_checked(context, METADATA, GRPC)
         return metadata.server_metadata()
 
-    async def ModelMetadata(self, request, context):
+    async def _described(self, request, context) -> bool:
+        """ModelMetadata's and ModelConfig's checks (the 404 of a model outside the key's --models included);
+        whether the model is a media model."""
+        door = await key_checked(context, METADATA, GRPC)
         self._check_model(request.name, request.version)
-        return metadata.model_metadata(request.name, self._media_card(request.name) is not None)
+        door.check_model(request.name)
+        return self._media_card(request.name) is not None
+
+    async def ModelMetadata(self, request, context):
+        return metadata.model_metadata(request.name, await self._described(request, context))
 
     async def ModelConfig(self, request, context):
-        self._check_model(request.name, request.version)
-        return metadata.model_config(request.name, self._media_card(request.name) is not None)
+        return metadata.model_config(request.name, await self._described(request, context))
 
     async def _start_generation(self, request, context: grpc.aio.ServicerContext | None, rid: str, *,
                                 unary: bool, call_headers: dict[str, str]) -> Generation:
@@ -124,7 +144,7 @@ class KServeServicer:
         try:
             card = self._media_card(request.model_name)
             if card is not None and self._media is not None:
-                await put(await self._media.infer(request, card, None, decoupled=True))
+                await put(await self._media.infer(request, card, None, decoupled=True, call_headers=headers(context)))
                 return
             async for responses in _serve(self, request, context, unary=False):
                 for response in responses:

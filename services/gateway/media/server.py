@@ -13,7 +13,7 @@ from __future__ import annotations
 import grpc
 from meshfront.gateway.v1 import media_pb2, media_pb2_grpc
 
-from services.gateway.front_door import Streamed, stream_rpc
+from services.gateway.front_door_stream import Streamed, stream_rpc
 from services.gateway.media.store import MediaStore
 
 

@@ -18,7 +18,7 @@ from google.api import httpbody_pb2
 from meshfront.gateway.v1 import gateway_pb2_grpc
 
 from services.common.errors import NotFound
-from services.gateway import models_api
+from services.gateway import auth, models_api
 from services.gateway.core.errors import error_body
 from services.gateway.core.extension_hooks import ChatHooks, HookLookup, hooked_body, with_post_hook
 from services.gateway.core.openai_request import parse_chat, parse_completion
@@ -28,6 +28,8 @@ from services.gateway.core.to_proto import chat_to_preprocess, completion_to_pre
 from services.gateway.core.trace import RequestTrace
 from services.gateway.front_door import (
     JSON,
+    OPENAI,
+    ErrorShape,
     Generation,
     Models,
     Reply,
@@ -36,12 +38,16 @@ from services.gateway.front_door import (
     generation_rpc,
     headers,
     http_trailers,
+    key_checked,
     unary_rpc,
 )
 from services.gateway.lora_api import LoraAdmin
 from services.gateway.openai.dispatch import PLAIN_CHAT, ChatOutput
 from services.gateway.openai.extensions import ResponseExtensions
 from services.gateway.openai.render import CompletionRenderer
+
+# The models routes' errors for the anthropic SDK (anthropic-version sent): its 401, with x-api-key taken as well.
+ANTHROPIC_MODELS = ErrorShape(body=models_api.anthropic_error_body, api=auth.ANTHROPIC_API)
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -101,21 +107,28 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                                 trailing_metadata=http_trailers(status, orjson.dumps(body)))
         return httpbody_pb2.HttpBody(content_type=JSON, data=orjson.dumps(body))
 
+    async def _visible(self, context: grpc.aio.ServicerContext, endpoint: str) -> tuple[bool, dict]:
+        """Whether the caller is the anthropic SDK, and the models it may see (with --auth, its key's: a model
+        outside them is as unknown as one nobody serves; a missing key is the 401 in the SDK's shape)."""
+        anthropic = models_api.ANTHROPIC_VERSION_HEADER in headers(context)
+        door = await key_checked(context, endpoint, ANTHROPIC_MODELS if anthropic else OPENAI)
+        return anthropic, door.visible(self._models())
+
     async def ListModels(self, request, context):
         async def build():
-            if models_api.ANTHROPIC_VERSION_HEADER in headers(context):
-                return 200, models_api.anthropic_list_models(self._models())
-            return 200, models_api.list_models(self._models())
+            anthropic, models = await self._visible(context, "models list")
+            return 200, (models_api.anthropic_list_models if anthropic else models_api.list_models)(models)
         return await self._json(context, build)
 
     async def GetModel(self, request, context):
         async def build():
             # Clients escape the slash in ids like org/model; the transcoder leaves %2F as is.
             model_id = urllib.parse.unquote(request.model_id)
-            if models_api.ANTHROPIC_VERSION_HEADER in headers(context):
-                found = models_api.anthropic_get_model(self._models(), model_id)
+            anthropic, models = await self._visible(context, "model get")
+            if anthropic:
+                found = models_api.anthropic_get_model(models, model_id)
                 return (200, found) if found else (404, models_api.anthropic_not_found(model_id))
-            entry = models_api.get_model(self._models(), model_id)
+            entry = models_api.get_model(models, model_id)
             if entry is None:
                 err = NotFound(f"The model `{model_id}` does not exist.", param="model",
                                code="model_not_found")
@@ -128,7 +141,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         """vLLM's answer: a text/plain line; errors in OpenAI's envelope (services/gateway/lora_api.py)."""
         if self._lora is None:
             raise NotFound("LoRA adapters cannot be loaded through this gateway.")
-        text = await (self._lora.load(request.data) if load else self._lora.unload(request.data))
+        # ``started`` is the front door's model check (--auth: the key's --models); nothing here is counted.
+        text = await (self._lora.load if load else self._lora.unload)(request.data, started)
         return Reply(httpbody_pb2.HttpBody(content_type="text/plain; charset=utf-8", data=text.encode()))
 
     # Administration, not generation: /metrics does not count it (``counted``), as it never has.

@@ -28,12 +28,11 @@ from services.gateway.front_door import (
     Models,
     Reply,
     Started,
-    Streamed,
     check_model,
     headers,
-    stream_rpc,
     unary_rpc,
 )
+from services.gateway.front_door_stream import Streamed, stream_rpc
 from services.gateway.media.base64_stream import Base64Stream
 from services.gateway.media.runner import CONTENT_TYPES, MediaBlobs, MediaRunner, VideoRun
 from services.gateway.media.video_spec import VideoParams, VideoSpec, media_request, resolve
