@@ -82,3 +82,25 @@ def test_vllm_takes_the_tag_as_its_structured_outputs():
     tag = orjson.dumps(st.build("hermes", TOOLS, st.REQUIRED)).decode()
     params = SamplingParams(structured_outputs=StructuredOutputsParams(structural_tag=tag))
     assert params.structured_outputs is not None and params.structured_outputs.structural_tag == tag
+
+
+def test_vllms_parser_reads_a_forced_call_in_the_models_format(oracle_model_dir):
+    """--chat-processor vllm: vLLM's own hermes parser, fed token by token as the postprocessor feeds it."""
+    from services.postprocessor.core.parsers import ToolChoice
+    from services.postprocessor.core.parsers.backends import ParseContext, load_chat_processor
+    from services.postprocessor.core.parsers.backends.vllm import _tokenizer
+    from tests.engine_env.parser_oracle import token_stream
+
+    config = ParserConfig("hermes", has_tools=True, tool_choice=ToolChoice.NAMED, named_function="get_weather",
+                          forced_in_model_format=True)
+    tokenizer = _tokenizer(str(oracle_model_dir))
+    prompt = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)  # vLLM's parsers read it
+    parser = load_chat_processor("vllm").output_parser(
+        config, ParseContext(str(oracle_model_dir), orjson.dumps(TOOLS).decode(), prompt))
+    assert parser is not None
+    steps = token_stream(tokenizer, CALLS["hermes"])
+    deltas = [parser.feed(text, ids) for text, ids in steps] + [parser.finish()]
+    calls = [c for d in deltas for c in d.tool_calls]
+    assert calls[0].name == "get_weather"
+    assert orjson.loads("".join(c.arguments for c in calls)) == {"city": "Paris"}
+    assert not parser.ends_with_tool_calls  # named: finish_reason stop, as OpenAI

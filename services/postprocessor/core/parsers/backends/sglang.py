@@ -135,7 +135,7 @@ class SglangChatProcessor:
     def output_parser(self, config: ParserConfig, context: Any,
                       new_id: Callable[[], str] = new_call_id) -> Any:
         if config.has_tools and config.tool_choice in (ToolChoice.REQUIRED, ToolChoice.NAMED):
-            return build_output_parser(config, new_id)
+            return build_output_parser(config, new_id, context.tools_json)  # ours (in the model's format too)
         reasoning = None
         if config.reasoning_parser and not config.thinking_disabled:
             name = REASONING_PARSER_NAMES.get(config.reasoning_parser, config.reasoning_parser)

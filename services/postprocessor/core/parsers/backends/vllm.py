@@ -181,8 +181,9 @@ class VllmChatProcessor:
             return None
         if parser_cls is None:
             return None
-        request = chat_request(context.tools_json, config.tool_choice, config.named_function) if tool \
-            else chat_request("")
+        # A structural tag forced the calls in the model's own markup: vLLM's parser reads them as under auto.
+        choice = ToolChoice.AUTO if config.forced_in_model_format else config.tool_choice
+        request = chat_request(context.tools_json, choice, config.named_function) if tool else chat_request("")
         parser = parser_cls(_tokenizer(context.model_dir), request.tools)
         return VllmOutputParser(parser, request, context.prompt_ids, named=config.tool_choice is ToolChoice.NAMED,
                                 new_id=new_id)
