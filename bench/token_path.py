@@ -72,7 +72,8 @@ async def _request(pipeline: Pipeline, model_dir: str, i: int, tokens: int) -> i
                             want_logprobs=False, include_usage=True,
                             nvext=ResponseExtensions(NvExt(), trace, f"r{i}"))
     lease = RouteLease(pipeline.leases, f"r{i}", router_pb2.RouteResponse())  # no first-token report asked
-    choice = _RoutedChoice(0, True, PROMPT_TOKENS, lease, gen)
+    load = pipeline.workers.choice("meshfront/demo-qwen", "worker", "", PROMPT_TOKENS)  # as routed choices do
+    choice = _RoutedChoice(0, True, PROMPT_TOKENS, lease, gen, load)
     frames = 0
     async for deltas in pipeline._stream(choice):
         data = renderer.sse(deltas)
