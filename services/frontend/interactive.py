@@ -3,13 +3,15 @@
 It waits for a chat model to appear in discovery (``--model-name``'s, else the first listed), then reads a
 line, streams the answer's tokens as they arrive (reasoning dimmed when the output is a terminal), and keeps
 the conversation: each turn sends the whole history, as a chat client does. EOF (Ctrl-D) or ``/exit`` ends
-it. It speaks the OpenAI API over plain HTTP, so what it exercises is exactly what any client gets.
+it. It speaks the OpenAI API over plain HTTP, so what it exercises is exactly what any client gets; against a
+gateway with ``--auth`` it sends ``OPENAI_API_KEY`` as the OpenAI SDK does.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import ssl
 import threading
 import time
@@ -24,6 +26,11 @@ class ChatError(RuntimeError):
     """The frontend answered a turn with an error (its message is shown and the chat goes on)."""
 
 
+def _headers() -> dict[str, str]:
+    key = os.environ.get("OPENAI_API_KEY", "")
+    return {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+
+
 def _connection(base_url: str, timeout: float) -> http.client.HTTPConnection:
     url = urllib.parse.urlsplit(base_url)
     if url.scheme == "https":  # our own edge, maybe with a self-signed certificate: this only chats with it
@@ -33,13 +40,16 @@ def _connection(base_url: str, timeout: float) -> http.client.HTTPConnection:
 
 
 def wait_for_model(base_url: str, wanted: str | None, stop: threading.Event, timeout_s: float = MODEL_WAIT_S) -> str:
-    """The chat model's name once /v1/models lists it; raises TimeoutError when none appears in time."""
+    """The chat model's name once /v1/models lists it; raises TimeoutError when none appears in time, ChatError
+    when the frontend wants an API key."""
     deadline = time.monotonic() + timeout_s
     while not stop.is_set() and time.monotonic() < deadline:
         try:
             conn = _connection(base_url, 2.0)
-            conn.request("GET", "/v1/models")
+            conn.request("GET", "/v1/models", headers=_headers())
             response = conn.getresponse()
+            if response.status == 401:  # --auth: waiting longer will not help
+                raise ChatError("the frontend asks for an API key (--auth): set OPENAI_API_KEY to one")
             if response.status == 200:
                 ids = [m["id"] for m in json.loads(response.read())["data"]]
                 chosen = wanted if wanted in ids else (ids[0] if ids and wanted is None else None)
@@ -56,7 +66,7 @@ def stream_turn(base_url: str, model: str, messages: list[dict], out: TextIO, di
     """Sends the conversation, writes the answer's deltas as they stream, returns the answer's content."""
     conn = _connection(base_url, 300.0)
     body = json.dumps({"model": model, "messages": messages, "stream": True})
-    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    conn.request("POST", "/v1/chat/completions", body, _headers())
     response = conn.getresponse()
     if response.status != 200:
         detail = json.loads(response.read() or b"{}").get("error", {}).get("message", response.reason)
@@ -99,7 +109,7 @@ def chat(base_url: str, model: str | None, stdin: TextIO, out: TextIO, stop: thr
     out.flush()
     try:
         chosen = wait_for_model(base_url, model, stop)
-    except TimeoutError as e:
+    except (TimeoutError, ChatError) as e:
         out.write(f"{e}\n")
         return 1
     dim = out.isatty()

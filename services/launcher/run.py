@@ -13,21 +13,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import os
 import pathlib
 import shlex
 import shutil
-import ssl
 import sys
 import threading
-import time
-import urllib.request
 
 from services.common import namespace
 from services.gateway.extensions.edge import edge_routes
 from services.gateway.frontend_metrics import check_prefix
-from services.launcher import edge, media_demos, trace_viewer
+from services.launcher import announce, edge, media_demos, trace_viewer
 from services.launcher.demo_lora import check_demo_lora, demo_lora_flags
 from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
@@ -294,40 +290,6 @@ def _check_files(args: argparse.Namespace) -> None:
         args.preprocessor_flag = [*args.preprocessor_flag, "--chat-template", os.path.abspath(args.chat_template)]
 
 
-def _announce_when_ready(url: str, stop: threading.Event, timeout_s: float,
-                         models: frozenset[str] = frozenset(), nats_url: str = "") -> None:
-    """Prints the URL once /health answers 200 and lists every model in ``models`` (the embedding worker
-    loads torch and its weights after the mocker workers are long registered)."""
-    deadline = time.monotonic() + timeout_s
-    # Our own listener: with TLS the certificate may be self-signed, and this only asks "is it up".
-    context = ssl._create_unverified_context() if url.startswith("https") else None  # noqa: S323
-    while not stop.is_set() and time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1, context=context) as r:  # noqa: S310 - ours
-                if r.status == 200 and models <= set(json.loads(r.read()).get("models", {})):
-                    frontend = f"  another frontend: meshfront frontend --nats-url {nats_url}\n" if nats_url else ""
-                    print(f"\n  Meshfront is up: {url}/v1  (OpenAI API and KServe gRPC on this port)\n"
-                          f"  try: curl {url}/v1/models\n{frontend}  Ctrl-C stops everything.\n", flush=True)
-                    return
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.5)
-
-
-def _start_announcer(plan: MeshPlan, args: argparse.Namespace, stop: threading.Event) -> None:
-    """Prints the URL once the mesh serves; where Envoy requires client certificates, once Envoy is live (the
-    launcher has no certificate to ask /health with)."""
-    url = edge.local_url("https" if plan.tls else "http", plan.http_host, args.http_port)
-    timeout_s = READY_TIMEOUT_S[args.worker_kind]
-    if plan.tls_client_ca:
-        announce = threading.Thread(target=edge.announce_when_envoy_ready, daemon=True,
-                                    args=(url, plan.admin_port, plan.tls_client_ca, stop, timeout_s))
-    else:
-        announce = threading.Thread(target=_announce_when_ready, daemon=True, args=(
-            url, stop, timeout_s, frozenset(w.model_name for w in plan.workers), plan.nats_url))
-    announce.start()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.model_name = args.model_name or args.model or DEMO_MODEL_NAME
@@ -385,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = Supervisor([Spec(s.name, s.argv, {**os.environ, **s.env}) for s in process_specs], policy,
                             policies=policies, stop_order=STOP_ORDER, adopt_orphans=True)
     stop = threading.Event()
-    _start_announcer(plan, args, stop)
+    announce.start(plan, args.http_port, READY_TIMEOUT_S[args.worker_kind], stop, auth=args.auth)
     if viewer is not None:
         threading.Thread(target=trace_viewer.announce_when_up, args=(f"http://127.0.0.1:{viewer.ready_port}", stop),
                          daemon=True).start()
