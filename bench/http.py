@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 READ_SIZE = 1 << 16
 
@@ -68,9 +68,11 @@ class ChunkedDecoder:
 class Connection:
     """One keep-alive connection; ``post_stream`` may be called again once a response has ended."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int, headers: Sequence[tuple[str, str]] = ()):
         self.host = host
         self.port = port
+        # Sent with every request (an API key, a policy class): pre-rendered once.
+        self._extra = "".join(f"{k}: {v}\r\n" for k, v in headers)
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
 
@@ -93,7 +95,7 @@ class Connection:
         any failure and when the server asks to close, so the next call reconnects.
         """
         head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+                f"Accept: text/event-stream\r\n{self._extra}Content-Length: {len(body)}\r\n\r\n").encode()
         async for item in self._exchange(head + body):
             yield item
 
