@@ -83,6 +83,9 @@ class ModelCard:
     structural_tag_mode: str = "off"
     structural_tag_scope: str = "always"
     structural_tag_schema: str = "auto"
+    # The deployment's default thinking mode for chat templates (the worker's --dyn-default-thinking-mode):
+    # "enabled", "disabled", or "" for none; a request's own thinking settings win (preprocessor core/thinking.py).
+    default_thinking_mode: str = ""
 
     def serves(self, endpoint: str) -> bool:
         return endpoint in self.endpoints

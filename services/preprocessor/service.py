@@ -30,7 +30,7 @@ from services.preprocessor.core import prompt as core
 from services.preprocessor.core import tool_guidance
 from services.preprocessor.core.artifacts import ArtifactCache, ArtifactError, ModelArtifacts
 from services.preprocessor.core.renderers import ChatRenderer, OursChatRenderer
-from services.preprocessor.core.thinking import forces_reasoning, thinking_off
+from services.preprocessor.core.thinking import apply_default_thinking_mode, forces_reasoning, thinking_off
 from services.preprocessor.media import placement
 from services.preprocessor.media.limits import MediaLimits
 from services.preprocessor.media.resolve import MediaResolver, Resolved
@@ -166,7 +166,8 @@ class Preprocessor:
         if kind == "messages_json":
             choice_none = req.tool_choice.mode == common_pb2.TOOL_CHOICE_MODE_NONE
             chat = core.ChatInput(req.messages_json, req.tools_json, choice_none,
-                                  self._template_kwargs_json(req.chat_template_kwargs_json),
+                                  self._template_kwargs_json(req.chat_template_kwargs_json,
+                                                             card.default_thinking_mode),
                                   tool_choice_name=(req.tool_choice.function_name if req.tool_choice.mode
                                                     == common_pb2.TOOL_CHOICE_MODE_NAMED else ""),
                                   hide_tools_for_choice_none=self._hide_tools_for_none,
@@ -228,14 +229,17 @@ class Preprocessor:
                               artifacts.effective_context_length(card.context_length))
         return preprocessor_pb2.PreprocessEmbeddingsResponse(inputs=[preprocessor_pb2.TokenIds(ids=i) for i in ids])
 
-    def _template_kwargs_json(self, raw: str) -> str:
-        """The request's chat_template_kwargs over the deployment's defaults."""
-        if not self._default_kwargs:
+    def _template_kwargs_json(self, raw: str, default_thinking_mode: str) -> str:
+        """The request's chat_template_kwargs over the deployment's defaults: the preprocessor's
+        --default-chat-template-kwargs, then the model card's default thinking mode (unless the request says
+        something about thinking: core/thinking.py)."""
+        if not self._default_kwargs and not default_thinking_mode:
             return raw
         own = msgs.parse_json(raw, "chat_template_kwargs", "chat_template_kwargs") if raw else {}
         if not isinstance(own, dict):
             raise InvalidRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
-        return orjson.dumps({**self._default_kwargs, **own}).decode()
+        kwargs = apply_default_thinking_mode({**self._default_kwargs, **own}, default_thinking_mode)
+        return orjson.dumps(kwargs).decode()
 
     def _vision_spec(self, artifacts: ModelArtifacts) -> placement.VisionSpec:
         spec = self._vision_specs.get(artifacts.model_dir)

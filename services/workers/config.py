@@ -52,6 +52,8 @@ class WorkerConfig:
     namespace: str = DEFAULT_NAMESPACE
     # --dyn-structural-tag and Dynamo's older flags (structural_tags.py), registered on the card.
     structural_tags: StructuralTagSettings = StructuralTagSettings()
+    # --dyn-default-thinking-mode: registered on the card; "" for none.
+    default_thinking_mode: str = ""
 
     @property
     def scope(self) -> Namespace:
@@ -118,6 +120,10 @@ def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregatio
           help="tool-call parser name to register (e.g. hermes)")
     p.add("--reasoning-parser", default="", choices=("", *REASONING_PARSER_NAMES),
           help="reasoning parser name to register (e.g. qwen3)")
+    p.add("--dyn-default-thinking-mode", default="", choices=("", "enabled", "disabled"),
+          dynamo_env="DYN_DEFAULT_THINKING_MODE",
+          help="the deployment's default thinking mode for chat templates (Dynamo's worker flag): a request's "
+               "own thinking, reasoning_effort or chat_template_kwargs win; registered on the card")
     if guided_tools:
         structural_tags.add_flags(p)
     if disaggregation:
@@ -165,6 +171,7 @@ def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_leng
         disaggregation_mode=args.disaggregation_mode if "disaggregation_mode" in args else AGG,
         namespace=args.namespace,
         structural_tags=tags,
+        default_thinking_mode=args.dyn_default_thinking_mode,
     )
 
 

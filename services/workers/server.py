@@ -60,7 +60,8 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
                       lora_adapters=adapters.adapters if adapters is not None else (),
                       model_files=model_files_reference(cfg.scope, cfg.model_dir),
                       structural_tag_mode=cfg.structural_tags.mode, structural_tag_scope=cfg.structural_tags.scope,
-                      structural_tag_schema=cfg.structural_tags.schema)
+                      structural_tag_schema=cfg.structural_tags.schema,
+                      default_thinking_mode=cfg.default_thinking_mode)
     lora = adapters.settings if adapters is not None else None
     return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind,
                       total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,
