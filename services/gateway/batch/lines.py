@@ -6,11 +6,10 @@ fails alone, as its own line of the error file (``invalid_json``, ``missing_cust
 line has exactly one line in the output or the error file, keyed by ``custom_id``. What fails the whole batch
 is what leaves nothing to run: an empty file, or one past ``MAX_LINES`` (``file_errors``).
 
-A line's body runs as the endpoint's request would over HTTP. A batch line runs in the batch class: the one
-priority mechanism the router has today is ``nvext.agent_hints.priority`` (seconds a request jumps the
-queue; see services/router/core/wait_queue.py), and a batch line never jumps it: a priority a line asks for
-is replaced by ``BATCH_PRIORITY`` (``lowest_priority``). When the router gets policy classes, this module's
-``BATCH_PRIORITY`` is the one constant to swap for the batch class.
+A line's body runs as the endpoint's request would over HTTP. A batch line runs in the router's lowest policy
+class (services/gateway/scheduling.py ``batch_line``; services/router/core/wait_queue.py), and never jumps
+the queue within it: a priority a line asks for (``nvext.agent_hints.priority``, seconds a request jumps the
+queue) is replaced by ``BATCH_PRIORITY`` (``lowest_priority``).
 """
 
 from __future__ import annotations
