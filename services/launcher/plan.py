@@ -12,6 +12,8 @@ import pathlib
 import random
 import socket
 import sys
+import tempfile
+import time
 import urllib.parse
 from collections.abc import Sequence
 
@@ -206,19 +208,26 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+# Ports handed out by any process on this machine: one file each, created exclusively (services/launcher/plan.py
+# ``free_port``). A reservation outlives the bind it was for by far; one this old is anybody's again.
+RESERVATIONS = pathlib.Path(tempfile.gettempdir()) / "meshfront-ports"
+RESERVATION_S = 600.0
+
+
 def free_port() -> int:
-    """A free loopback port below the kernel's ephemeral range.
+    """A free loopback port below the kernel's ephemeral range, reserved for this caller machine-wide.
 
     The port is bound only later, by the process it is given to. A port from the ephemeral range (what
     binding port 0 returns) can be taken in between by any process's outgoing connection or port-0
     bind, which failed whole test meshes with "Address already in use"; below the range only another
-    free_port caller could take it, and this process never hands the same port out twice.
+    free_port caller could take it. This process never hands the same port out twice, and a reservation file
+    keeps other processes (test tiers side by side, launchers, frontends) from handing it out meanwhile.
     """
     low = _ephemeral_range()[0]
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(10_000, low)
-        if port in _HANDED_OUT:
+        if port in _HANDED_OUT or not _reserve(port):
             continue
         with socket.socket() as s:
             try:
@@ -228,6 +237,23 @@ def free_port() -> int:
         _HANDED_OUT.add(port)
         return port
     raise RuntimeError(f"no free loopback port between 10000 and {low}")
+
+
+def _reserve(port: int) -> bool:
+    """Claims ``port`` for this process unless another claimed it less than RESERVATION_S ago."""
+    RESERVATIONS.mkdir(mode=0o777, exist_ok=True)
+    path = RESERVATIONS / str(port)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < RESERVATION_S:
+                return False
+            os.utime(path)  # stale: ours now (two takers of one stale file both may bind-check it; rare)
+            return True
+        except OSError:
+            return False
 
 
 def ephemeral_plan(workers: list[WorkerSpec], gateways: int = 1, **kw) -> MeshPlan:
