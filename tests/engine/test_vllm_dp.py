@@ -38,7 +38,10 @@ def dp_mesh(tmp_path_factory, vllm_python, tiny_lm_dir, envoy_bin, nats_bin):
         stop_cleanly(mesh)
         raise
     yield mesh
-    stop_cleanly(mesh)
+    # A data-parallel AsyncLLM's shutdown can race its output handler: the handler may log the cores' exit
+    # (EngineDeadError) with a traceback while llm.shutdown() stops them. The worker still exits on SIGTERM
+    # within the grace (stop_cleanly checks it); no request is in flight by then. Left to vLLM (docs/engines.md).
+    stop_cleanly(mesh, expected_tracebacks=("output_handler",))
 
 
 @pytest.fixture
