@@ -36,7 +36,12 @@ _RAW_TYPES = ("schema-typed raw values: vLLM makes 'null' null for a string para
               "literals as strings; ours keeps a string's text exactly and reads None and literals (docs/parsers.md)")
 _QWEN3_NO_THINK = ("vLLM's qwen3 parser treats output as reasoning unless </think> or enable_thinking=false says "
                    "otherwise (Qwen3 templates open <think>); ours only when the output or the prompt opened it")
+_THINKING_OFF = ("thinking off, a <think> block the model writes anyway: the engine leaves it in the content; ours "
+                 "separates it, as Dynamo 1.6.1 does (tests/golden/parsers/dynamo, docs/parsers.md)")
 EXPECTED_DIFFERENCES: dict[str, str] = {
+    "qwen3-thinking-disabled": _THINKING_OFF,
+    "kimi-k2-plain-answer-is-content": ("an answer without thinking markers: vLLM's kimi_k2 reasoning parser makes it "
+                                        "reasoning; ours keeps it content, as Dynamo 1.6.1 does"),
     "deepseek-truncated-header": _DROPS_MALFORMED,
     "required-not-a-list": "tool_choice=required output that is not a call list: vLLM drops it, ours shows it",
     "hermes-nested-json": "</tool_call> inside a JSON string ends vLLM's call early (regex on text)",
