@@ -4,8 +4,9 @@ Inkling writes each call as its own block (grammar: ``core/parsers/inkling_block
 JSON object whose arguments are under ``args`` (``arguments`` and ``parameters`` are read too); the
 arguments are forwarded verbatim as they stream. Visible blocks are content; the block markers, and
 a header's function name, are not. Without the reasoning parser a thinking block's text is content,
-as with every format. A call object that breaks before its name is shown as plain text; what
-follows a broken call up to its block's end is dropped.
+as with every format. A call object that breaks before its name is shown as plain text, marker and
+the rest of its block included; what follows a call that broke after its name, up to its block's end,
+is dropped.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ class InklingToolParser(TextParser):
                 self._close_call()
                 self._state = "text"
             return False
+        # A broken object before its name: the rest of the block is shown with it, as the text it was.
+        self._state = "skip" if reader.started else "text"
         self._close_call()
-        self._state = "skip"
         return True
 
     def _close_call(self) -> None:
