@@ -38,6 +38,10 @@ STRAY_MARKER = "a closing marker with no opening one: Dynamo deletes it from the
 HARMONY = ("Dynamo's gpt_oss/harmony parsers read o200k Harmony token ids, which the demo tokenizer's text "
            "replay cannot give them (they return nothing); our text parser is checked in tests/golden/parsers")
 MISTRAL_ARGS = "Mistral's [TOOL_CALLS]name[ARGS]{...} form (Magistral, Devstral): Dynamo 1.6.1 leaves it unparsed"
+LOST_TEXT = "plain text Dynamo's parser loses: a whole answer, a visible block, or the prose after a marker-like word"
+SELF_CLOSING = "a self-closing DSML invoke: Dynamo's V2 parser drops it or gives it the next invoke's arguments"
+M3_REASONING_FIRST = ("MiniMax M3's adaptive default: Dynamo reads the output as reasoning first (a plain answer "
+                      "vanishes); we split only where the output or the prompt opens <mm:think>")
 DIFFERENCES: dict[str, str] = {
     **dict.fromkeys(("dynamo-deepseek-truncated-header", "dynamo-deepseek-v32-truncated-invoke-is-text",
                      "dynamo-deepseek-v32-truncated-string-value-is-closed", "dynamo-glm45-truncated-value-is-closed",
@@ -74,6 +78,33 @@ DIFFERENCES: dict[str, str] = {
                                    "for Qwen3; Dynamo leaves the markers in the content"),
     **dict.fromkeys(("minimax-m3-default", "minimax-m3-plain"),
                     "Dynamo's minimax_m3 parser returns nothing at all for this output (content and reasoning empty)"),
+    # Issue 37's new names (deepseek_v4, gemma4, inkling, kimi_k3, minimax_m3, reasoning_families, wrapped_json).
+    **dict.fromkeys(("dynamo-deepseek-v4-cut-off", "dynamo-gemma4-cut-off-in-string", "dynamo-gemma4-cut-off-in-list",
+                     "dynamo-gemma4-no-call-prefix-is-text", "dynamo-gemma4-no-brace-is-text",
+                     "dynamo-inkling-broken-call-is-text", "dynamo-inkling-call-cut-off", "dynamo-kimi-k3-cut-off-call",
+                     "dynamo-minimax-m3-cut-off", "dynamo-minimax-m3-broken-before-name",
+                     "dynamo-nemotron-deci-cut-off"), CUT_OFF),
+    **dict.fromkeys(("dynamo-inkling-tools-alone", "dynamo-default-toolcall", "dynamo-jamba-other-tag-is-text"),
+                    TEXT_AROUND),
+    **dict.fromkeys(("dynamo-inkling-plain-answer", "dynamo-inkling-tool-text-block-is-visible",
+                     "dynamo-phi4-word-in-prose", "dynamo-nemotron-deci-not-json-is-text",
+                     "dynamo-default-list-of-numbers-is-content"), LOST_TEXT),
+    **dict.fromkeys(("dynamo-deepseek-v4-self-closing-invoke", "dynamo-deepseek-v41-self-closing-and-text-before",
+                     "dynamo-deepseek-v41-reasoning-ended-by-calls"), SELF_CLOSING),
+    **dict.fromkeys(("dynamo-deepseek-v4-reasoning-then-call", "dynamo-deepseekv4-thinking"), STRAY_MARKER),
+    **dict.fromkeys(("dynamo-minimax-m3-adaptive-plain-answer", "dynamo-minimax-m3-thinking-enabled-prompt-opened"),
+                    M3_REASONING_FIRST),
+    "dynamo-gemma4-scalars": "a Gemma 4 bare word that is no JSON scalar (word:maybe): Dynamo sends {} for the call",
+    "dynamo-kimi-k3-prompt-opened-think": ("Kimi K3 thinks by default: Dynamo's kimi_k3 splits only a block the output "
+                                           "opens, so reasoning the prompt opened joins the answer as content"),
+    "dynamo-inkling-thinking-into-call": ("a JSON tool block ending an open thinking block: Dynamo leaves marker and "
+                                          "call in the reasoning; we end the reasoning and read the call"),
+    **dict.fromkeys(("dynamo-minimax-append-think", "dynamo-minimax-append-think-no-end"),
+                    "minimax_append_think: Dynamo 1.6.1 prepends <think> and splits nothing (markers left in content)"),
+    "dynamo-minimax-m3-untyped-nested": ("M3 <item> elements without a schema: Dynamo makes them an object's 'item' "
+                                         "key; we read an array and JSON's literals (SGLang's rule)"),
+    "dynamo-minimax-m3-spaced-tags-and-text-before": ("layout whitespace between M3's namespace token and a tag: "
+                                                      "Dynamo leaves the whole call as text; SGLang and we read it"),
 }
 
 
