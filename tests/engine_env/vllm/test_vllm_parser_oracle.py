@@ -19,7 +19,9 @@ from tests.unit.parsers.cases import Case, fold, load_cases, run
 # Formats both sides implement (our name -> vLLM's is in backends/vllm.py). Harmony is left out:
 # vLLM's needs the openai-harmony encoding files, which it downloads on first use (no network in tests).
 TOOL_FORMATS = {"", "hermes", "llama3_json", "mistral", "pythonic", "deepseek_v3", "deepseek_v3_1", "deepseek_r1",
-                "deepseek_v32", "qwen3_coder", "kimi_k2", "glm45", "glm47", "minimax_m2"}
+                "deepseek_v32", "qwen3_coder", "kimi_k2", "glm45", "glm47", "minimax_m2",
+                # issue 37's families (gemma4, jamba, phi4 not yet: their markers must first be oracle tokens)
+                "deepseek_v4", "kimi_k3", "minimax_m3"}
 # vLLM has no ◁think▷ (kimi) parser.
 REASONING_FORMATS = {"", "qwen3", "deepseek_r1", "mistral", "kimi_k2", "minimax", "nemotron", "granite"}
 
@@ -99,6 +101,11 @@ EXPECTED_DIFFERENCES: dict[str, str] = {
     "qwen3-coder-truncated-header-is-text": _PARTIAL_NAME,
     "qwen3-coder-empty-name-is-text": _DROPS_MALFORMED,
     "qwen3-coder-json-inside-tool-call-is-text": _DROPS_MALFORMED,
+    # The families added in issue 37.
+    "deepseek-v4-cut-off": _UNCLOSED,
+    "kimi-k3-cut-off-call": "a call cut off in a value: vLLM drops the call; ours closes what streamed",
+    "minimax-m3-cut-off": "a call cut off in a value: vLLM sends it with {} arguments; ours closes what streamed",
+    "minimax-m3-broken-before-name": _PARTIAL_NAME,
     "granite-heres-variant": "the \"Here's my thought process:\" header: vLLM leaves its colon in the reasoning",
     "granite-truncated-thought": ("vLLM holds back a trailing partial 'Here is my resp' header and never flushes it; "
                                   "ours flushes it as reasoning"),
