@@ -151,6 +151,7 @@ def test_the_service_builds_vllm_parsers_from_the_request(vllm_processor, tokeni
         tools_json='[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]',
         prompt_opens_reasoning=True)
     parser = output_parser(options, vllm_processor, common_pb2.PreprocessedRequest(token_ids=prompt))
+    assert parser is not None
     text = 'hm</think>ok<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
     deltas = [parser.feed(t, ids) for t, ids in token_stream(tokenizer, text)] + [parser.finish()]
     result = fold(deltas)
