@@ -73,17 +73,24 @@ def _store_batch(tokens) -> KVEventBatch:
     return KVEventBatch(ts=time.time(), events=recorder.take())
 
 
-async def _until(predicate, timeout: float = 10.0) -> None:
+async def _until_heard(publisher, heard: list, timeout: float = 30.0) -> None:
+    """Waits, the scheduler going on meanwhile (an empty batch every 0.1 s), until its rank's listener has heard.
+    The worker's subscription connects in ZMQ's background thread, and a PUB socket drops what no subscriber
+    has asked for yet (the slow joiner): on a loaded machine a rank's first batch can go out before its
+    subscription takes effect. The subscriber then asks for it when the next batch's sequence number shows the
+    gap, as it does behind a serving engine; a test that published once and waited would wait forever. The
+    deadline is for a machine running a whole suite on two cores."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while not heard:
         assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
+        publisher.publish(KVEventBatch(ts=time.time(), events=[]))
+        await asyncio.sleep(0.1)
 
 
 async def test_each_ranks_events_reach_that_ranks_listener_alone(model_dir):
     server_args = parse_config(["--model-dir", str(model_dir), "--dp-size", "2"], env={}).server_args()
     publishers = [EventPublisherFactory.create(server_args.kv_events_config, rank) for rank in (0, 1)]
-    heard = {0: [], 1: []}
+    heard: dict[int, list] = {0: [], 1: []}
 
     class RankListener:
         def __init__(self, rank: int) -> None:
@@ -102,10 +109,10 @@ async def test_each_ranks_events_reach_that_ranks_listener_alone(model_dir):
                                RankListener)
     try:
         one, zero = list(range(100, 108)), list(range(300, 304))
-        publishers[1].publish(_store_batch(one))  # rank 1's first batch: replayed if the subscription is late
-        await _until(lambda: heard[1])
+        publishers[1].publish(_store_batch(one))  # rank 1's first batch: replayed if its subscription is late
+        await _until_heard(publishers[1], heard[1])
         publishers[0].publish(_store_batch(zero))
-        await _until(lambda: heard[0])
+        await _until_heard(publishers[0], heard[0])
         assert heard == {1: [sequence_hashes(block_hashes(one, PAGE))], 0: [sequence_hashes(block_hashes(zero, PAGE))]}
     finally:
         for close in closers:

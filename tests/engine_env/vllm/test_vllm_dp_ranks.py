@@ -127,6 +127,21 @@ def test_a_registered_worker_with_ranks_lets_each_engine_core_bind_its_own_port(
     assert one.endpoint.startswith("ipc://")  # without ranks: the private endpoint
 
 
+async def until_each_rank_heard(publishers: dict, heard: dict[int, list], timeout: float = 30.0) -> None:
+    """Waits, the cores going on meanwhile (an empty batch from each every 0.1 s), until every rank's listener
+    has heard. The worker's subscriptions connect in ZMQ's background thread, and a PUB socket drops what no
+    subscriber has asked for yet (the slow joiner): on a loaded machine a rank's first batch can go out before
+    its subscription takes effect. The subscriber then asks for it when the next batch's sequence number shows
+    the gap, as it does behind a serving engine; a test that published once and waited would wait forever.
+    The deadline is for a machine running a whole suite on two cores."""
+    deadline = time.monotonic() + timeout
+    while not all(heard.values()):
+        assert time.monotonic() < deadline, heard
+        for publisher in publishers.values():
+            publisher.publish(KVEventBatch(ts=time.time(), events=[]))
+        await asyncio.sleep(0.1)
+
+
 async def test_each_engine_cores_events_reach_that_ranks_listener_alone(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.1")  # what the worker sets for a loopback --host
     model = tmp_path / "m"
@@ -156,14 +171,11 @@ async def test_each_engine_cores_events_reach_that_ranks_listener_alone(monkeypa
     try:
         publishers[1].publish(KVEventBatch(ts=time.time(), events=[BlockStored(
             block_hashes=[b"a", b"b"], parent_block_hash=None, token_ids=one, block_size=4, lora_id=None,
-            medium="GPU", lora_name=None)]))  # rank 1's first batch: replayed if the subscription is late
+            medium="GPU", lora_name=None)]))  # rank 1's first batch: replayed if its subscription is late
         publishers[0].publish(KVEventBatch(ts=time.time(), events=[BlockStored(
             block_hashes=[b"a"], parent_block_hash=None, token_ids=zero, block_size=4, lora_id=None,
             medium="GPU", lora_name=None)]))  # the same engine hash on another core: another cache
-        deadline = time.monotonic() + 10
-        while not (heard[0] and heard[1]):
-            assert time.monotonic() < deadline, heard
-            await asyncio.sleep(0.05)
+        await until_each_rank_heard(publishers, heard)
         assert heard == {1: [sequence_hashes(block_hashes(one, 4))], 0: [sequence_hashes(block_hashes(zero, 4))]}
     finally:
         for close in closers:
