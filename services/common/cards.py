@@ -124,6 +124,7 @@ class WorkerCard:
     kind: str = "mocker"
     total_kv_blocks: int = 0
     max_num_batched_tokens: int = 0
+    max_num_seqs: int = 0  # sequences one engine runs at once (Dynamo's model_max_num_seqs); 0: not said
     # PREFILL, DECODE or BOTH; cards written before roles existed lack the field and read as BOTH.
     role: str = BOTH
     # Distinct LoRA adapters one engine step may run (vLLM's --max-loras); 0: LoRA is off on this worker.

@@ -277,14 +277,15 @@ class MeshCollector:
             ("model_max_num_batched_tokens", "Tokens one engine step of a worker may batch",
              lambda c: c.max_num_batched_tokens),
             ("model_context_length", "The model's context length in tokens", lambda c: c.model.context_length),
-            ("model_kv_cache_block_size", "Tokens per KV block", lambda c: c.model.block_size)]
+            ("model_kv_cache_block_size", "Tokens per KV block", lambda c: c.model.block_size),
+            ("model_max_num_seqs", "Sequences a worker runs at once", lambda c: c.max_num_seqs)]
         for name, doc, read in fields:
             family = GaugeMetricFamily(self.p + name, doc, labels=["model"])
             for model, cards in sorted(models.items()):
-                family.add_metric([model], max(read(c) for c in cards))
+                value = max(read(c) for c in cards)
+                if value:  # 0: no worker of the model says (an older card, an engine that does not report it)
+                    family.add_metric([model], value)
             yield family
-        # Not on the cards: no samples (docs/metrics.md).
-        yield GaugeMetricFamily(f"{self.p}model_max_num_seqs", "Sequences a worker runs at once", labels=["model"])
         limit = GaugeMetricFamily(f"{self.p}model_migration_limit", "Times a request may move to another worker",
                                   labels=["model"])
         if self.migration_limit is not None:

@@ -97,7 +97,7 @@ class Serving:
 
 
 def engine_serving(worker: WorkerConfig, engine: Engine, *, load: LoadReader | None = None,
-                   total_kv_blocks: int = 0, max_num_batched_tokens: int = 0,
+                   total_kv_blocks: int = 0, max_num_batched_tokens: int = 0, max_num_seqs: int = 0,
                    failed: Callable[[], Awaitable[BaseException]] | None = None,
                    closers: Sequence[Callable[[], Awaitable[None]]] = (),
                    adapters: WorkerAdapters | None = None,
@@ -108,7 +108,7 @@ def engine_serving(worker: WorkerConfig, engine: Engine, *, load: LoadReader | N
     ``dp_start_rank``: its data-parallel ranks (services/common/dp_ranks.py; ``engine`` serves them all)."""
     server = build_server(worker, engine, adapters)
     card = worker_card(worker, worker.advertised_address(server.port), total_kv_blocks=total_kv_blocks,
-                       max_num_batched_tokens=max_num_batched_tokens, adapters=adapters,
+                       max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, adapters=adapters,
                        kv_release_by=kv_release_by, dp_size=dp_size, dp_start_rank=dp_start_rank)
     return Serving(worker, server, card, closers=[*closers, engine.close], load=load, failed=failed,
                    adapters=adapters)

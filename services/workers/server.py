@@ -50,7 +50,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
 
 def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
-                max_num_batched_tokens: int = 0, adapters: WorkerAdapters | None = None,
+                max_num_batched_tokens: int = 0, max_num_seqs: int = 0, adapters: WorkerAdapters | None = None,
                 kv_release_by: str = KV_RELEASE_BY_PREFILL, dp_size: int = 1, dp_start_rank: int = 0) -> WorkerCard:
     """``total_kv_blocks`` and ``max_num_batched_tokens`` are one engine's: with data-parallel ranks
     (``dp_size`` from ``dp_start_rank``, services/common/dp_ranks.py), each rank's."""
@@ -65,6 +65,7 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
     lora = adapters.settings if adapters is not None else None
     return WorkerCard(worker_id=cfg.worker_id, address=address, model=model, kind=cfg.kind,
                       total_kv_blocks=total_kv_blocks, max_num_batched_tokens=max_num_batched_tokens,
+                      max_num_seqs=max_num_seqs,
                       role=cfg.role, max_loras=lora.max_loras if lora is not None else 0,
                       lora_runtime_loading=lora.runtime_loading if lora is not None else False,
                       kv_release_by=kv_release_by, namespace=cfg.scope.name,

@@ -227,6 +227,7 @@ def test_dynamo_families_follow_sessions_cancels_and_rejections(dyn_mesh):
         m = edge_scrape(dyn_mesh)
         assert value(m, DYN + "model_kv_cache_block_size", model=DEMO) > 0
         assert value(m, DYN + "model_total_kv_blocks", model=DEMO) > 0
+        assert value(m, DYN + "model_max_num_seqs", model=DEMO) > 0  # from the mocker's --max-num-seqs
         assert value(m, DYN + "model_migration_limit", model=DEMO) >= 0  # the all-in-one knows the flag
         at_home = {"worker_id": home, "dp_rank": "0", "worker_type": "decode"}
         assert value(m, DYN + "worker_last_input_sequence_tokens", **at_home) > 0

@@ -64,8 +64,8 @@ async def build(cfg: MockerConfig, events: entry.KvEvents) -> entry.Serving:
     adapters = await _adapters(cfg)
     serving = entry.engine_serving(cfg.worker, engine, load=engine.read_load,
                                    total_kv_blocks=cfg.engine.num_gpu_blocks,
-                                   max_num_batched_tokens=cfg.engine.max_num_batched_tokens, closers=[puller.close],
-                                   adapters=adapters)
+                                   max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
+                                   max_num_seqs=cfg.engine.max_num_seqs, closers=[puller.close], adapters=adapters)
     engine.holds.identify(serving.card.worker_id, serving.card.address)
     add_kv_transfer(serving.server.server, engine.holds)
     return serving
@@ -87,8 +87,9 @@ async def _serve_ranked(cfg: MockerConfig, ranked: RankedEngines, puller: GrpcKv
     await ranked.start()
     adapters = await _adapters(cfg)
     return entry.engine_serving(cfg.worker, ranked, total_kv_blocks=cfg.engine.num_gpu_blocks,
-                                max_num_batched_tokens=cfg.engine.max_num_batched_tokens, closers=[puller.close],
-                                adapters=adapters, dp_size=cfg.dp_size)
+                                max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
+                                max_num_seqs=cfg.engine.max_num_seqs, closers=[puller.close], adapters=adapters,
+                                dp_size=cfg.dp_size)
 
 
 KIND = entry.WorkerKind(name="mocker", parse=parse_config, log_level=lambda cfg: cfg.worker.log_level,

@@ -170,6 +170,10 @@ class VllmEngine:
     def max_num_batched_tokens(self) -> int:
         return self.llm.vllm_config.scheduler_config.max_num_batched_tokens
 
+    @property
+    def max_num_seqs(self) -> int:
+        return self.llm.vllm_config.scheduler_config.max_num_seqs
+
     def read_load(self, dp_rank: int | None = None) -> dict[str, int]:
         """The routers' load fields of one rank (None: the engine without ranks); an idle one reports nothing
         running whatever its last step said."""

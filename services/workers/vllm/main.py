@@ -50,7 +50,8 @@ async def build(prepared: tuple[VllmConfig, Any], events: entry.KvEvents) -> ent
     closers = _kv_events(cfg, engine, events, worker)
     serving = entry.engine_serving(worker, engine, load=None if engine.has_ranks else engine.read_load,
                                    total_kv_blocks=engine.num_kv_blocks,
-                                   max_num_batched_tokens=engine.max_num_batched_tokens, failed=engine.failed,
+                                   max_num_batched_tokens=engine.max_num_batched_tokens,
+                                   max_num_seqs=engine.max_num_seqs, failed=engine.failed,
                                    closers=closers, adapters=adapters, kv_release_by=KV_RELEASE_BY_DECODE,
                                    dp_size=len(ranks), dp_start_rank=ranks.start)
     add_kv_release(serving.server.server, engine.release_kv)  # a decode worker frees its prefill peer's blocks

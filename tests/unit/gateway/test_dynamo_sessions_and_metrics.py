@@ -30,7 +30,7 @@ def test_the_session_header_becomes_the_routes_affinity_key():
 
 def card(worker_id: str, role: str = DECODE, blocks: int = 100) -> WorkerCard:
     return WorkerCard(worker_id, "127.0.0.1:1", ModelCard("m", "/tmp", context_length=4096, block_size=16),
-                      total_kv_blocks=blocks, max_num_batched_tokens=2048, role=role)
+                      total_kv_blocks=blocks, max_num_batched_tokens=2048, max_num_seqs=256, role=role)
 
 
 def samples(recorder: DynamoRecorder) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -75,6 +75,7 @@ def test_mesh_families_follow_the_cards_and_a_gone_worker_loses_its_series():
     assert got[("dyn_model_total_kv_blocks", (("model", "m"),))] == 120  # the largest card's
     assert got[("dyn_model_context_length", (("model", "m"),))] == 4096
     assert got[("dyn_model_kv_cache_block_size", (("model", "m"),))] == 16
+    assert got[("dyn_model_max_num_seqs", (("model", "m"),))] == 256
     assert got[("dyn_model_migration_limit", (("model", "m"),))] == 3
     assert got[("dyn_worker_active_decode_blocks", worker_labels("w1"))] == 2  # 30 tokens in blocks of 16
     assert got[("dyn_worker_active_prefill_tokens", worker_labels("p1", "prefill"))] == 0
