@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
@@ -31,6 +32,8 @@ from services.common.nats_connection import close_nats, connect_retrying, retry_
 H = TypeVar("H")
 # What a NATS call raises when NATS cannot be reached or does not answer in time.
 NATS_FAILURES = (TimeoutError, nats.errors.Error, OSError)
+
+log = logging.getLogger(__name__)
 
 
 class StoreUnavailable(MeshError):
@@ -108,7 +111,9 @@ class NatsStore(Generic[H]):
         if not opening.cancelled():
             with contextlib.suppress(TimeoutError):
                 return await asyncio.wait_for(asyncio.shield(opening), self.wait_s)
-        raise StoreUnavailable(f"the {self._what} (NATS at {self.nats_url}) is not reachable")
+        # Where NATS is stays in the log: a client's error names no internal address.
+        log.warning("the %s (NATS at %s) is not reachable", self._what, self.nats_url)
+        raise StoreUnavailable(f"The {self._what} is unavailable right now; try again.")
 
     async def jetstream(self) -> JetStreamContext:
         """The JetStream context the store was opened with (for writes that go through the stream)."""

@@ -36,7 +36,8 @@ def when_serving(url: str, stop: threading.Event, timeout_s: float, models: froz
 
 def banner(url: str, nats_url: str = "", auth: bool = False) -> str:
     key = ' -H "Authorization: Bearer $KEY"' if auth else ""
-    keys = "  keys: meshfront keys create --tenant NAME (prints one)\n" if auth else ""
+    where = f" --nats-url {nats_url}" if nats_url else ""
+    keys = f"  keys: meshfront keys create --tenant NAME{where} (prints one)\n" if auth else ""
     frontend = f"  another frontend: meshfront frontend --nats-url {nats_url}\n" if nats_url else ""
     return (f"\n  Meshfront is up: {url}/v1  (OpenAI API and KServe gRPC on this port)\n"
             f"  try: curl{key} {url}/v1/models\n{keys}{frontend}  Ctrl-C stops everything.\n")

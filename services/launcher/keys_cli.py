@@ -56,8 +56,14 @@ def parser() -> argparse.ArgumentParser:
                                                        f"{env_url!r}]")
     p.add_argument("--namespace", default=env_ns, type=namespace.namespace_name,
                    help=f"the mesh's namespace [env MESHFRONT_NAMESPACE or DYN_NAMESPACE; default {env_ns!r}]")
+    # The same two after the command too (`meshfront keys create --nats-url ...`, as users type it); SUPPRESS
+    # keeps a subcommand from resetting what was given before it.
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--nats-url", default=argparse.SUPPRESS, help="as before the command")
+    where.add_argument("--namespace", default=argparse.SUPPRESS, type=namespace.namespace_name,
+                       help="as before the command")
     sub = p.add_subparsers(dest="command", required=True, metavar="{create,revoke,list,usage}")
-    c = sub.add_parser("create", help="a new key; its secret is the last line printed")
+    c = sub.add_parser("create", help="a new key; its secret is the last line printed", parents=[where])
     c.add_argument("--tenant", required=True, help="who the key belongs to (usage and fairness are per tenant)")
     c.add_argument("--policy-class", default="", metavar="CLASS[,CLASS...]",
                    help="the key's policy class in the router's queue; a comma list lets its requests pick one with "
@@ -70,10 +76,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--secret-env", default="", metavar="VAR",
                    help="register the secret in environment variable VAR (a Kubernetes Secret's) instead of a new one: "
                         "a key that exists is left as it is, and one revoked stays revoked, so a rerun changes nothing")
-    r = sub.add_parser("revoke", help="revoke a key (its id from `keys list`, or its secret)")
+    r = sub.add_parser("revoke", help="revoke a key (its id from `keys list`, or its secret)", parents=[where])
     r.add_argument("key")
-    sub.add_parser("list", help="every key's tenant and limits (never the secrets)")
-    u = sub.add_parser("usage", help="requests, tokens and rejections per tenant, summed over every gateway")
+    sub.add_parser("list", help="every key's tenant and limits (never the secrets)", parents=[where])
+    u = sub.add_parser("usage", help="requests, tokens and rejections per tenant, summed over every gateway",
+                       parents=[where])
     u.add_argument("--tenant", default="", help="this tenant only")
     return p
 

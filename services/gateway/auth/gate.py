@@ -79,7 +79,9 @@ class Gate:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.synced.wait(), self._wait_s)
             if not self.synced.is_set():
-                raise StoreUnavailable(f"the key store (NATS at {self.store.nats_url}) is not reachable")
+                # Where NATS is stays in the log: a client's error names no internal address.
+                log.warning("the key store (NATS at %s) is not reachable", self.store.nats_url)
+                raise StoreUnavailable("The API keys cannot be checked right now; try again.")
         secret = presented_secret(dict(call_headers), anthropic=api.x_api_key)
         record = self._keys.get(hash_secret(secret)) if secret else None
         if record is None:
