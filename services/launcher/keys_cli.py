@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"the mesh's namespace [env MESHFRONT_NAMESPACE or DYN_NAMESPACE; default {env_ns!r}]")
     # The same two after the command too (`meshfront keys create --nats-url ...`, as users type it); SUPPRESS
     # keeps a subcommand from resetting what was given before it.
-    where = argparse.ArgumentParser(add_help=False)
+    where = _Parser(add_help=False)
     where.add_argument("--nats-url", default=argparse.SUPPRESS, help="as before the command")
     where.add_argument("--namespace", default=argparse.SUPPRESS, type=namespace.namespace_name,
                        help="as before the command")
