@@ -8,9 +8,13 @@ failure, never a skip: `make test` prepares it (`make engine-env`) before pytest
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
+import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -75,30 +79,79 @@ def wait_workers(url: str, model: str, count: int, timeout: float) -> None:
     raise AssertionError(f"{model} did not reach {count} live workers in {timeout:.0f} s: {health(url)}")
 
 
-def offline_generate(python: str, model_dir: str, prompt_ids: list[int], max_tokens: int) -> list[int]:
-    """vLLM's own offline LLM.generate at temperature 0 on the same token ids (a separate process)."""
-    return offline_generate_logprobs(python, model_dir, prompt_ids, max_tokens)[0]
+class OfflineVLLM:
+    """vLLM's own offline ``LLM.generate`` on the demo model at temperature 0, in a process of its own that loads
+    the engine once for the whole session (each load costs a minute here) and answers one request per line."""
 
-
-def offline_generate_logprobs(python: str, model_dir: str, prompt_ids: list[int],
-                              max_tokens: int) -> tuple[list[int], list[float]]:
-    """``offline_generate``'s token ids and each one's log probability."""
-    script = (
+    SCRIPT = (
         "import json, sys\n"
         "from vllm import LLM, SamplingParams\n"
         "from vllm.inputs import TokensPrompt\n"
         "if __name__ == '__main__':\n"
-        "    model_dir, ids, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])\n"
-        "    llm = LLM(model=model_dir, max_model_len=4096, gpu_memory_utilization=0.1, enforce_eager=True)\n"
-        "    out = llm.generate(TokensPrompt(prompt_token_ids=ids), SamplingParams(\n"
-        "        temperature=0, max_tokens=n, ignore_eos=True, detokenize=False, logprobs=0))[0].outputs[0]\n"
-        "    lps = [position[i].logprob for i, position in zip(out.token_ids, out.logprobs)]\n"
-        "    print('IDS ' + json.dumps([list(out.token_ids), lps]), flush=True)\n"
+        # No prefix caching: each answer is computed from its prompt alone, whatever was asked before it.
+        "    llm = LLM(model=sys.argv[1], max_model_len=4096, gpu_memory_utilization=0.1, enforce_eager=True,\n"
+        "              enable_prefix_caching=False)\n"
+        "    print('READY', flush=True)\n"
+        "    for line in sys.stdin:\n"
+        "        ids, n = json.loads(line)\n"
+        "        out = llm.generate(TokensPrompt(prompt_token_ids=ids), SamplingParams(temperature=0, max_tokens=n,\n"
+        "                           ignore_eos=True, detokenize=False, logprobs=0), use_tqdm=False)[0].outputs[0]\n"
+        "        lps = [position[i].logprob for i, position in zip(out.token_ids, out.logprobs)]\n"
+        "        print('IDS ' + json.dumps([list(out.token_ids), lps]), flush=True)\n"
     )
-    proc = subprocess.run([python, "-c", script, model_dir, json.dumps(prompt_ids), str(max_tokens)],
-                          capture_output=True, text=True, timeout=ENGINE_START_S,
-                          env={"VLLM_HOST_IP": "127.0.0.1", "PATH": "/usr/bin:/bin"})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("IDS ")]
-    assert proc.returncode == 0 and lines, f"offline vLLM failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
-    ids, logprobs = json.loads(lines[-1][4:])
-    return ids, logprobs
+
+    def __init__(self, python: str, model_dir: str, log: Path):
+        self.log = log
+        # Its stderr (vLLM's log) goes to a file: a pipe nobody reads would fill and stall the engine.
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen([python, "-c", self.SCRIPT, model_dir], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, text=True,
+                                         env={"VLLM_HOST_IP": "127.0.0.1", "PATH": "/usr/bin:/bin"})
+        self.ready = False
+        self.lines: queue.Queue[str] = queue.Queue()  # its stdout, line by line (vLLM may print more than ours)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")  # it exited
+
+    def _line(self, timeout: float) -> str:
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            line = ""
+        assert line, (f"offline vLLM {'exited ' + str(self.proc.poll()) if self.proc.poll() is not None else 'hung'}"
+                      f":\n{self.log.read_text()[-3000:]}")
+        return line
+
+    def generate(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+        """Greedy token ids and each one's log probability."""
+        while not self.ready:
+            self.ready = self._line(ENGINE_START_S).strip() == "READY"
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps([prompt_ids, max_tokens]) + "\n")
+        self.proc.stdin.flush()
+        line = self._line(120)
+        while not line.startswith("IDS "):
+            line = self._line(120)
+        ids, logprobs = json.loads(line[4:])
+        return ids, logprobs
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # its loop ends and vLLM shuts down
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def offline_vllm(vllm_python, tiny_lm_dir, tmp_path_factory) -> Iterator[OfflineVLLM]:
+    """Started when the first module asks for it, so it loads while that module's mesh starts."""
+    engine = OfflineVLLM(vllm_python, str(tiny_lm_dir), tmp_path_factory.mktemp("offline-vllm") / "vllm.log")
+    yield engine
+    engine.close()

@@ -24,7 +24,7 @@ from services.launcher.plan import WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
 from services.launcher.run import VLLM_CPU_FLAGS
 from tests.conftest import ROOT, sdk_client, stop_cleanly
-from tests.engine.conftest import ENGINE_START_S, offline_generate_logprobs, scrape, wait_workers
+from tests.engine.conftest import ENGINE_START_S, scrape, wait_workers
 
 pytestmark = pytest.mark.engine
 
@@ -34,7 +34,8 @@ BLOCK = 128  # vLLM's CPU block size
 
 
 @pytest.fixture(scope="module")
-def disagg_mesh(tmp_path_factory, vllm_python, tiny_lm_dir, envoy_bin, nats_bin):
+def disagg_mesh(tmp_path_factory, vllm_python, tiny_lm_dir, envoy_bin, nats_bin, offline_vllm):
+    # (offline_vllm: vLLM's reference loads while this mesh starts)
     store = tmp_path_factory.mktemp("kv-store")
     connector = json.dumps({"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                             "kv_connector_extra_config": {"shared_storage_path": str(store)}})
@@ -67,7 +68,7 @@ def metric(mesh: Mesh, worker: str, name: str) -> float:
 
 # Two engines load for the module (a minute each on an idle machine), and vLLM's offline engine for the reference.
 @pytest.mark.timeout(900)
-def test_greedy_output_through_the_two_legs_equals_vllms_aggregated_output(disagg_mesh, vllm_python, tiny_lm_dir):
+def test_greedy_output_through_the_two_legs_equals_vllms_aggregated_output(disagg_mesh, offline_vllm, tiny_lm_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_lm_dir)
@@ -95,7 +96,7 @@ def test_greedy_output_through_the_two_legs_equals_vllms_aggregated_output(disag
         client.close()
     assert done.usage.prompt_tokens == len(prompt_ids) and done.usage.completion_tokens == n
     mesh_logprobs = [lp.logprob for lp in done.choices[0].logprobs.content]
-    ids, logprobs = offline_generate_logprobs(vllm_python, str(tiny_lm_dir), prompt_ids, n)
+    ids, logprobs = offline_vllm.generate(prompt_ids, n)
     assert tok.decode(ids) == done.choices[0].message.content
     # Within the engine's own precision: vLLM runs the tiny model in bfloat16 on a CPU, and a decode over
     # transferred KV rounds a few logits one step (2^-6 at these magnitudes) off the aggregated run's, the same

@@ -22,7 +22,7 @@ from services.launcher.plan import WorkerSpec, ephemeral_plan
 from services.launcher.processes import Mesh
 from services.launcher.run import VLLM_CPU_FLAGS
 from tests.conftest import ROOT, sdk_client, stop_cleanly
-from tests.engine.conftest import ENGINE_START_S, offline_generate, scrape, wait_workers
+from tests.engine.conftest import ENGINE_START_S, scrape, wait_workers
 from tests.mesh.chaos_client import stream_then_hang_up
 
 pytestmark = pytest.mark.engine
@@ -34,7 +34,8 @@ BLOCK = 128  # vLLM's CPU block size; the worker cards must say so
 
 
 @pytest.fixture(scope="module")
-def engine_mesh(tmp_path_factory, vllm_python, tiny_lm_dir, envoy_bin, nats_bin):
+def engine_mesh(tmp_path_factory, vllm_python, tiny_lm_dir, envoy_bin, nats_bin, offline_vllm):
+    # (offline_vllm: vLLM's reference loads while this mesh starts, when no module before started it)
     workers = [WorkerSpec(str(tiny_lm_dir), MODEL, "vllm", (*VLLM_FLAGS, "--worker-id", wid)) for wid in WORKERS]
     plan = ephemeral_plan(workers, router_mode="kv", run_dir=ROOT / ".run" / "tests")
     mesh = Mesh(plan, tmp_path_factory.mktemp("engine-mesh-logs"))
@@ -111,7 +112,7 @@ def _token_ids(content_logprobs, vocab_by_bytes: dict[bytes, int]) -> list[int]:
     return [vocab_by_bytes[bytes(lp.bytes)] for lp in content_logprobs]
 
 
-def test_greedy_tokens_equal_vllm_offline_generate(client, vllm_python, tiny_lm_dir):
+def test_greedy_tokens_equal_vllm_offline_generate(client, offline_vllm, tiny_lm_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_lm_dir)
@@ -124,7 +125,7 @@ def test_greedy_tokens_equal_vllm_offline_generate(client, vllm_python, tiny_lm_
     assert done.usage.prompt_tokens == len(prompt_ids)  # the mesh sent the same prompt ids
     vocab_by_bytes = _byte_level_vocab(tok)
     mesh_ids = _token_ids(done.choices[0].logprobs.content, vocab_by_bytes)
-    assert mesh_ids == offline_generate(vllm_python, str(tiny_lm_dir), prompt_ids, n)
+    assert mesh_ids == offline_vllm.generate(prompt_ids, n)[0]
 
 
 def _byte_level_vocab(tok) -> dict[bytes, int]:
