@@ -45,6 +45,7 @@ class Tier:
     # filled in as it runs
     started: float = 0.0
     ended: float = 0.0
+    cpu_s: float = 0.0  # user + system CPU of the tier's process and every descendant it waited for
     returncode: int | None = None  # None while waiting or running; NOT_RUN when what it needs failed
 
     @property
@@ -103,6 +104,7 @@ class Runner:
         self.changed = threading.Condition()
         self.printing = threading.Lock()
         self.t0 = time.monotonic()
+        self.stat0 = cpu_times()
 
     def say(self, line: str) -> None:
         with self.printing:  # tiers end on their own threads: one line at a time
@@ -142,8 +144,12 @@ class Runner:
         argv = tier.argv + (self.pytest_args if tier.pytest else [])
         self.say(f"{tier.name}: started ({shlex.join(argv)})")
         with open(tier.log, "w") as log:
-            returncode = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, check=False).returncode
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # wait4, not wait: its rusage is what the tier cost in CPU, which wall time alone does not show
+            # (a tier waiting on sockets leaves the cores to the others).
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = returncode = os.waitstatus_to_exitcode(status)
+        tier.cpu_s = usage.ru_utime + usage.ru_stime
         tier.ended = time.monotonic()
         text = tier.log.read_text(errors="replace")
         if returncode == 0:
@@ -156,12 +162,27 @@ class Runner:
             self.changed.notify_all()
 
     def _report(self) -> None:
-        print(f"\n{'tier':<20} {'result':<8} {'wall s':>7} {'from s':>7}")
+        print(f"\n{'tier':<20} {'result':<8} {'wall s':>7} {'from s':>7} {'CPU s':>7}")
         for t in self.plan:
             result = "passed" if t.returncode == 0 else "not run" if t.returncode == NOT_RUN else "FAILED"
             wall, start = (t.ended - t.started, t.started - self.t0) if t.ended else (0.0, 0.0)
-            print(f"{t.name:<20} {result:<8} {wall:7.0f} {start:7.0f}")
-        print(f"{'make test':<20} {'':<8} {time.monotonic() - self.t0:7.0f}", flush=True)
+            print(f"{t.name:<20} {result:<8} {wall:7.0f} {start:7.0f} {t.cpu_s:7.0f}")
+        busy, cores = machine_busy(self.stat0, cpu_times())
+        print(f"{'make test':<20} {'':<8} {time.monotonic() - self.t0:7.0f} {'':>7} {'':>7}  "
+              f"(the machine's {cores} cores {busy:.0%} busy)", flush=True)
+
+
+def cpu_times() -> list[int]:
+    """The machine's CPU time so far, in ticks by kind (user, nice, system, idle, iowait, ...): /proc/stat."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def machine_busy(before: list[int], after: list[int]) -> tuple[float, int]:
+    """The share of all cores' time spent busy between two readings, and the number of cores."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    idle = spent[3] + spent[4]  # idle and iowait
+    return (1 - idle / sum(spent) if sum(spent) else 0.0), os.cpu_count() or 1
 
 
 def main(argv: list[str] | None = None) -> int:

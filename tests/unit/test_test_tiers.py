@@ -28,7 +28,10 @@ def test_a_tier_runs_after_what_it_needs_and_not_at_all_when_that_failed(tmp_pat
             tier("broken", "raise SystemExit(3)", takes_slot=False),
             tier("uses-env", "print('ran')", needs=("env",)),
             tier("uses-broken", "print('ran')", needs=("broken",)),
-            tier("alone", "print('ran')")]
+            tier("alone", "print('ran')"),
+            # A busy child of the tier: its CPU counts to the tier (the mesh's processes are a pytest's children).
+            tier("spins", "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                          "'import time; t = time.process_time()\\nwhile time.process_time() - t < 0.3: pass'])")]
     assert tiers.Runner(plan, jobs=1, pytest_args=[]).run() == 1
     by = {t.name: t for t in plan}
     assert by["uses-env"].returncode == 0 and by["uses-env"].started >= by["env"].ended
@@ -36,6 +39,8 @@ def test_a_tier_runs_after_what_it_needs_and_not_at_all_when_that_failed(tmp_pat
     assert (tmp_path / "uses-env.log").read_text() == "ran\n"
     report = capsys.readouterr().out
     assert "FAILED (exit 3)" in report and "uses-broken: not run (broken failed)" in report
+    assert by["spins"].cpu_s >= 0.3 > by["env"].cpu_s
+    assert "cores" in report.splitlines()[-1] and "% busy" in report.splitlines()[-1]
 
 
 def test_a_waiting_tier_keeps_its_place_and_jobs_bound_the_tiers_at_once(tmp_path, monkeypatch):
