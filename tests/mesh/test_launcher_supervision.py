@@ -38,7 +38,9 @@ STREAMS = 60
 TOKENS = 150
 # ~12 ms a token (the mocker's real-engine pacing halved): a stream lasts a couple of seconds.
 SPEEDUP = "0.5"
-RECOVERY_S = 5.0
+# A first exit is restarted at once (asserted from the log); this bounds the time until a fresh request is
+# answered, a Python start and a NATS connect on a loaded machine (about 2 s on a quiet one: the figure printed).
+RECOVERY_S = 15.0
 # Killed in this order; the first is a worker (its streams must migrate).
 KINDS = ("mocker-0", "postprocessor", "router", "preprocessor", "gateway-0", "nats", "envoy")
 FIGURES: dict[str, tuple[int, float]] = {}
@@ -205,7 +207,8 @@ def test_a_killed_process_is_restarted_and_the_mesh_serves_again(launcher, name)
     FIGURES[name] = (len(failures), recovered)
     print(f"\n{name}: SIGKILL during {STREAMS} streams -> {len(failures)} failed; a fresh request succeeded "
           f"{recovered:.2f} s after the kill", flush=True)
-    assert re.search(rf"{re.escape(name)} ended with signal 9 \(SIGKILL\) after [\d.]+ s; restarting (now|in [\d.]+ s)",
+    # Its first exit, after a long run: restarted now, no backoff.
+    assert re.search(rf"{re.escape(name)} ended with signal 9 \(SIGKILL\) after [\d.]+ s; restarting now",
                      launcher.log()), launcher.log()[-4000:]
     deadline = time.monotonic() + 30
     while launcher.pids()[name] == old_pid and time.monotonic() < deadline:
