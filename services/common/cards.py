@@ -112,6 +112,10 @@ ROLES = (PREFILL, DECODE, BOTH)
 # docs/engines.md, "Disaggregation").
 KV_RELEASE_BY_PREFILL, KV_RELEASE_BY_DECODE = "prefill", "decode"
 KV_RELEASE_BY = (KV_RELEASE_BY_PREFILL, KV_RELEASE_BY_DECODE)
+# The services of SMG's engine proto a card's address may serve (WorkerCard.engine_protocol), named as the
+# proto packages name them: vLLM's --grpc, SGLang's --grpc-mode, TensorRT-LLM's --grpc.
+VLLM_ENGINE, SGLANG_SCHEDULER, TRTLLM_SERVICE = "vllm_engine", "sglang_scheduler", "trtllm_service"
+ENGINE_PROTOCOLS = (VLLM_ENGINE, SGLANG_SCHEDULER, TRTLLM_SERVICE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +145,10 @@ class WorkerCard:
     # no ranks (cards written before ranks existed lack both and read so).
     data_parallel_start_rank: int = 0
     data_parallel_size: int = 1
+    # Which protocol ``address`` serves: "" is Meshfront's own worker proto (meshfront.worker.v1); one of
+    # ENGINE_PROTOCOLS is SMG's engine proto (PyPI smg-grpc-proto) with that service, a stock engine's own gRPC
+    # attached by address (docs/engine-grpc.md). Cards written before it existed lack it and read as "".
+    engine_protocol: str = ""
 
     @property
     def dp_ranks(self) -> Sequence[int] | None:
@@ -163,6 +171,8 @@ class WorkerCard:
             raise ValueError(f"unknown worker role {d['role']!r}")
         if d.get("kv_release_by", KV_RELEASE_BY_PREFILL) not in KV_RELEASE_BY:
             raise ValueError(f"unknown kv_release_by {d['kv_release_by']!r}")
+        if d.get("engine_protocol", "") not in ("", *ENGINE_PROTOCOLS):
+            raise ValueError(f"unknown engine_protocol {d['engine_protocol']!r}")
         if d.get("data_parallel_size", 1) < 1 or d.get("data_parallel_start_rank", 0) < 0:
             raise ValueError("data_parallel_size must be >= 1 and data_parallel_start_rank >= 0")
         return cls(model=ModelCard(**m), **d)
