@@ -38,7 +38,7 @@ def main_module(command: str) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in {"-h", "--help"}:
-        print("usage: meshfront {run,frontend,trace,keys," + ",".join(COMMANDS) +
+        print("usage: meshfront {run,frontend,trace,keys,attach," + ",".join(COMMANDS) +
               "} [flags]  (each command has --help)")
         sys.exit(0 if args else 2)
     command, rest = args[0], args[1:]
@@ -58,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from services.launcher.trace_cli import main as trace_main
 
         sys.exit(trace_main(rest))
+    if command == "attach":  # stock engines serving SMG's engine gRPC, registered by address (docs/engine-grpc.md)
+        from services.workers.attach.main import main as attach_main
+
+        sys.exit(attach_main(rest))
     if command not in COMMANDS:
         print(f"meshfront: unknown command {command!r}", file=sys.stderr)
         sys.exit(2)

@@ -51,5 +51,6 @@ def start(plan: MeshPlan, http_port: int, timeout_s: float, stop: threading.Even
                                   args=(url, plan.admin_port, plan.tls_client_ca, stop, timeout_s))
     else:
         thread = threading.Thread(target=when_serving, daemon=True, args=(
-            url, stop, timeout_s, frozenset(w.model_name for w in plan.workers), plan.nats_url, auth))
+            # an attached engine's model may go unnamed (its own name): no name to wait for
+            url, stop, timeout_s, frozenset(w.model_name for w in plan.workers if w.model_name), plan.nats_url, auth))
     thread.start()

@@ -45,7 +45,9 @@ class WorkerSpec:
 
 WORKER_MODULES = {"mocker": "services.workers.mocker", "hf": "services.workers.hf", "vllm": "services.workers.vllm",
                   "sglang": "services.workers.sglang", "embed": "services.workers.embed",
-                  "diffusers": "services.workers.diffusers"}
+                  "diffusers": "services.workers.diffusers",
+                  # not a worker: the registrar of stock engines (meshfront run --engine-grpc), placed like one
+                  "attach": "services.workers.attach"}
 
 
 def worker_argv(kind: str, *args: str) -> list[str]:

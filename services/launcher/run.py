@@ -23,7 +23,7 @@ import threading
 from services.common import namespace
 from services.gateway.extensions.edge import edge_routes
 from services.gateway.frontend_metrics import check_prefix
-from services.launcher import announce, edge, media_demos, trace_viewer
+from services.launcher import announce, edge, engine_grpc, media_demos, trace_viewer
 from services.launcher.demo_lora import check_demo_lora, demo_lora_flags
 from services.launcher.engine_env import ENGINES, EngineEnvError
 from services.launcher.engine_env import ensure as ensure_engine_env
@@ -159,6 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-cluster", type=int, choices=(1, 3), default=1,
                    help="NATS nodes: 3 runs a JetStream cluster whose buckets keep three replicas (one node may die)")
     media_demos.add_flags(p)
+    engine_grpc.add_flags(p)
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--tls-cert", default="", help="PEM certificate (chain): Envoy serves HTTPS and gRPC over TLS")
     p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
@@ -206,6 +207,7 @@ def _check_shape(args: argparse.Namespace) -> None:
     for flag in ("embedding_workers", "image_workers", "video_workers"):
         if getattr(args, flag) < 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 0")
+    engine_grpc.check(args)
     _check_roles(args)
     media_demos.check(args)
     if args.crash_window_s <= 0 or args.crash_limit < 1:
@@ -292,6 +294,7 @@ def _check_files(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    engine_model_name = args.model_name or args.model  # empty: the --engine-grpc engines' own
     args.model_name = args.model_name or args.model or DEMO_MODEL_NAME
     try:
         model_dir = _model_dir(args)
@@ -299,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, EngineEnvError) as e:
         print(f"meshfront run: {e}", file=sys.stderr, flush=True)
         return 1
-    if not model_dir:
+    if not model_dir and not args.engine_grpc:  # engines name their model directory themselves
         from services.models.build import build_demo_model
 
         print("building the demo model directory from packaged tokenizer files ...", flush=True)
@@ -324,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"meshfront run: {e}; or run without embeddings: --embedding-workers 0", file=sys.stderr, flush=True)
         return 1
     build_dir = MeshPlan().run_dir.parent / "build" / "models"
-    extra_workers = embedding_workers + media_workers(args) + media_demos.workers(args, build_dir, VLLM_CPU_ARGS)
+    extra_workers = (engine_grpc.attach_worker(args, model_dir, engine_model_name, ()) + embedding_workers
+                     + media_workers(args) + media_demos.workers(args, build_dir, VLLM_CPU_ARGS))
     _write_policy_config(args, ports.get("run_dir", MeshPlan().run_dir))
     plan = MeshPlan(http_port=args.http_port, router_mode=args.router_mode, inproc=args.inproc,
                     workers=_generating_workers(args, model_dir, extra) + extra_workers,
@@ -401,7 +405,7 @@ def media_workers(args: argparse.Namespace) -> list[WorkerSpec]:
 def _placement(args: argparse.Namespace) -> dict:
     """The plan's fixed ports (9100 gateways, 9500 workers, ...), or free ones with --free-ports."""
     workers = (args.workers + args.prefill_workers + args.decode_workers + args.embedding_workers + args.image_workers
-               + args.video_workers + media_demos.count(args))
+               + args.video_workers + media_demos.count(args) + engine_grpc.count(args))
     ports: dict = {"gateway_ports": [9100 + i for i in range(args.gateways)],
                    "worker_ports": [9500 + i for i in range(workers)]}
     if args.free_ports:
