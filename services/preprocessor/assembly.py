@@ -46,7 +46,8 @@ def build(cfg: PreprocessorConfig, registry: WorkerRegistry) -> Built[Preprocess
                                 hide_tools_for_choice_none=cfg.hide_tools_for_tool_choice_none,
                                 chat_template=cfg.chat_template, media=MediaResolver(cfg.media, shared=shared_uuids),
                                 model_files=model_files,
-                                chat_renderer=load_chat_renderer(cfg.chat_processor))  # vllm: seconds to import
+                                # vllm: seconds to import
+                                chat_renderer=load_chat_renderer(cfg.chat_processor, cfg.tokenizer_prefix_cache_bytes))
     # A newly served model's tokenizer and template load now, not on its first request.
     return Built(preprocessor, closers=[warm_each_new_model(registry, preprocessor.warm), preprocessor.media.close,
                                         model_files.close])

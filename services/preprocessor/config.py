@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from services.common.flags import FlagParser, Flags, add_common_flags, common_errors
 from services.common.namespace import DEFAULT as DEFAULT_NAMESPACE
 from services.common.tokenizer_files import TOKENIZER_BACKENDS, TokenizerOptions, add_trust_remote_code_flag
-from services.preprocessor.core.renderers import CHAT_PROCESSORS, DEFAULT_CHAT_PROCESSOR
+from services.preprocessor.core.renderers import CHAT_PROCESSORS, DEFAULT_CHAT_PROCESSOR, DEFAULT_PREFIX_CACHE_BYTES
 from services.preprocessor.core.template_check import read_chat_template
 from services.preprocessor.media.limits import MediaLimits
 from services.preprocessor.service import DEFAULT_OFFLOAD_THRESHOLD
@@ -50,9 +50,14 @@ class PreprocessorConfig:
     # How model tokenizers load (services/common/tokenizer_files.py): --tokenizer, --tokenizer-fallback and
     # --trust-remote-code, Dynamo's flags.
     tokenizer: TokenizerOptions = TokenizerOptions()
+    # Bytes of recent prompts' text and ids kept so a conversation's next turn encodes only its new part
+    # (core/prefix_cache.py); 0: off.
+    tokenizer_prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES
 
     def validate(self) -> None:
         errors = common_errors(self.port, self.drain_grace_s) + self.media.errors()
+        if self.tokenizer_prefix_cache_bytes < 0:
+            errors.append("--tokenizer-prefix-cache-bytes must be >= 0 (0: no prefix cache)")
         if self.offload_threshold < 0:
             errors.append("--offload-threshold must be >= 0")
         if self.chat_processor not in CHAT_PROCESSORS:
@@ -119,6 +124,10 @@ def add_flags(p: Flags) -> None:
     p.add("--media-max-audio-s", default=d.max_audio_s, type=float,
           help="longest input_audio clip decoded, in seconds (longer: 400)")
     add_tokenizer_flags(p)
+    # Dynamo 1.6.1's frontend has no flag for its tokenizer cache: this one is Meshfront's.
+    p.add("--tokenizer-prefix-cache-bytes", default=DEFAULT_PREFIX_CACHE_BYTES, type=int,
+          help="bytes of recent chat prompts (text and token ids) kept per preprocessor so that a conversation's "
+               "next turn tokenizes only what it adds, with the same ids (0: off)")
 
 
 def add_tokenizer_flags(p: Flags) -> None:
@@ -155,7 +164,8 @@ def from_args(args: argparse.Namespace) -> PreprocessorConfig:
                                                uuid_ttl_s=args.media_uuid_ttl_s,
                                                max_audio_s=args.media_max_audio_s),
                              tokenizer=TokenizerOptions(backend=args.tokenizer, fallback=args.tokenizer_fallback,
-                                                        trust_remote_code=args.trust_remote_code))
+                                                        trust_remote_code=args.trust_remote_code),
+                             tokenizer_prefix_cache_bytes=args.tokenizer_prefix_cache_bytes)
     cfg.validate()
     return cfg
 

@@ -36,6 +36,7 @@ from services.common.tokenizer_kinds.fast_encoder import Encoder
 from services.preprocessor.core import length_floor
 from services.preprocessor.core.byte_bound import bytes_per_token_ceiling
 from services.preprocessor.core.length_floor import space_split_kind
+from services.preprocessor.core.prefix_cache import Cuts
 
 # transformers writes int(1e30) as model_max_length when a tokenizer has no limit.
 _UNLIMITED = 10**18
@@ -78,6 +79,11 @@ class ModelArtifacts:
         return bytes_per_token_ceiling(self.tokenizer)
 
     @functools.cached_property
+    def prefix_cuts(self) -> Cuts | None:
+        """Where a prompt may be cut for the prefix cache (prefix_cache.py); None: nowhere safe."""
+        return Cuts.of(self.tokenizer.get_added_tokens_decoder())
+
+    @functools.cached_property
     def space_split_kind(self) -> str | None:
         """The pre-tokenizer's type when no token crosses a space (length_floor.py); None otherwise."""
         return space_split_kind(self.tokenizer)
@@ -86,7 +92,7 @@ class ModelArtifacts:
         """Reads what ``fewest_tokens`` needs from the tokenizer now, as the model loads (on a thread). Read at
         the first large prompt instead, the vocabulary's copy into Python held the GIL for ~200 ms, and every
         stream the process carried stalled for as long."""
-        _ = self.bytes_per_token_ceiling, self.space_split_kind
+        _ = self.bytes_per_token_ceiling, self.space_split_kind, self.prefix_cuts
 
     def fewest_tokens(self, text: str, limit: int) -> int:
         """A floor on the tokens ``text`` encodes to (no special tokens), found without encoding all of it;

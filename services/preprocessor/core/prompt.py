@@ -6,6 +6,7 @@ Pure functions over plain values; ``service.py`` maps protos onto them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from services.common.errors import InvalidRequest
 from services.preprocessor.core import messages as msgs
 from services.preprocessor.core.artifacts import ModelArtifacts
+from services.preprocessor.core.prefix_cache import PrefixCache
 from services.preprocessor.core.templates import (
     prompt_opens_reasoning,
     render_chat,
@@ -89,13 +91,19 @@ def render_chat_prompt(artifacts: ModelArtifacts, chat: ChatInput) -> str:
 
 
 def prepare_chat(artifacts: ModelArtifacts, chat: ChatInput, context_length: int = 0,
-                 max_tokens: int | None = None) -> PreparedPrompt:
+                 max_tokens: int | None = None, prefix_cache: PrefixCache | None = None) -> PreparedPrompt:
     """``context_length`` (0: unknown) and ``max_tokens`` refuse a prompt that surely cannot fit before it is
-    encoded (refuse_surely_too_long); the exact check follows encoding (check_context)."""
+    encoded (refuse_surely_too_long); the exact check follows encoding (check_context). ``prefix_cache``: an
+    earlier turn's ids are reused (prefix_cache.py); the ids are the same as without it."""
     prompt = render_chat_prompt(artifacts, chat)
     rendered_ns = time.time_ns()
     refuse_surely_too_long(artifacts, prompt, context_length, max_tokens, "messages")
-    return PreparedPrompt(encode(artifacts, prompt), prompt_opens_reasoning(prompt), prompt, rendered_ns)
+    if prefix_cache is None:
+        ids = encode(artifacts, prompt)
+    else:
+        ids = prefix_cache.encode(artifacts.model_dir, artifacts.encoder, artifacts.prefix_cuts, prompt,
+                                  functools.partial(encode, artifacts))
+    return PreparedPrompt(ids, prompt_opens_reasoning(prompt), prompt, rendered_ns)
 
 
 def prepare_text(artifacts: ModelArtifacts, text: str, context_length: int = 0,
