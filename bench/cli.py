@@ -20,7 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench import cli_fleets, cli_scale, mesh, tenants
+from bench import cli_fleets, cli_scale, idle, mesh, tenants
 from bench.cli_common import emit as _emit
 from bench.cli_common import ints as _ints
 from bench.cli_common import machine_line as _machine_line
@@ -97,6 +97,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     cli_fleets.add_media_transfer_parser(sub)
     cli_scale.add_scale_parser(sub)
     tenants.add_parser(sub)
+    idle.add_parser(sub)
     args = p.parse_args(argv)
     if args.scenario == "engine":
         from bench.engine import DEPLOYMENTS
@@ -406,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
                "embeddings": _run_embeddings, "tokenizers": _run_tokenizers,
                "images": cli_fleets.run_images, "disagg": cli_fleets.run_disagg,
                "media-transfer": cli_fleets.run_media_transfer, "scale": cli_scale.run_scale,
-               "tenants": tenants.run_tenants}
+               "tenants": tenants.run_tenants, "idle": idle.run_idle}
     if args.scenario in runners:
         return runners[args.scenario](args, command)
     cfg = _config(args, args.shape if args.scenario == "mesh" else ("external",))

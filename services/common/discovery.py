@@ -43,6 +43,7 @@ from services.common.cards import (
     adapter_of,
 )
 from services.common.jetstream_replicas import nats_servers, open_or_create
+from services.common.kv_watch import quiet_flow_control
 from services.common.liveness import Change, LiveWorkers
 from services.common.namespace import EVERY_NAMESPACE, DiscoveryFilter, Namespace, split_worker_key
 from services.common.nats_connection import close_nats, connect_retrying, stop_if_cancelled
@@ -239,7 +240,7 @@ class WorkerRegistry:
             self._live.restart_silence()
             try:
                 reconnects = self._nc.stats["reconnects"]
-                watcher = await (await open_bucket(self._nc)).watch(self.namespaces.keys)
+                watcher = quiet_flow_control(await (await open_bucket(self._nc)).watch(self.namespaces.keys))
                 try:
                     await self._follow(watcher, reconnects)
                 finally:

@@ -17,8 +17,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import socket
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import Counter, start_http_server
+from prometheus_client import Counter, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +35,20 @@ def serve_metrics(port: int, host: str = "0.0.0.0") -> bool:  # noqa: S104 - scr
     """Starts the ``/metrics`` HTTP endpoint in a daemon thread; returns whether it started."""
     if port <= 0:
         return False
-    start_http_server(port, addr=host)
+    server_class = type("MetricsServer", (ThreadingWSGIServer,), {
+        "address_family": socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]})
+    httpd: ThreadingWSGIServer = make_server(host, port, make_wsgi_app(), server_class, handler_class=_QuietHandler)
+    # prometheus_client's start_http_server polls every 0.5 s for a shutdown that never comes (the thread
+    # dies with the process): two wake-ups a second, GIL and all, in every idle process (bench/idle.py).
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 3600.0}, daemon=True,
+                     name="metrics-http").start()
     log.info("metrics on http://%s:%d/metrics", host, port)
     return True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Scrapes are not worth a line each on stderr."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from services.common.jetstream_replicas import open_or_create
+from services.common.kv_watch import quiet_flow_control
 from services.common.namespace import Namespace
 from services.common.nats_connection import stop_if_cancelled
 from services.common.nats_store import NatsStore, unavailable_on_nats_failure
@@ -76,7 +77,7 @@ class AuthStore(NatsStore[Buckets]):
                 buckets = await self.opened()
                 assert self._nc is not None  # set once opened
                 reconnects = self._nc.stats["reconnects"]
-                watcher = await buckets.keys.watchall()
+                watcher = quiet_flow_control(await buckets.keys.watchall())
                 try:
                     while self._nc.stats["reconnects"] == reconnects:
                         try:

@@ -34,6 +34,7 @@ from services.gateway.batch.files import FileStore
 from services.gateway.batch.inprocess import Execute, LineFailed
 from services.gateway.batch.lines import Line, Outcome, counts, file_errors, output_files, parse_input
 from services.gateway.batch.store import FILE_TTL_S, Entry, LeaseLost, LineStore, RecordStore
+from services.gateway.lease_sweep import QuietSweep, bucket_sequence
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class BatchRunner:
         self.sweep_s = sweep_s
         self._slots = asyncio.Semaphore(max_concurrency)
         self._running: dict[str, asyncio.Task] = {}
+        self._leases_seen: list[float] = []  # lease_until of the active records the last listing saw
 
     # ---- the API's operations -------------------------------------------------------------------------
 
@@ -290,16 +292,22 @@ class BatchRunner:
 
     async def sweep(self) -> None:
         """Background: takes over batches whose lease expired (their replica died, froze or stopped)."""
+        quiet = QuietSweep()  # skips the listing while it could find nothing (lease_sweep.py): idle cost
         while True:
             await asyncio.sleep(self.sweep_s)
             try:
-                await self.take_over_expired()
+                sequence = await bucket_sequence(self.batches)
+                if quiet.needed(sequence, time.time()):
+                    await self.take_over_expired()
+                    quiet.listed(sequence, self._leases_seen)
             except MeshError as e:
                 log.debug("batch sweep skipped: %s", e.message)
 
     async def take_over_expired(self) -> list[str]:
         taken = []
-        for entry in await self.batches.all():
+        listing = await self.batches.all()
+        self._leases_seen = [e.record["lease_until"] for e in listing if e.record["status"] in state.ACTIVE]
+        for entry in listing:
             r = entry.record
             if r["status"] not in state.ACTIVE or r["lease_until"] > time.time() or r["id"] in self._running:
                 continue

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from services.common.errors import MeshError, NoWorkers, Overloaded
+from services.gateway.lease_sweep import QuietSweep, bucket_sequence
 from services.gateway.media.runner import CONTENT_TYPES, MediaBlobs, MediaRunner, VideoRun
 from services.gateway.media.video_spec import VideoSpec, media_request
 from services.gateway.videos.job_store import JobEntry, JobStore, LeaseLost
@@ -82,6 +83,7 @@ class VideoJobs:
         self.lease_s = lease_s
         self.sweep_s = sweep_s
         self._running: dict[str, asyncio.Task] = {}
+        self._leases_seen: list[float] = []  # lease_until of the active records the last listing saw
 
     async def submit(self, spec: VideoSpec) -> dict[str, Any]:
         """Writes a new job and starts it here; returns its record."""
@@ -192,16 +194,22 @@ class VideoJobs:
 
     async def sweep(self) -> None:
         """Background: takes over jobs whose lease expired (their replica died or stopped)."""
+        quiet = QuietSweep()  # skips the listing while it could find nothing (lease_sweep.py): idle cost
         while True:
             await asyncio.sleep(self.sweep_s)
             try:
-                await self.take_over_expired()
+                sequence = await bucket_sequence(self.store)
+                if quiet.needed(sequence, time.time()):
+                    await self.take_over_expired()
+                    quiet.listed(sequence, self._leases_seen)
             except MeshError as e:
                 log.debug("video job sweep skipped: %s", e.message)
 
     async def take_over_expired(self) -> list[str]:
         taken = []
-        for entry in await self.store.all():
+        listing = await self.store.all()
+        self._leases_seen = [e.record["lease_until"] for e in listing if e.record["status"] in ACTIVE]
+        for entry in listing:
             r = entry.record
             if r["status"] not in ACTIVE or r["lease_until"] > time.time() or r["id"] in self._running:
                 continue
