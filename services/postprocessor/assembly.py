@@ -16,6 +16,7 @@ from services.common.warmup import warm_each_new_model
 from services.postprocessor.config import PostprocessorConfig
 from services.postprocessor.core.parsers.backends import load_chat_processor
 from services.postprocessor.core.tokenizers_cache import TokenizerCache
+from services.postprocessor.engine_client import ByProtocolWorkerClient, CardsByAddress, EngineWorkerClient
 from services.postprocessor.kv_release import GrpcKvReleaser
 from services.postprocessor.migration import Migrator, RouterClient
 from services.postprocessor.mux_client import MuxWorkerClient
@@ -39,15 +40,21 @@ def build(cfg: PostprocessorConfig, registry: WorkerRegistry, tls: mesh_tls.Mesh
         grpc_router = GrpcRouterClient(cfg.router, tls, cfg.router_wait_s)
         router = grpc_router
         closers.append(grpc_router.close)
+    # Cards that name an engine protocol are stock engines reached over their own gRPC (engine_client.py).
+    cards = CardsByAddress()
+    registry.subscribe(cards.changed)
+    engines = EngineWorkerClient()
     workers = MuxWorkerClient(tls)
     releaser = GrpcKvReleaser(tls, registry.workers_for)  # the prefill worker's card says who releases
     model_files = ModelFilesResolver(cfg.nats_url)  # the tokenizer comes from NATS: no model volume needed
-    postprocessor = Postprocessor(workers, migrator=Migrator(router, cfg.migration_limit, cfg.migration_max_seq_len),
+    postprocessor = Postprocessor(ByProtocolWorkerClient(workers, engines, cards),
+                                  migrator=Migrator(router, cfg.migration_limit, cfg.migration_max_seq_len),
                                   idle_timeout_s=cfg.stream_idle_timeout_s, chat_processor=chat_processor,
                                   kv_releaser=releaser, model_files=model_files,
                                   tokenizers=TokenizerCache(trust_remote_code=cfg.trust_remote_code),
                                   auto_tool_choice=cfg.enable_auto_tool_choice)
     closers.append(warm_each_new_model(registry, postprocessor.warm))
-    return Built(postprocessor, closers=[postprocessor.close, workers.close, releaser.close, model_files.close,
+    return Built(postprocessor, closers=[postprocessor.close, workers.close, engines.close, releaser.close,
+                                         model_files.close,
                                          *closers],
                  parts={"workers": workers, "router": router})
