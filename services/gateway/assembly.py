@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
+from services.common.engine_channels import CardsByAddress
 from services.common.grpc_server import GrpcServer
 from services.common.namespace import Namespace
 from services.common.stage_wait import DEFAULT_WAIT_S
@@ -207,7 +208,9 @@ def build(cfg: GatewayConfig, registry: WorkerRegistry, tls: mesh_tls.MeshTls | 
     recorder.watch(registry.models)  # Dynamo's model and per-worker families read the cards when scraped
     metrics = ReplicaMetrics(cfg.nats_url, f"{socket.gethostname()}:{cfg.port}", recorder.registry,
                              namespace=namespace)
-    embed_workers = GrpcEmbedWorker(tls)
+    engine_cards = CardsByAddress()  # a stock engine's card (engine_protocol) is embedded over its own gRPC
+    registry.subscribe(engine_cards.changed)
+    embed_workers = GrpcEmbedWorker(tls, engine_cards)
     media_workers = GrpcMediaWorker(tls)
     lora_workers = GrpcLoraWorkers(tls)
     media_store = MediaStore(cfg.nats_url, cfg.media_url_ttl_s, namespace=namespace)

@@ -11,12 +11,13 @@ import logging
 from services.common import tls as mesh_tls
 from services.common.assembly import Built
 from services.common.discovery import WorkerRegistry
+from services.common.engine_channels import CardsByAddress
 from services.common.model_files import ModelFilesResolver
 from services.common.warmup import warm_each_new_model
 from services.postprocessor.config import PostprocessorConfig
 from services.postprocessor.core.parsers.backends import load_chat_processor
 from services.postprocessor.core.tokenizers_cache import TokenizerCache
-from services.postprocessor.engine_client import ByProtocolWorkerClient, CardsByAddress, EngineWorkerClient
+from services.postprocessor.engine_client import ByProtocolWorkerClient, EngineWorkerClient
 from services.postprocessor.kv_release import GrpcKvReleaser
 from services.postprocessor.migration import Migrator, RouterClient
 from services.postprocessor.mux_client import MuxWorkerClient

@@ -21,19 +21,12 @@ from typing import Any
 
 import grpc
 from meshfront.worker.v1 import worker_pb2
-from smg_grpc_proto import (
-    sglang_scheduler_pb2,
-    sglang_scheduler_pb2_grpc,
-    trtllm_service_pb2,
-    trtllm_service_pb2_grpc,
-    vllm_engine_pb2,
-    vllm_engine_pb2_grpc,
-)
+from smg_grpc_proto import sglang_scheduler_pb2, trtllm_service_pb2, vllm_engine_pb2
 
 from services.common import engine_proto
-from services.common.cards import SGLANG_SCHEDULER, TRTLLM_SERVICE, VLLM_ENGINE, WorkerCard
+from services.common.cards import SGLANG_SCHEDULER, VLLM_ENGINE, WorkerCard
+from services.common.engine_channels import STUBS, engine_channel
 from services.common.errors import InvalidRequest, MeshError, WorkerFailed
-from services.common.grpc_server import PINGED_CHANNEL_OPTIONS
 from services.common.pump import Batch, take_batch
 from services.postprocessor.attempt import WorkerCall, WorkerClient
 from services.postprocessor.mux_client import WORKER_FAILED, worker_error
@@ -42,9 +35,6 @@ log = logging.getLogger(__name__)
 
 _END = object()
 ABORT_TIMEOUT_S = 2.0
-_STUBS: dict[str, Callable[[grpc.aio.Channel], Any]] = {
-    VLLM_ENGINE: vllm_engine_pb2_grpc.VllmEngineStub, SGLANG_SCHEDULER: sglang_scheduler_pb2_grpc.SglangSchedulerStub,
-    TRTLLM_SERVICE: trtllm_service_pb2_grpc.TrtllmServiceStub}
 
 
 def abort_request(protocol: str, request_id: str) -> Any:
@@ -133,17 +123,13 @@ class EngineWorkerClient:
         message = engine_proto.generate_request(card.engine_protocol, req, engine_id, card.model.context_length)
         return EngineCall(self, card, self._stub(card), message, list(req.eos_token_ids))
 
-    def stub(self, card: WorkerCard) -> Any:
-        """The card's engine stub (Embed and the others)."""
-        return self._stub(card)
-
     def _stub(self, card: WorkerCard) -> Any:
         key = f"{card.engine_protocol}@{card.address}"
         stub = self._stubs.get(key)
         if stub is None:
-            channel = grpc.aio.insecure_channel(card.address, options=PINGED_CHANNEL_OPTIONS)
+            channel = engine_channel(card.address)
             self._channels.append(channel)
-            stub = self._stubs[key] = _STUBS[card.engine_protocol](channel)
+            stub = self._stubs[key] = STUBS[card.engine_protocol](channel)
         return stub
 
     def abort(self, card: WorkerCard, request_id: str) -> None:
@@ -180,21 +166,3 @@ class ByProtocolWorkerClient:
             return self._own.generate(address, request)
         return self._engines.generate(card, request)
 
-
-class CardsByAddress:
-    """The registry's live cards by address, kept by its change listener (a lookup per request, not a scan)."""
-
-    def __init__(self) -> None:
-        self._by_address: dict[str, WorkerCard] = {}
-        self._address_of: dict[str, str] = {}
-
-    def changed(self, worker_id: str, card: WorkerCard | None) -> None:
-        old = self._address_of.pop(worker_id, None)
-        if old is not None:
-            self._by_address.pop(old, None)
-        if card is not None:
-            self._by_address[card.address] = card
-            self._address_of[worker_id] = card.address
-
-    def __call__(self, address: str) -> WorkerCard | None:
-        return self._by_address.get(address)

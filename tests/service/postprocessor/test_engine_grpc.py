@@ -3,7 +3,7 @@ client is the one production builds (engine_client.py's switch, by the card's en
 engines, real grpc.aio servers implementing the package's ``VllmEngine`` service from its generated stubs (a
 fake: we ship no engine). Streaming, finish reason and usage; a cancel the engine sees as Abort; an engine that
 dies mid-stream, whose request migrates to the other one; a request the proto cannot carry refused before any
-call."""
+call; and embeddings through the engine's Embed."""
 
 from __future__ import annotations
 
@@ -11,16 +11,21 @@ import asyncio
 import uuid
 
 import grpc
+import numpy as np
 import pytest
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
+from meshfront.worker.v1 import worker_pb2
 from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc
 
 from services.common.cards import VLLM_ENGINE, ModelCard, WorkerCard
+from services.common.engine_channels import CardsByAddress
+from services.common.errors import InvalidRequest
 from services.common.grpc_server import GrpcServer
+from services.gateway.embeddings.worker_client import GrpcEmbedWorker
 from services.models.qwen import EOS_TOKEN_IDS
-from services.postprocessor.engine_client import ByProtocolWorkerClient, CardsByAddress, EngineWorkerClient
+from services.postprocessor.engine_client import ByProtocolWorkerClient, EngineWorkerClient
 from services.postprocessor.migration import Migrator
 from services.postprocessor.mux_client import MuxWorkerClient
 from services.postprocessor.server import PostprocessorServicer
@@ -66,6 +71,10 @@ class FakeEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
                 await asyncio.sleep(step)
             else:
                 yield step
+
+    async def Embed(self, request, context):
+        ids = list(request.tokenized.input_ids)
+        return pb.EmbedResponse(embedding=[float(ids[0]), -0.5, 0.25], prompt_tokens=len(ids), embedding_dim=3)
 
     async def Abort(self, request, context):
         self.aborted.extend(request.request_ids)
@@ -165,3 +174,22 @@ async def test_what_the_proto_cannot_carry_is_a_400_before_any_call(mesh, demo_m
         [r async for r in stub.Generate(req)]
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "LoRA" in (info.value.details() or "")
     assert len(engine.received) == calls
+
+
+async def test_embeddings_go_through_the_engines_embed(mesh):
+    """The gateway's embedding client, switched by the card as the gateway builds it."""
+    _, _, addresses = mesh
+    cards = CardsByAddress()
+    cards.changed("e0", WorkerCard("e0", addresses[0], ModelCard(MODEL, "/m"), engine_protocol=VLLM_ENGINE))
+    client = GrpcEmbedWorker(None, cards)
+    try:
+        req = worker_pb2.EmbedRequest(request_id="emb", model=MODEL, inputs=[worker_pb2.EmbedInput(token_ids=[7, 8]),
+                                                                              worker_pb2.EmbedInput(token_ids=[9])])
+        reply = await client.embed(addresses[0], req)
+        assert (reply.dimensions, reply.prompt_tokens) == (3, 3)
+        assert [list(np.frombuffer(e, "<f4")) for e in reply.embeddings] == [[7.0, -0.5, 0.25], [9.0, -0.5, 0.25]]
+        req.dimensions = 2
+        with pytest.raises(InvalidRequest, match="dimensions"):
+            await client.embed(addresses[0], req)
+    finally:
+        await client.close()
