@@ -163,6 +163,14 @@ class ByProtocolWorkerClient:
     def generate(self, address: str, request: worker_pb2.GenerateRequest) -> WorkerCall:
         card = self._card_at(address)
         if card is None or not card.engine_protocol:
+            req = request.request
+            peer = self._card_at(req.disaggregation.peer_address) if req.HasField("disaggregation") else None
+            if peer is not None and peer.engine_protocol:
+                # The prefill leg, on our worker, of a pair whose decode worker is an engine: refused here, before
+                # our worker holds blocks for a decode leg the engine's proto cannot take.
+                refused = engine_proto.refusal(peer.engine_protocol, req)
+                assert refused is not None  # a disaggregated leg always is
+                return RefusedCall(InvalidRequest(str(refused), param=refused.param))
             return self._own.generate(address, request)
         return self._engines.generate(card, request)
 

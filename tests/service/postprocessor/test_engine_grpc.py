@@ -176,6 +176,22 @@ async def test_what_the_proto_cannot_carry_is_a_400_before_any_call(mesh, demo_m
     assert len(engine.received) == calls
 
 
+
+@pytest.mark.parametrize("engine_leg", ["prefill", "decode"])
+async def test_a_disaggregated_route_with_an_engine_leg_is_a_400_before_any_call(mesh, demo_model_dir, engine_leg):
+    """Whichever leg the engine would run; the other is our worker's address, where nothing listens: a call
+    there would fail as a dead worker (503), not as a 400."""
+    stub, (engine, _), addresses = mesh
+    ours = "127.0.0.1:1"
+    req = request(demo_model_dir, addresses[0] if engine_leg == "decode" else ours)
+    req.prefill_worker_id, req.prefill_worker_address = "p", (addresses[0] if engine_leg == "prefill" else ours)
+    calls = len(engine.received)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        [r async for r in stub.Generate(req)]
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "disaggregated" in (info.value.details() or "") and len(engine.received) == calls
+
+
 async def test_embeddings_go_through_the_engines_embed(mesh):
     """The gateway's embedding client, switched by the card as the gateway builds it."""
     _, _, addresses = mesh
