@@ -17,18 +17,17 @@ over its own cut points and takes the last one that is indexed; the two texts ar
 (one memcmp), so a hash collision costs a full encode, never a wrong id.
 
 What it checks each time (cheaply, no second encode): the suffix's first id is the added token at the cut, and
-the suffix's ids hold exactly as many of each added token as its text: if the tokenizer split differently
+the suffix's ids hold each added token of its text, in order and as many times: if the tokenizer split differently
 than predicted (an encoder that handles added tokens its own way), the prompt is encoded whole instead.
 
 Keys: the model directory and its encoder object (``--tokenizer`` default and fastokens never share ids), then
 the text. Templates, tools, thinking kwargs and LoRA adapters need no key of their own: they change the
 rendered text, and a given encoder maps a given text to one list of ids. Memory is bounded by an LRU over
-entries, sized in bytes (text, ids as 4-byte ints, cut points).
+entries, sized in bytes (text, ids at 36 bytes each as a Python list, cut points).
 """
 
 from __future__ import annotations
 
-import array
 import collections
 import dataclasses
 import re
@@ -39,8 +38,9 @@ from typing import Any
 
 from services.common.tokenizer_kinds.fast_encoder import Encoder
 
-# Index entries cost a dict slot and a tuple each, counted here per cut point on top of the arrays.
-_BYTES_PER_CUT = 120
+# A cut costs an index slot and its key and value tuples, and two list items; an id a list slot and an int object.
+_BYTES_PER_CUT = 136
+_BYTES_PER_ID = 36
 _SEED = 0x9E3779B97F4A7C15
 
 
@@ -67,7 +67,7 @@ class Cuts:
 class _Entry:
     model: str
     text: str
-    ids: array.array  # 'i' ids of the whole text
+    ids: list[int]  # of the whole text: a list, since slicing one costs a memcpy and an array's tolist() 10x that
     positions: list[int]  # where each cut's added token starts in text
     token_index: list[int]  # that token's index in ids
     keys: list[tuple[str, int]]
@@ -119,7 +119,7 @@ class PrefixCache:
             start, head, positions, token_index = 0, [], [], []
         else:
             entry, j = found
-            start, head = matches[j][0], entry.ids[:entry.token_index[j]].tolist()
+            start, head = matches[j][0], entry.ids[:entry.token_index[j]]
             positions, token_index = entry.positions[:j], entry.token_index[:j]
         tail = encode_fn(text[start:])
         mapped = _map_cuts(tail, [m for m in matches if m[0] >= start], cuts.ids, len(head))
@@ -172,10 +172,10 @@ class PrefixCache:
         if not positions or positions[-1] == 0:
             return  # no cut with anything before it: nothing could reuse this prompt
         keys = [(model_dir, h) for h in hashes]
-        size = sys.getsizeof(text) + 4 * len(ids) + (_BYTES_PER_CUT + 16) * len(keys)
+        size = sys.getsizeof(text) + _BYTES_PER_ID * len(ids) + _BYTES_PER_CUT * len(keys)
         if size > self.capacity_bytes:
             return
-        entry = _Entry(model_dir, text, array.array("i", ids), positions, token_index, keys, size)
+        entry = _Entry(model_dir, text, list(ids), positions, token_index, keys, size)  # a copy: callers own theirs
         for j, key in enumerate(keys):
             if positions[j] == 0:
                 continue  # every conversation's: _find never looks it up
@@ -229,6 +229,8 @@ def _map_cuts(ids: list[int], matches: list[tuple[int, str]], token_ids: dict[st
         return None
     if offset and out and out[0] != offset:
         return None
-    if any(ids.count(t) != counts.get(t, 0) for t in token_ids.values()):
+    # Only the markers the text holds are counted: one the text lacks cannot appear, since a raw added token's id
+    # comes only from matching its text (never from merges: pre-tokenizers split its punctuation apart).
+    if any(ids.count(t) != n for t, n in counts.items()):
         return None
     return out

@@ -22,8 +22,8 @@ from services.preprocessor.core.artifacts import ModelArtifacts
 from services.preprocessor.core.prefix_cache import PrefixCache
 
 DEFAULT_CHAT_PROCESSOR = "ours"
-# --tokenizer-prefix-cache-bytes: about 1,300 eight-turn conversations of 6k tokens (text plus 4 bytes an id).
-DEFAULT_PREFIX_CACHE_BYTES = 64 << 20
+# --tokenizer-prefix-cache-bytes: about 500 eight-turn conversations of 6k tokens (text, and ids at 36 bytes).
+DEFAULT_PREFIX_CACHE_BYTES = 128 << 20
 
 # name -> (the distribution's top-level module, the adapter module, the extra that installs it).
 _ENGINE_RENDERERS = {
