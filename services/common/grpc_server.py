@@ -64,9 +64,14 @@ CHANNEL_OPTIONS = [
 # 2 s later fails its calls within ~3 s instead of leaving them hanging; pings go on while a call
 # waits with no data either way (a long prefill, a Route queued for a busy model).
 PINGED_CHANNEL_OPTIONS = [
-    *(o for o in CHANNEL_OPTIONS if o[0] not in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms")),
+    *(o for o in CHANNEL_OPTIONS if o[0] not in ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms",
+                                                 "grpc.keepalive_permit_without_calls")),
     ("grpc.keepalive_time_ms", 1_000),
     ("grpc.keepalive_timeout_ms", 2_000),
+    # Only while a call is open: a frozen peer matters to the calls it holds, and a new call's own ping
+    # (ping_timeout_ms below) finds it as fast. Pinging idle channels every second was most of an idle
+    # mesh's wake-ups (bench/idle.py); multiplexed streams close when idle for this (mux_client.py).
+    ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
     # A ping already out (gRPC's own, sent with a call's first bytes to size its window) stands in for
     # the keepalive one, under this timeout: 60 s by default, which kept a call to a frozen peer

@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 Resp = TypeVar("Resp")
 
 _END = object()
+# A stream with no open call for this long is half-closed (the owner opens a fresh one for the next request):
+# an open call keeps its channel's keepalive pings going (PINGED_CHANNEL_OPTIONS), and an idle mesh should
+# send none. Long enough that a steady trickle of requests keeps one stream; a new stream costs one round trip.
+IDLE_CLOSE_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +114,7 @@ class MuxStream:
         self.broken = False
         self.draining = False
         self.failure: MeshError | None = None
+        self._idle: asyncio.TimerHandle | None = None
         self._task = asyncio.create_task(self._demux())
         log.info("opened a GenerateStream to %s %s", wire.peer, address)
 
@@ -122,6 +127,9 @@ class MuxStream:
         return not (self.broken or self.draining)
 
     def start(self, request: object) -> MuxCall:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         seq_id = next(self._ids)
         call = self._calls[seq_id] = MuxCall(self, seq_id)
         self._outgoing.put_nowait(self._wire.start(seq_id, request))
@@ -130,6 +138,19 @@ class MuxStream:
     def cancel(self, seq_id: int) -> None:
         if self._calls.pop(seq_id, None) is not None and not self.broken:
             self._outgoing.put_nowait(self._wire.cancel(seq_id))
+            self._idle_soon()
+
+    def _idle_soon(self) -> None:
+        """Arms the idle close once the last open call is done."""
+        if not self._calls and self._idle is None and not self.broken:
+            self._idle = asyncio.get_running_loop().call_later(IDLE_CLOSE_S, self._close_idle)
+
+    def _close_idle(self) -> None:
+        self._idle = None
+        if self._calls or self.broken:
+            return
+        self.broken = True  # unusable from now: the next request opens a fresh stream
+        self._outgoing.put_nowait(None)  # half-close; the peer ends the stream, which ends _demux
 
     async def _actions(self) -> AsyncIterator[object]:
         while (action := await self._outgoing.get()) is not None:
@@ -158,6 +179,8 @@ class MuxStream:
                         call.deliver(_END)
                     call.done = True
                     del calls[chunk.id]
+                if not calls:
+                    self._idle_soon()
             if calls:
                 log.warning("%s %s ended its GenerateStream with %d calls open", wire.peer, self.address,
                             len(calls))
@@ -179,5 +202,7 @@ class MuxStream:
         self._outgoing.put_nowait(None)
 
     async def close(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
         self._call.cancel()
         await cancel_within([self._task])

@@ -65,6 +65,8 @@ class IdleWatch:
                 self._watched.discard(watched)
                 log.warning("worker %s sent nothing for %.1f s; treating it as failed", watched.address, self.idle_s)
                 watched.expire(WorkerFailed("worker stopped responding"))
+            if not self._watched:
+                return  # nothing to watch: an idle postprocessor sleeps; the next ``watch`` starts a sweep
 
     async def close(self) -> None:
         if self._task is not None:
