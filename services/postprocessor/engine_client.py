@@ -21,10 +21,9 @@ from typing import Any
 
 import grpc
 from meshfront.worker.v1 import worker_pb2
-from smg_grpc_proto import sglang_scheduler_pb2, trtllm_service_pb2, vllm_engine_pb2
 
 from services.common import engine_proto
-from services.common.cards import SGLANG_SCHEDULER, VLLM_ENGINE, WorkerCard
+from services.common.cards import WorkerCard
 from services.common.engine_channels import STUBS, engine_channel
 from services.common.errors import InvalidRequest, MeshError, WorkerFailed
 from services.common.pump import Batch, take_batch
@@ -35,14 +34,6 @@ log = logging.getLogger(__name__)
 
 _END = object()
 ABORT_TIMEOUT_S = 2.0
-
-
-def abort_request(protocol: str, request_id: str) -> Any:
-    if protocol == VLLM_ENGINE:
-        return vllm_engine_pb2.AbortRequest(request_ids=[request_id])
-    if protocol == SGLANG_SCHEDULER:
-        return sglang_scheduler_pb2.AbortRequest(request_id=request_id, reason="cancelled by the client")
-    return trtllm_service_pb2.AbortRequest(request_id=request_id)
 
 
 class EngineCall:
@@ -140,7 +131,8 @@ class EngineWorkerClient:
 
     async def _abort(self, card: WorkerCard, request_id: str) -> None:
         try:
-            await self._stub(card).Abort(abort_request(card.engine_protocol, request_id), timeout=ABORT_TIMEOUT_S)
+            abort = engine_proto.abort_request(card.engine_protocol, request_id)
+            await self._stub(card).Abort(abort, timeout=ABORT_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
             log.warning("engine %s: abort of %s failed: %s", card.address, request_id, e.code().name)
 

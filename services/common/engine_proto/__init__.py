@@ -11,7 +11,13 @@ What the proto cannot carry for a service is refused before any call (``refusal`
 400 naming the reason, never a silent drop. docs/engine-grpc.md ("The data path") lists the mapping.
 """
 
-from services.common.engine_proto.requests import Unsupported, embed_request, generate_request, refusal
+from services.common.engine_proto.requests import (
+    Unsupported,
+    abort_request,
+    embed_request,
+    generate_request,
+    refusal,
+)
 from services.common.engine_proto.responses import EngineStream, embedding
 
-__all__ = ["EngineStream", "Unsupported", "embed_request", "embedding", "generate_request", "refusal"]
+__all__ = ["EngineStream", "Unsupported", "abort_request", "embed_request", "embedding", "generate_request", "refusal"]

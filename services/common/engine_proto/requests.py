@@ -23,6 +23,8 @@ GenerateRequest: TypeAlias = (vllm_engine_pb2.GenerateRequest | sglang_scheduler
                    | trtllm_service_pb2.GenerateRequest)
 EmbedRequest: TypeAlias = (vllm_engine_pb2.EmbedRequest | sglang_scheduler_pb2.EmbedRequest
                            | trtllm_service_pb2.EmbedRequest)
+AbortRequest: TypeAlias = (vllm_engine_pb2.AbortRequest | sglang_scheduler_pb2.AbortRequest
+                           | trtllm_service_pb2.AbortRequest)
 
 # vLLM's SamplingParams.seed is an int32 on this proto; ours (OpenAI's) is 64-bit. The low 31 bits keep a
 # seed's point, the same output for the same seed, for every seed a client sends.
@@ -95,6 +97,17 @@ def embed_request(protocol: str, request_id: str, token_ids: list[int]) -> Embed
     if protocol == TRTLLM_SERVICE:
         return trtllm_service_pb2.EmbedRequest(
             request_id=request_id, tokenized=trtllm_service_pb2.TokenizedInput(input_token_ids=token_ids))
+    raise ValueError(f"unknown engine protocol {protocol!r}")
+
+
+def abort_request(protocol: str, request_id: str) -> AbortRequest:
+    """The Abort for the engine's sequence ``request_id``."""
+    if protocol == VLLM_ENGINE:
+        return vllm_engine_pb2.AbortRequest(request_ids=[request_id])
+    if protocol == SGLANG_SCHEDULER:
+        return sglang_scheduler_pb2.AbortRequest(request_id=request_id, reason="cancelled by the client")
+    if protocol == TRTLLM_SERVICE:
+        return trtllm_service_pb2.AbortRequest(request_id=request_id)
     raise ValueError(f"unknown engine protocol {protocol!r}")
 
 

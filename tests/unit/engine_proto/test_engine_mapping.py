@@ -8,7 +8,7 @@ from meshfront.common.v1 import common_pb2
 from smg_grpc_proto import sglang_scheduler_pb2, trtllm_service_pb2, vllm_engine_pb2
 
 from services.common.cards import ENGINE_PROTOCOLS, SGLANG_SCHEDULER, TRTLLM_SERVICE, VLLM_ENGINE
-from services.common.engine_proto import EngineStream, embed_request, generate_request, refusal
+from services.common.engine_proto import EngineStream, abort_request, embed_request, generate_request, refusal
 
 F = common_pb2
 
@@ -169,3 +169,9 @@ def test_embed_requests():
     assert list(embed_request(TRTLLM_SERVICE, "e", [1, 2]).tokenized.input_token_ids) == [1, 2]
     with pytest.raises(ValueError, match="unknown engine protocol"):
         embed_request("openai", "e", [1])
+
+
+def test_abort_requests_name_the_engines_sequence():
+    assert list(abort_request(VLLM_ENGINE, "r-0").request_ids) == ["r-0"]
+    assert abort_request(SGLANG_SCHEDULER, "r-0").request_id == "r-0"
+    assert abort_request(TRTLLM_SERVICE, "r-0").request_id == "r-0"
