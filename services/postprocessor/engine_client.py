@@ -52,22 +52,25 @@ class EngineCall:
 
     async def _read(self) -> None:
         try:
-            async for message in self._call:
-                response = self._stream.read(message)
-                self._queue.put_nowait(response)
-                if response.finish_reason:
+            async for message in self._call:  # queued as they come; read in batches by next_batch
+                self._queue.put_nowait(message)
+                if message.WhichOneof("response") == "complete":
                     self._done = True
             self._queue.put_nowait(_END)
         except grpc.aio.AioRpcError as e:
             self._queue.put_nowait(worker_error(e, self._card.address))
-        except ValueError as e:  # a response we cannot read: the engine is not what its card says
-            log.warning("engine %s sent an unreadable response: %s", self._card.address, e)
-            self._queue.put_nowait(WorkerFailed(WORKER_FAILED))
         finally:
             self._done = self._done or self._call.done()
 
     async def next_batch(self) -> Batch[worker_pb2.GenerateResponse]:
-        return await take_batch(self._queue, _END)
+        batch: Batch[Any] = await take_batch(self._queue, _END)
+        if batch.messages:
+            try:
+                batch.messages = [self._stream.read(batch.messages)]
+            except ValueError as e:  # a response we cannot read: the engine is not what its card says
+                log.warning("engine %s sent an unreadable response: %s", self._card.address, e)
+                return Batch([], error=WorkerFailed(WORKER_FAILED))
+        return batch
 
     def cancel(self) -> None:
         if not self._done:

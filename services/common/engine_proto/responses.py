@@ -19,6 +19,9 @@ GenerateResponse: TypeAlias = (vllm_engine_pb2.GenerateResponse | sglang_schedul
                     | trtllm_service_pb2.GenerateResponse)
 EmbedResponse: TypeAlias = (vllm_engine_pb2.EmbedResponse | sglang_scheduler_pb2.EmbedResponse
                             | trtllm_service_pb2.EmbedResponse)
+_Part: TypeAlias = (vllm_engine_pb2.GenerateStreamChunk | vllm_engine_pb2.GenerateComplete
+                    | sglang_scheduler_pb2.GenerateStreamChunk | sglang_scheduler_pb2.GenerateComplete
+                    | trtllm_service_pb2.GenerateStreamChunk | trtllm_service_pb2.GenerateComplete)
 _OutputLogProbs: TypeAlias = vllm_engine_pb2.OutputLogProbs | sglang_scheduler_pb2.OutputLogProbs
 
 _F = common_pb2
@@ -34,24 +37,30 @@ class EngineStream:
         self._eos = frozenset(eos_token_ids)
         self._seen = 0  # output ids the chunks brought so far
 
-    def read(self, message: GenerateResponse) -> worker_pb2.GenerateResponse:
-        kind = message.WhichOneof("response")
-        if kind == "chunk":
-            chunk = message.chunk
-            out = worker_pb2.GenerateResponse(token_ids=chunk.token_ids, prompt_tokens=chunk.prompt_tokens,
-                                              cached_tokens=chunk.cached_tokens)
-            out.logprobs.extend(_logprobs(chunk))
-            self._seen += len(chunk.token_ids)
-            return out
-        if kind != "complete":
-            raise ValueError("an engine response with neither chunk nor complete")
-        done = message.complete
-        ids = done.output_token_ids if isinstance(done, trtllm_service_pb2.GenerateComplete) else done.output_ids
-        out = worker_pb2.GenerateResponse(token_ids=ids[self._seen:], prompt_tokens=done.prompt_tokens,
-                                          cached_tokens=done.cached_tokens, finish_reason=self._finish(done))
-        if len(ids) > self._seen:
-            out.logprobs.extend(_logprobs(done)[self._seen:])
-            self._seen = len(ids)
+    def read(self, messages: Sequence[GenerateResponse]) -> worker_pb2.GenerateResponse:
+        """The messages that arrived together, in order, as one worker response: the reader takes whatever is
+        ready at once (services/common/pump.py), so a consumer that fell behind costs one response, not one per
+        engine step. Usage counts are the first message's, as our workers send them."""
+        out = worker_pb2.GenerateResponse()
+        for i, message in enumerate(messages):
+            kind = message.WhichOneof("response")
+            if kind == "chunk":
+                part: _Part = message.chunk
+                ids, logprobs_from = part.token_ids, 0
+            elif kind == "complete":
+                part = done = message.complete
+                trtllm = isinstance(done, trtllm_service_pb2.GenerateComplete)
+                every = done.output_token_ids if trtllm else done.output_ids
+                ids, logprobs_from = every[self._seen:], self._seen  # only the ids past those the chunks brought
+                out.finish_reason = self._finish(done)
+            else:
+                raise ValueError("an engine response with neither chunk nor complete")
+            if i == 0:
+                out.prompt_tokens, out.cached_tokens = part.prompt_tokens, part.cached_tokens
+            if ids:
+                out.token_ids.extend(ids)
+                out.logprobs.extend(_logprobs(part)[logprobs_from:])
+                self._seen += len(ids)
         return out
 
     def _finish(self, done: vllm_engine_pb2.GenerateComplete | sglang_scheduler_pb2.GenerateComplete
@@ -63,7 +72,7 @@ class EngineStream:
         return _FINISH.get(done.finish_reason, _F.FINISH_REASON_ERROR)
 
 
-def _logprobs(message: object) -> list[common_pb2.TokenLogprob]:
+def _logprobs(message: _Part) -> list[common_pb2.TokenLogprob]:
     """A chunk's or complete message's logprobs, one per output id it carries ([] when none were asked)."""
     if isinstance(message, (trtllm_service_pb2.GenerateStreamChunk, trtllm_service_pb2.GenerateComplete)):
         return [common_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob,

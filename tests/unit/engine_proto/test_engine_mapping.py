@@ -129,26 +129,32 @@ def test_vllm_stream_reads_chunks_and_a_complete_that_repeats_the_last_delta():
     pb = vllm_engine_pb2
     stream = EngineStream(eos_token_ids=[2])
     top = pb.TopLogProbs(values=[-0.1, -2.0], token_ids=[10, 11])
-    first = stream.read(pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
+    first = stream.read([pb.GenerateResponse(chunk=pb.GenerateStreamChunk(
         token_ids=[10], prompt_tokens=3, cached_tokens=2,
-        output_logprobs=pb.OutputLogProbs(token_logprobs=[-0.1], token_ids=[10], top_logprobs=[top]))))
+        output_logprobs=pb.OutputLogProbs(token_logprobs=[-0.1], token_ids=[10], top_logprobs=[top])))])
     assert (list(first.token_ids), first.prompt_tokens, first.cached_tokens, first.finish_reason) == ([10], 3, 2, 0)
     assert first.logprobs[0].token_id == 10 and [t.token_id for t in first.logprobs[0].top] == [10, 11]
-    assert list(stream.read(pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[12, 2]))).token_ids) == [12, 2]
-    done = stream.read(pb.GenerateResponse(complete=pb.GenerateComplete(output_ids=[12, 2], finish_reason="stop",
-                                                                         matched_token_id=2, prompt_tokens=3)))
-    assert list(done.token_ids) == [] and done.finish_reason == F.FINISH_REASON_EOS
+    # The last delta and the complete message that repeats it, arrived together: one response, ids once.
+    done = stream.read([pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[12, 2], prompt_tokens=3)),
+                        pb.GenerateResponse(complete=pb.GenerateComplete(output_ids=[12, 2], finish_reason="stop",
+                                                                         matched_token_id=2, prompt_tokens=3))])
+    assert list(done.token_ids) == [12, 2] and done.finish_reason == F.FINISH_REASON_EOS
 
 
 def test_trtllm_stream_takes_the_cumulative_completes_tail_past_the_chunks():
     pb = trtllm_service_pb2
     stream = EngineStream(eos_token_ids=[2])
-    stream.read(pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[10, 11])))
-    done = stream.read(pb.GenerateResponse(complete=pb.GenerateComplete(
+    stream.read([pb.GenerateResponse(chunk=pb.GenerateStreamChunk(token_ids=[10, 11]))])
+    done = stream.read([pb.GenerateResponse(complete=pb.GenerateComplete(
         output_token_ids=[10, 11, 12], finish_reason="length",
-        logprobs=[pb.TokenLogprob(token_id=t, logprob=-1.0) for t in (10, 11, 12)])))
+        logprobs=[pb.TokenLogprob(token_id=t, logprob=-1.0) for t in (10, 11, 12)]))])
     assert list(done.token_ids) == [12] and [lp.token_id for lp in done.logprobs] == [12]
     assert done.finish_reason == F.FINISH_REASON_LENGTH
+
+
+def test_an_unreadable_response_fails_loudly():
+    with pytest.raises(ValueError, match="neither chunk nor complete"):
+        EngineStream([2]).read([vllm_engine_pb2.GenerateResponse()])
 
 
 @pytest.mark.parametrize(("reason", "matched", "expected"), [
@@ -160,7 +166,7 @@ def test_sglang_finish_reasons(reason, matched, expected):
     complete = pb.GenerateComplete(finish_reason=reason)
     if matched is not None:
         complete.matched_token_id = matched
-    assert EngineStream([2]).read(pb.GenerateResponse(complete=complete)).finish_reason == expected
+    assert EngineStream([2]).read([pb.GenerateResponse(complete=complete)]).finish_reason == expected
 
 
 def test_embed_requests():
