@@ -20,7 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench import cli_fleets, cli_scale, idle, mesh, tenants
+from bench import cli_fleets, cli_scale, idle, mesh, multiturn, tenants
 from bench.cli_common import emit as _emit
 from bench.cli_common import ints as _ints
 from bench.cli_common import machine_line as _machine_line
@@ -95,6 +95,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     cli_fleets.add_images_parser(sub)
     cli_fleets.add_disagg_parser(sub)
     cli_fleets.add_media_transfer_parser(sub)
+    multiturn.add_parser(sub)
     cli_scale.add_scale_parser(sub)
     tenants.add_parser(sub)
     idle.add_parser(sub)
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     _emit(f"$ {command}")
     # The scenarios with runners of their own; mesh and external share the level loop below.
     runners = {"kv": _run_kv, "vision": _run_vision, "soak": _run_soak, "engine": _run_engine,
-               "embeddings": _run_embeddings, "tokenizers": _run_tokenizers,
+               "embeddings": _run_embeddings, "tokenizers": _run_tokenizers, "multiturn": multiturn.run_cli,
                "images": cli_fleets.run_images, "disagg": cli_fleets.run_disagg,
                "media-transfer": cli_fleets.run_media_transfer, "scale": cli_scale.run_scale,
                "tenants": tenants.run_tenants, "idle": idle.run_idle}
