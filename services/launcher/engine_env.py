@@ -126,6 +126,12 @@ ENGINES = {
                 "vllm-omni==0.30.0")),
             _ENV_PYTEST,
             _WORKER_DEPS,
+            # `vllm serve --grpc` (vllm.entrypoints.launchers.grpc_server) serves SMG's engine proto through this
+            # servicer (docs/engine-grpc.md). Without its `vllm` extra, which would reinstall vLLM's CUDA build:
+            # what it imports besides (grpcio, health checking, protobuf, pyzmq, msgspec) is here already, at the
+            # mesh's pins; smg-grpc-proto comes with the worker's dependencies (engine-worker.txt).
+            Step("installing smg-grpc-servicer 0.14.1 (vLLM's --grpc servicer; no GPU extras)", (
+                "{pip}", "install", "--no-deps", "smg-grpc-servicer==0.14.1", "grpcio-reflection==1.81.1")),
         ),
         check="services.workers.vllm.engine",
     ),
