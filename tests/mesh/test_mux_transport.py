@@ -10,37 +10,23 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import sdk_client, stop_cleanly
-from tests.mesh.conftest import DEMO, DEMO_PARSERS, mocker, restored, start_mesh, wait_until
+from tests.mesh.conftest import DEMO, mocker, restored, start_mesh, wait_until
 
 pytestmark = pytest.mark.mesh
 
 COUNT = "one two three four five six seven eight nine ten"
 
 
-@pytest.fixture(scope="module")
-def mux_mesh(tmp_path_factory, demo_model_dir, envoy_bin, nats_bin):
-    m = start_mesh(tmp_path_factory, [mocker(demo_model_dir, DEMO, "200", *DEMO_PARSERS)])
-    yield m
-    stop_cleanly(m)
-
-
-@pytest.fixture
-def client(mux_mesh):
-    c = sdk_client(mux_mesh, timeout=30)
-    yield c
-    c.close()
-
-
 def ask(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-def test_streaming_and_not_give_the_exact_text(client, mux_mesh):
+def test_streaming_and_not_give_the_exact_text(client, mesh):  # the tier's shared mesh (tests/mesh/conftest.py)
     r = client.chat.completions.create(model=DEMO, messages=ask("Count to ten"))
     assert r.choices[0].message.content == COUNT and r.choices[0].finish_reason == "stop"
     chunks = list(client.chat.completions.create(model=DEMO, messages=ask("Count to ten"), stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == COUNT
-    assert "opened a GenerateStream to worker" in mux_mesh.logs("postprocessor")
+    assert "opened a GenerateStream to worker" in mesh.full_log("postprocessor")
 
 
 @pytest.fixture(scope="module")
