@@ -196,6 +196,7 @@ def measure(args: argparse.Namespace) -> tuple[list[str], dict]:
     model_dir = str(default_test_model_dir())
     figures: dict[tuple[str, bool, str], list[float]] = {}
     hits: dict[str, list[float]] = {}
+    bypassed: set[str] = set()  # backends the preprocessor does not use the cache over
     reference: dict[int, list[list[int]]] = {}
     for backend in args.tokenizer:
         loaded = _artifact_cache(backend)  # one loaded tokenizer per backend, for every level in this process
@@ -219,6 +220,7 @@ def measure(args: argparse.Namespace) -> tuple[list[str], dict]:
                         "preprocessor": lambda p=pres[cached], q=reqs: run_inprocess(p, q),
                         "service": lambda s=served[cached], q=reqs: s.run(q)}
                     if artifacts.prefix_cuts is None:  # not used over this encoder: what it would cost
+                        bypassed.add(backend)
                         forced = caches["core, cache forced"] = PrefixCache(args.cache_bytes if cached else 0)
                         levels["core, cache forced"] = lambda c=forced, a=artifacts, q=reqs: run_core_forced(c, a, q)
                     for level, fn in levels.items():
@@ -237,10 +239,10 @@ def measure(args: argparse.Namespace) -> tuple[list[str], dict]:
         finally:
             for s in served.values():
                 s.close()
-    return table(args.tokenizer, figures, hits), figures
+    return table(args.tokenizer, figures, hits, bypassed), figures
 
 
-def table(backends: tuple[str, ...], figures: dict, hits: dict[str, list[float]]) -> list[str]:
+def table(backends: tuple[str, ...], figures: dict, hits: dict[str, list[float]], bypassed: set[str]) -> list[str]:
     rows = ["| tokenizer | level | no cache ms/req | cache ms/req | x | hit |", "|---|---|---|---|---|---|"]
     for backend in backends:
         for level in ("core", "core, cache forced", "preprocessor", "service"):
@@ -248,8 +250,9 @@ def table(backends: tuple[str, ...], figures: dict, hits: dict[str, list[float]]
                 continue
             off = statistics.median(figures[(backend, False, level)])
             on = statistics.median(figures[(backend, True, level)])
-            hit = statistics.median(hits[backend]) * 100 if backend in hits else 0.0
-            rows.append(f"| {backend} | {level} | {off:.2f} | {on:.2f} | {off / on:.2f} | {hit:.0f} % |")
+            used = backend in hits and (backend not in bypassed or level.endswith("forced"))
+            hit = f"{statistics.median(hits[backend]) * 100:.0f} %" if used else "not used"
+            rows.append(f"| {backend} | {level} | {off:.2f} | {on:.2f} | {off / on:.2f} | {hit} |")
     return rows
 
 
