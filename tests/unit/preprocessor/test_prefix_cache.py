@@ -19,6 +19,7 @@ from services.preprocessor.core.artifacts import ArtifactCache, ModelArtifacts
 from services.preprocessor.core.prefix_cache import Cuts, PrefixCache, _map_cuts
 from services.preprocessor.core.prompt import ChatInput, encode, prepare_chat, render_chat_prompt
 from services.preprocessor.core.renderers import DEFAULT_PREFIX_CACHE_BYTES, OursChatRenderer, load_chat_renderer
+from tests.conftest import ROOT
 from tests.unit.preprocessor import test_chat_jinja as jinja_goldens
 from tests.unit.preprocessor import test_render as render_goldens
 from tests.unit.preprocessor import test_service_tool_guidance as guidance_goldens
@@ -110,8 +111,8 @@ def test_every_golden_template_turn_by_turn(artifacts):
 
 
 @pytest.fixture(scope="module")
-def other_formats(tmp_path_factory) -> dict[str, ModelArtifacts]:
-    root = tmp_path_factory.mktemp("prefix-cache-models")
+def other_formats() -> dict[str, ModelArtifacts]:
+    root = ROOT / "build" / "models" / "tokenizer-kinds"  # built once (SentencePiece trains ~1 s), then reused
     dirs = {kind: str(build_tokenizer_model(kind, root / kind)) for kind in ("tiktoken", "sentencepiece")}
     loaded = {kind: ArtifactCache().get(d) for kind, d in dirs.items()}
     # fastokens over the small tiktoken vocabulary: loading it over the demo's 151k takes seconds.
