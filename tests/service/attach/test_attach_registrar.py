@@ -18,6 +18,7 @@ from services.common.namespace import Namespace
 from services.common.nats_connection import connect
 from services.workers.attach.core import VLLM_ENGINE, AttachSettings
 from services.workers.attach.link import EngineLink
+from services.workers.attach.main import Fleet, resolve
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
@@ -116,4 +117,28 @@ async def test_attach_registers_relays_and_follows_health(nats_url, demo_model_d
         await link.close()
         await registry.close()
         await nc.close()
+        await server.stop(0)
+
+
+async def test_a_dns_answer_without_the_engine_detaches_it(nats_url, demo_model_dir):
+    """What --engine-dns does with each answer: a new address attached, a gone one's card purged at once."""
+    engine = FakeEngine(str(demo_model_dir))
+    server = grpc.aio.server()
+    vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(engine, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    found = await resolve(f"localhost:{port}")
+    assert found is not None and f"127.0.0.1:{port}" in found
+    fleet = Fleet(AttachSettings(protocol=VLLM_ENGINE, namespace="attach2"), nats_url)
+    registry = WorkerRegistry(nats_url, "test-attach-dns")
+    try:
+        await registry.start()
+        await fleet.follow([f"127.0.0.1:{port}"])
+        await wait_for(lambda: registry.workers_for("tiny-engine"), 20, "the engine's card")
+        await fleet.follow([])
+        assert not fleet.links
+        await wait_for(lambda: not registry.workers_for("tiny-engine"), 5, "the card to be purged")
+    finally:
+        await fleet.close()
+        await registry.close()
         await server.stop(0)
