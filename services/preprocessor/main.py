@@ -10,13 +10,15 @@ from services.common.grpc_server import GrpcServer
 from services.preprocessor.assembly import build
 from services.preprocessor.config import parse_config
 from services.preprocessor.core.renderers import ChatRendererUnavailable
-from services.preprocessor.metrics import preprocessor_metrics
+from services.preprocessor.metrics import preprocessor_metrics, register_prefix_cache_collector
 from services.preprocessor.server import add_to_server
 from services.preprocessor.service import Preprocessor
 
 
 def _serve(preprocessor: Built[Preprocessor], server: GrpcServer) -> None:
     add_to_server(server, preprocessor.service)
+    # The prefix cache's families, read at scrape time; here, since the all-in-one exports no preprocessor family.
+    register_prefix_cache_collector()
 
 
 # parse_config also reads and compiles --chat-template: a template that does not compile is a bad value.

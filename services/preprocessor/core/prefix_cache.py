@@ -33,6 +33,7 @@ import dataclasses
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +86,10 @@ class Stats:
     evictions: int = 0
 
 
+# Every live cache in the process, for the preprocessor's metrics (read at scrape time, not per request).
+LIVE: weakref.WeakSet[PrefixCache] = weakref.WeakSet()
+
+
 class PrefixCache:
     """Token ids of recent prompts, per model, reused by prompts that extend them.
 
@@ -100,6 +105,7 @@ class PrefixCache:
         self._index: dict[tuple[str, int], tuple[_Entry, int]] = {}
         self._encoders: dict[str, Encoder] = {}
         self._lock = threading.Lock()
+        LIVE.add(self)
 
     def __len__(self) -> int:
         return len(self._lru)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import json
 
 import pytest
+from prometheus_client import REGISTRY
 from tokenizers import AddedToken, Tokenizer
 
 from services.common.errors import InvalidRequest
@@ -19,6 +21,7 @@ from services.preprocessor.core.artifacts import ArtifactCache, ModelArtifacts
 from services.preprocessor.core.prefix_cache import Cuts, PrefixCache, _map_cuts
 from services.preprocessor.core.prompt import ChatInput, encode, prepare_chat, render_chat_prompt
 from services.preprocessor.core.renderers import DEFAULT_PREFIX_CACHE_BYTES, OursChatRenderer, load_chat_renderer
+from services.preprocessor.metrics import register_prefix_cache_collector
 from tests.conftest import ROOT
 from tests.unit.preprocessor import test_chat_jinja as jinja_goldens
 from tests.unit.preprocessor import test_render as render_goldens
@@ -261,3 +264,22 @@ def test_flag_sizes_or_turns_off_the_cache():
     assert sized.prefix_cache.capacity_bytes == 1 << 20
     with pytest.raises(ValueError, match="--tokenizer-prefix-cache-bytes must be >= 0"):
         parse_config(["--tokenizer-prefix-cache-bytes", "-1"])
+
+
+def test_metrics_count_what_the_caches_did(artifacts):
+    register_prefix_cache_collector()
+    register_prefix_cache_collector()  # once per process, however many preprocessors are built
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(f"meshfront_preprocessor_prefix_cache_{name}", labels) or 0.0
+
+    gc.collect()  # the sums are over live caches: earlier tests' must be gone before the first reading
+    hits, misses = sample("lookups_total", result="hit"), sample("lookups_total", result="miss")
+    reused = sample("prompt_tokens_total", source="reused")
+    cache = PrefixCache(64 << 20)
+    for turn in every_turn(AGENT):
+        full_and_cached(artifacts, cache, chat(turn))
+    assert sample("lookups_total", result="hit") - hits == cache.stats.hits
+    assert sample("lookups_total", result="miss") - misses == 1
+    assert sample("prompt_tokens_total", source="reused") - reused == cache.stats.reused_tokens > 0
+    assert sample("bytes") >= cache.size_bytes > 0
