@@ -93,7 +93,7 @@ LIVE: weakref.WeakSet[PrefixCache] = weakref.WeakSet()
 class PrefixCache:
     """Token ids of recent prompts, per model, reused by prompts that extend them.
 
-    ``encode(model_key, encoder, cuts, text, encode_fn)`` returns exactly ``encode_fn(text)``. Thread-safe:
+    ``encode(model_dir, encoder, cuts, text, encode_fn)`` returns exactly ``encode_fn(text)``. Thread-safe:
     large prompts are encoded on worker threads (service.py), the bookkeeping is under one lock, the encoding
     outside it."""
 
@@ -141,6 +141,8 @@ class PrefixCache:
                 self.stats.hits += 1
                 self.stats.reused_tokens += len(head)
             self.stats.encoded_tokens += len(tail)
+            if self._encoders.get(model_dir) is not encoder:
+                return ids  # the model was loaded again while this one encoded: keep nothing of the old encoder
             self._insert(model_dir, text, ids, positions + [p for p, _ in matches[len(positions):]],
                          token_index + mapped, hashes)
         return ids
