@@ -18,8 +18,9 @@ from services.common.cards import ENGINE_PROTOCOLS, SGLANG_SCHEDULER, TRTLLM_SER
 from services.common.model_files import model_files_reference
 from services.common.namespace import Namespace
 
-__all__ = ["PROTOCOLS", "SGLANG_SCHEDULER", "TRTLLM_SERVICE", "VLLM_ENGINE", "AttachSettings", "CannotAttach",
-           "EngineInfo", "EngineLoad", "Health", "card_for", "load_report", "target_changes", "worker_id"]
+__all__ = ["HEALTHY", "PROTOCOLS", "SGLANG_SCHEDULER", "SLOW", "TRTLLM_SERVICE", "UNHEALTHY", "VLLM_ENGINE",
+           "AttachSettings", "CannotAttach", "EngineInfo", "EngineLoad", "Health", "card_for", "load_report",
+           "target_changes", "worker_id"]
 # SMG's engine services, as the card names them (services/common/cards.py, ``engine_protocol``).
 PROTOCOLS = ENGINE_PROTOCOLS
 # The card's ``kind`` for each: what metrics and logs name the worker by.
@@ -59,6 +60,10 @@ class EngineLoad:
     waiting: int
     token_usage: float  # KV cache use in [0, 1]
     total_tokens: int = 0  # the engine's KV capacity in tokens; 0: not said
+
+
+# What one health check found (``Health.observe``).
+HEALTHY, UNHEALTHY, SLOW = "healthy", "unhealthy", "slow"
 
 
 class CannotAttach(ValueError):
@@ -108,26 +113,29 @@ def load_report(load: EngineLoad, block_size: int) -> dict[str, int]:
 
 
 class Health:
-    """Registered while the engine answers healthy; ``failures_to_drop`` failed checks in a row take it out.
+    """Registered while the engine answers healthy.
 
-    One failed check drops it by default: a dead engine's streams migrate at once anyway (the postprocessor sees
-    the stream break), and new requests must stop going to it before the card's TTL would."""
+    An engine that says it is unhealthy, or cannot be reached, is dropped at the first check: a dead engine's
+    streams migrate at once anyway (the postprocessor sees them break), and new requests must stop going to it
+    before the card's TTL would. One that is only slow to answer (a deadline passed) is dropped after
+    ``slow_to_drop`` such checks in a row: an engine process busy for a moment is not gone."""
 
-    def __init__(self, failures_to_drop: int = 1):
-        self.failures_to_drop = failures_to_drop
+    def __init__(self, slow_to_drop: int = 2):
+        self.slow_to_drop = slow_to_drop
         self.registered = False
-        self._failures = 0
+        self._slow = 0
 
-    def observe(self, healthy: bool) -> str | None:
-        """``"register"``, ``"deregister"`` or None (no change) after one check."""
-        if healthy:
-            self._failures = 0
+    def observe(self, answer: str) -> str | None:
+        """``"register"``, ``"deregister"`` or None (no change) after one check whose ``answer`` was ``HEALTHY``,
+        ``UNHEALTHY`` or ``SLOW``."""
+        if answer == HEALTHY:
+            self._slow = 0
             if not self.registered:
                 self.registered = True
                 return "register"
             return None
-        self._failures += 1
-        if self.registered and self._failures >= self.failures_to_drop:
+        self._slow = self._slow + 1 if answer == SLOW else self.slow_to_drop
+        if self.registered and self._slow >= self.slow_to_drop:
             self.registered = False
             return "deregister"
         return None

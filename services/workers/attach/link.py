@@ -22,7 +22,17 @@ from services.common.assembly import cancel_within
 from services.common.discovery import Registrar, discovery_ttl_s
 from services.common.namespace import Namespace
 from services.workers.attach import convert
-from services.workers.attach.core import AttachSettings, CannotAttach, EngineLoad, Health, card_for, load_report
+from services.workers.attach.core import (
+    HEALTHY,
+    SLOW,
+    UNHEALTHY,
+    AttachSettings,
+    CannotAttach,
+    EngineLoad,
+    Health,
+    card_for,
+    load_report,
+)
 from services.workers.engine_kv import BlockHashTranslator
 from services.workers.kv_events import KvEventPublisher
 
@@ -75,15 +85,15 @@ class EngineLink:
                 await self._deregister()
             await asyncio.sleep(self.check_every_s)
 
-    async def _healthy(self, stub: Any) -> bool:
+    async def _healthy(self, stub: Any) -> str:
         try:
             answer = await stub.HealthCheck(self.protocol.messages.HealthCheckRequest(),
                                             timeout=min(2.0, self.check_every_s))
         except grpc.aio.AioRpcError as e:
             if self.health.registered:
                 log.info("health check of %s failed: %s", self.address, _reason(e))
-            return False
-        return bool(answer.healthy)
+            return SLOW if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else UNHEALTHY
+        return HEALTHY if answer.healthy else UNHEALTHY
 
     async def _register(self, stub: Any) -> None:
         m = self.protocol.messages

@@ -9,7 +9,10 @@ from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2
 from services.common.hashing import block_hashes, sequence_hashes
 from services.workers.attach import convert
 from services.workers.attach.core import (
+    HEALTHY,
     SGLANG_SCHEDULER,
+    SLOW,
+    UNHEALTHY,
     VLLM_ENGINE,
     AttachSettings,
     CannotAttach,
@@ -77,13 +80,12 @@ def test_load_report_in_blocks():
     assert load_report(EngineLoad(running=0, waiting=0, token_usage=0.5), 16)["total_blocks"] == 0
 
 
-def test_health_registers_once_and_drops_on_failure():
+def test_health_drops_an_unhealthy_engine_at_once_and_a_slow_one_after_two_checks():
     h = Health()
-    assert [h.observe(x) for x in (False, True, True, False, False, True)] == [
+    assert [h.observe(x) for x in (UNHEALTHY, HEALTHY, HEALTHY, UNHEALTHY, UNHEALTHY, HEALTHY)] == [
         None, "register", None, "deregister", None, "register"]
-    lenient = Health(failures_to_drop=2)
-    assert [lenient.observe(x) for x in (True, False, True, False, False)] == [
-        "register", None, None, None, "deregister"]
+    assert [h.observe(x) for x in (SLOW, HEALTHY, SLOW, SLOW, SLOW, HEALTHY)] == [
+        None, None, None, "deregister", None, "register"]
 
 
 def test_dns_changes_and_targets():
