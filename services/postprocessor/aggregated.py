@@ -108,7 +108,9 @@ class AggregatedAttempt:
         self._reader = reader
 
     def responses(self) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
-        call = self._workers.generate(self._address, worker_pb2.GenerateRequest(request=self._request))
+        request = worker_pb2.GenerateRequest()
+        request.request.CopyFrom(self._request)  # one copy: GenerateRequest(request=...) costs two (upb)
+        call = self._workers.generate(self._address, request)
         return self._reader.responses(self._address, call)
 
 

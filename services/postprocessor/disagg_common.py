@@ -22,13 +22,10 @@ def one_token(request: common_pb2.PreprocessedRequest) -> bool:
 
 
 def drop_leg_budget(messages: list[worker_pb2.GenerateResponse], request: common_pb2.PreprocessedRequest) -> None:
-    """A prefill leg's finish LENGTH is its own one-token budget's, not the request's: dropped (in place),
-    unless the request wanted one token."""
+    """A prefill leg's finish LENGTH is its own one-token budget's, not the request's: dropped (in the message
+    itself: the call handed it over and nothing else reads it), unless the request wanted one token."""
     if messages and messages[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH and not one_token(request):
-        last = worker_pb2.GenerateResponse()
-        last.CopyFrom(messages[-1])
-        last.finish_reason = common_pb2.FINISH_REASON_UNSPECIFIED
-        messages[-1] = last
+        messages[-1].finish_reason = common_pb2.FINISH_REASON_UNSPECIFIED
 
 
 async def first_batch(call: WorkerCall) -> Batch[worker_pb2.GenerateResponse]:

@@ -55,8 +55,11 @@ class KvReleaser(Protocol):
     def release(self, route: WorkerRoute, model: str, kv_transfer_params: bytes) -> None: ...
 
 
-def prefill_leg(request: common_pb2.PreprocessedRequest, route: WorkerRoute) -> common_pb2.PreprocessedRequest:
-    leg = common_pb2.PreprocessedRequest()
+def prefill_leg(request: common_pb2.PreprocessedRequest, route: WorkerRoute) -> worker_pb2.GenerateRequest:
+    """The prefill leg's worker call. Built inside the call's message: ``GenerateRequest(request=leg)`` would
+    copy the whole prompt once more (upb copies a message given to a constructor; 0.15-0.2 ms at 6k tokens)."""
+    call = worker_pb2.GenerateRequest()
+    leg = call.request
     leg.CopyFrom(request)
     leg.stop.max_tokens = 1
     if leg.stop.HasField("min_tokens"):
@@ -64,16 +67,18 @@ def prefill_leg(request: common_pb2.PreprocessedRequest, route: WorkerRoute) -> 
     leg.disaggregation.role = common_pb2.DISAGGREGATION_ROLE_PREFILL
     leg.disaggregation.peer_worker_id, leg.disaggregation.peer_address = route.worker_id, route.address
     with_rank(leg, route.prefill_dp_rank)  # the prefill worker's rank (the request carries the decode worker's)
-    return leg
+    return call
 
 
 def decode_leg(request: common_pb2.PreprocessedRequest, first: list[int], route: WorkerRoute,
-               kv_transfer_params: bytes) -> common_pb2.PreprocessedRequest:
-    leg = continuation(request, first)
+               kv_transfer_params: bytes) -> worker_pb2.GenerateRequest:
+    """The decode leg's worker call, built in place as the prefill leg's is."""
+    call = worker_pb2.GenerateRequest()
+    leg = continuation(request, first, into=call.request)
     leg.disaggregation.role = common_pb2.DISAGGREGATION_ROLE_DECODE
     leg.disaggregation.kv_transfer_params = kv_transfer_params
     leg.disaggregation.peer_worker_id, leg.disaggregation.peer_address = route.prefill_worker_id, route.prefill_address
-    return leg
+    return call
 
 
 class SequentialLegs:
@@ -130,8 +135,7 @@ class SequentialLegs:
         if not params:
             raise WorkerFailed("the prefill worker returned no KV transfer parameters")
         first = self._reader.builder.decoder.generated_ids[self._before:]
-        leg = decode_leg(self._request, first, self._route, params)
-        return self._workers.generate(self._route.address, worker_pb2.GenerateRequest(request=leg))
+        return self._workers.generate(self._route.address, decode_leg(self._request, first, self._route, params))
 
     def _mark_first_decoded(self, response: postprocessor_pb2.GenerateResponse, ended_at: float,
                             ended_ns: int) -> None:

@@ -46,15 +46,16 @@ def announces_pairing(message: worker_pb2.GenerateResponse) -> bool:
 
 
 def paired_decode_leg(request: common_pb2.PreprocessedRequest, route: WorkerRoute,
-                      kv_transfer_params: bytes) -> common_pb2.PreprocessedRequest:
-    """The decode leg of the paired order: the prefill leg's prompt and the request's budgets (its output
-    starts with the first token)."""
-    leg = common_pb2.PreprocessedRequest()
+                      kv_transfer_params: bytes) -> worker_pb2.GenerateRequest:
+    """The decode leg's worker call in the paired order: the prefill leg's prompt and the request's budgets (its
+    output starts with the first token). Built in place, as disagg_legs.prefill_leg is."""
+    call = worker_pb2.GenerateRequest()
+    leg = call.request
     leg.CopyFrom(request)
     leg.disaggregation.role = common_pb2.DISAGGREGATION_ROLE_DECODE
     leg.disaggregation.kv_transfer_params = kv_transfer_params
     leg.disaggregation.peer_worker_id, leg.disaggregation.peer_address = route.prefill_worker_id, route.prefill_address
-    return leg
+    return call
 
 
 class _DropFirst:
@@ -109,8 +110,8 @@ class PairedLegs:
     async def responses(self) -> AsyncGenerator[postprocessor_pb2.GenerateResponse, None]:
         """Owns both calls: both are cancelled when it ends."""
         route, request, prefill_call, builder = self._route, self._request, self._prefill_call, self._reader.builder
-        leg = paired_decode_leg(request, route, self._announced.kv_transfer_params)
-        decode_call = self._workers.generate(route.address, worker_pb2.GenerateRequest(request=leg))
+        decode_call = self._workers.generate(route.address,
+                                             paired_decode_leg(request, route, self._announced.kv_transfer_params))
         reader: WorkerCall = decode_call
         decoding = False  # the decode leg sent its first token
         token_at = 0.0  # when the prefill leg's token arrived (0: the decode leg's came first)

@@ -65,9 +65,11 @@ class RouterClient(Protocol):
     async def release_batch(self, req: router_pb2.ReleaseBatchRequest) -> object: ...
 
 
-def continuation(original: common_pb2.PreprocessedRequest, generated: Sequence[int]) -> common_pb2.PreprocessedRequest:
-    """The request that resumes ``original`` after ``generated`` ids: prompt extended, budgets reduced."""
-    req = common_pb2.PreprocessedRequest()
+def continuation(original: common_pb2.PreprocessedRequest, generated: Sequence[int],
+                 into: common_pb2.PreprocessedRequest | None = None) -> common_pb2.PreprocessedRequest:
+    """The request that resumes ``original`` after ``generated`` ids: prompt extended, budgets reduced. Written
+    into ``into`` when given (a worker call's field: a message passed to a constructor is copied again)."""
+    req = common_pb2.PreprocessedRequest() if into is None else into
     req.CopyFrom(original)
     req.token_ids.extend(generated)
     stop = req.stop

@@ -67,11 +67,18 @@ def _chunk_error(status: status_pb2.Status, address: str) -> MeshError:
     return err
 
 
+def _start(seq_id: int, request: worker_pb2.GenerateRequest) -> worker_pb2.GenerateStreamRequest:
+    """Filled in place: nested constructors copy the prompt at every level (0.4 ms at 6k tokens, one copy 0.1)."""
+    message = worker_pb2.GenerateStreamRequest()
+    message.start.id = seq_id
+    message.start.request.CopyFrom(request)
+    return message
+
+
 def _wire(stub: worker_pb2_grpc.WorkerServiceStub) -> Wire:
     return Wire(
         open=stub.GenerateStream,
-        start=lambda seq_id, request: worker_pb2.GenerateStreamRequest(
-            start=worker_pb2.GenerateStreamStart(id=seq_id, request=request)),
+        start=_start,
         cancel=lambda seq_id: worker_pb2.GenerateStreamRequest(cancel=worker_pb2.GenerateStreamCancel(id=seq_id)),
         stream_error=worker_error, chunk_error=_chunk_error,
         ended=lambda address: WorkerFailed("worker ended the stream"), peer="worker")

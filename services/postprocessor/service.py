@@ -30,7 +30,6 @@ from typing import Any
 
 from meshfront.common.v1 import common_pb2
 from meshfront.postprocessor.v1 import postprocessor_pb2
-from meshfront.worker.v1 import worker_pb2
 
 from services.common import debug_perf, tracing
 from services.common.discovery import ModelCard
@@ -184,8 +183,7 @@ class Postprocessor:
         decode worker even so: its grammar state, like a migration's, cannot pass from one worker to another."""
         if not route.prefill_address or guided(request):
             return AggregatedAttempt(route, request, self._workers, reader)
-        call = self._workers.generate(route.prefill_address,
-                                      worker_pb2.GenerateRequest(request=prefill_leg(request, route)))
+        call = self._workers.generate(route.prefill_address, prefill_leg(request, route))
         first = await first_batch(call)
         if first.messages and announces_pairing(first.messages[0]):
             return PairedLegs(route, request, call, first.messages, self._workers, reader)

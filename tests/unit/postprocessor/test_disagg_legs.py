@@ -24,18 +24,18 @@ def request(**stop) -> common_pb2.PreprocessedRequest:
 
 def test_the_prefill_leg_asks_one_token_and_names_its_decode_worker():
     original = request(max_tokens=50, min_tokens=5)
-    leg = prefill_leg(original, ROUTE)
+    leg = prefill_leg(original, ROUTE).request
     assert (leg.stop.max_tokens, leg.stop.min_tokens) == (1, 1)
     assert leg.disaggregation.role == common_pb2.DISAGGREGATION_ROLE_PREFILL
     assert (leg.disaggregation.peer_worker_id, leg.disaggregation.peer_address) == ("decode-1", "127.0.0.1:2")
     assert not leg.disaggregation.kv_transfer_params  # the worker asks for its own remote decode
     assert list(leg.token_ids) == [1, 2, 3] and original.stop.max_tokens == 50  # a copy
-    assert prefill_leg(request(), ROUTE).stop.max_tokens == 1  # no budget given: still one token
-    assert not prefill_leg(request(max_tokens=9), ROUTE).stop.HasField("min_tokens")
+    assert prefill_leg(request(), ROUTE).request.stop.max_tokens == 1  # no budget given: still one token
+    assert not prefill_leg(request(max_tokens=9), ROUTE).request.stop.HasField("min_tokens")
 
 
 def test_the_decode_leg_continues_after_the_first_token_with_the_params_untouched():
-    leg = decode_leg(request(max_tokens=50, min_tokens=5), [77], ROUTE, b'{"remote_handle": "h"}')
+    leg = decode_leg(request(max_tokens=50, min_tokens=5), [77], ROUTE, b'{"remote_handle": "h"}').request
     assert list(leg.token_ids) == [1, 2, 3, 77]
     assert (leg.stop.max_tokens, leg.stop.min_tokens) == (49, 4)
     assert leg.disaggregation.role == common_pb2.DISAGGREGATION_ROLE_DECODE
@@ -44,7 +44,7 @@ def test_the_decode_leg_continues_after_the_first_token_with_the_params_untouche
 
 
 def test_the_paired_decode_leg_takes_the_prefill_legs_prompt_and_the_requests_budgets():
-    leg = paired_decode_leg(request(max_tokens=50, min_tokens=5), ROUTE, b'{"bootstrap_room": 7}')
+    leg = paired_decode_leg(request(max_tokens=50, min_tokens=5), ROUTE, b'{"bootstrap_room": 7}').request
     assert list(leg.token_ids) == [1, 2, 3] and (leg.stop.max_tokens, leg.stop.min_tokens) == (50, 5)
     assert leg.disaggregation.role == common_pb2.DISAGGREGATION_ROLE_DECODE
     assert leg.disaggregation.kv_transfer_params == b'{"bootstrap_room": 7}'
