@@ -61,6 +61,7 @@ def test_health_names_the_unavailable_stages_and_is_not_ready():
 
 async def test_grpc_health_is_not_serving_while_a_stage_is_unavailable_and_serving_again_after(monkeypatch):
     monkeypatch.setattr(stage_watch, "POLL_S", 0.001)
+    monkeypatch.setattr(stage_watch, "STEADY_POLL_S", 0.001)  # the router's 10 ms away below must be seen
     down = {"router": True}
     watch = StageWatch({"router": lambda: down["router"]}, grace_s=0)
     states: list[bool] = []
