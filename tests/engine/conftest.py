@@ -24,6 +24,17 @@ from tests.conftest import IN_CI
 pytestmark = pytest.mark.engine
 
 ENGINE_START_S = 420.0
+# An engine module's first test waits for its mesh: up to ENGINE_START_S (twice that for two media engines) by the
+# fixture's own clock, which says what did not start; pytest's whole-test limit must not cut it short first.
+ENGINE_TEST_TIMEOUT_S = ENGINE_START_S * 2 + 60
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # (A hook in this conftest sees every collected item, not only this directory's.)
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(ENGINE_TEST_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")
