@@ -351,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     supervisor = Supervisor([Spec(s.name, s.argv, {**os.environ, **s.env}) for s in process_specs], policy,
                             policies=policies, stop_order=STOP_ORDER, adopt_orphans=True)
     stop = threading.Event()
-    announce.start(plan, args.http_port, READY_TIMEOUT_S[args.worker_kind], stop, auth=args.auth)
+    # attached engines may still be loading when the run starts: they get an engine worker's time
+    ready_s = READY_TIMEOUT_S["vllm" if args.engine_grpc else args.worker_kind]
+    announce.start(plan, args.http_port, ready_s, stop, auth=args.auth)
     if viewer is not None:
         threading.Thread(target=trace_viewer.announce_when_up, args=(f"http://127.0.0.1:{viewer.ready_port}", stop),
                          daemon=True).start()
