@@ -168,3 +168,19 @@ def test_sglang_page_size_comes_from_its_server_args(tmp_path):
     server = sglang_scheduler_pb2.GetServerInfoResponse()
     server.server_args.update({"page_size": 32, "dp_size": 1})
     assert convert.engine_info(SGLANG_SCHEDULER, model, server).block_size == 32
+
+
+def test_trtllm_says_neither_name_nor_block_size_so_the_flags_must(tmp_path):
+    from smg_grpc_proto.generated import trtllm_service_pb2
+
+    from services.workers.attach.core import TRTLLM_SERVICE
+
+    model = trtllm_service_pb2.GetModelInfoResponse(model_id=str(tmp_path), max_seq_len=8192)
+    info = convert.engine_info(TRTLLM_SERVICE, model, trtllm_service_pb2.GetServerInfoResponse())
+    assert info == EngineInfo("", str(tmp_path), 8192, 0)
+    with pytest.raises(CannotAttach, match="--block-size"):
+        card_for(settings(protocol=TRTLLM_SERVICE), "e:1", info)
+    card = card_for(settings(protocol=TRTLLM_SERVICE, block_size=32, model_name="llama"), "e:1", info)
+    assert (card.model.name, card.model.block_size, card.kind, card.engine_protocol) == (
+        "llama", 32, "trtllm-grpc", TRTLLM_SERVICE)
+    assert not convert.PROTOCOLS[TRTLLM_SERVICE].has_loads  # its load comes on the KV event batches alone
