@@ -274,7 +274,8 @@ def _add_engine_parser(sub) -> None:
     e = sub.add_parser("engine", help="vLLM CPU workers behind the split and inproc meshes vs vLLM's own OpenAI "
                        "server, same model and load")
     e.add_argument("--deployments", default=",".join(d.deployments), help=f"comma list of {', '.join(DEPLOYMENTS)} "
-                   "(vllm = vLLM's own server)")
+                   "(vllm = vLLM's own server; grpc = the all-in-one mesh over `vllm serve --grpc`, smg = SMG 1.13 "
+                   "over it)")
     e.add_argument("--concurrency", type=_ints, default=d.concurrency, help="comma list (default 8,32)")
     e.add_argument("--requests", type=int, default=0, help="requests per level (default max(96, 4*concurrency))")
     e.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens)
@@ -294,28 +295,29 @@ def _add_engine_parser(sub) -> None:
     e.add_argument("--markdown", default="", help="append a markdown section with the table to this file")
     e.add_argument("--json", default="", help="write every level's figures to this JSON file")
     e.add_argument("--vision", action="store_true", help="the demo vision model (meshfront/demo-qwen-vl), a distinct "
-                   "224x224 image per request, Qwen2-VL's engine flags (services/launcher/vision_demo.py)")
+                   "224x224 image per request, Qwen2-VL's engine flags (services/launcher/media_demos.py)")
 
 
 def _run_engine(args: argparse.Namespace, command: str) -> int:
-    from bench import engine
-    from services.launcher.vision_demo import VLLM_VISION_ARGS
+    from bench import engine, engine_grpc
+    from services.launcher.media_demos import VISION
     from services.models.qwen_vl import NAME as VISION_MODEL
 
     cfg = engine.EngineBenchConfig(
         deployments=args.deployments, concurrency=args.concurrency, requests=args.requests or None,
         prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, warmup=args.warmup, workers=args.workers,
         level_timeout_s=args.level_timeout, start_timeout_s=args.start_timeout, model_name=args.model,
-        engine_flags=(*engine.ENGINE_FLAGS, *(VLLM_VISION_ARGS if args.vision else ()), *args.engine_flag),
+        engine_flags=(*engine.ENGINE_FLAGS, *(VISION.vllm_args if args.vision else ()), *args.engine_flag),
         log_level=args.log_level, seed=args.seed, idle_s=args.idle_seconds, vision=args.vision)
     if args.vision and args.model == engine.EngineBenchConfig.model_name:
         cfg = dataclasses.replace(cfg, model_name=VISION_MODEL)
     started = datetime.datetime.now().astimezone()
     _emit(f"# {started:%Y-%m-%d %H:%M %Z}; {_machine_line()}")
     records, seed = engine.run(cfg, _emit)
-    goal = engine.goal_lines(records)
+    goal = engine.goal_lines(records) + engine_grpc.peer_lines(records)
     goal_head = (f"Goal: frontend tier CPU/req <= vLLM's API server process CPU/req, TTFT p50 within "
-                 f"±{engine.TTFT_TOLERANCE:.0%} of vLLM's server's:")
+                 f"±{engine.TTFT_TOLERANCE:.0%} of vLLM's server's; and (issue 40 item 4) the frontend total "
+                 "(everything outside the engine) <= vLLM's API server and <= SMG's router + servicer:")
     _emit("\n" + engine.text_table(records) + "\n\n" + engine.LEGEND
           + ("\n\n" + goal_head + "\n" + "\n".join(goal) if goal else ""))
     if args.markdown:

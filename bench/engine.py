@@ -7,7 +7,8 @@ same prompts (one prompt seed for the whole run):
 
 - ``split``: Envoy -> gateway -> preprocessor / router / postprocessor -> ``vllm`` worker(s);
 - ``inproc``: Envoy -> gateway (the three stages in-process) -> ``vllm`` worker(s);
-- ``vllm``: ``python -m vllm.entrypoints.openai.api_server`` from ``.venv-vllm``.
+- ``vllm``: ``python -m vllm.entrypoints.openai.api_server`` from ``.venv-vllm``;
+- ``grpc`` and ``smg``: the all-in-one mesh and SMG 1.13 over ``vllm serve --grpc`` (bench/engine_grpc.py).
 
 Every request streams a chat completion of exactly ``max_tokens`` tokens (``ignore_eos`` and
 ``min_tokens``). CPU is counted per completed request, per process, in four families:
@@ -51,11 +52,14 @@ from services.launcher.plan import ROOT, WorkerSpec, ephemeral_plan, free_port
 from services.launcher.processes import Mesh
 from services.launcher.run import VLLM_CPU_FLAGS
 
-DEPLOYMENTS = ("split", "inproc", "vllm")
-FRONTEND = ("envoy", "gateway", "preprocessor", "router", "postprocessor", "nats")
-COLUMNS = (*FRONTEND, "frontend", "worker", "api-server", "engine")
+DEPLOYMENTS = ("split", "inproc", "vllm", "grpc", "smg")
+# attach = meshfront attach (the grpc shape's registrar); smg = SMG's router; servicer = the process of a
+# `vllm serve --grpc` engine (its gRPC servicer), counted to the frontend side (bench/engine_grpc.py).
+FRONTEND = ("envoy", "gateway", "preprocessor", "router", "postprocessor", "nats", "attach", "smg", "servicer")
+COLUMNS = (*FRONTEND, "frontend", "worker", "api-server", "fe-total", "engine")
 SHORT = {"envoy": "envoy", "gateway": "gw", "preprocessor": "pre", "router": "route", "postprocessor": "post",
-         "nats": "nats", "frontend": "FRONTEND", "worker": "worker", "api-server": "API-srv", "engine": "engine"}
+         "nats": "nats", "attach": "attach", "smg": "smg", "servicer": "servicer", "frontend": "FRONTEND",
+         "worker": "worker", "api-server": "API-srv", "fe-total": "FE total", "engine": "engine"}
 SERVER = "api-server"  # the process name of vLLM's own server
 # Same engine flags for the workers and vLLM's server (the server's --model/--served-model-name are
 # the worker's --model-dir/--model-name).
@@ -130,11 +134,15 @@ def engine_group(name: str) -> str:
 
 
 def columns(per_group: Mapping[str, float]) -> dict[str, float]:
-    """Adds ``frontend`` (the sum of the frontend groups present) to a group -> value map."""
+    """Adds ``frontend`` (the sum of the frontend groups present) and ``fe-total`` (that plus our worker and vLLM's
+    API server: everything outside the engine, issue 40 item 4's comparison) to a group -> value map."""
     out = dict(per_group)
     present = [per_group[g] for g in FRONTEND if g in per_group]
     if present:
         out["frontend"] = sum(present)
+    outside = [per_group[g] for g in (*FRONTEND, "worker", SERVER) if g in per_group]
+    if outside:
+        out["fe-total"] = sum(outside)
     return out
 
 
@@ -174,7 +182,7 @@ def goal_lines(records: Iterable[EngineRecord]) -> list[str]:
 
 # --- report ------------------------------------------------------------------------------------------
 
-HEADERS = (["deploy", "conc", "req/s", "TTFT p50", "p99", "ITL p50", "out tok"] + [SHORT[c] for c in COLUMNS]
+HEADERS = (["deploy", "conc", "req/s", "TTFT p50", "p99", "ITL p50", "p99", "out tok"] + [SHORT[c] for c in COLUMNS]
            + ["total", "client", "ok/err"])
 
 
@@ -187,7 +195,7 @@ def _num(v: float | None, digits: int = 1) -> str:
 def cells(r: EngineRecord) -> list[str]:
     s = r.stats
     return ([r.deployment, str(s.concurrency), _num(s.req_per_s), _num(s.ttft_ms[50]), _num(s.ttft_ms[99]),
-             _num(s.itl_ms[50], 2), _num(s.mean_completion_tokens)]
+             _num(s.itl_ms[50], 2), _num(s.itl_ms[99], 2), _num(s.mean_completion_tokens)]
             + [_num(r.cpu_per_request.get(c), 2) for c in COLUMNS]
             + [_num(r.cpu_per_request.get("total"), 2), _num(r.client_cpu_per_request, 2), f"{s.ok}/{s.errors}"])
 
@@ -205,9 +213,11 @@ def markdown_table(records: list[EngineRecord]) -> str:
 
 LEGEND = ("Latencies in ms (TTFT from request write to first content, ITL per token); out tok = mean completion "
           "tokens per request. CPU columns are CPU-ms per completed request (thread schedstat sums per process): "
-          "envoy..nats are the frontend processes and FRONTEND their sum; worker = the Meshfront vLLM worker "
-          "process (gRPC + AsyncLLM client); API-srv = vLLM's own API server process; engine = every process "
-          "below the worker or the API server (EngineCore and its workers; it busy-waits under load, so it "
+          "envoy..servicer are the frontend processes and FRONTEND their sum (attach = meshfront attach, smg = "
+          "SMG's router, servicer = the `vllm serve --grpc` engine's own process: its gRPC servicer and AsyncLLM "
+          "client); worker = the Meshfront vLLM worker process (gRPC + AsyncLLM client); API-srv = vLLM's own API "
+          "server process; FE total = everything but the engine; engine = every process below the worker, the "
+          "API server or the servicer (EngineCore and its workers; it busy-waits under load, so it "
           "takes whatever CPU is left). total = all of them; client = the load generator (not in total). "
           "`—` = no such process in this deployment.")
 
@@ -291,8 +301,11 @@ class Deployment:
 
 
 class MeshDeployment(Deployment):
-    def __init__(self, cfg: EngineBenchConfig, shape: str, model_dir: str, log_dir: Path, tracked: Tracked):
-        workers = [WorkerSpec(model_dir, cfg.model_name, "vllm", cfg.engine_flags) for _ in range(cfg.workers)]
+    def __init__(self, cfg: EngineBenchConfig, shape: str, model_dir: str, log_dir: Path, tracked: Tracked,
+                 workers: list[WorkerSpec] | None = None):
+        """``workers``: in place of ``cfg.workers`` vLLM workers (the grpc shape's registrar)."""
+        if workers is None:
+            workers = [WorkerSpec(model_dir, cfg.model_name, "vllm", cfg.engine_flags) for _ in range(cfg.workers)]
         plan = ephemeral_plan(workers, inproc=shape == "inproc", router_mode="round-robin",
                               run_dir=ROOT / ".run" / "bench", log_level=cfg.log_level)
         self.name, self.tracked = shape, tracked
@@ -384,6 +397,11 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def start(cfg: EngineBenchConfig, name: str, model_dir: str, log_dir: Path, tracked: Tracked) -> Deployment:
     if name == "vllm":
         return ServerDeployment(cfg, model_dir, log_dir, tracked)
+    if name in ("grpc", "smg"):
+        from bench import engine_grpc
+
+        shape = engine_grpc.GrpcMeshDeployment if name == "grpc" else engine_grpc.SmgDeployment
+        return shape(cfg, model_dir, log_dir, tracked)
     return MeshDeployment(cfg, name, model_dir, log_dir, tracked)
 
 
@@ -450,7 +468,8 @@ async def drive(dep: Deployment, cfg: EngineBenchConfig, seed: int, tracked: Tra
              f"{s.mean_completion_tokens:.1f} tokens out, prompt {s.mean_prompt_tokens:.0f} tok; CPU ms/req: "
              f"{_fmt(cols)}; total {rec.cpu_per_request['total']:.2f}; bg {rec.bg_cores:.2f} cores"
              + (f"; errors: {s.first_errors}" if s.errors else ""))
-        engine_side = {p: ms for p, ms in rec.per_process_ms.items() if engine_group(p) in ("worker", SERVER, "engine")}
+        engine_side = {p: ms for p, ms in rec.per_process_ms.items()
+                       if engine_group(p) in ("worker", SERVER, "servicer", "engine")}
         emit(f"[{dep.name}] c={c}: per engine-side process, CPU ms/req: {_fmt(engine_side)}")
         if s.ok and abs(s.mean_completion_tokens - cfg.max_tokens) > 0.01:
             emit(f"[{dep.name}] c={c}: caveat: {s.mean_completion_tokens:.2f} tokens per request, not {cfg.max_tokens}")

@@ -81,8 +81,10 @@ def test_per_request_columns_sum_the_frontend_tier_only():
                           child_name("vllm-0", "VLLM::EngineCore", 5): 400.0}, [])
     per = columns(usage.per_request(10, engine_group))
     assert per == pytest.approx({"envoy": 1.0, "gateway": 3.0, "nats": 0.2, "worker": 5.0, "engine": 40.0,
-                                 "total": 49.2, "frontend": 4.2})
+                                 "total": 49.2, "frontend": 4.2, "fe-total": 9.2})
     assert "frontend" not in columns({"api-server": 3.0, "engine": 9.0})
+    # vLLM's API server is outside the engine: issue 40 item 4 counts it to the frontend total
+    assert columns({"api-server": 3.0, "engine": 9.0})["fe-total"] == 3.0
 
 
 def test_goal_verdict():
