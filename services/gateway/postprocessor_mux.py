@@ -60,12 +60,19 @@ def _chunk_error(status: status_pb2.Status, address: str) -> MeshError:
     return from_status_proto(status)  # the postprocessor's own domain errors, as a per-request call gets them
 
 
+def _start(seq_id: int, request: postprocessor_pb2.GenerateRequest) -> postprocessor_pb2.GenerateStreamRequest:
+    """Filled in place: nested constructors copy the prompt at every level (0.4 ms at 6k tokens, one copy 0.1)."""
+    message = postprocessor_pb2.GenerateStreamRequest()
+    message.start.id = seq_id
+    message.start.request.CopyFrom(request)
+    return message
+
+
 def _wire(channel: grpc.aio.Channel) -> Wire:
     stub = postprocessor_pb2_grpc.PostprocessorServiceStub(channel)
     return Wire(
         open=stub.GenerateStream,
-        start=lambda seq_id, request: postprocessor_pb2.GenerateStreamRequest(
-            start=postprocessor_pb2.GenerateStreamStart(id=seq_id, request=request)),
+        start=_start,
         cancel=lambda seq_id: postprocessor_pb2.GenerateStreamRequest(
             cancel=postprocessor_pb2.GenerateStreamCancel(id=seq_id)),
         stream_error=_stream_error, chunk_error=_chunk_error,

@@ -59,9 +59,12 @@ class Pipeline:
     async def _start(self, prepared: preprocessor_pb2.PreprocessResponse, options: common_pb2.PostprocessOptions,
                      request_id: str, index: int, choice: int, worker_id: str, hints: RouteHints,
                      trace: RequestTrace | None) -> _RoutedChoice:
-        # The constructor copies the request once; each choice then edits only its own copy. The
-        # preprocessor's options say what it learnt from the model, ``options`` what the request asked.
-        gen = postprocessor_pb2.GenerateRequest(request=prepared.request, options=prepared.postprocess)
+        # One copy of the request, filled in place (upb's constructor copies a message argument twice: 0.2 ms
+        # for a 6k-token prompt); each choice then edits only its own copy. The preprocessor's options say what
+        # it learnt from the model, ``options`` what the request asked.
+        gen = postprocessor_pb2.GenerateRequest()
+        gen.request.CopyFrom(prepared.request)
+        gen.options.CopyFrom(prepared.postprocess)
         gen.options.MergeFrom(options)
         if not gen.options.stream_interval:
             gen.options.stream_interval = self.stream_interval
