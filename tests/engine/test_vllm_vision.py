@@ -1,10 +1,12 @@
-"""Images through two real vLLM workers (CPU build) serving the demo vision model, kv router, whole mesh.
+"""Images through a real vLLM worker (CPU build) serving the demo vision model, kv router, whole mesh.
 
 The tiny random Qwen2-VL (services/models/qwen_vl.py) runs in vLLM's CPU build; images go in as data
 URLs through the official openai SDK. Every prompt is two full KV blocks of text (vLLM's CPU block is
 128 tokens; the image starts at token 294), a third block holding a 224x224 image (64 tokens), then
 text: a different image shares the two text blocks and nothing after them, so the cached and
-predicted counts say exactly what the image salted.
+predicted counts say exactly what the image salted. One worker is enough: the router's predicted hits, which come
+from vLLM's own KV events, must equal what vLLM then reports cached, so the two sides' media-salted block hashes
+agree (choosing a worker by those hashes is the mesh tier's test_vision.py, with mocker workers).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from tests.mesh.conftest import wait_until
 pytestmark = pytest.mark.engine
 
 MODEL = "meshfront/demo-qwen-vl"
-WORKERS = ("vllm-0", "vllm-1")
+WORKERS = ("vllm-0",)
 BLOCK = 128  # vLLM's CPU block size
 IMAGE_TOKENS = 64  # a 224x224 image: (224 / 28) ** 2
 VIDEO_TOKENS = 32  # 2 s of 112x112 at 8 fps: 4 frames sampled, 2 temporal patches of (112 / 28) ** 2
@@ -80,10 +82,9 @@ def router_metrics(mesh: Mesh) -> str:
         return r.read().decode()
 
 
-def predicted(mesh: Mesh) -> float:
-    """The router's predicted cached tokens so far."""
-    m = re.search(r"^meshfront_router_predicted_cached_tokens_total ([0-9.e+]+)$", router_metrics(mesh), re.M)
-    return float(m.group(1)) if m else 0.0
+def predicted(response) -> int:
+    """The prompt tokens the router predicted cached on the worker it chose (its decision record)."""
+    return response.model_extra["nvext"]["routing"]["predicted_cached_tokens"]
 
 
 def index_blocks(mesh: Mesh) -> dict[str, float]:
@@ -93,7 +94,7 @@ def index_blocks(mesh: Mesh) -> dict[str, float]:
 
 def indexed(mesh: Mesh, client, image_part: dict, tail: str):
     """Sends one request and waits until the router's index holds its image block (the worker's KV events
-    arrived), without sending anything else that could land the same prompt on the other worker."""
+    arrived), so that a repeat's predicted hit is there to be counted."""
     before = index_blocks(mesh)
     response = ask(client, image_part, tail=tail)
     worker = worker_of(response)
@@ -109,7 +110,7 @@ def ask(client, image: dict | None, tail: str = "what is in it?"):
     content.append({"type": "text", "text": " ".join(f"{tail} {i}" for i in range(30))})
     return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
                                           max_tokens=2, temperature=0,
-                                          extra_body={"nvext": {"extra_fields": ["worker_id"]}})
+                                          extra_body={"nvext": {"extra_fields": ["worker_id", "routing"]}})
 
 
 def worker_of(response) -> str:
@@ -131,21 +132,21 @@ def test_an_image_request_answers_with_the_images_tokens_in_usage(client):
     assert IMAGE_TOKENS + 2 <= with_image.usage.prompt_tokens - text_only.usage.prompt_tokens <= IMAGE_TOKENS + 4
 
 
-def test_the_same_image_again_is_cached_on_the_same_worker(client, vision_mesh):
+def test_the_same_image_again_is_predicted_and_cached(client, vision_mesh):
     first = indexed(vision_mesh, client, image(2), tail="same")
     assert first.usage.prompt_tokens >= (TEXT_BLOCKS + 1) * BLOCK
     again = ask(client, image(2), tail="same")
-    assert worker_of(again) == worker_of(first)
+    # The router found the image's block in vLLM's events under the hash the preprocessor salted it with.
+    assert predicted(again) >= (TEXT_BLOCKS + 1) * BLOCK
     # Every full block is cached, the image's included.
     assert again.usage.prompt_tokens_details.cached_tokens >= (TEXT_BLOCKS + 1) * BLOCK
 
 
 def test_a_different_image_gets_no_predicted_hit_past_the_text_before_it(client, vision_mesh):
     indexed(vision_mesh, client, image(3), tail="different")
-    before = predicted(vision_mesh)
     other = ask(client, image(4), tail="different")
     # Only the text blocks are shared: the router predicts them and vLLM reuses them, nothing past them.
-    assert predicted(vision_mesh) - before <= TEXT_BLOCKS * BLOCK
+    assert predicted(other) == TEXT_BLOCKS * BLOCK
     assert other.usage.prompt_tokens_details.cached_tokens <= TEXT_BLOCKS * BLOCK
 
 
@@ -153,7 +154,7 @@ def test_a_uuid_names_the_image_sent_before_it(client, vision_mesh):
     first = indexed(vision_mesh, client, image(5, uuid="engine-photo"), tail="uuid")
     again = ask(client, image(5, uuid="engine-photo", with_url=False), tail="uuid")
     assert again.usage.prompt_tokens == first.usage.prompt_tokens
-    assert worker_of(again) == worker_of(first)
+    assert predicted(again) >= (TEXT_BLOCKS + 1) * BLOCK
     assert again.usage.prompt_tokens_details.cached_tokens >= (TEXT_BLOCKS + 1) * BLOCK
     assert again.choices[0].message.content == first.choices[0].message.content
 
@@ -163,12 +164,12 @@ def video(seed: int) -> dict:
     return {"type": "video_url", "video_url": {"url": data_url(clip, "video/mp4")}}
 
 
-def test_a_video_answers_with_its_tokens_in_usage_and_is_cached_on_the_same_worker(client, vision_mesh):
+def test_a_video_answers_with_its_tokens_in_usage_and_is_predicted_and_cached(client, vision_mesh):
     text_only = ask(client, None, tail="clip")
     first = indexed(vision_mesh, client, video(1), tail="clip")
     assert first.usage.completion_tokens >= 1
     assert VIDEO_TOKENS + 2 <= first.usage.prompt_tokens - text_only.usage.prompt_tokens <= VIDEO_TOKENS + 4
     assert first.usage.prompt_tokens >= (TEXT_BLOCKS + 1) * BLOCK  # the block holding the video is full
     again = ask(client, video(1), tail="clip")
-    assert worker_of(again) == worker_of(first)
+    assert predicted(again) >= (TEXT_BLOCKS + 1) * BLOCK
     assert again.usage.prompt_tokens_details.cached_tokens >= (TEXT_BLOCKS + 1) * BLOCK
