@@ -158,14 +158,19 @@ class SmgDeployment(Deployment):
 
         import orjson
 
+        # /v1/models lists the model before its tokenizer is loaded (chat answers 503 tokenizer_not_ready), so
+        # ready means one chat completion answered
+        body = orjson.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
         while time.monotonic() < deadline:
             self.check()
+            request = urllib.request.Request(f"{self.url}/v1/chat/completions", body,
+                                             {"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=1) as r:
-                    if any(m.get("id") == model for m in orjson.loads(r.read()).get("data", [])):
+                with urllib.request.urlopen(request, timeout=5) as r:
+                    if r.status == 200:
                         return
             except (OSError, ValueError):
-                pass  # not up yet, or no worker yet
+                pass  # not up yet, no worker yet, or no tokenizer yet
             time.sleep(0.5)
         raise RuntimeError(f"SMG did not serve {model} in time:\n{self.logs()}")
 
