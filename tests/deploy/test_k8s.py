@@ -11,6 +11,7 @@ import contextlib
 import copy
 import importlib
 import io
+import os
 import pathlib
 import re
 import subprocess
@@ -40,6 +41,10 @@ MEDIA_WORKER = K8S / "components" / "media-worker"
 MEDIA_WORKERS = {"worker-diffusers": "cpu", "worker-diffusers-gpu": "cuda"}
 # The engine workers of components/gpu-worker and the `meshfront` command each runs.
 GPU_WORKERS = {"worker-vllm": "vllm", "worker-sglang": "sglang"}
+# components/engine-grpc: stock vLLM over its own gRPC, and `meshfront attach` registering it.
+ENGINE_GRPC = K8S / "components" / "engine-grpc"
+# Who may mount a model volume: workers, stock engines, and the registrar that publishes an engine's files.
+MODEL_VOLUME_ROLES = {"worker", "engine", "registrar"}
 # Engine flags the worker sets itself and refuses from its user (services/workers/<kind>/config.py).
 OWNED_ENGINE_FLAGS = {"vllm": {"--served-model-name", "--kv-events-config"},
                       "sglang": {"--model-path", "--served-model-name", "--kv-events-config"}}
@@ -322,6 +327,18 @@ def test_only_workers_mount_model_directories():
             env = {e["name"]: e.get("value") for e in c["env"]}
             mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
             assert mounts == {"model-files": env["XDG_CACHE_HOME"]}, name
+    for component in COMPONENTS:
+        for w in workloads(with_component(component)):
+            spec = w["spec"]["template"]["spec"]
+            claims = {v["name"] for v in spec.get("volumes", []) if "persistentVolumeClaim" in v}
+            if not claims:
+                continue
+            # The registrar (components/engine-grpc) publishes the model's small files as a worker does.
+            role = w["spec"]["template"]["metadata"]["labels"]["meshfront.dev/role"]
+            assert role in MODEL_VOLUME_ROLES, f"{w['metadata']['name']} ({role}) mounts {sorted(claims)}"
+            for c in containers(w):
+                for m in c.get("volumeMounts", []):
+                    assert m["name"] not in claims or m.get("readOnly"), f"{w['metadata']['name']}: {m}"
     for w in workloads(with_component(GPU_WORKER)):
         if w["metadata"]["name"] in GPU_WORKERS:
             volume = next(v for v in w["spec"]["template"]["spec"]["volumes"] if v["name"] == "models")
@@ -585,3 +602,99 @@ def test_the_gateways_check_keys_and_a_job_registers_the_first_from_a_secret():
     assert secret["valueFrom"]["secretKeyRef"] == {"name": "meshfront-first-key", "key": "api-key"}
     assert env_of(c)["MESHFRONT_NATS_URL"] == env_of(containers(gateway)[0])["MESHFRONT_NATS_URL"]
     assert env_of(c)["DYN_NAMESPACE"] == env_of(containers(gateway)[0])["DYN_NAMESPACE"]
+
+
+# -- components/engine-grpc: stock vLLM over its own gRPC behind a headless Service, and `meshfront attach` --------
+
+def _engine_grpc() -> tuple[list[dict], dict, dict]:
+    """The component with the base: its resources, the engines' Deployment, the registrar's."""
+    resources = with_component(ENGINE_GRPC)
+    named = {w["metadata"]["name"]: w for w in workloads(resources)}
+    return resources, named["vllm-grpc"], named["engine-registrar"]
+
+
+def _int_flag(argv: list[str], flag: str) -> int:
+    value = _flag_value(argv, flag)
+    assert value is not None, f"{flag} is not given"
+    return int(value)
+
+
+def test_the_engines_serve_vllms_grpc_with_its_health_service():
+    from smg_grpc_proto import vllm_engine_pb2
+
+    resources, engines, _ = _engine_grpc()
+    spec = engines["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    # vLLM's own image, at the release Dockerfile.vllm builds on (the one the mesh is tested against).
+    base = re.search(r"^ARG BASE=(\S+)$", (ROOT / "deploy" / "docker" / "Dockerfile.vllm").read_text(), re.M)
+    assert base and c["image"] == base[1], c["image"]
+    assert c["command"] == ["vllm", "serve"] and "--grpc" in c["args"]
+    port = _int_flag(c["args"], "--port")
+    assert {"name": "grpc", "containerPort": port} in c["ports"] and _flag_value(c["args"], "--host") == "0.0.0.0"
+    # grpc.health.v1: the server ("") keeps it alive, the engine's own service makes it ready (and so in DNS).
+    engine_service = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
+    assert c["readinessProbe"]["grpc"] == {"port": port, "service": engine_service}
+    assert c["livenessProbe"]["grpc"] == c["startupProbe"]["grpc"] == {"port": port}
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 15 * 60
+    tensor_parallel = _int_flag(c["args"], "--tensor-parallel-size")
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == tensor_parallel
+    assert engines["spec"]["strategy"]["type"] == "Recreate"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert env_of(c)["HF_HUB_OFFLINE"] == "1"
+    # Gone from DNS (so from the registrar) before SIGTERM closes the port, within the pod's grace.
+    assert int(c["lifecycle"]["preStop"]["exec"]["command"][1]) < spec["terminationGracePeriodSeconds"]
+    (service,) = [r for r in resources if r["kind"] == "Service" and r["metadata"]["name"] == "vllm-grpc"]
+    assert service["spec"]["clusterIP"] == "None" and not service["spec"].get("publishNotReadyAddresses")
+    assert service["spec"]["selector"].items() <= engines["spec"]["template"]["metadata"]["labels"].items()
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(port, "grpc")]
+
+
+def test_the_registrar_runs_attach_on_the_engines_headless_service(monkeypatch):
+    from services.workers.attach.core import split_dns_target
+    from services.workers.attach.main import flag_error, parser
+
+    resources, engines, registrar = _engine_grpc()
+    (c,) = containers(registrar)
+    assert c["image"].rsplit(":", 1)[0] == IMAGE and c["command"] == ["meshfront", "attach"]
+    # One registrar: two would number one engine's KV events twice and purge each other's cards.
+    assert registrar["spec"]["replicas"] == 1 and registrar["spec"]["strategy"]["type"] == "Recreate"
+    for name in [n for n in os.environ if n.startswith(("MESHFRONT_", "DYN_", "NATS_"))]:
+        monkeypatch.delenv(name)
+    for name, value in env_of(c).items():
+        monkeypatch.setenv(name, value)
+    flags = parser()  # attach's own flags; its env twins are read from the environment set above
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = flags.parse(c["args"])
+    except SystemExit:
+        pytest.fail(f"meshfront attach refuses the manifest's arguments: {err.getvalue().strip()}")
+    assert flag_error(args) is None
+    twins = {t for names in flags.env_twins.values() for t in names}
+    assert {n for n in env_of(c) if n.startswith(("MESHFRONT_", "DYN_"))} <= twins
+    # --engine-dns names the component's headless Service, fully qualified, on the engines' gRPC port.
+    host, port = split_dns_target(args.engine_dns)
+    m = re.fullmatch(r"([a-z0-9-]+)\.meshfront\.svc\.cluster\.local", host)
+    assert m, args.engine_dns
+    services = [r for r in resources if r["kind"] == "Service" and r["metadata"]["name"] == m[1]]
+    assert len(services) == 1, f"{args.engine_dns} names no Service of the component"
+    service = services[0]
+    assert service["spec"]["clusterIP"] == "None" and port in {p["port"] for p in service["spec"]["ports"]}
+    assert service["spec"]["selector"].items() <= engines["spec"]["template"]["metadata"]["labels"].items()
+    assert args.engine_protocol == "vllm_engine" and not args.engine_grpc
+    # The model the engines load, by the same path and name: its files are published from here.
+    (engine,) = containers(engines)
+    assert args.model_dir == engine["args"][0] and args.model_dir.startswith("/models/")
+    assert args.model_name == _flag_value(engine["args"], "--served-model-name")
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+    # Reachable and probed on its own health port; the mesh's NATS cluster and namespace.
+    loopback = sorted(k for k, v in vars(args).items() if isinstance(v, str) and "127.0.0.1" in v)
+    assert not loopback, f"the registrar leaves {loopback} at 127.0.0.1"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert args.host == "0.0.0.0" and args.port == ports["grpc"]
+    assert c["readinessProbe"]["grpc"]["port"] == c["livenessProbe"]["grpc"]["port"] == args.port
+    annotations = registrar["spec"]["template"]["metadata"]["annotations"]
+    assert args.metrics_port == ports["metrics"] == int(annotations["prometheus.io/port"])
+    assert_every_nats_node(args.nats_url, base_resources())
+    gateway = next(w for w in workloads(resources) if w["metadata"]["name"] == "gateway")
+    assert args.namespace == env_of(containers(gateway)[0])["DYN_NAMESPACE"]
