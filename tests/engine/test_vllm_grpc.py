@@ -9,13 +9,20 @@ last kills an engine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import time
 from typing import Any
 
+import anthropic
 import grpc
+import httpx
+import jsonschema
+import numpy as np
 import pytest
+import tritonclient.grpc as tritonclient_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2, vllm_engine_pb2_grpc
 
 from services.launcher.plan import ProcessSpec, WorkerSpec, ephemeral_plan, free_port
@@ -26,6 +33,7 @@ from tests.conftest import ROOT, sdk_client, stop_cleanly
 from tests.engine.conftest import ENGINE_START_S, wait_workers
 from tests.engine.test_vllm_mesh import _byte_level_vocab, _token_ids
 from tests.mesh.chaos_client import stream_then_hang_up
+from tests.mesh.conftest import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -66,7 +74,9 @@ def grpc_mesh(tmp_path_factory, vllm_python, tiny_lm_dir, envoy_bin, nats_bin, o
         raise
     yield mesh
     try:
-        stop_cleanly(mesh)
+        # An engine's grpc.aio server logs a cancelled call's CancelledError with a traceback (a client that left,
+        # a sequence the postprocessor ended first): the engine's own log line, not a failure of ours.
+        stop_cleanly(mesh, expected_tracebacks=("_schedule_rpc_coro",))
     finally:
         reap(mesh)
 
@@ -126,17 +136,71 @@ def test_greedy_tokens_equal_vllm_offline_generate(client, offline_vllm, tiny_lm
         prompt_ids, n)[0]
 
 
-def test_repeated_long_prompt_goes_to_the_engine_that_caches_it(client):
+def index_blocks(mesh: Mesh) -> float:
+    """The blocks the router's index holds, over every engine."""
+    text = httpx.get(f"http://127.0.0.1:{mesh.plan.metrics_ports['router']}/metrics", timeout=5).text
+    return sum(float(n) for n in re.findall(r'^meshfront_router_kv_index_blocks\{[^}]*\} ([0-9.e+]+)$', text, re.M))
+
+
+def test_repeated_long_prompt_goes_to_the_engine_that_caches_it(client, grpc_mesh):
     prompt = " ".join(f"item {i} of the shared prefix;" for i in range(120))  # ~700 tokens, 5 blocks
     messages = [{"role": "user", "content": prompt}]
+    before = index_blocks(grpc_mesh)
     first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
     assert first.usage.prompt_tokens > 4 * BLOCK
+    # The first request's KV events reach the router (engine, attach's relay, NATS) before anything repeats it.
+    wait_until(lambda: index_blocks(grpc_mesh) >= before + 4, 30, "the prompt's blocks in the router's index")
     for _ in range(4):
-        time.sleep(0.5)  # the first request's KV events reach the router: engine, attach's relay, NATS
         again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
         cached = again.usage.prompt_tokens_details.cached_tokens
         # Round-robin would send every other repeat to the engine that has nothing cached.
         assert cached >= 4 * BLOCK and cached % BLOCK == 0, cached
+
+
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"enum": [1, 2, 3]}},
+           "required": ["city", "days"], "additionalProperties": False}
+
+
+def test_a_named_tool_call_and_structured_output_are_guided_on_the_engine(client):
+    """What the engine proto carries of guided decoding: the tiny random model writes what a schema or a regex
+    allows only if the engine was told it."""
+    call = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather?"}], max_tokens=32, temperature=0,
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    [tool] = call.choices[0].message.tool_calls
+    assert tool.function.name == "get_weather"
+    # The schema's first property, as the engine's grammar forced it. (JSON allows whitespace anywhere between
+    # tokens, and greedy decoding of random weights can take it for ever: the object need not close.)
+    assert re.match(r'\{\s*"city"\s*:', tool.function.arguments), tool.function.arguments
+    assert call.usage.prompt_tokens > 0 and call.usage.completion_tokens > 0
+    schema = {"type": "string", "enum": ["yes", "no"]}  # no room for whitespace: the whole answer is checked
+    done = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Yes or no?"}], max_tokens=20, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    jsonschema.validate(json.loads(done.choices[0].message.content), schema)
+    assert done.choices[0].finish_reason == "stop"
+    regex = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Pick."}],
+                                           max_tokens=12, temperature=0, extra_body={"guided_regex": "[0-9]{3}"})
+    assert re.fullmatch("[0-9]{3}", regex.choices[0].message.content)
+
+
+def test_kserve_and_anthropic_clients_are_served_by_the_engines(grpc_mesh):
+    triton = tritonclient_grpc.InferenceServerClient(grpc_mesh.grpc_target)
+    try:
+        text = tritonclient_grpc.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"Say something."], dtype=np.object_))
+        result = triton.infer(MODEL, [text], parameters={"max_tokens": 4, "ignore_eos": True})
+    finally:
+        triton.close()
+    assert result.as_numpy("text_output")[0]
+    claude = anthropic.Anthropic(base_url=grpc_mesh.url, api_key="unused", max_retries=0, timeout=120)
+    try:
+        message = claude.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hi."}])
+    finally:
+        claude.close()
+    assert message.content[0].text and 1 <= message.usage.output_tokens <= 4
+    assert message.stop_reason in ("max_tokens", "end_turn")
 
 
 def test_client_disconnect_leaves_the_engines_nothing_running(grpc_mesh, addresses):
