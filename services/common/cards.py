@@ -149,6 +149,11 @@ class WorkerCard:
     # ENGINE_PROTOCOLS is SMG's engine proto (PyPI smg-grpc-proto) with that service, a stock engine's own gRPC
     # attached by address (docs/engine-grpc.md). Cards written before it existed lack it and read as "".
     engine_protocol: str = ""
+    # The sampling defaults an engine attached over its own proto advertises (its model's generation config:
+    # GetModelInfo's default_sampling_params_json), as (knob, value) pairs: the mesh fills the knobs a request
+    # leaves unset with them, as vLLM's own server and our workers do. Empty for our workers, whose engine applies
+    # them itself.
+    sampling_defaults: tuple[tuple[str, float], ...] = ()
 
     @property
     def dp_ranks(self) -> Sequence[int] | None:
@@ -175,6 +180,7 @@ class WorkerCard:
             raise ValueError(f"unknown engine_protocol {d['engine_protocol']!r}")
         if d.get("data_parallel_size", 1) < 1 or d.get("data_parallel_start_rank", 0) < 0:
             raise ValueError("data_parallel_size must be >= 1 and data_parallel_start_rank >= 0")
+        d["sampling_defaults"] = tuple((str(k), float(v)) for k, v in d.get("sampling_defaults", ()))
         return cls(model=ModelCard(**m), **d)
 
 

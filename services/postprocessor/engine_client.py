@@ -114,7 +114,8 @@ class EngineWorkerClient:
             return RefusedCall(InvalidRequest(str(refused), param=refused.param))
         # The engine's id: unique per call, so a retry on the same engine never meets its own aborted sequence.
         engine_id = f"{req.request_id}-{next(self._ids)}"
-        message = engine_proto.generate_request(card.engine_protocol, req, engine_id, card.model.context_length)
+        message = engine_proto.generate_request(card.engine_protocol, req, engine_id, card.model.context_length,
+                                                card.sampling_defaults)
         return EngineCall(self, card, self._stub(card), message, list(req.eos_token_ids))
 
     def _stub(self, card: WorkerCard) -> Any:

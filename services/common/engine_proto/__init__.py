@@ -12,12 +12,15 @@ What the proto cannot carry for a service is refused before any call (``refusal`
 """
 
 from services.common.engine_proto.requests import (
+    SAMPLING_DEFAULT_KNOBS,
     Unsupported,
     abort_request,
     embed_request,
     generate_request,
     refusal,
+    with_defaults,
 )
 from services.common.engine_proto.responses import EngineStream, embedding
 
-__all__ = ["EngineStream", "Unsupported", "abort_request", "embed_request", "embedding", "generate_request", "refusal"]
+__all__ = ["SAMPLING_DEFAULT_KNOBS", "EngineStream", "Unsupported", "abort_request", "embed_request", "embedding",
+           "generate_request", "refusal", "with_defaults"]

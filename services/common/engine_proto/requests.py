@@ -5,13 +5,17 @@ the engine (the postprocessor matches them on text, so the engine is not asked t
 EOS ids and the hidden stop ids become the engine's ``stop_token_ids``, so it stops at exactly the ids the
 preprocessor chose. The gateway fans ``n`` out into n requests: ``n`` is always 1.
 
-A knob our request leaves unset means "the engine's default". vLLM's proto has presence for the knobs
-that need it; SGLang's scheduler proto has none, so an unset knob is sent as OpenAI's default
-(temperature 1, top_p 1, no top_k, repetition penalty 1), not as the proto's zero (greedy).
+A knob our request leaves unset takes the model's default first, as vLLM's own server and our workers give
+it: the generation-config defaults the engine advertised in GetModelInfo, carried on its card
+(``WorkerCard.sampling_defaults``, filled by ``meshfront attach``); an engine's servicer does not apply them
+itself. What is still unset means "the engine's default": vLLM's proto has presence for the knobs that need it;
+SGLang's scheduler proto has none, so an unset knob is sent as OpenAI's default (temperature 1, top_p 1, no
+top_k, repetition penalty 1), not as the proto's zero (greedy).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeAlias
 
 from meshfront.common.v1 import common_pb2
@@ -25,6 +29,12 @@ EmbedRequest: TypeAlias = (vllm_engine_pb2.EmbedRequest | sglang_scheduler_pb2.E
                            | trtllm_service_pb2.EmbedRequest)
 AbortRequest: TypeAlias = (vllm_engine_pb2.AbortRequest | sglang_scheduler_pb2.AbortRequest
                            | trtllm_service_pb2.AbortRequest)
+
+# The knobs a request may leave to the model's generation config (SMG's servicers advertise these; vLLM's own
+# server's get_diff_sampling_param list, less max_tokens, which the mesh sizes itself).
+SAMPLING_DEFAULT_KNOBS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                          "repetition_penalty")
+SamplingDefaults: TypeAlias = Sequence[tuple[str, float]]
 
 # vLLM's SamplingParams.seed is an int32 on this proto; ours (OpenAI's) is 64-bit. The low 31 bits keep a
 # seed's point, the same output for the same seed, for every seed a client sends.
@@ -74,16 +84,33 @@ def _refusal_of(protocol: str, request: common_pb2.PreprocessedRequest, name: st
 
 
 def generate_request(protocol: str, request: common_pb2.PreprocessedRequest, request_id: str,
-                     context_length: int) -> GenerateRequest:
+                     context_length: int, defaults: SamplingDefaults = ()) -> GenerateRequest:
     """The streaming Generate request for ``request`` (already cleared by ``refusal``) under the engine's id
-    ``request_id``; ``context_length`` (the card's) sizes TensorRT-LLM's max_tokens, which has no "unset"."""
+    ``request_id``; ``context_length`` (the card's) sizes TensorRT-LLM's max_tokens, which has no "unset";
+    ``defaults`` (the card's ``sampling_defaults``) fill the knobs ``request`` leaves unset."""
+    sampling = with_defaults(request.sampling, defaults)
     if protocol == VLLM_ENGINE:
-        return _vllm(request, request_id)
+        return _vllm(request, sampling, request_id)
     if protocol == SGLANG_SCHEDULER:
-        return _sglang(request, request_id)
+        return _sglang(request, sampling, request_id)
     if protocol == TRTLLM_SERVICE:
-        return _trtllm(request, request_id, context_length)
+        return _trtllm(request, sampling, request_id, context_length)
     raise ValueError(f"unknown engine protocol {protocol!r}")
+
+
+def with_defaults(sampling: common_pb2.SamplingOptions, defaults: SamplingDefaults) -> common_pb2.SamplingOptions:
+    """``sampling`` with each knob it leaves unset set from ``defaults`` (a copy; ``sampling`` itself when none
+    applies). A knob the client set, even to the proto's zero, stays the client's."""
+    missing = [(knob, value) for knob, value in defaults if not sampling.HasField(knob)]
+    if not missing:
+        return sampling
+    filled = common_pb2.SamplingOptions()
+    filled.CopyFrom(sampling)
+    for knob, value in missing:
+        if knob not in SAMPLING_DEFAULT_KNOBS:
+            raise ValueError(f"{knob!r} is not a sampling knob a request may leave to the model")
+        setattr(filled, knob, int(value) if knob == "top_k" else value)
+    return filled
 
 
 def embed_request(protocol: str, request_id: str, token_ids: list[int]) -> EmbedRequest:
@@ -115,8 +142,9 @@ def _stop_ids(request: common_pb2.PreprocessedRequest) -> list[int]:
     return list(dict.fromkeys((*request.eos_token_ids, *request.stop.stop_token_ids_hidden)))
 
 
-def _vllm(request: common_pb2.PreprocessedRequest, request_id: str) -> vllm_engine_pb2.GenerateRequest:
-    s, stop = request.sampling, request.stop
+def _vllm(request: common_pb2.PreprocessedRequest, s: common_pb2.SamplingOptions,
+          request_id: str) -> vllm_engine_pb2.GenerateRequest:
+    stop = request.stop
     p = vllm_engine_pb2.SamplingParams(n=1, stop_token_ids=_stop_ids(request), ignore_eos=stop.ignore_eos,
                                        min_tokens=stop.min_tokens, skip_special_tokens=False)
     for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
@@ -154,8 +182,9 @@ def _vllm_constraint(g: common_pb2.GuidedDecoding, p: vllm_engine_pb2.SamplingPa
         p.structural_tag = g.structural_tag
 
 
-def _sglang(request: common_pb2.PreprocessedRequest, request_id: str) -> sglang_scheduler_pb2.GenerateRequest:
-    s, stop = request.sampling, request.stop
+def _sglang(request: common_pb2.PreprocessedRequest, s: common_pb2.SamplingOptions,
+            request_id: str) -> sglang_scheduler_pb2.GenerateRequest:
+    stop = request.stop
     p = sglang_scheduler_pb2.SamplingParams(
         n=1, stop_token_ids=_stop_ids(request), ignore_eos=stop.ignore_eos, min_new_tokens=stop.min_tokens,
         skip_special_tokens=False,
@@ -194,9 +223,9 @@ def _sglang(request: common_pb2.PreprocessedRequest, request_id: str) -> sglang_
 _GUIDE = trtllm_service_pb2.GuidedDecodingParams
 
 
-def _trtllm(request: common_pb2.PreprocessedRequest, request_id: str,
+def _trtllm(request: common_pb2.PreprocessedRequest, s: common_pb2.SamplingOptions, request_id: str,
             context_length: int) -> trtllm_service_pb2.GenerateRequest:
-    s, stop = request.sampling, request.stop
+    stop = request.stop
     c = trtllm_service_pb2.SamplingConfig(beam_width=1, num_return_sequences=1)
     for name in ("temperature", "top_p", "seed", "min_p", "frequency_penalty", "presence_penalty",
                  "repetition_penalty"):

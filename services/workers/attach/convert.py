@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+import orjson
 from smg_grpc_proto.generated import (
     common_pb2,
     sglang_scheduler_pb2,
@@ -23,7 +24,15 @@ from smg_grpc_proto.generated import (
     vllm_engine_pb2_grpc,
 )
 
-from services.workers.attach.core import SGLANG_SCHEDULER, TRTLLM_SERVICE, VLLM_ENGINE, EngineInfo, EngineLoad
+from services.common.engine_proto import SAMPLING_DEFAULT_KNOBS
+from services.workers.attach.core import (
+    SGLANG_SCHEDULER,
+    TRTLLM_SERVICE,
+    VLLM_ENGINE,
+    CannotAttach,
+    EngineInfo,
+    EngineLoad,
+)
 from services.workers.engine_kv import BlocksRemoved, BlocksStored, CacheCleared, EngineKvEvent
 
 
@@ -44,21 +53,49 @@ PROTOCOLS = {
 
 
 def engine_info(protocol: str, model: Any, server: Any) -> EngineInfo:
-    """The card's inputs from GetModelInfo's and GetServerInfo's answers."""
+    """The card's inputs from GetModelInfo's and GetServerInfo's answers.
+
+    Raises:
+        CannotAttach: the engine's sampling defaults are not a JSON object of numbers."""
     if protocol == VLLM_ENGINE:
         return EngineInfo(served_model_name=model.served_model_name, model_path=model.model_path,
                           context_length=model.max_context_length, block_size=server.block_size,
-                          is_generation=model.is_generation, data_parallel_size=max(1, server.data_parallel_size))
+                          is_generation=model.is_generation, data_parallel_size=max(1, server.data_parallel_size),
+                          sampling_defaults=sampling_defaults(model.default_sampling_params_json))
     if protocol == SGLANG_SCHEDULER:  # its page size is in server_args (a Struct), read where present
         args = server.server_args
         page = int(args["page_size"]) if "page_size" in args.fields else 0
         dp = int(args["dp_size"]) if "dp_size" in args.fields else 1
         return EngineInfo(served_model_name=model.served_model_name, model_path=model.model_path,
                           context_length=model.max_context_length, block_size=page,
-                          is_generation=model.is_generation, data_parallel_size=max(1, dp))
+                          is_generation=model.is_generation, data_parallel_size=max(1, dp),
+                          sampling_defaults=sampling_defaults(model.default_sampling_params_json))
     # TensorRT-LLM says neither a served name nor a block size: --model-name/--block-size say them
     return EngineInfo(served_model_name="", model_path=model.model_id, context_length=model.max_seq_len,
                       block_size=0)
+
+
+def sampling_defaults(raw: str) -> tuple[tuple[str, float], ...]:
+    """GetModelInfo's ``default_sampling_params_json`` (the model's generation config, as the engine resolved it):
+    the knobs a request of ours can leave unset (SAMPLING_DEFAULT_KNOBS), in that order. Others the engine may list
+    (max_tokens, say) are not sampling knobs the mesh leaves to it."""
+    if not raw:
+        return ()
+    try:
+        values = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise CannotAttach(f"the engine's sampling defaults are not JSON: {e}") from e
+    if not isinstance(values, dict):
+        raise CannotAttach(f"the engine's sampling defaults are not a JSON object: {raw[:200]}")
+    out = []
+    for knob in SAMPLING_DEFAULT_KNOBS:
+        value = values.get(knob)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise CannotAttach(f"the engine's default {knob} is not a number: {value!r}")
+        out.append((knob, float(value)))
+    return tuple(out)
 
 
 def loads(response: Any) -> EngineLoad | None:

@@ -50,6 +50,7 @@ class EngineInfo:
     block_size: int  # 0: the engine did not say
     is_generation: bool = True
     data_parallel_size: int = 1
+    sampling_defaults: tuple[tuple[str, float], ...] = ()  # the model's generation-config knobs the engine says
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,7 @@ def card_for(settings: AttachSettings, address: str, info: EngineInfo, *, total_
                       model_files=model_files_reference(scope, model_dir))
     return WorkerCard(worker_id=worker_id(settings.protocol, address), address=address, model=model,
                       kind=_KINDS[settings.protocol], total_kv_blocks=total_kv_blocks, namespace=scope.name,
-                      engine_protocol=settings.protocol)
+                      engine_protocol=settings.protocol, sampling_defaults=info.sampling_defaults)
 
 
 def load_report(load: EngineLoad, block_size: int) -> dict[str, int]:

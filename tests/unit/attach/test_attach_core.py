@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2
 
+from services.common.cards import WorkerCard
 from services.common.hashing import block_hashes, sequence_hashes
 from services.workers.attach import convert
 from services.workers.attach.core import (
@@ -184,3 +185,24 @@ def test_trtllm_says_neither_name_nor_block_size_so_the_flags_must(tmp_path):
     assert (card.model.name, card.model.block_size, card.kind, card.engine_protocol) == (
         "llama", 32, "trtllm-grpc", TRTLLM_SERVICE)
     assert not convert.PROTOCOLS[TRTLLM_SERVICE].has_loads  # its load comes on the KV event batches alone
+
+
+def test_the_models_sampling_defaults_go_on_the_card(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    model = vllm_engine_pb2.GetModelInfoResponse(
+        served_model_name="m", model_path=str(tmp_path), max_context_length=2048, is_generation=True,
+        default_sampling_params_json='{"temperature":0.7,"top_k":20,"top_p":0.8,"max_tokens":99}')
+    engine = convert.engine_info(VLLM_ENGINE, model, vllm_engine_pb2.GetServerInfoResponse(block_size=16))
+    # In the mesh's order of knobs; max_tokens is the mesh's to size, not a sampling default.
+    assert engine.sampling_defaults == (("temperature", 0.7), ("top_p", 0.8), ("top_k", 20.0))
+    card = card_for(settings(), "e:1", engine)
+    assert WorkerCard.from_json(card.to_json()).sampling_defaults == engine.sampling_defaults
+
+
+@pytest.mark.parametrize(("raw", "why"), [("{nope", "not JSON"), ("[0.7]", "not a JSON object"),
+                                          ('{"temperature": "hot"}', "temperature is not a number")])
+def test_sampling_defaults_the_card_cannot_carry_are_refused_with_the_reason(tmp_path, raw, why):
+    model = vllm_engine_pb2.GetModelInfoResponse(model_path=str(tmp_path), max_context_length=2048,
+                                                 default_sampling_params_json=raw)
+    with pytest.raises(CannotAttach, match=why):
+        convert.engine_info(VLLM_ENGINE, model, vllm_engine_pb2.GetServerInfoResponse(block_size=16))

@@ -8,7 +8,14 @@ from meshfront.common.v1 import common_pb2
 from smg_grpc_proto import sglang_scheduler_pb2, trtllm_service_pb2, vllm_engine_pb2
 
 from services.common.cards import ENGINE_PROTOCOLS, SGLANG_SCHEDULER, TRTLLM_SERVICE, VLLM_ENGINE
-from services.common.engine_proto import EngineStream, abort_request, embed_request, generate_request, refusal
+from services.common.engine_proto import (
+    EngineStream,
+    abort_request,
+    embed_request,
+    generate_request,
+    refusal,
+    with_defaults,
+)
 
 F = common_pb2
 
@@ -181,3 +188,26 @@ def test_abort_requests_name_the_engines_sequence():
     assert list(abort_request(VLLM_ENGINE, "r-0").request_ids) == ["r-0"]
     assert abort_request(SGLANG_SCHEDULER, "r-0").request_id == "r-0"
     assert abort_request(TRTLLM_SERVICE, "r-0").request_id == "r-0"
+
+
+# The demo model's generation_config.json, as vLLM's servicer advertises it (GetModelInfo).
+DEFAULTS = (("temperature", 0.7), ("top_p", 0.8), ("top_k", 20.0), ("repetition_penalty", 1.05))
+
+
+@pytest.mark.parametrize("protocol", ENGINE_PROTOCOLS)
+def test_unset_knobs_take_the_models_defaults_and_the_clients_stay_the_clients(protocol):
+    req = common_pb2.PreprocessedRequest(request_id="r", token_ids=[1], stop=common_pb2.StopConditions(max_tokens=4),
+                                         sampling=common_pb2.SamplingOptions(temperature=0.0))  # greedy, asked
+    out = generate_request(protocol, req, "r-0", 100, DEFAULTS)
+    p = out.sampling_config if protocol == TRTLLM_SERVICE else out.sampling_params
+    assert p.temperature == 0.0  # the client's zero is not "unset"
+    assert (p.top_p, p.top_k, p.repetition_penalty) == pytest.approx((0.8, 20, 1.05))
+    assert not req.sampling.HasField("top_p")  # the request itself is left as it came
+
+
+def test_without_defaults_or_with_every_knob_set_the_sampling_message_is_the_requests_own():
+    req = _request()
+    assert with_defaults(req.sampling, DEFAULTS) is req.sampling
+    assert with_defaults(common_pb2.SamplingOptions(), ()) == common_pb2.SamplingOptions()
+    with pytest.raises(ValueError, match="max_tokens"):
+        with_defaults(common_pb2.SamplingOptions(), (("max_tokens", 5.0),))
