@@ -95,6 +95,7 @@ async def test_attach_registers_relays_and_follows_health(nats_url, demo_model_d
             messages.append(orjson.loads(msg.data))
 
         sub = await nc.subscribe(events_subject(Namespace("attach1"), "tiny-engine", card.worker_id), cb=take)
+        await nc.flush()  # the server has the subscription before anything is relayed (a loaded machine lost it)
         await wait_for(lambda: engine.subscriptions == 1, 10, "the KV event subscription")
         tokens = list(range(200, 212))
         await engine.batches.put(common_pb2.KvEventBatch(sequence_number=1, events=[
