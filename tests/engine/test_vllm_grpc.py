@@ -74,9 +74,10 @@ def grpc_mesh(tmp_path_factory, vllm_python, tiny_lm_dir, envoy_bin, nats_bin, o
         raise
     yield mesh
     try:
-        # An engine's grpc.aio server logs a cancelled call's CancelledError with a traceback (a client that left,
-        # a sequence the postprocessor ended first): the engine's own log line, not a failure of ours.
-        stop_cleanly(mesh, expected_tracebacks=("_schedule_rpc_coro",))
+        # The engines' own log lines, not failures of ours: its grpc.aio server logs a cancelled call's
+        # CancelledError with a traceback (a client that left, a sequence the postprocessor ended first), and
+        # AsyncLLM's __del__ can run its shutdown again at interpreter exit after SIGTERM.
+        stop_cleanly(mesh, expected_tracebacks=("_schedule_rpc_coro", "vllm/v1/engine/async_llm.py"))
     finally:
         reap(mesh)
 
@@ -207,9 +208,11 @@ def test_client_disconnect_leaves_the_engines_nothing_running(grpc_mesh, address
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Talk for a long time."}],
             "max_tokens": 2000, "ignore_eos": True}
     stream_then_hang_up(grpc_mesh.plan.http_port, body, frames=3)
-    deadline = time.monotonic() + 1.0
+    # The Abort goes at once (tests/service/postprocessor/test_engine_grpc.py); this reads the engine's own
+    # scheduler stats through GetLoads, a step or two behind on a loaded machine (1 s was missed by 55 ms).
+    deadline = time.monotonic() + 3.0
     while any(running(a) for a in addresses.values()):
-        assert time.monotonic() < deadline, "an engine still runs the request 1 s after the client left"
+        assert time.monotonic() < deadline, "an engine still runs the request 3 s after the client left"
         time.sleep(0.05)
 
 
