@@ -45,6 +45,8 @@ PROGRESS_EVERY_S = 0.5
 DEFAULT_CONCURRENCY = 16
 # Seconds between tries of a line the mesh could not take, and of a record NATS did not take.
 RETRY_S = 0.5
+# How long a completed batch's finalizer reads its lines back until every one is there (_recorded).
+RECORDED_WAIT_S = 60.0
 
 
 class _Hold:
@@ -191,7 +193,7 @@ class BatchRunner:
                              request_counts=counts(lines, done))
         if hold.record["status"] == state.IN_PROGRESS:
             await self._execute(hold, lines, done)
-        await self._finalize(hold, heartbeat, lines)
+        await self._finalize(hold, heartbeat, lines, done)
 
     async def _execute(self, hold: _Hold, lines: list[Line], done: dict[int, Outcome]) -> None:
         """Runs every line not done yet, ``max_concurrency`` at a time (over the replica), until a cancel or
@@ -241,14 +243,15 @@ class BatchRunner:
         finally:
             self._slots.release()
 
-    async def _finalize(self, hold: _Hold, heartbeat: asyncio.Task, lines: list[Line]) -> None:
+    async def _finalize(self, hold: _Hold, heartbeat: asyncio.Task, lines: list[Line],
+                        known: dict[int, Outcome]) -> None:
         r = hold.record
         final = r.get("ending") or state.ending(r, time.time()) or state.COMPLETED
         if r["status"] != state.FINALIZING and final != state.CANCELLED:
             await hold.write(status=state.FINALIZING, finalizing_at=int(time.time()), ending=final)
             if hold.record["status"] == state.CANCELLING:  # a cancel landed first: it wins
                 final = state.CANCELLED
-        done = await self.lines.done(r["id"])
+        done = await self._recorded(r, lines, known, complete=final == state.COMPLETED)
         unrun = "batch_cancelled" if final == state.CANCELLED else "batch_expired"
         out, err = output_files(r["id"], lines, done, unrun)
         suffix = r["id"].removeprefix("batch_")
@@ -265,6 +268,26 @@ class BatchRunner:
         with contextlib.suppress(MeshError):  # the files hold the lines now; the TTL reclaims them otherwise
             await self.lines.purge(r["id"])
         log.info("batch %s %s: %s", r["id"], final, hold.record["request_counts"])
+
+    async def _recorded(self, r: dict[str, Any], lines: list[Line], known: dict[int, Outcome], *,
+                        complete: bool) -> dict[int, Outcome]:
+        """Every line's recorded outcome: NATS's (lines earlier owners ran too) and this runner's own.
+
+        A completed batch ran every valid line, and each outcome was recorded before it counted; a read that
+        lacks some (a JetStream just restarted from disk answered a watch before its stream was back) is read
+        again rather than written into the output as lines that never ran, for up to RECORDED_WAIT_S."""
+        deadline = time.monotonic() + RECORDED_WAIT_S
+        while True:
+            done = {**await self.lines.done(r["id"]), **known}
+            missing = sum(1 for line in lines if line.error is None and line.index not in done)
+            if not complete or not missing:
+                return done
+            if time.monotonic() >= deadline:
+                log.warning("batch %s: %d completed lines' outcomes are not in NATS; finalized without them",
+                            r["id"], missing)
+                return done
+            log.info("batch %s: %d recorded lines not read back yet; reading again", r["id"], missing)
+            await asyncio.sleep(RETRY_S)
 
     async def _end(self, hold: _Hold, heartbeat: asyncio.Task, changes: dict[str, Any]) -> None:
         """The batch's last write; the heartbeat stops first so that nothing writes after it."""
