@@ -53,11 +53,34 @@ async def through_failover(op: Callable[[], Awaitable[T]], timeout_s: float, fai
     deadline = loop.time() + failover_s
     while True:
         try:
-            return await asyncio.wait_for(op(), timeout_s)
+            return await _within(op, timeout_s)
         except _LEADERLESS:
             if loop.time() + _RETRY_S >= deadline:
                 raise
             await asyncio.sleep(_RETRY_S)
+
+
+async def _within(op: Callable[[], Awaitable[T]], timeout_s: float) -> T:
+    """``op()`` or TimeoutError after ``timeout_s``. Not ``asyncio.wait_for``: a try cancelled by its timeout can
+    end with the library's own error instead of CancelledError (nats-py's ``keys()`` raises NoKeysError from its
+    cleanup), which wait_for would return in place of the timeout (an unanswered listing read as an empty
+    bucket). Such a try is left to finish alone, its exception marked seen so asyncio does not log it."""
+    attempt = asyncio.ensure_future(op())
+    attempt.add_done_callback(_retrieved)
+    try:
+        done, _ = await asyncio.wait({attempt}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        attempt.cancel()
+        raise
+    if not done:
+        attempt.cancel()
+        raise TimeoutError(f"no answer within {timeout_s:g} s")
+    return attempt.result()
+
+
+def _retrieved(attempt: asyncio.Future) -> None:
+    if not attempt.cancelled():
+        attempt.exception()
 
 
 async def publish_through_failover(js: JetStreamContext, stream: str, subject: str, payload: bytes, *,

@@ -111,3 +111,36 @@ def test_a_bucket_created_meanwhile_by_another_replica_is_opened_and_other_failu
 
     with pytest.raises(NatsTimeoutError):  # once swallowed, then reported as "bucket not found"
         asyncio.run(open_or_create(open_bucket, nats_away))
+
+
+def test_a_try_that_answers_its_cancel_with_an_error_is_not_left_unretrieved():
+    """nats-py's keys() raises NoKeysError from its cleanup when cancelled: a timed-out try is a TimeoutError (not
+    that error: an empty bucket to its caller), and neither it nor a try whose caller was cancelled leaves the
+    exception for asyncio to log as "never retrieved" (a traceback in a service's log at shutdown)."""
+    from services.common.jetstream_replicas import through_failover
+
+    unretrieved: list[dict] = []
+
+    async def keys() -> list[str]:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise LookupError("no keys found") from None
+        return []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: unretrieved.append(context))
+        with pytest.raises(TimeoutError):
+            await through_failover(keys, timeout_s=0.05, failover_s=0)
+        caller = asyncio.create_task(through_failover(keys, timeout_s=5))
+        await asyncio.sleep(0.05)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    import gc
+
+    gc.collect()  # an unretrieved exception is reported when its task is collected
+    assert not unretrieved, unretrieved
