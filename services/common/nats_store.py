@@ -121,6 +121,12 @@ class NatsStore(Generic[H]):
         assert self._js is not None  # set with the handle
         return self._js
 
+    async def connection(self) -> nats.NATS:
+        """The store's NATS connection once the store is open: for a core subscription beside its JetStream calls."""
+        await self.opened()
+        assert self._nc is not None  # set before the handle
+        return self._nc
+
     async def close(self) -> None:
         """Stops connecting and lets go of NATS; a later call would connect again."""
         if self._opening is not None and not self._opening.done():

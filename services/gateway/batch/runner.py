@@ -34,7 +34,7 @@ from services.gateway.batch.files import FileStore
 from services.gateway.batch.inprocess import Execute, LineFailed
 from services.gateway.batch.lines import Line, Outcome, counts, file_errors, output_files, parse_input
 from services.gateway.batch.store import FILE_TTL_S, Entry, LeaseLost, LineStore, RecordStore
-from services.gateway.lease_sweep import QuietSweep, bucket_sequence
+from services.gateway.lease_sweep import BucketWrites, QuietSweep, bucket_sequence
 
 log = logging.getLogger(__name__)
 
@@ -315,10 +315,12 @@ class BatchRunner:
 
     async def sweep(self) -> None:
         """Background: takes over batches whose lease expired (their replica died, froze or stopped)."""
-        quiet = QuietSweep()  # skips the listing while it could find nothing (lease_sweep.py): idle cost
+        # Sleeps until a write or a lease due, and skips the listing while it could find nothing (lease_sweep.py).
+        quiet, writes = QuietSweep(), BucketWrites(self.batches, self.batches.bucket)
         while True:
             await asyncio.sleep(self.sweep_s)
             try:
+                await writes.wait(quiet.quiet_for(time.time()))
                 sequence = await bucket_sequence(self.batches)
                 if quiet.needed(sequence, time.time()):
                     await self.take_over_expired()

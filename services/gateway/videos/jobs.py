@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from services.common.errors import MeshError, NoWorkers, Overloaded
-from services.gateway.lease_sweep import QuietSweep, bucket_sequence
+from services.gateway.lease_sweep import BucketWrites, QuietSweep, bucket_sequence
 from services.gateway.media.runner import CONTENT_TYPES, MediaBlobs, MediaRunner, VideoRun
 from services.gateway.media.video_spec import VideoSpec, media_request
 from services.gateway.videos.job_store import JobEntry, JobStore, LeaseLost
@@ -194,10 +194,12 @@ class VideoJobs:
 
     async def sweep(self) -> None:
         """Background: takes over jobs whose lease expired (their replica died or stopped)."""
-        quiet = QuietSweep()  # skips the listing while it could find nothing (lease_sweep.py): idle cost
+        # Sleeps until a write or a lease due, and skips the listing while it could find nothing (lease_sweep.py).
+        quiet, writes = QuietSweep(), BucketWrites(self.store, self.store.bucket)
         while True:
             await asyncio.sleep(self.sweep_s)
             try:
+                await writes.wait(quiet.quiet_for(time.time()))
                 sequence = await bucket_sequence(self.store)
                 if quiet.needed(sequence, time.time()):
                     await self.take_over_expired()

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from services.gateway.lease_sweep import BucketWrites
 from services.gateway.videos.job_store import JobStore, LeaseLost
 from tests.conftest import wait_for
 
@@ -65,3 +66,29 @@ async def test_expired_and_unknown_jobs_are_none(nats_url):
     finally:
         task.cancel()
         await store.close()
+
+
+async def test_a_sweep_wakes_on_another_replicas_write_and_sleeps_while_nothing_is_written(nats_url):
+    """BucketWrites (services/gateway/lease_sweep.py): what lets an idle gateway's sweeps send nothing."""
+    (a, ta), (b, tb) = await started(nats_url), await started(nats_url)
+    writes = BucketWrites(a, a.bucket)
+    try:
+        await writes.wait(0)  # subscribes
+        loop = asyncio.get_running_loop()
+        started_at = loop.time()
+        await writes.wait(0.3)
+        assert loop.time() - started_at >= 0.3  # nothing written: it slept the whole timeout
+        waiting = asyncio.create_task(writes.wait(30))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await b.create(record("video_wake"))  # the other replica's write
+        await asyncio.wait_for(waiting, 5)
+        await b.update(await b.get("video_wake"), progress=10)
+        await asyncio.sleep(0.2)
+        started_at = loop.time()
+        await writes.wait(30)  # a write since the last return: at once
+        assert loop.time() - started_at < 5
+    finally:
+        for store, task in ((a, ta), (b, tb)):
+            task.cancel()
+            await store.close()
