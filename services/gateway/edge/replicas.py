@@ -4,10 +4,13 @@ Envoy sends a scrape of /metrics to any one gateway (least-request balancing). T
 peers on ``meshfront.gateway.metrics.<namespace>`` and merges their replies with its own (exposition.py), so a
 scraper sees the same coherent set whichever replica answers. Peers announce themselves every
 ``heartbeat_s`` on ``meshfront.gateway.presence.<namespace>``: a scrape waits for every peer heard from within
-``peer_ttl_s`` and no longer than ``wait_s``; a single gateway answers at once. Without NATS a
-gateway answers with its own families only. Answers are zlib-compressed JSON: a model's families
-are a few KiB, and NATS caps a message at 1 MiB by default. The namespace is the gateway's ``--namespace``
-(services/common/namespace.py): another mesh's gateways on the same NATS are not this one's replicas.
+``peer_ttl_s`` and no longer than ``wait_s``, and forgets a peer that did not answer (a dead one costs one
+scrape the wait, not every scrape until its TTL); a single gateway answers at once. The announcements are
+rare (every 10 s) because nothing else needs them: a newcomer is answered at once, a dead peer is forgotten at
+its first missed scrape. Without NATS a gateway answers with its own families only. Answers are
+zlib-compressed JSON: a model's families are a few KiB, and NATS caps a message at 1 MiB by default. The
+namespace is the gateway's ``--namespace`` (services/common/namespace.py): another mesh's gateways on the same
+NATS are not this one's replicas.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ log = logging.getLogger(__name__)
 
 GATHER_SUBJECT = "meshfront.gateway.metrics"  # then .<namespace>
 PRESENCE_SUBJECT = "meshfront.gateway.presence"  # then .<namespace>
-HEARTBEAT_S = 2.0
+HEARTBEAT_S = 10.0
 PEER_TTL_S = 3 * HEARTBEAT_S
 # A live peer starved of CPU may answer late; a dead one costs a scrape this much, once.
 WAIT_S = 3.0
@@ -53,7 +56,8 @@ class ReplicaMetrics:
 
     async def run(self) -> None:
         """Background: connect, answer peers' gathers, announce ourselves until cancelled."""
-        nc = await connect_retrying(self._url, f"gateway-metrics-{self.replica}")
+        # no_echo: our own announcements and gathers would only come back to be ignored (idle wake-ups).
+        nc = await connect_retrying(self._url, f"gateway-metrics-{self.replica}", no_echo=True)
         self._nc = nc
         await nc.subscribe(self.gather_subject, cb=self._answer)
         await nc.subscribe(self.presence_subject, cb=self._heard)
@@ -111,8 +115,10 @@ class ReplicaMetrics:
             while not expected <= snapshots.keys():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    log.warning("metrics: no answer within %.1f s from %s", self.wait_s,
-                                ", ".join(sorted(expected - snapshots.keys())))
+                    silent = expected - snapshots.keys()
+                    log.warning("metrics: no answer within %.1f s from %s", self.wait_s, ", ".join(sorted(silent)))
+                    for peer in silent:  # until it announces itself again
+                        self._peers.pop(peer, None)
                     break
                 with contextlib.suppress(asyncio.TimeoutError):
                     snap = await asyncio.wait_for(replies.get(), left)
