@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 __all__ = ["BOTH", "BUCKET", "CHAT", "CLUSTER_TTL_S", "COMPLETIONS", "DECODE", "DEFAULT_TTL_S", "EMBEDDINGS", "IMAGES",
            "KV_RELEASE_BY", "KV_RELEASE_BY_DECODE", "KV_RELEASE_BY_PREFILL", "PREFILL", "ROLES", "VIDEOS",
            "LoraAdapter", "MediaLimits", "ModelCard", "Registrar", "WorkerCard", "WorkerRegistry", "adapter_of",
-           "discovery_ttl_s", "open_bucket"]
+           "discovery_ttl_s", "next_beat_in", "open_bucket"]
 
 # One bucket for every namespace, keys ``<namespace>.<worker_id>`` (services/common/namespace.py).
 BUCKET = "meshfront_workers"
@@ -67,6 +68,14 @@ DEFAULT_TTL_S = 6.0
 CLUSTER_TTL_S = 20.0
 # After a failed heartbeat, the next comes this soon: a card must be renewed as soon as a new leader is elected.
 RETRY_S = 1.0
+
+
+def next_beat_in(period_s: float, now: float) -> float:
+    """Seconds to the next multiple of ``period_s`` on the wall clock: every worker's heartbeat goes out at the
+    same moments, so each reader (four stages and their replicas watch every card) wakes once per period for
+    all of them rather than once per worker, and NATS handles them in one burst. Never more than a period, so
+    a card is renewed as often as before whatever its phase."""
+    return period_s - now % period_s
 
 
 def discovery_ttl_s(nats_url: str) -> float:
@@ -137,8 +146,8 @@ class Registrar:
                 log.warning("registration heartbeat failed: %s", e)
                 ready = False
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(),
-                                       self.ttl_s / 3 if ready else min(RETRY_S, self.ttl_s / 3))
+                await asyncio.wait_for(self._changed.wait(), next_beat_in(self.ttl_s / 3, time.time()) if ready
+                                       else min(RETRY_S, self.ttl_s / 3))
 
     async def close(self) -> None:
         if self._task:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.discovery import ModelCard, WorkerCard
+from services.common.discovery import ModelCard, WorkerCard, next_beat_in
 from services.common.liveness import SILENCE_TTLS, LiveWorkers
 
 pytestmark = pytest.mark.unit
@@ -110,3 +110,11 @@ def test_left_reports_only_workers_it_knew(live):
     live.heard("w", card("w", 1), NOW, handed_over=False)
     assert live.left("w") == [("w", None)]
     assert live.left("w") == []
+
+
+def test_heartbeats_go_out_at_the_same_wall_clock_moments_and_never_more_than_a_period_apart():
+    assert next_beat_in(2.0, 100.5) == 1.5
+    assert next_beat_in(2.0, 101.999) == pytest.approx(0.001)
+    assert next_beat_in(2.0, 102.0) == 2.0  # on the beat: the next one, a full period later
+    # Two workers that registered at different moments renew together from their second beat on.
+    assert 100.5 + next_beat_in(2.0, 100.5) == 101.2 + next_beat_in(2.0, 101.2) == 102.0
