@@ -107,9 +107,12 @@ class KvEventPublisher:
     """Implements ``KvEventListener`` (services/common/kv_events.py); ``start`` connects, ``close`` stops."""
 
     def __init__(self, nats_url: str, worker_id: str, model: str, load: LoadReader | None = None, *,
-                 namespace: Namespace = DEFAULT_NAMESPACE, dp_rank: int | None = None):
+                 namespace: Namespace = DEFAULT_NAMESPACE, dp_rank: int | None = None, load_pushed: bool = False):
         """``dp_rank``: the data-parallel rank whose engine this publisher speaks for (one publisher per rank,
-        each with its own ``seq`` and dump subject: services/common/kv_events.py); None: a worker without ranks."""
+        each with its own ``seq`` and dump subject: services/common/kv_events.py); None: a worker without ranks.
+        ``load_pushed``: the owner calls ``load_changed`` whenever its load moves, so the reader is read only then
+        and for the heartbeat; otherwise it is polled every ``LOAD_INTERVAL_S``, which keeps an idle process
+        waking twice a second."""
         self.nats_url = nats_url
         self.worker_id = worker_id
         self.dp_rank = dp_rank
@@ -120,6 +123,8 @@ class KvEventPublisher:
         self.seq = 0
         self.messages = 0
         self._load = load
+        self._load_pushed = load_pushed
+        self._load_moved = asyncio.Event()
         self._published_load: dict[str, int] | None = None
         self._published_at = 0.0  # time.monotonic() of the last message
         self._pending: list[dict] = []
@@ -156,6 +161,11 @@ class KvEventPublisher:
     def set_load_reader(self, load: LoadReader) -> None:
         self._load = load
 
+    def load_changed(self) -> None:
+        """The owner's load moved (``load_pushed``): it goes out on the next tick, at most ``LOAD_INTERVAL_S``
+        after the previous message, as polling would send it."""
+        self._load_moved.set()
+
     # -- transport ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -175,7 +185,16 @@ class KvEventPublisher:
                 pass  # NATS away: the client reconnects on its own and a later tick publishes
             except Exception:  # a bug (the load reader, an event): said every tick, not taken for NATS away
                 log.exception("publishing this worker's KV events and load failed")
-            await asyncio.sleep(LOAD_INTERVAL_S)
+            await asyncio.sleep(LOAD_INTERVAL_S)  # the rate bound of load messages, pushed or polled
+            if self._load_pushed:
+                await self._until_moved_or_heartbeat()
+
+    async def _until_moved_or_heartbeat(self) -> None:
+        due = self._published_at + LOAD_HEARTBEAT_S - time.monotonic()
+        if due > 0 and not self._load_moved.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._load_moved.wait(), due)
+        self._load_moved.clear()  # the tick that follows reads the load as it is now
 
     async def _flush_soon(self) -> None:
         self._flush_scheduled = False

@@ -3,8 +3,14 @@
 While the engine answers HealthCheck as healthy, the registrar probes it (model and server info, loads), keeps its
 card alive with ``Registrar`` (the same TTL and heartbeat as a worker of ours), relays SubscribeKvEvents through
 ``BlockHashTranslator`` (our block hashes from the engine's token ids, what the preprocessor computes for a prompt)
-into ``KvEventPublisher``, and polls GetLoads for the load that rides on those messages. A failed check removes the
-card at once and stops the relays; the next healthy one probes and registers it again under the same id.
+into ``KvEventPublisher``, with the load record each batch carries riding on those messages. A failed check removes
+the card at once and stops the relays; the next healthy one probes and registers it again under the same id.
+
+At rest the engine's servicer is woken only by what must be asked: a health check each third of the TTL (its
+``engine.errored`` is seen by nothing else) and its own relay's tick. GetLoads is read once at registration (the
+KV capacity) and polled only for a servicer whose stream carries no load record (an older servicer's batches, or
+KV events turned off); each such unary call costs the servicer's process about 2 ms of CPU. A stream that
+breaks as the engine goes away brings the next health check forward.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ log = logging.getLogger(__name__)
 
 LOADS_EVERY_S = 1.0
 RESUBSCRIBE_AFTER_S = 1.0
+# An engine that refuses SubscribeKvEvents (KV events off) refuses it until it restarts: asked again rarely.
+RESUBSCRIBE_REFUSED_S = 30.0
 
 
 class EngineLink:
@@ -56,6 +64,8 @@ class EngineLink:
         self._load: EngineLoad | None = None
         self._block_size = 0
         self._relays: list[asyncio.Task] = []
+        self._poller: asyncio.Task | None = None  # GetLoads, only while the stream carries no load record
+        self._check_now = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._channel: grpc.aio.Channel | None = None
 
@@ -83,7 +93,9 @@ class EngineLink:
             elif change == "deregister":
                 log.warning("the engine at %s failed its health check; deregistering it", self.address)
                 await self._deregister()
-            await asyncio.sleep(self.check_every_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._check_now.wait(), self.check_every_s)
+            self._check_now.clear()
 
     async def _healthy(self, stub: Any) -> str:
         try:
@@ -107,12 +119,10 @@ class EngineLink:
         self._block_size = card.model.block_size
         scope = Namespace(card.namespace)
         self.publisher = KvEventPublisher(self.nats_url, card.worker_id, card.model.name, load=self._report,
-                                          namespace=scope)
+                                          namespace=scope, load_pushed=True)
         await self.publisher.start()
         translator = BlockHashTranslator(self.publisher, self._block_size)
         self._relays = [asyncio.create_task(self._relay_kv(stub, translator), name=f"kv-{self.address}")]
-        if self.protocol.has_loads:
-            self._relays.append(asyncio.create_task(self._poll_loads(stub), name=f"loads-{self.address}"))
 
         async def publish_files(js: Any) -> None:
             await model_files.publish(js, card.model.model_dir, scope)
@@ -126,6 +136,7 @@ class EngineLink:
     async def _deregister(self) -> None:
         await cancel_within(self._relays)
         self._relays = []
+        self._poll_loads(None)
         if self.registrar is not None:
             await self.registrar.close()
             self.registrar = None
@@ -142,28 +153,47 @@ class EngineLink:
             return None
         return convert.loads(await stub.GetLoads(self.protocol.messages.GetLoadsRequest(), timeout=5.0))
 
-    async def _poll_loads(self, stub: Any) -> None:
+    def _set_load(self, load: EngineLoad | None) -> None:
+        if load is not None and load != self._load:
+            self._load = load
+            if self.publisher is not None:
+                self.publisher.load_changed()
+
+    def _poll_loads(self, stub: Any | None) -> None:
+        """Polls GetLoads with ``stub`` (an engine that has it) while the stream carries no load record; None
+        stops polling."""
+        if stub is None or not self.protocol.has_loads:
+            if self._poller is not None:
+                self._poller.cancel()  # between two awaits of its own: nothing of it is left half done
+                self._poller = None
+        elif self._poller is None:
+            self._poller = asyncio.create_task(self._polling(stub), name=f"loads-{self.address}")
+
+    async def _polling(self, stub: Any) -> None:
         while True:
             await asyncio.sleep(LOADS_EVERY_S)
             with contextlib.suppress(grpc.aio.AioRpcError):  # the health check judges the engine, not this
-                self._load = await self._read_loads(stub) or self._load
+                self._set_load(await self._read_loads(stub))
 
     async def _relay_kv(self, stub: Any, translator: BlockHashTranslator) -> None:
         """The engine's KV events for as long as it is registered. A new subscription starts from the engine's
         current state without its earlier blocks, and a gap in its sequence loses some: either way the routers
         are told the cache was cleared rather than left with blocks that may be gone."""
-        subscribed_once = False
+        relayed = False  # whether blocks were relayed since the routers were last told the cache was cleared
         while True:
             last = 0
             try:
                 request = common_pb2.SubscribeKvEventsRequest(load_records_before_first_batch=True)
-                if subscribed_once:
+                if relayed:
                     translator.cleared()
-                subscribed_once = True
+                    relayed = False
                 async for batch in stub.SubscribeKvEvents(request):
                     seq = batch.sequence_number
                     total = self._load.total_tokens if self._load is not None else 0
-                    self._load = convert.batch_load(batch, total) or self._load
+                    load = convert.batch_load(batch, total)
+                    self._set_load(load)
+                    # A servicer that stamps its batches stamps every one; one that does not is polled instead.
+                    self._poll_loads(stub if load is None else None)
                     if not batch.events:
                         continue  # a load record (it repeats the last sequence)
                     if last and seq > last + 1 and not batch.HasField("snapshot"):
@@ -173,8 +203,14 @@ class EngineLink:
                     last = max(last, seq)
                     for event in convert.kv_events(batch, self._block_size):
                         translator.apply(event)
+                        relayed = True
             except grpc.aio.AioRpcError as e:
                 log.info("KV event stream of %s ended: %s", self.address, _reason(e))
+                self._poll_loads(stub)  # no record comes until a new stream's first batch
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    await asyncio.sleep(RESUBSCRIBE_REFUSED_S)
+                    continue
+                self._check_now.set()  # the engine may be gone: its card should not wait for the next check
             await asyncio.sleep(RESUBSCRIBE_AFTER_S)
 
 

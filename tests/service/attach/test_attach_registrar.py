@@ -16,6 +16,7 @@ from services.common.hashing import block_hashes, sequence_hashes
 from services.common.kv_events import events_subject
 from services.common.namespace import Namespace
 from services.common.nats_connection import connect
+from services.workers.attach import link as attach_link
 from services.workers.attach.core import VLLM_ENGINE, AttachSettings
 from services.workers.attach.link import EngineLink
 from services.workers.attach.main import Fleet, resolve
@@ -34,6 +35,7 @@ class FakeEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
         self.healthy = True
         self.batches: asyncio.Queue[common_pb2.KvEventBatch] = asyncio.Queue()
         self.subscriptions = 0
+        self.loads_asked = 0
 
     async def HealthCheck(self, request, context):
         return vllm_engine_pb2.HealthCheckResponse(healthy=self.healthy, message="" if self.healthy else "wedged")
@@ -46,6 +48,7 @@ class FakeEngine(vllm_engine_pb2_grpc.VllmEngineServicer):
         return vllm_engine_pb2.GetServerInfoResponse(block_size=BS, data_parallel_size=1, server_type="vllm-grpc")
 
     async def GetLoads(self, request, context):
+        self.loads_asked += 1
         return vllm_engine_pb2.GetLoadsResponse(loads=[vllm_engine_pb2.SchedulerLoad(
             num_running_reqs=2, num_waiting_reqs=1, token_usage=0.5, max_total_num_tokens=400)])
 
@@ -142,4 +145,52 @@ async def test_a_dns_answer_without_the_engine_detaches_it(nats_url, demo_model_
     finally:
         await fleet.close()
         await registry.close()
+        await server.stop(0)
+
+
+async def test_a_stamped_stream_is_not_polled_and_a_broken_one_is_checked_at_once(nats_url, demo_model_dir,
+                                                                                  monkeypatch):
+    """A servicer whose batches carry the load record is asked for GetLoads once (its KV capacity, at
+    registration): the record's load goes out, no poll. An engine that goes away breaks the stream, which brings
+    the health check forward: the card leaves long before the next scheduled check."""
+    monkeypatch.setattr(attach_link, "LOADS_EVERY_S", 0.05)  # a poll, were there one, would ask many times
+    engine = FakeEngine(str(demo_model_dir))
+    server = grpc.aio.server()
+    vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(engine, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    link = EngineLink(address, AttachSettings(protocol=VLLM_ENGINE, namespace="attach3"), nats_url,
+                      check_every_s=60.0)
+    registry = WorkerRegistry(nats_url, "test-attach-stamped")
+    nc = await connect(nats_url, "test-attach-stamped-events")
+    messages: list[dict] = []
+    try:
+        await registry.start()
+        await link.start()
+        await wait_for(lambda: registry.workers_for("tiny-engine"), 20, "the engine's card")
+        card = registry.workers_for("tiny-engine")[0]
+
+        async def take(msg) -> None:
+            messages.append(orjson.loads(msg.data))
+
+        await nc.subscribe(events_subject(Namespace("attach3"), "tiny-engine", card.worker_id), cb=take)
+        await nc.flush()
+        await wait_for(lambda: engine.subscriptions == 1, 10, "the KV event subscription")
+        record = common_pb2.EngineLoad(running_requests=3, waiting_requests=0, token_usage=0.25)
+        await engine.batches.put(common_pb2.KvEventBatch(sequence_number=1, events=[
+            stored([21], None, list(range(300, 304)))], load=record))
+        await wait_for(lambda: any(m.get("load", {}).get("running") == 3 for m in messages), 10, "the record's load")
+        load = next(m["load"] for m in messages if m.get("load", {}).get("running") == 3)
+        assert load == {"active_blocks": 25, "waiting": 0, "running": 3, "total_blocks": 100}
+        # a record alone (no events) moves the load too, and nothing asked GetLoads after registration
+        await engine.batches.put(common_pb2.KvEventBatch(sequence_number=1, load=common_pb2.EngineLoad()))
+        await wait_for(lambda: messages[-1].get("load", {}).get("running") == 0, 10, "the idle record's load")
+        assert engine.loads_asked == 1
+
+        await server.stop(0)  # the engine's process is gone: its stream breaks, the check follows at once
+        await wait_for(lambda: not registry.workers_for("tiny-engine"), 10, "the card to leave")
+    finally:
+        await link.close()
+        await registry.close()
+        await nc.close()
         await server.stop(0)

@@ -48,3 +48,40 @@ async def test_an_idle_worker_repeats_its_load_only_as_a_heartbeat_and_a_change_
     finally:
         await publisher.close()
         await watcher.close()
+
+
+async def test_a_pushed_load_is_read_only_when_it_moves_or_a_heartbeat_is_due(nats_url, monkeypatch):
+    """``load_pushed``: the reader is not polled between heartbeats (an idle process sleeps), and ``load_changed``
+    sends the new load on the next tick."""
+    monkeypatch.setattr(kv_events, "LOAD_INTERVAL_S", 0.05)
+    monkeypatch.setattr(kv_events, "LOAD_HEARTBEAT_S", 1.0)
+    load = {"active_blocks": 0, "waiting": 0, "running": 0, "total_blocks": 64}
+    reads = []
+
+    def reader() -> dict:
+        reads.append(time.monotonic())
+        return dict(load)
+
+    received: list[dict] = []
+    watcher = await nats.connect(nats_url)
+
+    async def on_message(msg) -> None:
+        received.append(orjson.loads(msg.data))
+
+    await watcher.subscribe(events_subject(DEFAULT_NAMESPACE, "demo", "w2"), cb=on_message)
+    await watcher.flush()
+    publisher = KvEventPublisher(nats_url, "w2", "demo", load=reader, load_pushed=True)
+    try:
+        await publisher.start()
+        await asyncio.sleep(1.6)  # polled, 32 reads; pushed: the first report and one heartbeat
+        assert len(reads) <= 3 and len(received) == 2, (len(reads), [m["seq"] for m in received])
+        load["running"] = 3
+        publisher.load_changed()
+        deadline = time.monotonic() + 2
+        while len(received) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert received[2]["load"]["running"] == 3
+        assert [m["seq"] for m in received] == [1, 2, 3]
+    finally:
+        await publisher.close()
+        await watcher.close()
