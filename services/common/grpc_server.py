@@ -8,6 +8,7 @@ calls finish within a grace period, then exit).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
@@ -19,17 +20,30 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from services.common import tls as mesh_tls
 from services.common.error_interceptor import ErrorInterceptor
 from services.common.gc_pauses import freeze_startup_heap, gc_pauses
+from services.common.targets import split_target
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 << 20
 MAX_METADATA_BYTES = 64 << 10
 
+IDLE_CLOSE_MS = 20_000
+
 # Prompts may be megabytes; the 4 MiB default would surface as RESOURCE_EXHAUSTED (a misleading 429).
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    # A connection with no call for this long is closed (GOAWAY), and its client connects again at its next
+    # call (about 1 ms on loopback). A connected client channel keeps its transport's keepalive timer waking
+    # its process even with no call (PINGED_CHANNEL_OPTIONS: every second), which was most of an idle mesh's
+    # gRPC wake-ups (bench/idle.py). 20 s is far above the gap between a peer's calls under any load worth
+    # the name, and above a multiplexed stream's own idle close (5 s, mux_client.py) that comes first.
+    # Closed here, not by the client's grpc.client_idle_timeout_ms: that one works once per channel (its
+    # filter takes its own close for the channel's shutdown and never arms again: grpc/grpc#38454, 1.85),
+    # where this runs per connection. A client whose balancer reconnects at once (round_robin) stays
+    # connected, so a single-address target is not given one (channel_options).
+    ("grpc.max_connection_idle_ms", IDLE_CLOSE_MS),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
     # Postprocessors ping workers every second to notice a frozen one (mux_client.py); a
@@ -70,14 +84,39 @@ PINGED_CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 2_000),
     # Only while a call is open: a frozen peer matters to the calls it holds, and a new call's own ping
     # (ping_timeout_ms below) finds it as fast. Pinging idle channels every second was most of an idle
-    # mesh's wake-ups (bench/idle.py); multiplexed streams close when idle for this (mux_client.py).
+    # mesh's wake-ups (bench/idle.py); multiplexed streams close when idle for this (mux_client.py). Even
+    # not pinging, a connected transport's keepalive timer fires every keepalive_time_ms to see whether it
+    # should (4 idle channels: 19 wake-ups/s against 4 once closed), so servers close idle connections
+    # (max_connection_idle_ms, SERVER_OPTIONS), and a new call connects again, its connection attempt bounded
+    # as a ping is (min_reconnect_backoff_ms below).
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
     # A ping already out (gRPC's own, sent with a call's first bytes to size its window) stands in for
     # the keepalive one, under this timeout: 60 s by default, which kept a call to a frozen peer
     # waiting a minute whatever keepalive_timeout_ms says.
     ("grpc.http2.ping_timeout_ms", 2_000),
+    # The deadline of a connection attempt (gRPC's name for it; 20 s by default). A request after a quiet
+    # spell finds its channels unconnected (max_connection_idle_ms): a frozen peer accepts the TCP connection
+    # in its kernel but never answers the HTTP/2 handshake, and the call waited 20 s for it, where on a
+    # connected channel its ping fails it in 2 s. Backoff between attempts stays as set above.
+    ("grpc.min_reconnect_backoff_ms", 2_000),
 ]
+
+
+def spread_options(target: str) -> list[tuple[str, object]]:
+    """PINGED_CHANNEL_OPTIONS for a target that may name several replicas ("ipv4:a:1,b:2", a DNS name with
+    many addresses): round robin over them. Not for one literal address, where there is nothing to spread
+    and round robin reconnects at once whenever the server closes the idle connection (SERVER_OPTIONS), so
+    that the channel stays connected and its keepalive timer keeps waking the process."""
+    fixed, dns = split_target(target)
+    if dns is None and len(fixed) == 1:
+        host = fixed[0].removeprefix("ipv4:").removeprefix("ipv6:").rsplit(":", 1)[0].strip("[]")
+        try:
+            ipaddress.ip_address(host)
+            return list(PINGED_CHANNEL_OPTIONS)
+        except ValueError:
+            pass  # a name: it may resolve to several addresses
+    return [*PINGED_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
 
 
 def install_uvloop() -> None:

@@ -37,10 +37,50 @@ MAX_SENDS = 3
 
 
 def connected(channel: grpc.aio.Channel) -> bool:
-    """The channel has a live connection (asks it to connect when idle; cheap, no I/O here)."""
+    """The channel has a live connection (asks it to connect when idle; cheap, no I/O here). For the request
+    path, where a call follows: readiness asks ``Reachability``, which keeps idle channels idle."""
     return channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY
 
 
+# How long an IDLE channel whose last connection was fine is taken for reachable without asking it to connect.
+# A stage killed while the gateway had no call for it is found this late (plus the watch's grace); each check
+# leaves the channel connected until its server closes it (20 s idle, grpc_server.py), so a much shorter one
+# would keep an idle gateway's channels connected most of the time.
+IDLE_CHECK_S = 30.0
+
+
+class Reachability:
+    """Whether a stage's channel reaches it, asked often (the gateway's readiness, stage_watch.py) and cheap.
+
+    Mesh servers close a connection after a quiet spell (``grpc.max_connection_idle_ms``, grpc_server.py),
+    and the channel reads IDLE then, as a pick-first channel also does when its peer went away. So IDLE
+    counts as reachable while the last connection seen was fine (READY, with no connecting or failing
+    since) and is at most ``check_every_s`` old; past that, or while the stage has not been reached yet, the
+    channel is asked to connect, and the next polls see how that went. Asking at every poll, as before, kept
+    every idle channel connected and its keepalive timer waking the gateway.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, check_every_s: float = IDLE_CHECK_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.channel = channel
+        self._check_every_s = check_every_s
+        self._clock = clock
+        self._reached_at: float | None = None  # last seen READY
+        self._lost = False  # seen connecting or failing since
+
+    def unreachable(self) -> bool:
+        state = self.channel.get_state(try_to_connect=False)
+        if state == grpc.ChannelConnectivity.READY:
+            self._reached_at, self._lost = self._clock(), False
+            return False
+        if state != grpc.ChannelConnectivity.IDLE:
+            # Connecting or failing: away, or reconnecting for a call (a millisecond: the watch's grace covers it).
+            self._lost = True
+            return True
+        fine_at = None if self._lost else self._reached_at  # when its last connection was seen fine
+        if fine_at is None or self._clock() - fine_at >= self._check_every_s:
+            self.channel.get_state(try_to_connect=True)
+        return fine_at is None
 
 
 async def wait_connected(channel: grpc.aio.Channel, timeout_s: float) -> bool:
@@ -61,12 +101,11 @@ class StageCaller:
         self.channel = channel
         self.stage = stage
         self.wait_s = wait_s
+        self._reach = Reachability(channel)
 
     def unreachable(self) -> bool:
-        """Not connected now (with replicas: none is). A channel cycles through failing, idle and
-        connecting while its peer is away, so "not connected" is what stays true all along; an idle one
-        is asked to connect, and does within one poll when its peer is there."""
-        return not connected(self.channel)
+        """For readiness (with replicas: none is reachable): see ``Reachability``."""
+        return self._reach.unreachable()
 
     async def call(self, send: Callable[[], Awaitable[T]]) -> T:
         """``send()`` once the stage is connected; again after a transport failure, within the wait."""

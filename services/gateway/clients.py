@@ -22,13 +22,12 @@ from meshfront.router.v1 import router_pb2
 from services.common import tls as mesh_tls
 from services.common import tracing
 from services.common.error_interceptor import request_id_metadata
-from services.common.grpc_server import PINGED_CHANNEL_OPTIONS
+from services.common.grpc_server import spread_options
 from services.common.stage_wait import DEFAULT_WAIT_S, StageCaller
 
 # A target may list several replicas ("ipv4:10.0.0.1:9200,10.0.0.2:9200") or be a DNS name
-# resolving to many (a headless Kubernetes Service); spread calls over all of them. Pinged: a frozen
-# replica's connection is dropped in about 2 s and its calls are sent again to another.
-_LB_OPTIONS = [*PINGED_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
+# resolving to many (a headless Kubernetes Service); spread calls over all of them (spread_options). Pinged: a
+# frozen replica's connection is dropped in about 2 s and its calls are sent again to another.
 
 
 class PreprocessorClient(Protocol):
@@ -57,7 +56,7 @@ class PostprocessorClient(Protocol):
 
 
 def channel(target: str, tls: mesh_tls.MeshTls | None = None) -> grpc.aio.Channel:
-    return mesh_tls.channel(target, _LB_OPTIONS, tls)
+    return mesh_tls.channel(target, spread_options(target), tls)
 
 
 # The preprocessor's calls wait out a restart of their stage (services/common/stage_wait.py);

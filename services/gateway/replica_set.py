@@ -54,6 +54,7 @@ class ReplicaSet(Generic[R]):
         self._tls = tls
         fixed, self._dns = split_target(target)
         self.replicas: dict[str, R] = {}
+        self._reach: dict[str, stage_wait.Reachability] = {}  # address -> its channel's, for readiness
         self._resolved_at = 0.0
         self._resolving: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
@@ -64,7 +65,9 @@ class ReplicaSet(Generic[R]):
         options: list[tuple[str, object]] = list(PINGED_CHANNEL_OPTIONS)  # a frozen replica's calls go to others
         if self._tls is not None and self._dns is not None:
             options.append(("grpc.ssl_target_name_override", self._dns[0]))  # the cert names the Service
-        self.replicas[address] = self._make(address, mesh_tls.channel(address, options, self._tls))
+        channel = mesh_tls.channel(address, options, self._tls)
+        self.replicas[address] = self._make(address, channel)
+        self._reach[address] = stage_wait.Reachability(channel)
 
     async def refresh(self) -> None:
         """Resolves a dns target again when it is due (at once while the name lists no replica)."""
@@ -98,6 +101,7 @@ class ReplicaSet(Generic[R]):
         if replica.listed or replica.load or self.replicas.get(replica.address) is not replica:
             return
         del self.replicas[replica.address]
+        del self._reach[replica.address]
         self._closing.add(asyncio.create_task(replica.close()))
         self._closing = {t for t in self._closing if not t.done()}
 
@@ -117,14 +121,15 @@ class ReplicaSet(Generic[R]):
                 wait.cancel()
 
     def unreachable(self) -> bool:
-        """No listed replica is connected now (for /health: see ``StageCaller.unreachable``; cheap)."""
+        """No listed replica is reachable (for /health: see ``stage_wait.Reachability``; cheap). Every one is
+        asked, so that each sees its channel's failures as they come."""
         listed = self.listed()
-        return bool(listed) and not any(stage_wait.connected(r.channel) for r in listed)
+        return bool(listed) and all([self._reach[r.address].unreachable() for r in listed])
 
     async def close(self) -> None:
         if self._resolving is not None:
             self._resolving.cancel()
-        replicas, self.replicas = list(self.replicas.values()), {}
+        replicas, self.replicas, self._reach = list(self.replicas.values()), {}, {}
         for replica in replicas:
             await replica.close()
         for task in self._closing:

@@ -6,9 +6,12 @@ gateway stays ready. A stage unreachable for longer fails the requests that need
 /health answers 503 and names it, and the gateway's gRPC health (what Envoy's active check and the
 Kubernetes readiness probe ask) is NOT_SERVING, until the stage is back.
 
-Each probe is a cheap local question (a channel's connectivity state, no RPC); the watch polls them
-every ``POLL_S`` while a stage is away (every ``STEADY_POLL_S`` while all are there) so that /health only
-reads the last verdict.
+Each probe is a cheap local question (a channel's connectivity state, no RPC: stage_wait.Reachability); the
+watch polls them every ``POLL_S`` while a stage is away (every ``STEADY_POLL_S`` while all are there) so that
+/health only reads the last verdict. The probes leave an idle channel idle (its connection closed, so that an
+idle gateway has no connection timers waking it) and take it for reachable when its last connection was
+fine, checking it by a call every ``stage_wait.IDLE_CHECK_S``: a stage killed while the gateway had no
+request for it turns the gateway unready that much later, plus the grace.
 """
 
 from __future__ import annotations

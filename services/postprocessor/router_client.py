@@ -7,12 +7,11 @@ from meshfront.router.v1 import router_pb2, router_pb2_grpc
 
 from services.common import tls as mesh_tls
 from services.common.error_interceptor import request_id_metadata
-from services.common.grpc_server import PINGED_CHANNEL_OPTIONS
+from services.common.grpc_server import spread_options
 from services.common.stage_wait import DEFAULT_WAIT_S, StageCaller
 
-# Several replicas ("ipv4:a:1,b:2") or a DNS name with many addresses: spread calls over all of them.
-# Pinged: a frozen replica's connection is dropped in about 2 s.
-_LB_OPTIONS = [*PINGED_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
+# Several replicas ("ipv4:a:1,b:2") or a DNS name with many addresses: calls spread over all of them
+# (spread_options). Pinged: a frozen replica's connection is dropped in about 2 s.
 # A migration is on the client's critical path: a router that does not answer soon is not waited for.
 _ROUTE_TIMEOUT_S = 5.0
 
@@ -22,7 +21,7 @@ class GrpcRouterClient:
     (services/common/stage_wait.py): a worker and the router dying together still migrate."""
 
     def __init__(self, target: str, tls: mesh_tls.MeshTls | None = None, wait_s: float = DEFAULT_WAIT_S):
-        self._stage = StageCaller(mesh_tls.channel(target, _LB_OPTIONS, tls), "router", wait_s)
+        self._stage = StageCaller(mesh_tls.channel(target, spread_options(target), tls), "router", wait_s)
         self._stub = router_pb2_grpc.RouterServiceStub(self._stage.channel)
 
     async def route(self, req: router_pb2.RouteRequest) -> router_pb2.RouteResponse:
