@@ -118,7 +118,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("idle", help="cores per process of a mesh at rest, and what wakes each one")
     p.add_argument("--shape", type=_shapes, default=mesh.SHAPES, help="comma list of split, inproc")
     p.add_argument("--window", type=float, default=30.0, help="seconds measured at rest")
-    p.add_argument("--settle", type=float, default=10.0, help="seconds waited after the last request")
+    # At rest means after every connection's idle close: a multiplexed stream's 5 s (mux_client.py), then the
+    # server's 15-33 s (grpc_server.py, max_connection_idle_ms).
+    p.add_argument("--settle", type=float, default=40.0, help="seconds waited after the last request")
     p.add_argument("--requests", type=int, default=8, help="requests served before settling (opens every "
                    "lazily created channel)")
     p.add_argument("--workers", type=int, default=2)

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 << 20
 MAX_METADATA_BYTES = 64 << 10
 
-IDLE_CLOSE_MS = 20_000
+IDLE_CLOSE_MS = 15_000
 
 # Prompts may be megabytes; the 4 MiB default would surface as RESOURCE_EXHAUSTED (a misleading 429).
 SERVER_OPTIONS = [
@@ -37,8 +37,10 @@ SERVER_OPTIONS = [
     # A connection with no call for this long is closed (GOAWAY), and its client connects again at its next
     # call (about 1 ms on loopback). A connected client channel keeps its transport's keepalive timer waking
     # its process even with no call (PINGED_CHANNEL_OPTIONS: every second), which was most of an idle mesh's
-    # gRPC wake-ups (bench/idle.py). 20 s is far above the gap between a peer's calls under any load worth
-    # the name, and above a multiplexed stream's own idle close (5 s, mux_client.py) that comes first.
+    # gRPC wake-ups (bench/idle.py). gRPC closes it between one and two of these after the last call (its
+    # timer looks again a full period later when a call came meanwhile), plus 10 % jitter: 15-33 s, far above
+    # the gap between a peer's calls under any load worth the name, and after a multiplexed stream's own idle
+    # close (5 s, mux_client.py).
     # Closed here, not by the client's grpc.client_idle_timeout_ms: that one works once per channel (its
     # filter takes its own close for the channel's shutdown and never arms again: grpc/grpc#38454, 1.85),
     # where this runs per connection. A client whose balancer reconnects at once (round_robin) stays

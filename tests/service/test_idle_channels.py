@@ -4,7 +4,7 @@ A mesh server closes a connection with no call for ``grpc.max_connection_idle_ms
 process then has no per-connection timers (keepalive) waking it. The gateway's stage watch (stage_watch.py,
 over ``stage_wait.Reachability``) must take such an IDLE channel for reachable without reconnecting it at
 every poll, and still find a stage that went away. A real grpc.aio server plays the stage, closing idle
-connections after 1 s instead of the mesh's 20.
+connections after 1 s instead of the mesh's 15.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from services.common import stage_wait
 from services.common.grpc_server import PINGED_CHANNEL_OPTIONS, SERVER_OPTIONS
 from services.gateway.stage_watch import POLL_S, StageWatch
+from tests.frozen_proxy import FrozenProxy
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
@@ -92,4 +93,30 @@ async def test_a_request_on_a_channel_closed_for_idleness_reconnects_and_is_answ
                 await asyncio.sleep(0.1)
     finally:
         await caller.channel.close()
+        await server.stop(0)
+
+
+async def test_a_call_to_a_peer_that_froze_while_its_connection_was_closed_fails_within_seconds():
+    """A frozen peer (SIGSTOP, a wedged host) accepts the TCP connection in its kernel and never answers the
+    HTTP/2 handshake. With the connection closed for idleness the next call must connect, and gRPC's default
+    bound on that is 20 s; pinged channels give up after 2 s (min_reconnect_backoff_ms), as a ping on a
+    connected channel would, so that the caller moves the request to another replica within seconds."""
+    server, address = await _stage()
+    proxy = FrozenProxy(address)
+    await proxy.start()
+    channel = grpc.aio.insecure_channel(proxy.address, options=PINGED_CHANNEL_OPTIONS)
+    stub = health_pb2_grpc.HealthStub(channel)
+    try:
+        await stub.Check(health_pb2.HealthCheckRequest())
+        deadline = time.monotonic() + 5
+        while channel.get_state() is not IDLE:
+            assert time.monotonic() < deadline, channel.get_state()
+            await asyncio.sleep(0.1)
+        proxy.freeze()
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await asyncio.wait_for(stub.Check(health_pb2.HealthCheckRequest()), 10)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await channel.close()
+        await proxy.close()
         await server.stop(0)
