@@ -73,10 +73,12 @@ class KvEvents:
         return self.publishers.get(None)
 
     def listener(self, worker: WorkerConfig, dp_rank: int | None = None,
-                 load: LoadReader | None = None) -> KvEventListener | None:
+                 load: LoadReader | None = None, *, load_pushed: bool = False) -> KvEventListener | None:
+        """``load_pushed``: the kind calls the publisher's ``load_changed`` on every load change (KvEventPublisher)."""
         if worker.register and dp_rank not in self.publishers:
             self.publishers[dp_rank] = KvEventPublisher(worker.nats_url, worker.worker_id, worker.model_name, load,
-                                                        namespace=worker.scope, dp_rank=dp_rank)
+                                                        namespace=worker.scope, dp_rank=dp_rank,
+                                                        load_pushed=load_pushed)
         return self.publishers.get(dp_rank)
 
 

@@ -63,12 +63,17 @@ def _kv_events(cfg: VllmConfig, engine: Any, events: entry.KvEvents,
     """The engine's KV events to NATS: one stream, or one per rank, each with its rank's load."""
     from services.workers.vllm.kv_events import batch_decoder, rank_sources
 
+    # The engine tells the publishers when its load moves (its stat logger, each request's start and end).
     if not engine.has_ranks:
-        return engine_kv_events(cfg, engine.block_size, batch_decoder(), events.listener(worker))
-    log.info("vLLM data-parallel ranks %d..%d", engine.dp_ranks.start, engine.dp_ranks[-1])
-    # Not registered: the cores publish nothing (no sources) and no rank has a listener.
-    return ranked_kv_events(rank_sources(engine.llm.get_kv_event_sources()), engine.block_size, batch_decoder,
-                            lambda rank: events.listener(worker, rank, functools.partial(engine.read_load, rank)))
+        closers = engine_kv_events(cfg, engine.block_size, batch_decoder(), events.listener(worker, load_pushed=True))
+    else:
+        log.info("vLLM data-parallel ranks %d..%d", engine.dp_ranks.start, engine.dp_ranks[-1])
+        # Not registered: the cores publish nothing (no sources) and no rank has a listener.
+        closers = ranked_kv_events(rank_sources(engine.llm.get_kv_event_sources()), engine.block_size, batch_decoder,
+                                   lambda rank: events.listener(worker, rank, functools.partial(engine.read_load, rank),
+                                                                load_pushed=True))
+    engine.load.listeners.extend(publisher.load_changed for publisher in events.publishers.values())
+    return closers
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from services.workers.engine import (
 from services.workers.engine_kv import BlockHashTranslator
 from services.workers.vllm import transfer
 from services.workers.vllm.config import parse_config
-from services.workers.vllm.engine import sampling_params, vllm_errors
+from services.workers.vllm.engine import VLLM_ERRORS, engine_error, sampling_params
 from services.workers.vllm.kv_events import batch_decoder
 
 DEFAULTS = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
@@ -82,8 +82,9 @@ def test_what_vllm_refuses_is_the_clients_fault(knobs):
     (QueueOverflowError(), EngineBusy), (EngineDeadError(), EngineError),
 ])
 def test_vllms_errors_map_to_the_worker_glues(raised, expected):
-    with pytest.raises(expected), vllm_errors():
-        raise raised
+    assert isinstance(raised, VLLM_ERRORS)  # what the stream's loop catches
+    mapped = engine_error(raised)
+    assert type(mapped) is expected
 
 
 def test_vllms_own_event_batches_become_meshfront_hashes():
