@@ -67,12 +67,19 @@ def stored(hashes, parent, tokens) -> common_pb2.KvCacheEvent:
     return common_pb2.KvCacheEvent(stored=event)
 
 
-async def test_attach_registers_relays_and_follows_health(nats_url, demo_model_dir):
+async def serving(demo_model_dir) -> tuple[FakeEngine, grpc.aio.Server, int]:
+    """A fake vLLM engine serving on a free loopback port: (engine, server, port)."""
     engine = FakeEngine(str(demo_model_dir))
     server = grpc.aio.server()
     vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(engine, server)
-    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
+    return engine, server, port
+
+
+async def test_attach_registers_relays_and_follows_health(nats_url, demo_model_dir):
+    engine, server, port = await serving(demo_model_dir)
+    address = f"127.0.0.1:{port}"
     settings = AttachSettings(protocol=VLLM_ENGINE, namespace="attach1", tool_call_parser="hermes")
     link = EngineLink(address, settings, nats_url, check_every_s=0.2)
     registry = WorkerRegistry(nats_url, "test-attach")
@@ -126,11 +133,7 @@ async def test_attach_registers_relays_and_follows_health(nats_url, demo_model_d
 
 async def test_a_dns_answer_without_the_engine_detaches_it(nats_url, demo_model_dir):
     """What --engine-dns does with each answer: a new address attached, a gone one's card purged at once."""
-    engine = FakeEngine(str(demo_model_dir))
-    server = grpc.aio.server()
-    vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(engine, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    _, server, port = await serving(demo_model_dir)
     found = await resolve(f"localhost:{port}")
     assert found is not None and f"127.0.0.1:{port}" in found
     fleet = Fleet(AttachSettings(protocol=VLLM_ENGINE, namespace="attach2"), nats_url)
@@ -154,11 +157,8 @@ async def test_a_stamped_stream_is_not_polled_and_a_broken_one_is_checked_at_onc
     registration): the record's load goes out, no poll. An engine that goes away breaks the stream, which brings
     the health check forward: the card leaves long before the next scheduled check."""
     monkeypatch.setattr(attach_link, "LOADS_EVERY_S", 0.05)  # a poll, were there one, would ask many times
-    engine = FakeEngine(str(demo_model_dir))
-    server = grpc.aio.server()
-    vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(engine, server)
-    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-    await server.start()
+    engine, server, port = await serving(demo_model_dir)
+    address = f"127.0.0.1:{port}"
     link = EngineLink(address, AttachSettings(protocol=VLLM_ENGINE, namespace="attach3"), nats_url,
                       check_every_s=60.0)
     registry = WorkerRegistry(nats_url, "test-attach-stamped")
