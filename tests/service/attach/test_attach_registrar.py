@@ -77,6 +77,14 @@ async def serving(demo_model_dir) -> tuple[FakeEngine, grpc.aio.Server, int]:
     return engine, server, port
 
 
+async def registered(registry: WorkerRegistry, link: EngineLink):
+    """Starts both and waits for the engine's card: the card."""
+    await registry.start()
+    await link.start()
+    await wait_for(lambda: registry.workers_for("tiny-engine"), 20, "the engine's card")
+    return registry.workers_for("tiny-engine")[0]
+
+
 async def test_attach_registers_relays_and_follows_health(nats_url, demo_model_dir):
     engine, server, port = await serving(demo_model_dir)
     address = f"127.0.0.1:{port}"
@@ -86,10 +94,7 @@ async def test_attach_registers_relays_and_follows_health(nats_url, demo_model_d
     nc = await connect(nats_url, "test-attach-events")
     messages: list[dict] = []
     try:
-        await registry.start()
-        await link.start()
-        await wait_for(lambda: registry.workers_for("tiny-engine"), 20, "the engine's card")
-        card = registry.workers_for("tiny-engine")[0]
+        card = await registered(registry, link)
         assert (card.address, card.engine_protocol, card.namespace) == (address, VLLM_ENGINE, "attach1")
         assert (card.model.block_size, card.model.context_length, card.total_kv_blocks) == (BS, 256, 100)
         assert card.model.tool_call_parser == "hermes" and card.model.model_files
@@ -165,10 +170,7 @@ async def test_a_stamped_stream_is_not_polled_and_a_broken_one_is_checked_at_onc
     nc = await connect(nats_url, "test-attach-stamped-events")
     messages: list[dict] = []
     try:
-        await registry.start()
-        await link.start()
-        await wait_for(lambda: registry.workers_for("tiny-engine"), 20, "the engine's card")
-        card = registry.workers_for("tiny-engine")[0]
+        card = await registered(registry, link)
 
         async def take(msg) -> None:
             messages.append(orjson.loads(msg.data))
