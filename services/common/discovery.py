@@ -145,9 +145,10 @@ class Registrar:
                 stop_if_cancelled()
                 log.warning("registration heartbeat failed: %s", e)
                 ready = False
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), next_beat_in(self.ttl_s / 3, time.time()) if ready
-                                       else min(RETRY_S, self.ttl_s / 3))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(next_beat_in(self.ttl_s / 3, time.time()) if ready
+                                           else min(RETRY_S, self.ttl_s / 3)):
+                    await self._changed.wait()
 
     async def close(self) -> None:
         if self._task:
@@ -157,8 +158,8 @@ class Registrar:
         if self._nc.is_connected:
             # Deregister at once rather than waiting for the TTL; bounded, NATS may be going down too.
             with contextlib.suppress(Exception):
-                kv = await asyncio.wait_for(open_bucket(self._nc, self.ttl_s), 1.0)
-                await asyncio.wait_for(kv.purge(self.key), 1.0)
+                async with asyncio.timeout(2.0):
+                    await (await open_bucket(self._nc, self.ttl_s)).purge(self.key)
         await close_nats(self._nc)
 
 
@@ -254,7 +255,8 @@ class WorkerRegistry:
                     await self._follow(watcher, reconnects)
                 finally:
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(watcher.stop(), 1.0)
+                        async with asyncio.timeout(1.0):
+                            await watcher.stop()
                 # NATS is back, perhaps a new server: watch afresh rather than wait for the old watch's
                 # consumer to be found gone (nats-py's ordered consumer takes ~10 s after a restart, longer
                 # than the silence a worker may keep).

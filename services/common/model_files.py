@@ -233,7 +233,8 @@ class ModelFilesResolver:
             return str(cached)
         log.info("fetching model files %s (%s) from NATS", digest[:12], model_dir)
         try:
-            files = await asyncio.wait_for(fetch(await self._jetstream(), ref), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                files = await fetch(await self._jetstream(), ref)
         except (TimeoutError, nats.errors.Error) as e:
             raise ModelFilesUnavailable(f"cannot fetch model files {digest} from NATS ({e or type(e).__name__})") \
                 from None
@@ -241,7 +242,8 @@ class ModelFilesResolver:
 
     async def _jetstream(self) -> nats.js.JetStreamContext:
         if self._nc is None:
-            self._nc = await asyncio.wait_for(connect_retrying(self.nats_url, "model-files"), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                self._nc = await connect_retrying(self.nats_url, "model-files")
         return self._nc.jetstream(timeout=self.timeout_s)
 
     async def close(self) -> None:

@@ -110,7 +110,8 @@ class NatsStore(Generic[H]):
         opening = self._start()
         if not opening.cancelled():
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(asyncio.shield(opening), self.wait_s)
+                async with asyncio.timeout(self.wait_s):
+                    return await asyncio.shield(opening)
         # Where NATS is stays in the log: a client's error names no internal address.
         log.warning("the %s (NATS at %s) is not reachable", self._what, self.nats_url)
         raise StoreUnavailable(f"The {self._what} is unavailable right now; try again.")

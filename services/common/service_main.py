@@ -170,7 +170,8 @@ async def serve(spec: ServiceSpec[C, S], cfg: C, tls: mesh_tls.MeshTls | None) -
     await registry.start()
     if spec.first_view_wait_s:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(registry.synced.wait(), spec.first_view_wait_s)
+            async with asyncio.timeout(spec.first_view_wait_s):
+                await registry.synced.wait()
     server.on_stopped(service.close)
     server.on_stopped(registry.close)
     await server.serve_until_signal()

@@ -88,7 +88,8 @@ async def wait_connected(channel: grpc.aio.Channel, timeout_s: float) -> bool:
     if connected(channel):
         return True
     try:
-        await asyncio.wait_for(channel.channel_ready(), max(timeout_s, 0.0))
+        async with asyncio.timeout(max(timeout_s, 0.0)):
+            await channel.channel_ready()
     except TimeoutError:
         return False
     return True

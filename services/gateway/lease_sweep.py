@@ -84,7 +84,8 @@ class BucketWrites:
             self._nc = nc
         if timeout_s > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._written.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._written.wait()
         self._written.clear()
 
     async def _seen(self, _msg: Msg) -> None:

@@ -71,8 +71,9 @@ class Warmup:
         all is ready after ``empty_wait_s``: it answers /v1/models with an empty list, as before.
         """
         try:
-            await asyncio.wait_for(self._registry.synced.wait(), SYNC_WAIT_S)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(SYNC_WAIT_S):
+                await self._registry.synced.wait()
+        except TimeoutError:
             log.warning("no discovery view after %.0f s: waiting for models without it", SYNC_WAIT_S)
         since = time.monotonic()
         while not (self._started and not self._tasks) and (

@@ -87,8 +87,9 @@ def parser() -> argparse.ArgumentParser:
 
 async def _connect(url: str) -> nats.NATS:
     try:
-        return await asyncio.wait_for(nats.connect(nats_servers(url), name="meshfront-keys", allow_reconnect=False,
-                                                   connect_timeout=2), CONNECT_TIMEOUT_S)
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            return await nats.connect(nats_servers(url), name="meshfront-keys", allow_reconnect=False,
+                                      connect_timeout=2)
     except (OSError, TimeoutError, nats.errors.Error) as e:
         raise Failed(f"NATS at {url} is not reachable ({e or type(e).__name__})") from None
 

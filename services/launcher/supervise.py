@@ -389,9 +389,10 @@ class Supervisor:
                     # children that left the group (orphans now, reparented to us).
                     _killpg(proc.pid, signal.SIGKILL)
                     self._sweep_orphans()
-                    with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                         # Something we cannot see may still hold the pipe open: do not wait for it forever.
-                        await asyncio.wait_for(asyncio.shield(pump), 2.0)
+                        async with asyncio.timeout(2.0):
+                            await asyncio.shield(pump)
                     if not pump.done():
                         pump.cancel()
             if self._stopping.is_set():
@@ -412,8 +413,9 @@ class Supervisor:
             self.printer.system(f"{name} {how} after {uptime:.1f} s; restarting {when}"
                                 + (f" (fast failure {verdict.fast_failures} of {child.policy.max_fast_failures})"
                                    if verdict.fast else ""))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), verdict.delay_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(verdict.delay_s):
+                    await self._stopping.wait()
 
     async def _stop_all(self) -> None:
         for group in self.order:

@@ -156,11 +156,12 @@ class Router:
                       ) -> router_pb2.RouteResponse:
         try:
             # No --queue-timeout-s: a request held by --router-queue-threshold waits as long as its client does.
-            response = await asyncio.wait_for(future, self.queue_timeout_s or None)
+            async with asyncio.timeout(self.queue_timeout_s or None):
+                response = await future
         except (TimeoutError, asyncio.CancelledError) as e:
             if future.done() and not future.cancelled() and future.exception() is None:
                 self.apply(LifecycleEvent(FREE, req.request_id))  # routed just as its caller gave up
-            if isinstance(e, asyncio.TimeoutError):
+            if isinstance(e, TimeoutError):
                 raise Overloaded(f"Every worker serving `{req.model}` stayed busy for {self.queue_timeout_s:g} s; "
                                  "retry later.", code="overloaded") from None
             raise

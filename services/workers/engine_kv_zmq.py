@@ -90,7 +90,8 @@ class ZmqKvSubscriber:
         missing = self._next_seq
         if self.replay_endpoint is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._replay(self.replay_endpoint, upto), REPLAY_TIMEOUT_S)
+                async with asyncio.timeout(REPLAY_TIMEOUT_S):
+                    await self._replay(self.replay_endpoint, upto)
         if self._next_seq < upto:
             log.warning("lost KV event batches %d..%d (replay from %d fell short): reporting the cache "
                         "cleared until new stores arrive", self._next_seq, upto - 1, missing)

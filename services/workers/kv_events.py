@@ -193,7 +193,8 @@ class KvEventPublisher:
         due = self._published_at + LOAD_HEARTBEAT_S - time.monotonic()
         if due > 0 and not self._load_moved.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._load_moved.wait(), due)
+                async with asyncio.timeout(due):
+                    await self._load_moved.wait()
         self._load_moved.clear()  # the tick that follows reads the load as it is now
 
     async def _flush_soon(self) -> None:

@@ -77,7 +77,8 @@ class Gate:
         """The record of the key the call presents; ``Unauthenticated`` for none or an unknown one."""
         if not self.synced.is_set():  # the first view of the keys: a gateway that just started waits for it
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.synced.wait(), self._wait_s)
+                async with asyncio.timeout(self._wait_s):
+                    await self.synced.wait()
             if not self.synced.is_set():
                 # Where NATS is stays in the log: a client's error names no internal address.
                 log.warning("the key store (NATS at %s) is not reachable", self.store.nats_url)

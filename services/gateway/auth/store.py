@@ -92,7 +92,8 @@ class AuthStore(NatsStore[Buckets]):
                             apply(entry.key, entry.value)
                 finally:
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(watcher.stop(), 1.0)
+                        async with asyncio.timeout(1.0):
+                            await watcher.stop()
                 log.info("NATS reconnected; watching the keys bucket afresh")
             except asyncio.CancelledError:
                 raise

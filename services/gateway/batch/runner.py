@@ -204,7 +204,8 @@ class BatchRunner:
                 continue
             while not state.ending(hold.record, time.time()):
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._slots.acquire(), PROGRESS_EVERY_S)
+                    async with asyncio.timeout(PROGRESS_EVERY_S):
+                        await self._slots.acquire()
                     break
             else:
                 break

@@ -120,8 +120,9 @@ class ReplicaMetrics:
                     for peer in silent:  # until it announces itself again
                         self._peers.pop(peer, None)
                     break
-                with contextlib.suppress(asyncio.TimeoutError):
-                    snap = await asyncio.wait_for(replies.get(), left)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        snap = await replies.get()
                     snapshots[snap["replica"]] = snap
         finally:
             with contextlib.suppress(nats.errors.Error):

@@ -96,7 +96,8 @@ class EngineLink:
                 log.warning("the engine at %s failed its health check; deregistering it", self.address)
                 await self._deregister()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._check_now.wait(), self.check_every_s)
+                async with asyncio.timeout(self.check_every_s):
+                    await self._check_now.wait()
             self._check_now.clear()
 
     async def _healthy(self, stub: Any) -> str:

@@ -115,3 +115,29 @@ async def test_a_batch_the_decoder_cannot_read_clears_the_cache_and_the_next_bat
     finally:
         await sub.close()
         pub.close()
+
+
+async def test_a_close_that_lands_as_a_replay_ends_still_ends_the_subscription(tmp_path, monkeypatch):
+    """The cancel and the replay's end in one turn of the loop: Python 3.11's wait_for returned the replay's
+    result and dropped the cancel, the subscription went back to its socket and the closer waited forever
+    (an engine_env test hung 300 s in CI)."""
+    pub, sub, _seen = await subscribed(tmp_path)
+    replaying, gate = asyncio.Event(), asyncio.get_running_loop().create_future()
+    closing: asyncio.Task | None = None
+
+    async def replay_until_the_gate_opens(_endpoint: str, _upto: int) -> None:
+        replaying.set()
+        await gate
+
+    monkeypatch.setattr(sub, "_replay", replay_until_the_gate_opens)
+    try:
+        await pub.publish(1, b"b")  # batch 0 never came: a gap, so a replay
+        await asyncio.wait_for(replaying.wait(), 5)
+        gate.set_result(None)  # the replay ends on the loop's next turn; the close's cancel lands on the same one
+        closing = asyncio.create_task(sub.close())
+        done, _ = await asyncio.wait({closing}, timeout=5)  # not a timeout that cancels: close() would take that
+        assert closing in done, "the subscription went on after its close"
+    finally:
+        if closing is not None and not closing.done():
+            closing.cancel()
+        pub.close()
