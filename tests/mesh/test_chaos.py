@@ -69,7 +69,9 @@ def _registered(mesh) -> int:
 
 
 def test_killed_worker_mid_stream_migrates_every_stream_token_identically(chaos_mesh):
-    bodies = [chat(DEMO, i, TOKENS) for i in range(100)]
+    # Twice the others' length (~5 s a stream): on a loaded CI machine the hundred first tokens spread over 3 s,
+    # and 2.5 s streams had mostly ended when the kill came.
+    bodies = [chat(DEMO, i, 2 * TOKENS) for i in range(100)]
     reference = asyncio.run(run_streams(chaos_mesh.url, bodies))
     assert all(r.done and r.status == 200 for r in reference)
     migrations_before = chaos_mesh.full_log("postprocessor").count(" migrates from ")

@@ -80,12 +80,15 @@ def test_dispatch_events_come_before_the_chunks_they_belong_to(switched_mesh):
                   if name is None and data["choices"] and data["choices"][0]["finish_reason"])
     last_reasoning = max(i for i, (name, data) in enumerate(frames)
                          if name is None and data["choices"] and data["choices"][0]["delta"].get("reasoning"))
+    thinking_ended = next(i for i, (name, data) in enumerate(frames) if name is None and data["choices"]
+                          and {"content", "tool_calls"} & {k for k, v in data["choices"][0]["delta"].items() if v})
     reasoning_at, call_at = names.index("reasoning_dispatch"), names.index("tool_call_dispatch")
-    # The reasoning is dispatched once thinking ended: after its last chunk, before the call's first (a chunk
-    # between them may carry what followed the thinking when tokens arrive together, as on a loaded machine).
+    # The reasoning is dispatched just before the chunk where thinking ended (its first content or call). When
+    # tokens arrive together, as on a loaded machine, that chunk also carries the reasoning's last words.
     # The call is whole once the choice finishes: dispatched just before that chunk.
-    assert last_reasoning < reasoning_at < first_call and call_at == finish - 1, (last_reasoning, reasoning_at,
-                                                                                   first_call, names)
+    assert reasoning_at == thinking_ended - 1 and last_reasoning <= thinking_ended <= first_call, (
+        last_reasoning, reasoning_at, thinking_ended, first_call, names)
+    assert call_at == finish - 1, names
     assert frames[reasoning_at][1] == {"index": 0, "reasoning_content": REASONING}
     dispatched = frames[call_at][1]
     call = dispatched["tool_call"]
