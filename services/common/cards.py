@@ -154,6 +154,9 @@ class WorkerCard:
     # leaves unset with them, as vLLM's own server and our workers do. Empty for our workers, whose engine applies
     # them itself.
     sampling_defaults: tuple[tuple[str, float], ...] = ()
+    # Whether the worker publishes its KV events (a worker started with --no-kv-events, or a kind without a prefix
+    # cache, does not): a kv router indexes nothing of such a worker and says so. Older cards read as publishing.
+    kv_events: bool = True
 
     @property
     def dp_ranks(self) -> Sequence[int] | None:

@@ -50,6 +50,10 @@ WORKER_MODULES = {"mocker": "services.workers.mocker", "hf": "services.workers.h
                   "attach": "services.workers.attach"}
 
 
+# The kinds whose engine has a prefix cache and publishes its KV events (their --no-kv-events: workers/config.py).
+KV_EVENT_KINDS = ("mocker", "vllm", "sglang")
+
+
 def worker_argv(kind: str, *args: str) -> list[str]:
     """A worker's command line; an engine worker runs from its engine environment's python."""
     python = str(ENGINES[kind].python) if kind in ENGINES else sys.executable
@@ -136,6 +140,19 @@ class MeshPlan:
             cert, key = self.mtls_certs.get(name, (cert, key))
             flags += ["--tls-ca", ca, "--tls-cert", cert, "--tls-key", key]
         return flags
+
+    @property
+    def routes_by_kv_events(self) -> bool:
+        """Whether a router may read the workers' KV events and load reports: only a kv router does. A --router-mode
+        among the stages' own flags may say kv, so it counts as one."""
+        stage_flags = [a for name in ALLINONE_STAGES for a in self.service_args.get(name, ())]
+        return self.router_mode == "kv" or any(a.split("=", 1)[0] == "--router-mode" for a in stage_flags)
+
+    def worker_flags(self, w: WorkerSpec) -> list[str]:
+        """What the plan adds to a worker's own flags (which come after, and so win): --no-kv-events when no router
+        reads them. Publishing them cost the frontend side a fifth of its CPU per request on the same vLLM engine
+        (bench/RESULTS.md, "Same engine"), and the engine's own publisher thread too."""
+        return ["--no-kv-events"] if w.kind in KV_EVENT_KINDS and not self.routes_by_kv_events else []
 
     def service_names(self) -> list[str]:
         """Names of the Meshfront processes ``specs`` starts (not NATS or Envoy)."""
@@ -341,7 +358,8 @@ def specs(plan: MeshPlan) -> list[ProcessSpec]:
     out = [] if plan.external_nats_url else nats_specs(plan)
     for i, (w, port) in enumerate(zip(plan.workers, plan.worker_ports, strict=True)):
         out.append(ProcessSpec(f"{w.kind}-{i}", worker_argv(w.kind, "--port", str(port), "--model-dir", w.model_dir,
-                                                            "--model-name", w.model_name, *common, *w.extra,
+                                                            "--model-name", w.model_name, *common,
+                                                            *plan.worker_flags(w), *w.extra,
                                                             *plan.process_flags(f"{w.kind}-{i}")), port, env))
     renderer_engine = chat_processor_engine(plan.service_args.get("preprocessor", ()))
     parser_engine = chat_processor_engine(plan.service_args.get("postprocessor", ()))

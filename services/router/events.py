@@ -69,6 +69,7 @@ class KvEventSubscriber:
         self._dumping: dict[str, asyncio.Task] = {}  # by target id
         self._targets: dict[str, list[str]] = {}  # worker id -> its target ids, as its card declares them
         self._waiting_for_nats: set[str] = set()
+        self._silent: set[str] = set()  # workers whose cards say they publish no KV events (told once each)
         self.ready = asyncio.Event()
 
     async def start(self) -> None:
@@ -91,7 +92,16 @@ class KvEventSubscriber:
                     task.cancel()
                 self.ingest.drop_worker(target)
             self._namespace_of.pop(worker_id, None)
+            self._silent.discard(worker_id)
             return
+        if not card.kv_events:
+            # Said, not silent: a kv router over workers that publish nothing routes by its own bookings alone.
+            if worker_id not in self._silent and not card.model.is_media:
+                self._silent.add(worker_id)
+                log.warning("worker %s publishes no KV events (a worker started with --no-kv-events, or a kind without "
+                            "a prefix cache): kv routing sees none of its cache or load, only what it routed there",
+                            worker_id)
+            return  # no events, no dump to ask for
         self._namespace_of[worker_id] = Namespace(card.namespace)
         self._targets[worker_id] = targets_of(card)
         if card.model.is_media:

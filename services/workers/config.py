@@ -54,6 +54,9 @@ class WorkerConfig:
     structural_tags: StructuralTagSettings = StructuralTagSettings()
     # --dyn-default-thinking-mode: registered on the card; "" for none.
     default_thinking_mode: str = ""
+    # --no-kv-events: the engine publishes no KV events and the worker no load reports (only a kv router reads
+    # them); registered on the card, so that a kv router says it sees none of this worker's cache.
+    kv_events: bool = True
 
     @property
     def scope(self) -> Namespace:
@@ -93,7 +96,7 @@ class WorkerConfig:
 
 
 def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregation: bool = False,
-                     guided_tools: bool = False) -> None:
+                     guided_tools: bool = False, kv_cache: bool = False) -> None:
     """Adds the shared worker flags (plus --host/--port/--nats-url/--log-level).
 
     ``engine_sized``: a real engine decides its context window and KV block size from its own
@@ -102,6 +105,8 @@ def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregatio
     SGLang), so it offers --disaggregation-mode; the others always register as BOTH.
     ``guided_tools``: the kind enforces structural tags (vLLM, SGLang, the mocker), so it offers Dynamo's
     --dyn-structural-tag flags (structural_tags.py).
+    ``kv_cache``: the kind has a prefix cache whose KV events a kv router indexes (the mocker, vLLM, SGLang), so it
+    offers --no-kv-events.
     """
     add_common_flags(p, port=0, watches_workers=False)  # a worker registers in one namespace, watches none
     p.add("--model-dir", default="", help="model directory (tokenizer.json, config.json, weights)")
@@ -126,6 +131,11 @@ def add_worker_flags(p: FlagParser, *, engine_sized: bool = False, disaggregatio
                "own thinking, reasoning_effort or chat_template_kwargs win; registered on the card")
     if guided_tools:
         structural_tags.add_flags(p)
+    if kv_cache:
+        p.add("--kv-events", default=True, type=bool,
+              help="publish the engine's KV events and this worker's load to NATS, for kv routers "
+                   "(--no-kv-events: neither, for a fleet routed round-robin, random or least-loaded, whose routers "
+                   "read none; a kv router then sees no cached prefix on this worker)")
     if disaggregation:
         p.add("--disaggregation-mode", default=AGG, choices=DISAGGREGATION_MODES,
               help="prefill: only prefill legs of disaggregated requests; decode: decode legs and the requests "
@@ -172,6 +182,7 @@ def worker_config_from_args(args: argparse.Namespace, kind: str, *, context_leng
         namespace=args.namespace,
         structural_tags=tags,
         default_thinking_mode=args.dyn_default_thinking_mode,
+        kv_events=args.kv_events if "kv_events" in args else False,  # kinds without a KV cache publish none
     )
 
 

@@ -66,7 +66,7 @@ class EngineFlagSpec:
 def parse_engine_flags(spec: EngineFlagSpec, argv: Sequence[str], env: Mapping[str, str] | None) -> EngineFlags:
     """Splits and checks the flags without importing the engine; raises ConfigError listing every problem."""
     p = FlagParser(spec.kind, spec.description, env, allow_abbrev=False)
-    add_worker_flags(p, engine_sized=True, disaggregation=True, guided_tools=True)
+    add_worker_flags(p, engine_sized=True, disaggregation=True, guided_tools=True, kv_cache=True)
     args, engine_argv = p.parse_known(argv)
     # Provisional sizes for the checks; the engine's own replace them once it has started.
     context = _int_flag(engine_argv, spec.context_flag) or (
@@ -79,6 +79,7 @@ def parse_engine_flags(spec: EngineFlagSpec, argv: Sequence[str], env: Mapping[s
     endpoint = replay = ""
     if args.register:
         args.worker_id = provisional.worker_id  # one id for the card, the events and the endpoints
+    if args.register and args.kv_events:  # --no-kv-events: the engine is not asked to publish any
         base = Path(tempfile.gettempdir()) / f"meshfront-{provisional.worker_id}"
         endpoint, replay = f"ipc://{base}-kv.ipc", f"ipc://{base}-kv-replay.ipc"
     return EngineFlags(kind=spec.kind, args=args, engine_argv=tuple(engine_argv), kv_events_endpoint=endpoint,
@@ -127,7 +128,8 @@ def engine_kv_events(flags: EngineFlags, block_size: int, decode: Decoder,
                      listener: KvEventListener | None) -> list[Callable[[], Awaitable[None]]]:
     """Connects a started engine's KV events (its ZMQ publisher) to ``listener``; returns the closers.
 
-    No listener (a worker that does not register): the engine publishes nothing, and nothing listens.
+    No listener (a worker that does not register, or runs with --no-kv-events): the engine publishes nothing, and
+    nothing listens.
     """
     if listener is None or not flags.kv_events_endpoint:
         return []

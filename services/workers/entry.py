@@ -59,7 +59,8 @@ class KvEvents:
     """The worker's KV event publisher, made when the kind knows its final config (id, model, NATS).
 
     A kind whose engine has a KV cache asks ``listener`` once and connects its engine's events to
-    what it gets: None for a worker that does not register (nobody routes by its cache). A worker with
+    what it gets: None for a worker that does not register or runs with --no-kv-events (nobody routes by its
+    cache). A worker with
     data-parallel ranks asks once per rank (``dp_rank``, with that rank's engine's ``load`` reader): each rank's
     events are a stream of their own (services/common/dp_ranks.py).
     """
@@ -75,7 +76,7 @@ class KvEvents:
     def listener(self, worker: WorkerConfig, dp_rank: int | None = None,
                  load: LoadReader | None = None, *, load_pushed: bool = False) -> KvEventListener | None:
         """``load_pushed``: the kind calls the publisher's ``load_changed`` on every load change (KvEventPublisher)."""
-        if worker.register and dp_rank not in self.publishers:
+        if worker.register and worker.kv_events and dp_rank not in self.publishers:
             self.publishers[dp_rank] = KvEventPublisher(worker.nats_url, worker.worker_id, worker.model_name, load,
                                                         namespace=worker.scope, dp_rank=dp_rank,
                                                         load_pushed=load_pushed)

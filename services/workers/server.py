@@ -69,7 +69,7 @@ def worker_card(cfg: WorkerConfig, address: str, *, total_kv_blocks: int = 0,
                       role=cfg.role, max_loras=lora.max_loras if lora is not None else 0,
                       lora_runtime_loading=lora.runtime_loading if lora is not None else False,
                       kv_release_by=kv_release_by, namespace=cfg.scope.name,
-                      data_parallel_start_rank=dp_start_rank, data_parallel_size=dp_size)
+                      data_parallel_start_rank=dp_start_rank, data_parallel_size=dp_size, kv_events=cfg.kv_events)
 
 
 def worker_grpc_server(cfg: WorkerConfig) -> GrpcServer:

@@ -124,7 +124,7 @@ class MockerConfig:
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> MockerConfig:
     """Parses and validates; raises ConfigError listing every problem."""
     p = FlagParser("mocker", "A simulated inference engine behind the worker API.", env)
-    add_worker_flags(p, disaggregation=True, guided_tools=True)
+    add_worker_flags(p, disaggregation=True, guided_tools=True, kv_cache=True)
     p.add("--num-gpu-blocks", default=16384, type=int, help="KV cache size in blocks")
     p.add("--max-num-seqs", default=256, type=int, help="most sequences running at once")
     p.add("--max-waiting", default=1024, type=int,

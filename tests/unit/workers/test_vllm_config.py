@@ -42,3 +42,11 @@ def test_every_problem_is_reported_together(tmp_path):
     with pytest.raises(ConfigError) as err:
         parse_config(["--model-dir", str(tmp_path / "missing"), "--served-model-name", "x", "--port", "99999"], env={})
     assert len(err.value.errors) == 3, err.value.errors
+
+
+def test_no_kv_events_keeps_the_worker_id_and_asks_the_engine_for_no_events(demo_model_dir):
+    cfg = parse_config(["--model-dir", str(demo_model_dir), "--no-kv-events"], env={})
+    worker = cfg.worker(context_length=1, block_size=1)
+    assert worker.worker_id.startswith("vllm-") and not worker.kv_events and worker.register
+    assert (cfg.kv_events_endpoint, cfg.kv_replay_endpoint) == ("", "")
+    assert parse_config(["--model-dir", str(demo_model_dir)], env={}).worker(context_length=1, block_size=1).kv_events

@@ -44,3 +44,16 @@ async def test_a_worker_that_does_not_register_publishes_nothing(demo_model_dir)
         await serving.server.server.stop(0)  # bound, never started
         for close in serving.closers:
             await close()
+
+
+async def test_a_worker_with_no_kv_events_publishes_nothing_and_its_card_says_so(demo_model_dir):
+    cfg = parse_config(["--model-dir", str(demo_model_dir), "--port", "0", "--no-kv-events"], {})
+    assert cfg.worker.register and not cfg.worker.kv_events
+    events = entry.KvEvents()
+    serving = await mocker_main.build(cfg, events)
+    try:
+        assert events.publishers == {} and not serving.card.kv_events
+    finally:
+        await serving.server.server.stop(0)  # bound, never started
+        for close in serving.closers:
+            await close()
