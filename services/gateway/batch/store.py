@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import orjson
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext, api
 from nats.js.api import KeyValueConfig
 from nats.js.errors import APIError, KeyNotFoundError, NoKeysError
@@ -39,6 +41,8 @@ from services.common.namespace import DEFAULT_NAMESPACE, Namespace
 from services.common.nats_store import NatsStore, unavailable_on_nats_failure
 from services.gateway.batch.lines import Outcome
 from services.gateway.media.store import DOWNLOAD_GRACE_S, MediaStore
+
+log = logging.getLogger(__name__)
 
 # Batches, files and their bytes stay this long after their last write (OpenAI keeps batch outputs 30 days).
 FILE_TTL_S = 30 * 24 * 3600
@@ -160,13 +164,32 @@ class LineStore(NatsStore[KeyValue]):
         return True
 
     async def done(self, batch_id: str) -> dict[int, Outcome]:
-        """Every recorded line of a batch, by index: one ordered consumer over its keys, not a get per line."""
+        """Every recorded line of a batch, by index: one ordered consumer over its keys, not a get per line.
+
+        The watch's "nothing more" marker is not enough: nats-py sends it when the consumer's info says nothing is
+        pending and nothing was received yet, and on a loaded machine that answer can overtake lines the server
+        has already sent (a takeover read none of ten recorded lines, and would have run them again). So the
+        stream is asked first how many keys the batch has, and the read goes on past an early marker until every
+        one came, or nothing more came for ``wait_s``."""
         kv = await self.opened()
+        js = await self.jetstream()
         out: dict[int, Outcome] = {}
         with unavailable_on_nats_failure(f"read the lines of {batch_id}"):
-            watcher = await kv.watch(f"{batch_id}.*", ignore_deletes=True)
+            info = await js.stream_info(f"KV_{self.bucket}", subjects_filter=f"$KV.{self.bucket}.{batch_id}.*")
+            expected = len(info.state.subjects or {})  # keys holding a record or a delete marker
+            seen: set[str] = set()
+            watcher = await kv.watch(f"{batch_id}.*")  # deletes too: they count among the stream's keys
             try:
-                while (entry := await watcher.updates(timeout=self.wait_s)) is not None:
+                while len(seen) < expected:
+                    try:
+                        entry = await watcher.updates(timeout=self.wait_s)
+                    except NatsTimeoutError:
+                        log.warning("lines of %s: %d of %d keys read; going on without the rest", batch_id,
+                                    len(seen), expected)
+                        break
+                    if entry is None:
+                        continue  # the marker, early or not
+                    seen.add(entry.key)
                     if entry.value:
                         out[int(entry.key.rsplit(".", 1)[1])] = Outcome.from_record(entry.value)
             finally:

@@ -142,3 +142,32 @@ async def test_a_takeover_runs_only_the_lines_not_recorded(nats_url):
         if sweeping is not None:
             sweeping.cancel()
         await close(first, second)
+
+
+async def test_the_recorded_lines_are_read_whole_when_the_watchs_end_marker_comes_first(nats_url, monkeypatch):
+    """nats-py marks a watch's end when the consumer's info says nothing is pending and nothing came yet; on a
+    loaded machine that answer overtook lines the server had sent, and a takeover read none of ten recorded lines
+    (CI). The marker is put first here; the read still has every line, and a batch without lines reads empty."""
+    from nats.js.kv import KeyValue
+
+    watch = KeyValue.watch
+
+    async def marker_first(self, *args, **kwargs):
+        watcher = await watch(self, *args, **kwargs)
+        queued = []
+        while not watcher._updates.empty():
+            queued.append(watcher._updates.get_nowait())
+        for item in (None, *queued):
+            watcher._updates.put_nowait(item)
+        return watcher
+
+    monkeypatch.setattr(KeyValue, "watch", marker_first)
+    lines = LineStore(nats_url)
+    try:
+        for i in (0, 3, 7):
+            assert await lines.record("batch_early", i, Outcome(200, {"i": i}, f"r{i}"))
+        done = await lines.done("batch_early")
+        assert {i: o.body["i"] for i, o in done.items()} == {0: 0, 3: 3, 7: 7}
+        assert await lines.done("batch_none") == {}
+    finally:
+        await lines.close()
