@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -46,6 +47,38 @@ def test_streaming_disconnect_stops_generation_on_the_worker(paced_mesh):
         time.sleep(0.02)
     else:
         pytest.fail("worker kept generating after the client left:\n" + paced_mesh.logs("mocker-0"))
+
+
+async def test_a_cancelled_kserve_stream_stops_the_worker(paced_mesh):
+    """tritonclient cancels its stream mid-generation; the worker logs the abort. Here on the paced worker: on the
+    fast mesh a loaded CI machine let all the tokens out before the cancel landed, and nothing was left to abort."""
+    import tritonclient.grpc.aio as triton_aio
+
+    from tests.mesh.test_kserve import bytes_input
+
+    before = paced_mesh.logs("mocker-0").count("aborted by the caller")
+    client = triton_aio.InferenceServerClient(paced_mesh.grpc_target)
+
+    async def endless():
+        yield {"model_name": DEMO, "inputs": [bytes_input("text_input", "Write forever")],
+               "parameters": {"max_tokens": 3000, "ignore_eos": True}}
+        await asyncio.sleep(30)  # keep the request side open, like a client that waits for more
+
+    stream = client.stream_infer(endless())
+    try:
+        seen = 0
+        async for _result, error in stream:
+            assert error is None, error
+            seen += 1
+            if seen == 2:
+                break
+        stream.cancel()
+    finally:
+        await client.close()
+    t0 = time.monotonic()
+    while paced_mesh.logs("mocker-0").count("aborted by the caller") == before:
+        assert time.monotonic() - t0 < 5, "the worker kept generating after the client cancelled"
+        await asyncio.sleep(0.02)
 
 
 def test_non_streaming_disconnect_stops_generation_on_the_worker(paced_mesh):
