@@ -1,6 +1,6 @@
 """A worker whose card says it publishes no KV events (``--no-kv-events``, or a kind without a prefix cache): a kv
-router asks it for no dump and says, once, that it sees none of its cache (Dynamo's frontend was silent about
-workers that publish nothing, and routed as if their caches were empty)."""
+router asks it for no dump and says, once, that it sees none of its cache (workers that publish nothing were a
+silent misconfiguration in Dynamo: its PR 11194)."""
 
 from __future__ import annotations
 
