@@ -82,7 +82,10 @@ def lora_mesh(tmp_path_factory, offline, vllm_python, tiny_lm_dir, envoy_bin, na
     adapter = default_demo_adapter_dir()
     flags = (*VLLM_CPU_FLAGS, "--worker-id", "vllm-lora", "--enable-lora", "--max-loras", "2",
              "--max-lora-rank", str(RANK), "--lora-modules", f"{DEMO_ADAPTER_NAME}={adapter}")
-    plan = ephemeral_plan([WorkerSpec(str(tiny_lm_dir), MODEL, "vllm", flags)], run_dir=ROOT / ".run" / "tests")
+    # The CPU engine swapping adapters on a CI machine whose two cores run every tier went more than the
+    # postprocessor's default 5 s without a token, and the request was failed as a dead worker's.
+    plan = ephemeral_plan([WorkerSpec(str(tiny_lm_dir), MODEL, "vllm", flags)], run_dir=ROOT / ".run" / "tests",
+                          service_args={"postprocessor": ("--stream-idle-timeout-s", "60")})
     mesh = Mesh(plan, tmp_path_factory.mktemp("engine-lora-logs"))
     old = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING")
     os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # vLLM's switch for runtime loading
