@@ -34,6 +34,12 @@ DEFAULT_WAIT_S = 5.0
 # A request is sent at most this many times: enough for a kill while it was in flight and a second
 # one while it waited, few enough that a request which itself crashes the stage cannot crash it forever.
 MAX_SENDS = 3
+# The pause before a request goes again to a replica it just lost by transport, doubled at each such loss (bounded
+# by the wait for a replica). A connection that is closing (the server cancelled its calls, its GOAWAY is on the
+# way) can still read READY for a moment: sent again at once, a request spent every one of its sends on it in a
+# burst and failed while the stage was restarting, the case the wait is for (tests/service/test_stage_wait.py,
+# tests/service/postprocessor/test_resume_on_replica_loss.py).
+RETRY_BACKOFF_S = 0.25
 
 
 def connected(channel: grpc.aio.Channel) -> bool:
@@ -93,6 +99,13 @@ async def wait_connected(channel: grpc.aio.Channel, timeout_s: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def pause_before_resend(lost_here: int, deadline: float | None) -> None:
+    """The pause before a send to the replica that lost this request ``lost_here`` times (none when 0)."""
+    if lost_here:
+        pause = RETRY_BACKOFF_S * 2 ** (lost_here - 1)
+        await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
 
 
 class StageCaller:

@@ -22,7 +22,9 @@ postprocessor itself sent (a worker failure it could not migrate, a bad request)
 never retried here. A request moves at most ``MAX_SENDS`` times, or once per replica when there are
 more: a request that kills every replica it lands on stops there.
 
-A broken replica is passed over for ``DOWN_S``; its next request opens a fresh stream. When no replica
+A broken replica is passed over for ``DOWN_S``; its next request opens a fresh stream. A request that goes
+back to the replica it was lost on (no other takes it) waits ``stage_wait.RETRY_BACKOFF_S`` first, doubled each
+time: that replica's closing connection can read READY for a moment after it cut the stream. When no replica
 is connected (the one replica restarting), a request waits up to ``wait_s`` (``--stage-wait-s``) for one
 to connect, then fails with "the postprocessor is unavailable".
 """
@@ -125,7 +127,7 @@ class MuxPostprocessor:
         self._set = ReplicaSet(target, "postprocessor", lambda address, ch: _Replica(address, _wire(ch), ch), tls)
         self._turn = 0  # which of several equally loaded replicas is next
 
-    async def _pick(self, refused: set[str]) -> _Replica:
+    async def _pick(self, refused: dict[str, int]) -> _Replica:
         await self._set.refresh()
         now = time.monotonic()
         candidates = [r for r in self._set.replicas.values() if r.usable(now) and r.address not in refused]
@@ -147,7 +149,7 @@ class MuxPostprocessor:
         """No listed replica is connected now (for /health; cheap)."""
         return self._set.unreachable()
 
-    async def _pick_connected(self, refused: set[str], deadline: float | None,
+    async def _pick_connected(self, refused: dict[str, int], deadline: float | None,
                               request_id: str) -> tuple[_Replica, float | None]:
         """A replica to send to, and the deadline of the wait for one, which starts when one is first needed
         and none is connected; raises ``StageUnavailable`` when none connected by then."""
@@ -163,7 +165,7 @@ class MuxPostprocessor:
 
     async def generate(self, req: postprocessor_pb2.GenerateRequest
                        ) -> AsyncIterator[list[postprocessor_pb2.GenerateResponse]]:
-        refused: set[str] = set()
+        refused: dict[str, int] = {}  # replica address -> this request's sends it lost or refused
         attempts = 0  # every replica once, and at least MAX_SENDS in all (the one replica restarting)
         deadline: float | None = None  # set when a request first has to wait for a connection
         # The token ids of every response passed on: what a resume replays. Four bytes an id, where a list
@@ -174,6 +176,9 @@ class MuxPostprocessor:
         sent = req
         while True:
             replica, deadline = await self._pick_connected(refused, deadline, req.request.request_id)
+            if replica.address in refused:  # no other replica to take it: this one again, after a pause
+                await stage_wait.pause_before_resend(refused[replica.address], deadline)
+                replica, deadline = await self._pick_connected(refused, deadline, req.request.request_id)
             stream = replica.open_stream()
             call = stream.start(sent)
             try:
@@ -200,7 +205,7 @@ class MuxPostprocessor:
                 if lost:
                     replica.down_until = time.monotonic() + DOWN_S
                     deadline = time.monotonic() + self._wait_s  # the wait for a replica counts from the break
-                refused.add(replica.address)
+                refused[replica.address] = refused.get(replica.address, 0) + 1
                 if answered:
                     sent = _resumed(req, delivered)
                 log.info("postprocessor %s %s; %s request %s on another replica after %d tokens", replica.address,

@@ -40,11 +40,6 @@ log = logging.getLogger(__name__)
 
 RESOLVE_RETRY_S = 0.2  # how soon a dns name that resolved to no replica is asked again, while a call waits
 DOWN_S = 2.0  # a replica whose call failed by transport gets no new request for this long while others are usable
-# The pause before a request goes again to a replica it just failed on by transport, doubled at each such failure
-# (bounded by the wait for a replica). A connection that is closing (GOAWAY) can still read READY for a moment: sent
-# again at once, a request spent every one of its sends on it in a burst and failed with 503 while the router was
-# restarting, the case the wait is for (tests/service/test_stage_wait.py).
-RETRY_BACKOFF_S = 0.25
 _RELEASE_TIMEOUT_S = 5.0
 
 
@@ -126,10 +121,8 @@ class ReplicaRouters:
         deadline: float | None = None
         for send in range(1, stage_wait.MAX_SENDS + 1):
             replica, deadline = await self._pick(refused, deadline)
-            failed_here = refused.get(replica.address, 0)
-            if failed_here and deadline is not None:  # no other replica to try: this one again, after a pause
-                await asyncio.sleep(max(0.0, min(RETRY_BACKOFF_S * 2 ** (failed_here - 1),
-                                                 deadline - time.monotonic())))
+            if replica.address in refused:  # no other replica to try: this one again, after a pause
+                await stage_wait.pause_before_resend(refused[replica.address], deadline)
                 replica, deadline = await self._pick(refused, deadline)  # it may have gone away meanwhile: wait
             replica.routing += 1
             try:

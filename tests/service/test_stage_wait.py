@@ -13,6 +13,8 @@ import time
 
 import grpc
 import pytest
+from meshfront.common.v1 import common_pb2
+from meshfront.postprocessor.v1 import postprocessor_pb2, postprocessor_pb2_grpc
 from meshfront.router.v1 import router_pb2, router_pb2_grpc
 
 from services.common.errors import NoWorkers, StageUnavailable, from_rpc_error
@@ -101,7 +103,7 @@ async def test_sends_that_fail_on_a_connection_still_reading_ready_are_spaced_no
     """The flake of test_a_call_its_stage_died_under_is_sent_again_once_the_stage_is_back, made deterministic: the
     dying router's connection fails every call for a moment while the channel reads READY. Sent again at once, the
     request spent its three sends in a few milliseconds and was a 503; with the backoff the last one is sent after
-    the connection is through (router_replicas.py, RETRY_BACKOFF_S)."""
+    the connection is through (stage_wait.py, RETRY_BACKOFF_S)."""
     port = free_port()
     router = Router("after the burst", closing_s=0.5)
     server = await _serve(router, port)
@@ -114,6 +116,48 @@ async def test_sends_that_fail_on_a_connection_still_reading_ready_are_spaced_no
     finally:
         await server.stop()
         await client.close()
+
+
+class ClosingPostprocessor(postprocessor_pb2_grpc.PostprocessorServiceServicer):
+    """For ``closing_s`` after its first stream, every stream is cut as a server that is stopping cuts them
+    (UNAVAILABLE, no ErrorInfo) while its connection stays up, the channel reading READY; then each start is
+    answered with one finishing response."""
+
+    def __init__(self, closing_s: float):
+        self.closing_s = closing_s
+        self.stream_times: list[float] = []
+
+    async def GenerateStream(self, request_iterator, context):
+        self.stream_times.append(time.monotonic())
+        async for action in request_iterator:
+            if self.stream_times[-1] - self.stream_times[0] < self.closing_s:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "Cancelling all calls")
+            response = postprocessor_pb2.GenerateResponse(text="served", finish_reason=common_pb2.FINISH_REASON_STOP)
+            yield postprocessor_pb2.GenerateStreamResponse(
+                chunks=[postprocessor_pb2.GenerateStreamChunk(id=action.start.id, response=response)])
+
+
+async def test_a_postprocessor_stream_lost_on_a_closing_connection_is_sent_again_spaced_not_in_a_burst():
+    """CI's flake of test_resume_on_replica_loss.py's one-replica restart, made deterministic: the replica cut the
+    streams, and the new ones went on its closing connection (GOAWAY received) twice within milliseconds; the
+    request spent its sends and failed. Spaced, the last send comes after the connection is through."""
+    port = free_port()
+    replica = ClosingPostprocessor(closing_s=0.5)
+    server = GrpcServer("postprocessor", "127.0.0.1", port, grace_s=0)
+    postprocessor_pb2_grpc.add_PostprocessorServiceServicer_to_server(replica, server.server)
+    await server.start()
+    client = MuxPostprocessor(f"127.0.0.1:{port}", wait_s=10)
+    try:
+        req = postprocessor_pb2.GenerateRequest(worker_address="127.0.0.1:1", worker_id="w")
+        req.request.request_id = "r"
+        got = [r.text async for batch in client.generate(req) for r in batch]
+        assert got == ["served"]
+        assert len(replica.stream_times) == 3
+        gaps = [b - a for a, b in zip(replica.stream_times, replica.stream_times[1:], strict=False)]
+        assert gaps[0] >= 0.2 and gaps[1] >= 0.4  # RETRY_BACKOFF_S, doubled (less the timer's slack)
+    finally:
+        await client.close()
+        await server.stop()
 
 
 async def test_a_stage_that_stays_away_past_the_wait_is_a_503_with_a_fixed_text():
