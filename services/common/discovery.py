@@ -44,7 +44,7 @@ from services.common.cards import (
     adapter_of,
 )
 from services.common.jetstream_replicas import nats_servers, open_or_create
-from services.common.kv_watch import quiet_flow_control
+from services.common.kv_watch import FirstValues, key_count, quiet_flow_control
 from services.common.liveness import Change, LiveWorkers
 from services.common.namespace import EVERY_NAMESPACE, DiscoveryFilter, Namespace, split_worker_key
 from services.common.nats_connection import close_nats, connect_retrying, stop_if_cancelled
@@ -250,9 +250,11 @@ class WorkerRegistry:
             self._live.restart_silence()
             try:
                 reconnects = self._nc.stats["reconnects"]
-                watcher = quiet_flow_control(await (await open_bucket(self._nc)).watch(self.namespaces.keys))
+                bucket = await open_bucket(self._nc)
+                first = FirstValues(await key_count(self._nc.jetstream(), BUCKET, self.namespaces.keys))
+                watcher = quiet_flow_control(await bucket.watch(self.namespaces.keys))
                 try:
-                    await self._follow(watcher, reconnects)
+                    await self._follow(watcher, reconnects, first)
                 finally:
                     with contextlib.suppress(Exception):
                         async with asyncio.timeout(1.0):
@@ -268,24 +270,27 @@ class WorkerRegistry:
                 log.warning("worker watch interrupted (%s); keeping %d known workers", e, len(self.workers))
                 await asyncio.sleep(1.0)
 
-    async def _follow(self, watcher: KeyValue.KeyWatcher, reconnects: int) -> None:
-        """Applies the watch's updates until NATS reconnects; checks for silent workers as it goes."""
+    async def _follow(self, watcher: KeyValue.KeyWatcher, reconnects: int, first: FirstValues) -> None:
+        """Applies the watch's updates until NATS reconnects; checks for silent workers as it goes. ``synced``
+        once the bucket's cards at the watch's start are all applied (``first``: not at nats-py's marker, which
+        can come before them)."""
         assert self._nc is not None
         nc, loop = self._nc, asyncio.get_running_loop()
         period = self._live.ttl_s / 3
         next_check = loop.time() + period
-        handed_over = True  # the values a new watch starts with, until the None that ends them
+        if first.complete:  # an empty bucket
+            self.synced.set()
         while nc.stats["reconnects"] == reconnects:
             try:
                 entry = await watcher.updates(timeout=period)
             except NatsTimeoutError:
-                pass
-            else:
-                if entry is None:
-                    handed_over = False
+                if first.quiet():
                     self.synced.set()
-                else:
-                    self._take(entry, handed_over=handed_over)
+            else:
+                if entry is not None:
+                    self._take(entry, handed_over=not first.complete)  # one of the values the watch starts with
+                if first.took(entry):
+                    self.synced.set()
             if loop.time() >= next_check:
                 next_check = loop.time() + period
                 if nc.is_connected:

@@ -26,7 +26,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from services.common.jetstream_replicas import open_or_create
-from services.common.kv_watch import quiet_flow_control
+from services.common.kv_watch import FirstValues, key_count, quiet_flow_control
 from services.common.namespace import Namespace
 from services.common.nats_connection import stop_if_cancelled
 from services.common.nats_store import NatsStore, unavailable_on_nats_failure
@@ -77,19 +77,25 @@ class AuthStore(NatsStore[Buckets]):
                 buckets = await self.opened()
                 assert self._nc is not None  # set once opened
                 reconnects = self._nc.stats["reconnects"]
+                # Synced when every key counted here came, not at nats-py's marker, which can come before them
+                # (services/common/kv_watch.py): a valid key would be refused as unknown.
+                first = FirstValues(await key_count(self._nc.jetstream(), self.namespace.bucket(KEYS_BUCKET), ">"))
+                if first.complete:
+                    synced.set()
                 watcher = quiet_flow_control(await buckets.keys.watchall())
                 try:
                     while self._nc.stats["reconnects"] == reconnects:
                         try:
                             entry = await watcher.updates(timeout=_RECONNECT_CHECK_S)
                         except NatsTimeoutError:
+                            if first.quiet():
+                                synced.set()
                             continue
-                        if entry is None:
+                        if entry is not None:
+                            deleted = entry.operation in (KV_DEL, KV_PURGE) or not entry.value
+                            apply(entry.key, None if deleted else entry.value)
+                        if first.took(entry):
                             synced.set()
-                        elif entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
-                            apply(entry.key, None)
-                        else:
-                            apply(entry.key, entry.value)
                 finally:
                     with contextlib.suppress(Exception):
                         async with asyncio.timeout(1.0):

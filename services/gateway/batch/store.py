@@ -37,6 +37,7 @@ from services.common.jetstream_replicas import (
     publish_through_failover,
     through_failover,
 )
+from services.common.kv_watch import key_count
 from services.common.namespace import DEFAULT_NAMESPACE, Namespace
 from services.common.nats_store import NatsStore, unavailable_on_nats_failure
 from services.gateway.batch.lines import Outcome
@@ -175,8 +176,7 @@ class LineStore(NatsStore[KeyValue]):
         js = await self.jetstream()
         out: dict[int, Outcome] = {}
         with unavailable_on_nats_failure(f"read the lines of {batch_id}"):
-            info = await js.stream_info(f"KV_{self.bucket}", subjects_filter=f"$KV.{self.bucket}.{batch_id}.*")
-            expected = len(info.state.subjects or {})  # keys holding a record or a delete marker
+            expected = await key_count(js, self.bucket, f"{batch_id}.*")
             seen: set[str] = set()
             watcher = await kv.watch(f"{batch_id}.*")  # deletes too: they count among the stream's keys
             try:
