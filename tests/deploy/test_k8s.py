@@ -271,6 +271,22 @@ def test_env_twins_are_flags_the_services_know():
                     assert name in twins, f"{w['metadata']['name']}: {name} is no flag's twin"
 
 
+def test_the_base_workers_publish_no_kv_events_for_their_round_robin_router(demo_model_dir):
+    """Only a kv router reads KV events and load reports (docs/architecture.md, "KV-aware routing"), as
+    ``meshfront run`` has it; the disaggregated pools' kv router gets them (their workers keep the default)."""
+    from services.workers.mocker.config import parse_config
+
+    by_name = {w["metadata"]["name"]: w for w in workloads(base_resources())}
+    (router,) = containers(by_name["router"], init=False)
+    assert env_of(router)["MESHFRONT_ROUTER_ROUTER_MODE"] == "round-robin"
+    (mocker,) = containers(by_name["mocker"], init=False)
+    assert not parse_config(["--model-dir", str(demo_model_dir)], env=env_of(mocker)).worker.kv_events
+    disagg = {w["metadata"]["name"]: w for w in workloads(component_resources(K8S / "components" / "disagg"))}
+    for pool in ("mocker-prefill", "mocker-decode"):
+        (worker,) = containers(disagg[pool], init=False)
+        assert parse_config(["--model-dir", str(demo_model_dir)], env=env_of(worker)).worker.kv_events, pool
+
+
 def test_no_flag_is_left_at_a_loopback_default():
     """A flag whose default dials or binds 127.0.0.1 must be set: in a pod, loopback is the pod itself."""
     for w in workloads(base_resources()):
