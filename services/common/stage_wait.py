@@ -5,7 +5,7 @@ this, every request in that gap failed with gRPC's UNAVAILABLE: a channel in rec
 new calls at once, and the call in flight at the kill fails with the broken connection. Here a call
 waits for the channel to connect, for at most ``wait_s`` (the ``--stage-wait-s`` flag), and a call
 that failed by transport (UNAVAILABLE without our ErrorInfo: the request may or may not have reached
-the stage) is sent again once the stage is back. Preprocess and Route are safe to repeat: the first
+the stage) is sent again once the stage is back, after a short pause (``RETRY_BACKOFF_S``). Preprocess and Route are safe to repeat: the first
 is a pure function of the request, and Route books the request id again, replacing the old booking.
 A stage that stays away past the wait is ``StageUnavailable`` ("the router is unavailable"), with
 what gRPC said in the log only.
@@ -125,6 +125,7 @@ class StageCaller:
         """``send()`` once the stage is connected; again after a transport failure, within the wait."""
         deadline: float | None = None
         for attempt in range(1, MAX_SENDS + 1):
+            await pause_before_resend(attempt - 1, deadline)  # after a lost send: its connection may still read READY
             if not connected(self.channel):
                 deadline = deadline if deadline is not None else time.monotonic() + self.wait_s
                 if not await wait_connected(self.channel, deadline - time.monotonic()):

@@ -24,6 +24,7 @@ from services.gateway.postprocessor_mux import MuxPostprocessor
 from services.gateway.router_replicas import ReplicaRouters
 from services.gateway.stage_watch import POLL_S, StageWatch
 from services.launcher.plan import free_port
+from services.postprocessor.router_client import GrpcRouterClient
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
@@ -113,6 +114,22 @@ async def test_sends_that_fail_on_a_connection_still_reading_ready_are_spaced_no
         assert router.calls == 3
         gaps = [b - a for a, b in zip(router.call_times, router.call_times[1:], strict=False)]
         assert gaps[0] >= 0.2 and gaps[1] >= 0.4  # doubled, from RETRY_BACKOFF_S = 0.25 (less the timer's slack)
+    finally:
+        await server.stop()
+        await client.close()
+
+
+async def test_a_unary_stage_call_lost_on_a_closing_connection_is_sent_again_spaced_not_in_a_burst():
+    """StageCaller (the postprocessor's Route, the gateway's Preprocess) over the same closing connection."""
+    port = free_port()
+    router = Router("after the burst", closing_s=0.5)
+    server = await _serve(router, port)
+    client = GrpcRouterClient(f"127.0.0.1:{port}", wait_s=10)
+    try:
+        assert (await asyncio.wait_for(client.route(_route()), 10)).address == "after the burst"
+        assert router.calls == 3
+        gaps = [b - a for a, b in zip(router.call_times, router.call_times[1:], strict=False)]
+        assert gaps[0] >= 0.2 and gaps[1] >= 0.4
     finally:
         await server.stop()
         await client.close()
