@@ -5,8 +5,9 @@ this, every request in that gap failed with gRPC's UNAVAILABLE: a channel in rec
 new calls at once, and the call in flight at the kill fails with the broken connection. Here a call
 waits for the channel to connect, for at most ``wait_s`` (the ``--stage-wait-s`` flag), and a call
 that failed by transport (UNAVAILABLE without our ErrorInfo: the request may or may not have reached
-the stage) is sent again once the stage is back, after a short pause (``RETRY_BACKOFF_S``). Preprocess and Route are safe to repeat: the first
-is a pure function of the request, and Route books the request id again, replacing the old booking.
+the stage) is sent again once the stage is back, after a short pause (``RETRY_BACKOFF_S``). Preprocess
+and Route are safe to repeat: the first is a pure function of the request, and Route books the request
+id again, replacing the old booking.
 A stage that stays away past the wait is ``StageUnavailable`` ("the router is unavailable"), with
 what gRPC said in the log only.
 
