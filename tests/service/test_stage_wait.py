@@ -100,36 +100,22 @@ async def test_a_call_its_stage_died_under_is_sent_again_once_the_stage_is_back(
         await client.close()
 
 
-async def test_sends_that_fail_on_a_connection_still_reading_ready_are_spaced_not_spent_in_a_burst():
+@pytest.mark.parametrize("client_of", [ReplicaRouters, GrpcRouterClient], ids=["router replicas", "StageCaller"])
+async def test_sends_that_fail_on_a_connection_still_reading_ready_are_spaced_not_spent_in_a_burst(client_of):
     """The flake of test_a_call_its_stage_died_under_is_sent_again_once_the_stage_is_back, made deterministic: the
     dying router's connection fails every call for a moment while the channel reads READY. Sent again at once, the
     request spent its three sends in a few milliseconds and was a 503; with the backoff the last one is sent after
-    the connection is through (stage_wait.py, RETRY_BACKOFF_S)."""
+    the connection is through (stage_wait.py, RETRY_BACKOFF_S). The gateway's router replicas and every
+    StageCaller (the postprocessor's Route, the gateway's Preprocess) take the pause."""
     port = free_port()
     router = Router("after the burst", closing_s=0.5)
     server = await _serve(router, port)
-    client = ReplicaRouters(f"127.0.0.1:{port}", wait_s=10)
+    client = client_of(f"127.0.0.1:{port}", wait_s=10)
     try:
         assert (await asyncio.wait_for(client.route(_route()), 10)).address == "after the burst"
         assert router.calls == 3
         gaps = [b - a for a, b in zip(router.call_times, router.call_times[1:], strict=False)]
         assert gaps[0] >= 0.2 and gaps[1] >= 0.4  # doubled, from RETRY_BACKOFF_S = 0.25 (less the timer's slack)
-    finally:
-        await server.stop()
-        await client.close()
-
-
-async def test_a_unary_stage_call_lost_on_a_closing_connection_is_sent_again_spaced_not_in_a_burst():
-    """StageCaller (the postprocessor's Route, the gateway's Preprocess) over the same closing connection."""
-    port = free_port()
-    router = Router("after the burst", closing_s=0.5)
-    server = await _serve(router, port)
-    client = GrpcRouterClient(f"127.0.0.1:{port}", wait_s=10)
-    try:
-        assert (await asyncio.wait_for(client.route(_route()), 10)).address == "after the burst"
-        assert router.calls == 3
-        gaps = [b - a for a, b in zip(router.call_times, router.call_times[1:], strict=False)]
-        assert gaps[0] >= 0.2 and gaps[1] >= 0.4
     finally:
         await server.stop()
         await client.close()
