@@ -37,7 +37,7 @@ from services.common.jetstream_replicas import (
     publish_through_failover,
     through_failover,
 )
-from services.common.kv_watch import key_count
+from services.common.kv_watch import FirstValues, key_count
 from services.common.namespace import DEFAULT_NAMESPACE, Namespace
 from services.common.nats_store import NatsStore, unavailable_on_nats_failure
 from services.gateway.batch.lines import Outcome
@@ -176,22 +176,19 @@ class LineStore(NatsStore[KeyValue]):
         js = await self.jetstream()
         out: dict[int, Outcome] = {}
         with unavailable_on_nats_failure(f"read the lines of {batch_id}"):
-            expected = await key_count(js, self.bucket, f"{batch_id}.*")
-            seen: set[str] = set()
+            first = FirstValues(await key_count(js, self.bucket, f"{batch_id}.*"))
             watcher = await kv.watch(f"{batch_id}.*")  # deletes too: they count among the stream's keys
             try:
-                while len(seen) < expected:
+                while not first.complete:
                     try:
                         entry = await watcher.updates(timeout=self.wait_s)
                     except NatsTimeoutError:
-                        log.warning("lines of %s: %d of %d keys read; going on without the rest", batch_id,
-                                    len(seen), expected)
+                        log.warning("lines of %s: not all of its %d keys read; going on without the rest", batch_id,
+                                    first.expected)
                         break
-                    if entry is None:
-                        continue  # the marker, early or not
-                    seen.add(entry.key)
-                    if entry.value:
+                    if entry is not None and entry.value:
                         out[int(entry.key.rsplit(".", 1)[1])] = Outcome.from_record(entry.value)
+                    first.took(entry)  # the marker, early or not, ends nothing here
             finally:
                 await watcher.stop()
         return out
